@@ -1,0 +1,143 @@
+"""The durable ledger's interface and the values it stores.
+
+A ledger is the single source of truth for a run's allowance: rounds, reserved slots, the
+original deadline, and the trace of every attempt and refusal. :class:`SqliteLedger` is the
+default implementation; any other (PostgreSQL, say) must pass ``tests/test_ledger_contract.py``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from typing import Protocol
+
+import attrs
+
+from .policy import AllowancePolicy, RoundKind
+from .refusal import BudgetRefusal, RefusalReason
+
+
+class AttemptOutcome(enum.Enum):
+    """How an attempt ended, as recorded in its trace."""
+
+    IN_FLIGHT = "in_flight"
+    """Started, and still running when its phase ended and the traces were written."""
+    OK = "ok"
+    ERROR = "error"
+    CANCELLED = "cancelled"
+    """Cancelled from outside (not by the permit's deadline)."""
+    DEADLINE = "deadline"
+    """Cancelled by the permit's deadline."""
+
+
+@attrs.frozen(kw_only=True)
+class Reservation:
+    """A committed round: what the ledger granted. Data only; it can never become a permit."""
+
+    run_id: str
+    round_index: int
+    """1 for the run's first round, 2 for the second, ..."""
+    kind: RoundKind
+    requested: int
+    first_slot: int
+    """The run-wide number of this round's first slot (slots are numbered 1, 2, ... per run)."""
+    slots: int
+    reserved: int
+    """The run's reserved slots after this round."""
+    executed: int
+    """The run's executed attempts recorded when this round was reserved."""
+    deadline_wall: float
+    opened_wall: float
+    reserved_wall: float
+
+
+@attrs.frozen(kw_only=True)
+class Usage:
+    """A run's totals. For a run the ledger has never seen, counts are 0 and deadline is None."""
+
+    run_id: str
+    rounds: int = 0
+    reserved: int = 0
+    """Slots reserved by the run's rounds (conservative: unused slots count)."""
+    executed: int = 0
+    """Attempts that took a slot and started, whatever their outcome (observed)."""
+    refused: int = 0
+    """Refused rounds and refused attempts."""
+    deadline_wall: float | None = None
+    legacy_attempts: int = 0
+    """Attempts made under the explicit legacy (unenforced) mode; not part of ``executed``."""
+
+
+@attrs.frozen(kw_only=True)
+class AttemptTrace:
+    """One attempt as recorded in the ledger."""
+
+    attempt_id: str
+    run_id: str
+    round_index: int
+    slot: int
+    kind: str
+    outcome: AttemptOutcome
+    started_wall: float
+    elapsed_s: float | None
+    strategy: str | None = None
+    fingerprint: str | None = None
+    legacy: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class RefusalRecord:
+    """One refused round or attempt as recorded in the ledger."""
+
+    run_id: str
+    round_index: int | None
+    """The round whose permit refused an attempt; None for a refused round."""
+    what: str
+    """``"round"`` or ``"attempt"``."""
+    kind: str
+    """The round kind (for a round) or attempt kind (for an attempt)."""
+    reason: RefusalReason
+    at_wall: float
+
+
+class Ledger(Protocol):
+    """What :class:`~plugin.control.allowance.RecallAllowance` needs from durable storage."""
+
+    async def reserve(
+        self,
+        run_id: str,
+        kind: RoundKind,
+        requested: int,
+        policy: AllowancePolicy,
+        now_wall: float,
+    ) -> Reservation | BudgetRefusal:
+        """Atomically check and reserve a round; durable before it returns.
+
+        The first round of a run opens it (deadline ``now_wall + policy.deadline_s``, limits from
+        ``policy``); later rounds keep the run's original deadline and limits. A round is granted
+        ``min(requested, slots left)`` slots, or refused (and the refusal recorded) when the run
+        has its maximum rounds, no slot left, or ``now_wall`` is past its deadline.
+        """
+        ...
+
+    async def record(
+        self, attempts: Sequence[AttemptTrace], refusals: Sequence[RefusalRecord]
+    ) -> None:
+        """Persist attempt traces (a later trace of the same attempt replaces the earlier one)."""
+        ...
+
+    async def usage(self, run_id: str) -> Usage:
+        """The run's totals."""
+        ...
+
+    async def reservations(self, run_id: str) -> list[Reservation]:
+        """The run's committed rounds, oldest first."""
+        ...
+
+    async def attempts(self, run_id: str) -> list[AttemptTrace]:
+        """The run's attempt traces, by slot."""
+        ...
+
+    async def refusals(self, run_id: str) -> list[RefusalRecord]:
+        """The run's refusals, oldest first."""
+        ...

@@ -1,0 +1,426 @@
+"""Permits: scoped, nonrenewable authority to search, shared by every task of a phase.
+
+A permit is one mutable object with identity. The phase that holds it binds it to a
+:class:`~contextvars.ContextVar`; every task spawned inside the phase copies the context and so
+holds a reference to the *same* object. Taking a slot is a check-and-increment under a
+:class:`threading.Lock` with no ``await`` in between, so parallel tool calls (tasks or worker
+threads) always take distinct slots. Leaving the phase calls :meth:`Permit.close` first, which
+reaches every copied context at once, and only then resets the ContextVar.
+
+A permit is never built from outside: only :meth:`RecallAllowance.round
+<plugin.control.allowance.RecallAllowance.round>` issues one, after its reservation committed.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import math
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+import anyio
+import attrs
+
+from .clock import Clock
+from .ledger import AttemptOutcome, AttemptTrace, RefusalRecord
+from .policy import AttemptKind, RoundKind
+from .refusal import BudgetRefusal, RecallBudgetExceeded, RefusalReason
+
+if TYPE_CHECKING:
+    from .ledger import Ledger
+
+_ISSUER = object()
+"""Only holders of this token can construct a Permit (see RecallAllowance.round)."""
+
+LEGACY_SLOTS = sys.maxsize
+"""``Permit.slots`` of a legacy (unenforced) permit."""
+
+
+@attrs.define(eq=False)
+class PermitHolder:
+    """A run-scoped binding: one mutable cell that each round installs its permit into.
+
+    Frameworks run their before-model hooks in copied contexts, so a ContextVar *set* there
+    never reaches the tools. Binding a holder at the run boundary (:func:`bind_permits`) and
+    letting each round write its permit into the holder makes the permit visible to every
+    context copied from the run.
+    """
+
+    permit: Permit | None = None
+
+
+_current: contextvars.ContextVar[Permit | PermitHolder | None] = contextvars.ContextVar(
+    "recallbound_permit", default=None
+)
+
+
+def current_permit() -> Permit | None:
+    """The permit of the phase this code runs in (possibly closed), or None outside one."""
+    value = _current.get()
+    if isinstance(value, PermitHolder):
+        return value.permit
+    return value
+
+
+@contextmanager
+def bind_permits() -> Iterator[PermitHolder]:
+    """Bind a run-scoped :class:`PermitHolder` for the duration of an agent run.
+
+    Use it at the run boundary (around the framework's run call); every round opened inside
+    installs its permit into the holder, where tools running in copied contexts find it.
+    """
+    holder = PermitHolder()
+    token = _current.set(holder)
+    try:
+        yield holder
+    finally:
+        holder.permit = None
+        try:
+            _current.reset(token)
+        except ValueError:  # left from another context: the holder is emptied anyway
+            pass
+
+
+@attrs.define(eq=False)
+class _Binding:
+    """How a round installed its permit, so that leaving the phase can undo exactly that."""
+
+    holder: PermitHolder | None
+    previous: Permit | None
+    token: contextvars.Token[Permit | PermitHolder | None] | None
+
+    @classmethod
+    def install(cls, permit: Permit) -> _Binding:
+        value = _current.get()
+        if isinstance(value, PermitHolder):
+            previous, value.permit = value.permit, permit
+            return cls(holder=value, previous=previous, token=None)
+        return cls(holder=None, previous=None, token=_current.set(permit))
+
+    def uninstall(self, permit: Permit) -> None:
+        if self.holder is not None:
+            if self.holder.permit is permit:
+                self.holder.permit = self.previous
+        elif self.token is not None:
+            try:
+                _current.reset(self.token)
+            except ValueError:  # reset from another context; the permit is closed anyway
+                pass
+
+
+@attrs.define(eq=False)
+class Permit:
+    """The authority to run this round's search attempts.
+
+    ``slots`` were granted to the round; each attempt takes one (:meth:`attempt`), numbered
+    across the whole run. The permit expires at the run's original wall deadline *and* when
+    the monotonic time elapsed since issue exceeds what was left at issue, whichever comes
+    first, so a wall clock stepped backwards never extends it. It closes when its phase ends.
+    It can never be extended, refilled or re-issued.
+    """
+
+    run_id: str
+    round_index: int
+    kind: RoundKind
+    slots: int
+    first_slot: int
+    legacy: bool
+    _clock: Clock = attrs.field(repr=False)
+    _ledger: Ledger = attrs.field(repr=False)
+    _deadline_wall: float = attrs.field(repr=False)
+    _issued_mono: float = attrs.field(repr=False)
+    _left_at_issue: float = attrs.field(repr=False)
+    _source_reads_limit: int = attrs.field(repr=False)
+    _reserved_total: int = attrs.field(repr=False)
+    _executed_before: int = attrs.field(repr=False)
+    _issuer: object = attrs.field(repr=False, alias="_issuer")
+    _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False, repr=False)
+    _taken: int = attrs.field(default=0, init=False, repr=False)
+    _closed: bool = attrs.field(default=False, init=False, repr=False)
+    _flushed: bool = attrs.field(default=False, init=False, repr=False)
+    _source_reads: dict[int, int] = attrs.field(factory=dict, init=False, repr=False)
+    _traces: dict[str, AttemptTrace] = attrs.field(factory=dict, init=False, repr=False)
+    _refusals: list[RefusalRecord] = attrs.field(factory=list, init=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        if self._issuer is not _ISSUER:
+            raise TypeError(
+                "a Permit is issued only by RecallAllowance.round() after its reservation "
+                "is committed; it cannot be built, rebuilt or re-issued by hand"
+            )
+
+    # -- state -------------------------------------------------------------------------------
+
+    @property
+    def remaining(self) -> int:
+        """Slots of this round not yet taken."""
+        with self._lock:
+            return self.slots - self._taken
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def deadline_wall(self) -> float:
+        """The run's original wall-clock deadline (``inf`` for a legacy permit)."""
+        return self._deadline_wall
+
+    def seconds_left(self) -> float:
+        """Seconds until the permit expires; never negative (``inf`` for a legacy permit)."""
+        if self.legacy:
+            return math.inf
+        by_wall = self._deadline_wall - self._clock.wall()
+        by_worker = self._left_at_issue - (self._clock.monotonic() - self._issued_mono)
+        return max(0.0, min(by_wall, by_worker))
+
+    def expired(self) -> bool:
+        """Whether the deadline has passed (a closed permit need not be expired)."""
+        return self.seconds_left() <= 0.0
+
+    def close(self) -> None:
+        """End the permit for every context that holds it. Idempotent; never un-closes."""
+        self._closed = True
+
+    def refusal(self, reason: RefusalReason) -> BudgetRefusal:
+        """A refusal carrying the run's totals as this permit knows them."""
+        with self._lock:
+            executed = self._executed_before + self._taken
+        return BudgetRefusal(
+            reason=reason, run_id=self.run_id, reserved=self._reserved_total, executed=executed
+        )
+
+    # -- taking slots ------------------------------------------------------------------------
+
+    def _take(self, kind: AttemptKind) -> int:
+        """Take one slot or raise; the refusal is buffered for the ledger either way."""
+        if not isinstance(kind, AttemptKind):
+            raise TypeError(f"kind must be an AttemptKind, got {kind!r}")
+        with self._lock:
+            if self._closed:
+                reason: RefusalReason | None = RefusalReason.CLOSED
+            elif self.expired():
+                reason = RefusalReason.DEADLINE
+            elif self._taken >= self.slots:
+                reason = RefusalReason.SLOTS
+            else:
+                reason = None
+                self._taken += 1
+                slot = self.first_slot + self._taken - 1
+            if reason is not None:
+                self._refusals.append(
+                    RefusalRecord(
+                        run_id=self.run_id,
+                        round_index=self.round_index,
+                        what="attempt",
+                        kind=kind.value,
+                        reason=reason,
+                        at_wall=self._clock.wall(),
+                    )
+                )
+        if reason is not None:
+            raise RecallBudgetExceeded(self.refusal(reason))
+        return slot
+
+    def _trace(self, trace: AttemptTrace) -> None:
+        with self._lock:
+            self._traces[trace.attempt_id] = trace
+
+    def attempt(
+        self,
+        kind: AttemptKind = AttemptKind.DELIBERATE,
+        *,
+        strategy: str | None = None,
+        fingerprint: str | None = None,
+    ) -> Attempt:
+        """One search attempt: ``async with permit.attempt() as slot: ...``.
+
+        Takes a slot (its number is distinct across the run) and runs the body in a cancel
+        scope that ends at the permit's deadline. Raises :class:`RecallBudgetExceeded` with
+        reason ``CLOSED`` after the phase ended, ``DEADLINE`` when the permit has expired, or
+        ``SLOTS`` when the round has no slot left; a body cancelled by the deadline also leaves
+        as ``DEADLINE``. The slot stays consumed whatever happens; the trace is recorded.
+        """
+        return Attempt(self, kind, strategy, fingerprint, sync=False)
+
+    def attempt_sync(
+        self,
+        kind: AttemptKind = AttemptKind.DELIBERATE,
+        *,
+        strategy: str | None = None,
+        fingerprint: str | None = None,
+    ) -> Attempt:
+        """:meth:`attempt` as a plain context manager, for tools running in worker threads.
+
+        The deadline is checked when the slot is taken; there is no cancel scope.
+        """
+        return Attempt(self, kind, strategy, fingerprint, sync=True)
+
+    def source_read(self, slot: int) -> int:
+        """Account one source-read fallback of the attempt holding ``slot``; return its number.
+
+        A fallback stays inside its attempt: it takes no new slot and keeps the deadline. It
+        raises :class:`RecallBudgetExceeded` (``SOURCE_READS``) past the policy's finite number
+        of fallbacks, ``DEADLINE`` when expired, ``CLOSED`` after the phase ended.
+        """
+        with self._lock:
+            if not self.first_slot <= slot < self.first_slot + self._taken:
+                raise ValueError(f"slot {slot} was not taken from this permit")
+            if self._closed:
+                reason: RefusalReason | None = RefusalReason.CLOSED
+            elif self.expired():
+                reason = RefusalReason.DEADLINE
+            elif self._source_reads.get(slot, 0) >= self._source_reads_limit:
+                reason = RefusalReason.SOURCE_READS
+            else:
+                reason = None
+                self._source_reads[slot] = count = self._source_reads.get(slot, 0) + 1
+        if reason is not None:
+            raise RecallBudgetExceeded(self.refusal(reason))
+        return count
+
+    # -- traces ------------------------------------------------------------------------------
+
+    async def flush(self) -> None:
+        """Write buffered traces and refusals to the ledger (shielded from cancellation)."""
+        with self._lock:
+            traces = list(self._traces.values())
+            refusals = self._refusals
+            self._traces = {}
+            self._refusals = []
+        if traces or refusals:
+            with anyio.CancelScope(shield=True):
+                await self._ledger.record(traces, refusals)
+
+    async def _finish_phase(self) -> None:
+        """Close, then persist what the phase recorded. Later records are written as they come."""
+        self.close()
+        self._flushed = True
+        await self.flush()
+
+
+class Attempt:
+    """The context manager returned by :meth:`Permit.attempt` and :meth:`Permit.attempt_sync`."""
+
+    __slots__ = (
+        "_fingerprint", "_id", "_kind", "_permit", "_scope", "_slot", "_started_mono",
+        "_started_wall", "_strategy", "_sync",
+    )
+
+    def __init__(
+        self,
+        permit: Permit,
+        kind: AttemptKind,
+        strategy: str | None,
+        fingerprint: str | None,
+        *,
+        sync: bool,
+    ) -> None:
+        self._permit = permit
+        self._kind = kind
+        self._strategy = strategy
+        self._fingerprint = fingerprint
+        self._sync = sync
+        self._scope: anyio.CancelScope | None = None
+        self._slot = 0
+        self._id = ""
+        self._started_wall = 0.0
+        self._started_mono = 0.0
+
+    @property
+    def slot(self) -> int:
+        return self._slot
+
+    def _begin(self) -> int:
+        permit = self._permit
+        self._slot = permit._take(self._kind)
+        self._id = uuid.uuid4().hex
+        clock = permit._clock
+        self._started_wall = clock.wall()
+        self._started_mono = clock.monotonic()
+        permit._trace(self._record(AttemptOutcome.IN_FLIGHT))
+        return self._slot
+
+    def _record(self, outcome: AttemptOutcome) -> AttemptTrace:
+        permit = self._permit
+        elapsed = (
+            None
+            if outcome is AttemptOutcome.IN_FLIGHT
+            else permit._clock.monotonic() - self._started_mono
+        )
+        return AttemptTrace(
+            attempt_id=self._id,
+            run_id=permit.run_id,
+            round_index=permit.round_index,
+            slot=self._slot,
+            kind=self._kind.value,
+            outcome=outcome,
+            started_wall=self._started_wall,
+            elapsed_s=elapsed,
+            strategy=self._strategy,
+            fingerprint=self._fingerprint,
+            legacy=permit.legacy,
+        )
+
+    # -- async -------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> int:
+        if self._sync:
+            raise TypeError("use `with permit.attempt_sync()`, not `async with`")
+        try:
+            slot = self._begin()
+        except RecallBudgetExceeded:
+            if self._permit._flushed:
+                await self._permit.flush()
+            raise
+        left = self._permit.seconds_left()
+        self._scope = anyio.CancelScope(
+            deadline=math.inf if math.isinf(left) else anyio.current_time() + left
+        )
+        self._scope.__enter__()
+        return slot
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        assert self._scope is not None
+        scope, self._scope = self._scope, None
+        swallowed = scope.__exit__(exc_type, exc, tb)
+        if scope.cancelled_caught:
+            outcome = AttemptOutcome.DEADLINE
+        elif exc is None:
+            outcome = AttemptOutcome.OK
+        elif isinstance(exc, anyio.get_cancelled_exc_class()):
+            outcome = AttemptOutcome.CANCELLED
+        else:
+            outcome = AttemptOutcome.ERROR
+        self._permit._trace(self._record(outcome))
+        if self._permit._flushed:
+            await self._permit.flush()
+        if outcome is AttemptOutcome.DEADLINE:
+            raise RecallBudgetExceeded(self._permit.refusal(RefusalReason.DEADLINE)) from None
+        return bool(swallowed)
+
+    # -- sync --------------------------------------------------------------------------------
+
+    def __enter__(self) -> int:
+        if not self._sync:
+            raise TypeError("use `async with permit.attempt()`, or permit.attempt_sync()")
+        return self._begin()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        outcome = AttemptOutcome.OK if exc is None else AttemptOutcome.ERROR
+        self._permit._trace(self._record(outcome))

@@ -1,0 +1,88 @@
+"""The allowance policy and the kinds of rounds."""
+
+from __future__ import annotations
+
+import enum
+import math
+
+import attrs
+
+from plugin.errors import InvalidPolicyError
+
+
+class RoundKind(enum.Enum):
+    """Which phase of the agent loop a round belongs to."""
+
+    AUTOMATIC = "automatic"
+    """Preparation: recall before the model is called (a base search and a possible delta)."""
+    DELIBERATE = "deliberate"
+    """Tool dispatch: the model's own search calls of one turn."""
+
+
+def _positive_int(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidPolicyError(
+            f"AllowancePolicy.{attribute.name} must be an int, got {type(value).__name__}"
+        )
+    if value < 1:
+        raise InvalidPolicyError(f"AllowancePolicy.{attribute.name} must be >= 1, got {value}")
+
+
+def _non_negative_int(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidPolicyError(
+            f"AllowancePolicy.{attribute.name} must be an int, got {type(value).__name__}"
+        )
+    if value < 0:
+        raise InvalidPolicyError(f"AllowancePolicy.{attribute.name} must be >= 0, got {value}")
+
+
+def _deadline(instance: object, attribute: attrs.Attribute[float], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidPolicyError(
+            f"AllowancePolicy.deadline_s must be a number, got {type(value).__name__}"
+        )
+    if not math.isfinite(value) or value <= 0:
+        raise InvalidPolicyError(
+            f"AllowancePolicy.deadline_s must be finite and > 0, got {value!r}"
+        )
+
+
+@attrs.frozen(kw_only=True)
+class AllowancePolicy:
+    """How much recall one agent run may do.
+
+    At most ``max_searches`` search attempts in at most ``max_rounds`` rounds, all before the
+    deadline fixed when the run's first round opens (``deadline_s`` later). An automatic round
+    reserves ``automatic_slots``; an attempt may fall back to reading a cited source at most
+    ``source_read_fallbacks`` times without taking a new slot.
+
+    Raises :class:`~plugin.errors.InvalidPolicyError` (a ``ValueError``) for zero or negative
+    counts, a NaN, infinite or non-positive deadline, or more automatic slots than searches.
+    """
+
+    max_searches: int = attrs.field(default=4, validator=_positive_int)
+    max_rounds: int = attrs.field(default=2, validator=_positive_int)
+    deadline_s: float = attrs.field(default=10.0, validator=_deadline)
+    automatic_slots: int = attrs.field(default=2, validator=_positive_int)
+    source_read_fallbacks: int = attrs.field(default=2, validator=_non_negative_int)
+
+    def __attrs_post_init__(self) -> None:
+        if self.automatic_slots > self.max_searches:
+            raise InvalidPolicyError(
+                f"AllowancePolicy.automatic_slots ({self.automatic_slots}) must not exceed "
+                f"max_searches ({self.max_searches})"
+            )
+
+
+class AttemptKind(enum.Enum):
+    """What a search attempt is for; every kind takes one slot."""
+
+    BASE = "base"
+    """The automatic round's base search."""
+    DELTA = "delta"
+    """The automatic round's follow-up, run only when the base leaves need unmet."""
+    DELIBERATE = "deliberate"
+    """One of the model's own search calls."""
+    NESTED = "nested"
+    """A People-to-belief read nested inside another attempt."""

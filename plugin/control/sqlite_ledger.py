@@ -1,0 +1,448 @@
+"""The default durable ledger: one SQLite file in WAL mode, ``synchronous=FULL``.
+
+Several processes may share one ledger file. The check-and-reserve of a round is a single
+``INSERT … ON CONFLICT DO UPDATE … WHERE … RETURNING`` inside ``BEGIN IMMEDIATE``, so two
+processes never both see the last slot as free. Every transaction is shielded from
+cancellation: a task cancelled between ``BEGIN IMMEDIATE`` and ``COMMIT`` would otherwise leave
+the write lock held. Under ``synchronous=NORMAL`` a power loss could roll back a committed
+reservation and re-grant a slot whose search already ran, hence FULL.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+import anyio
+
+from plugin.errors import (
+    LedgerClosedError,
+    LedgerCorruptError,
+    LedgerError,
+    LedgerLockedError,
+    LedgerPathError,
+)
+
+from . import _sqlite
+from .ledger import AttemptOutcome, AttemptTrace, RefusalRecord, Reservation, Usage
+from .policy import AllowancePolicy, RoundKind
+from .refusal import BudgetRefusal, RefusalReason
+
+T = TypeVar("T")
+
+APPLICATION_ID = 0x52424C44  # "RBLD"
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_id        TEXT PRIMARY KEY,
+    opened_wall   REAL NOT NULL,
+    deadline_wall REAL NOT NULL,
+    max_searches  INTEGER NOT NULL,
+    max_rounds    INTEGER NOT NULL,
+    rounds        INTEGER NOT NULL,
+    reserved      INTEGER NOT NULL,
+    last_grant    INTEGER NOT NULL
+) STRICT;
+CREATE TABLE IF NOT EXISTS rounds (
+    run_id        TEXT NOT NULL,
+    round_index   INTEGER NOT NULL,
+    kind          TEXT NOT NULL,
+    requested     INTEGER NOT NULL,
+    first_slot    INTEGER NOT NULL,
+    slots         INTEGER NOT NULL,
+    reserved_wall REAL NOT NULL,
+    PRIMARY KEY (run_id, round_index)
+) STRICT;
+CREATE TABLE IF NOT EXISTS attempts (
+    attempt_id   TEXT PRIMARY KEY,
+    run_id       TEXT NOT NULL,
+    round_index  INTEGER NOT NULL,
+    slot         INTEGER NOT NULL,
+    kind         TEXT NOT NULL,
+    strategy     TEXT,
+    fingerprint  TEXT,
+    outcome      TEXT NOT NULL,
+    started_wall REAL NOT NULL,
+    elapsed_s    REAL,
+    legacy       INTEGER NOT NULL
+) STRICT;
+CREATE INDEX IF NOT EXISTS attempts_by_run ON attempts (run_id, legacy);
+CREATE TABLE IF NOT EXISTS refusals (
+    id          INTEGER PRIMARY KEY,
+    run_id      TEXT NOT NULL,
+    round_index INTEGER,
+    what        TEXT NOT NULL,
+    kind        TEXT NOT NULL,
+    reason      TEXT NOT NULL,
+    at_wall     REAL NOT NULL
+) STRICT;
+CREATE INDEX IF NOT EXISTS refusals_by_run ON refusals (run_id);
+"""
+
+_EXECUTED = "(SELECT count(*) FROM attempts a WHERE a.run_id = runs.run_id AND a.legacy = 0)"
+
+_RESERVE = f"""
+INSERT INTO runs (run_id, opened_wall, deadline_wall, max_searches, max_rounds,
+                  rounds, reserved, last_grant)
+VALUES (:run_id, :now, :now + :deadline_s, :max_searches, :max_rounds,
+        1, min(:requested, :max_searches), min(:requested, :max_searches))
+ON CONFLICT (run_id) DO UPDATE SET
+    rounds = rounds + 1,
+    last_grant = min(:requested, max_searches - reserved),
+    reserved = reserved + min(:requested, max_searches - reserved)
+WHERE rounds < max_rounds AND reserved < max_searches AND :now < deadline_wall
+RETURNING rounds, reserved, last_grant, deadline_wall, opened_wall, {_EXECUTED}
+"""
+
+_RUN_STATE = f"""
+SELECT rounds, reserved, deadline_wall, max_rounds, max_searches, {_EXECUTED}
+FROM runs WHERE run_id = ?
+"""
+
+_USAGE = f"""
+SELECT rounds, reserved, deadline_wall, {_EXECUTED},
+       (SELECT count(*) FROM refusals f WHERE f.run_id = runs.run_id),
+       (SELECT count(*) FROM attempts a WHERE a.run_id = runs.run_id AND a.legacy = 1)
+FROM runs WHERE run_id = ?
+"""
+
+
+def _translate(exc: BaseException, path: str) -> LedgerError:
+    if _sqlite.is_locked(exc):
+        return LedgerLockedError(f"ledger {path!r} stayed locked beyond its busy timeout: {exc}")
+    if _sqlite.is_corrupt(exc):
+        return LedgerCorruptError(f"ledger {path!r} is not a readable SQLite database: {exc}")
+    if isinstance(exc, sqlite3.OperationalError) and "unable to open" in str(exc):
+        return LedgerPathError(f"cannot open ledger {path!r}: {exc}")
+    return LedgerError(f"ledger {path!r} failed: {exc}")
+
+
+class SqliteLedger:
+    """The default :class:`~plugin.control.ledger.Ledger`: ``async with SqliteLedger(path)``.
+
+    ``timeout`` is how long a statement waits for another process's write lock before the
+    operation fails with :class:`~plugin.errors.LedgerLockedError`. Opening creates the schema
+    and switches the file to WAL; several processes may open one file at once.
+
+    Raises :class:`~plugin.errors.LedgerPathError` when the folder does not exist or the file
+    cannot be opened, :class:`~plugin.errors.LedgerCorruptError` for a file that is not a
+    recallbound ledger (or is damaged), :class:`~plugin.errors.LedgerLockedError` when busy
+    beyond ``timeout``. Every error is a :class:`~plugin.errors.LedgerError`.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, timeout: float = 5.0) -> None:
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"SqliteLedger path must be a str or PathLike, got {type(path)!r}")
+        self._path = os.fspath(path)
+        if self._path == "" or "\x00" in self._path:
+            raise LedgerPathError(f"invalid ledger path {self._path!r}")
+        self._timeout = float(timeout)
+        self._conn: _sqlite.Connection | None = None
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    async def __aenter__(self) -> SqliteLedger:
+        await self.open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def open(self) -> None:
+        """Connect, switch to WAL and create the schema (idempotent across processes)."""
+        if self._conn is not None:
+            return
+        if self._path != ":memory:" and not self._path.startswith("file:"):
+            parent = Path(self._path).resolve().parent
+            if not parent.is_dir():
+                raise LedgerPathError(f"ledger folder {str(parent)!r} does not exist")
+        try:
+            conn = await _sqlite.connect(self._path, timeout=self._timeout)
+        except (sqlite3.Error, OSError) as exc:
+            raise _translate(exc, self._path) from exc
+        try:
+            with anyio.CancelScope(shield=True):
+                await self._setup(conn)
+        except BaseException as exc:
+            with anyio.CancelScope(shield=True):
+                await conn.close()
+            if isinstance(exc, sqlite3.Error):
+                raise _translate(exc, self._path) from exc
+            raise
+        self._conn = conn
+
+    async def _setup(self, conn: _sqlite.Connection) -> None:
+        # A journal-mode switch needs an exclusive lock and, unlike ordinary statements, may
+        # fail busy at once; several processes opening one file retry here until the timeout.
+        with anyio.fail_after(self._timeout + 1.0, shield=True):
+            while True:
+                try:
+                    (mode,) = (await conn.fetchall("PRAGMA journal_mode=WAL"))[0]
+                    break
+                except sqlite3.OperationalError as exc:
+                    if not _sqlite.is_locked(exc):
+                        raise
+                    await anyio.sleep(0.01)
+        if str(mode).lower() not in ("wal", "memory"):
+            raise LedgerError(f"ledger {self._path!r} could not switch to WAL (mode {mode!r})")
+        await conn.fetchall("PRAGMA synchronous=FULL")
+        await conn.fetchall("BEGIN IMMEDIATE")
+        try:
+            (app_id,) = (await conn.fetchall("PRAGMA application_id"))[0]
+            (version,) = (await conn.fetchall("PRAGMA user_version"))[0]
+            if app_id == 0 and version == 0:
+                tables = await conn.fetchall(
+                    "SELECT name FROM sqlite_schema WHERE type = 'table'"
+                )
+                if tables:
+                    raise LedgerCorruptError(
+                        f"{self._path!r} is an SQLite database but not a recallbound ledger"
+                    )
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        await conn.fetchall(statement)
+                await conn.fetchall(f"PRAGMA application_id = {APPLICATION_ID}")
+                await conn.fetchall(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            elif app_id != APPLICATION_ID:
+                raise LedgerCorruptError(f"{self._path!r} is not a recallbound ledger")
+            elif version != SCHEMA_VERSION:
+                raise LedgerCorruptError(
+                    f"ledger {self._path!r} has schema version {version}; "
+                    f"this recallbound reads version {SCHEMA_VERSION}"
+                )
+            await conn.fetchall("COMMIT")
+        except BaseException:
+            await conn.fetchall("ROLLBACK")
+            raise
+
+    async def aclose(self) -> None:
+        """Close the connection; idempotent."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with anyio.CancelScope(shield=True):
+                await conn.close()
+
+    def _connection(self) -> _sqlite.Connection:
+        if self._conn is None:
+            raise LedgerClosedError("SqliteLedger is not open: use `async with SqliteLedger(...)`")
+        return self._conn
+
+    async def _read(self, fn: Callable[[_sqlite.Connection], Awaitable[T]]) -> T:
+        conn = self._connection()
+        try:
+            return await fn(conn)
+        except sqlite3.Error as exc:
+            raise _translate(exc, self._path) from exc
+
+    @asynccontextmanager
+    async def _write(self) -> AsyncIterator[_sqlite.Connection]:
+        """``BEGIN IMMEDIATE`` … ``COMMIT``, shielded from cancellation, errors translated."""
+        conn = self._connection()
+        with anyio.CancelScope(shield=True):
+            try:
+                await conn.fetchall("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise _translate(exc, self._path) from exc
+            try:
+                yield conn
+                await conn.fetchall("COMMIT")
+            except BaseException as exc:
+                try:
+                    await conn.fetchall("ROLLBACK")
+                except sqlite3.Error:
+                    pass  # the connection already rolled back (or is gone); report the cause
+                if isinstance(exc, sqlite3.Error):
+                    raise _translate(exc, self._path) from exc
+                raise
+
+    async def reserve(
+        self,
+        run_id: str,
+        kind: RoundKind,
+        requested: int,
+        policy: AllowancePolicy,
+        now_wall: float,
+    ) -> Reservation | BudgetRefusal:
+        params: dict[str, Any] = {
+            "run_id": run_id,
+            "now": now_wall,
+            "deadline_s": policy.deadline_s,
+            "max_searches": policy.max_searches,
+            "max_rounds": policy.max_rounds,
+            "requested": requested,
+        }
+        async with self._write() as conn:
+            rows = await conn.fetchall(_RESERVE, params)
+            if rows:
+                rounds, reserved, grant, deadline, opened, executed = rows[0]
+                await conn.fetchall(
+                    "INSERT INTO rounds VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (run_id, rounds, kind.value, requested, reserved - grant + 1, grant, now_wall),
+                )
+                return Reservation(
+                    run_id=run_id,
+                    round_index=rounds,
+                    kind=kind,
+                    requested=requested,
+                    first_slot=reserved - grant + 1,
+                    slots=grant,
+                    reserved=reserved,
+                    executed=executed,
+                    deadline_wall=deadline,
+                    opened_wall=opened,
+                    reserved_wall=now_wall,
+                )
+            rounds, reserved, deadline, max_rounds, max_searches, executed = (
+                await conn.fetchall(_RUN_STATE, (run_id,))
+            )[0]
+            if rounds >= max_rounds:
+                reason = RefusalReason.ROUNDS
+            elif reserved >= max_searches:
+                reason = RefusalReason.SLOTS
+            else:
+                reason = RefusalReason.DEADLINE
+            await conn.fetchall(
+                "INSERT INTO refusals (run_id, round_index, what, kind, reason, at_wall) "
+                "VALUES (?, NULL, 'round', ?, ?, ?)",
+                (run_id, kind.value, reason.value, now_wall),
+            )
+            return BudgetRefusal(
+                reason=reason, run_id=run_id, reserved=reserved, executed=executed
+            )
+
+    async def record(
+        self, attempts: Sequence[AttemptTrace], refusals: Sequence[RefusalRecord]
+    ) -> None:
+        if not attempts and not refusals:
+            return
+        async with self._write() as conn:
+            if attempts:
+                await conn.executemany(
+                    "INSERT INTO attempts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                    "ON CONFLICT (attempt_id) DO UPDATE SET "
+                    "outcome = excluded.outcome, elapsed_s = excluded.elapsed_s",
+                    [
+                        (
+                            t.attempt_id, t.run_id, t.round_index, t.slot, t.kind, t.strategy,
+                            t.fingerprint, t.outcome.value, t.started_wall, t.elapsed_s,
+                            int(t.legacy),
+                        )
+                        for t in attempts
+                    ],
+                )
+            if refusals:
+                await conn.executemany(
+                    "INSERT INTO refusals (run_id, round_index, what, kind, reason, at_wall) "
+                    "VALUES (?, ?, ?, ?, ?, ?)",
+                    [
+                        (r.run_id, r.round_index, r.what, r.kind, r.reason.value, r.at_wall)
+                        for r in refusals
+                    ],
+                )
+
+    async def usage(self, run_id: str) -> Usage:
+        rows = await self._read(lambda conn: conn.fetchall(_USAGE, (run_id,)))
+        if not rows:
+            legacy = await self._read(
+                lambda conn: conn.fetchall(
+                    "SELECT count(*) FROM attempts WHERE run_id = ? AND legacy = 1", (run_id,)
+                )
+            )
+            return Usage(run_id=run_id, legacy_attempts=legacy[0][0])
+        rounds, reserved, deadline, executed, refused, legacy_attempts = rows[0]
+        return Usage(
+            run_id=run_id,
+            rounds=rounds,
+            reserved=reserved,
+            executed=executed,
+            refused=refused,
+            deadline_wall=deadline,
+            legacy_attempts=legacy_attempts,
+        )
+
+    async def reservations(self, run_id: str) -> list[Reservation]:
+        rows = await self._read(
+            lambda conn: conn.fetchall(
+                "SELECT r.round_index, r.kind, r.requested, r.first_slot, r.slots, "
+                "r.first_slot + r.slots - 1, r.reserved_wall, u.deadline_wall, u.opened_wall "
+                "FROM rounds r JOIN runs u USING (run_id) WHERE r.run_id = ? "
+                "ORDER BY r.round_index",
+                (run_id,),
+            )
+        )
+        return [
+            Reservation(
+                run_id=run_id,
+                round_index=index,
+                kind=RoundKind(kind),
+                requested=requested,
+                first_slot=first,
+                slots=slots,
+                reserved=last,
+                executed=0,
+                deadline_wall=deadline,
+                opened_wall=opened,
+                reserved_wall=at,
+            )
+            for index, kind, requested, first, slots, last, at, deadline, opened in rows
+        ]
+
+    async def attempts(self, run_id: str) -> list[AttemptTrace]:
+        rows = await self._read(
+            lambda conn: conn.fetchall(
+                "SELECT attempt_id, round_index, slot, kind, strategy, fingerprint, outcome, "
+                "started_wall, elapsed_s, legacy FROM attempts WHERE run_id = ? "
+                "ORDER BY legacy, round_index, slot, started_wall",
+                (run_id,),
+            )
+        )
+        return [
+            AttemptTrace(
+                attempt_id=attempt_id,
+                run_id=run_id,
+                round_index=round_index,
+                slot=slot,
+                kind=kind,
+                strategy=strategy,
+                fingerprint=fingerprint,
+                outcome=AttemptOutcome(outcome),
+                started_wall=started,
+                elapsed_s=elapsed,
+                legacy=bool(legacy),
+            )
+            for (attempt_id, round_index, slot, kind, strategy, fingerprint, outcome, started,
+                 elapsed, legacy) in rows
+        ]
+
+    async def refusals(self, run_id: str) -> list[RefusalRecord]:
+        rows = await self._read(
+            lambda conn: conn.fetchall(
+                "SELECT round_index, what, kind, reason, at_wall FROM refusals "
+                "WHERE run_id = ? ORDER BY id",
+                (run_id,),
+            )
+        )
+        return [
+            RefusalRecord(
+                run_id=run_id,
+                round_index=round_index,
+                what=what,
+                kind=kind,
+                reason=RefusalReason(reason),
+                at_wall=at,
+            )
+            for round_index, what, kind, reason, at in rows
+        ]

@@ -1,0 +1,52 @@
+"""The package's exception hierarchy: one root, one subclass per cause.
+
+Refusals are data (:class:`~plugin.control.refusal.BudgetRefusal`); the exceptions here are
+failures. ``RecallBudgetExceeded`` carries a refusal so that code which cannot return a value
+(a permit's ``attempt``) still hands the caller the typed reason.
+"""
+
+from __future__ import annotations
+
+
+class RecallboundError(Exception):
+    """Root of every error raised by recallbound."""
+
+
+class InvalidPolicyError(RecallboundError, ValueError):
+    """An :class:`~plugin.control.policy.AllowancePolicy` value is out of range."""
+
+
+class InvalidRunIdError(RecallboundError, ValueError):
+    """A run id is empty, not a string, or too long to store."""
+
+
+class LedgerError(RecallboundError):
+    """The durable ledger failed; no permit was issued for the work that needed it."""
+
+
+class LedgerPathError(LedgerError, FileNotFoundError):
+    """The ledger's folder does not exist or the file cannot be opened."""
+
+
+class LedgerLockedError(LedgerError):
+    """The ledger stayed locked by another connection beyond the busy timeout."""
+
+
+class LedgerCorruptError(LedgerError):
+    """The ledger file is not a recallbound ledger, or its pages are damaged."""
+
+
+class LedgerClosedError(LedgerError):
+    """The ledger was used outside its ``async with`` block."""
+
+
+class InvalidWorkingStateError(RecallboundError, ValueError):
+    """Working state handed to the planner is malformed (the message names the field)."""
+
+
+class InvalidWorkingStateTypeError(RecallboundError, TypeError):
+    """Working state handed to the planner has a field of the wrong type."""
+
+
+class MemoryStoreError(RecallboundError):
+    """The reference memory store failed."""

@@ -1,0 +1,45 @@
+"""The semantic arm's embedding adapter protocol.
+
+An adapter turns query and memory texts into L2-normalised float32 vectors. It states its real
+token limit and counts tokens with its own tokenizer: a query over the limit is not embedded
+(semantic preparation is withheld, with the reason recorded) while the sparse arm still runs.
+The planner's 512-byte bound is not a claim about tokenizer equivalence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+Vector = npt.NDArray[np.float32]
+
+
+@runtime_checkable
+class EmbeddingAdapter(Protocol):
+    """Embeds texts for the semantic arm. Methods are synchronous (run them in a worker thread)."""
+
+    @property
+    def name(self) -> str:
+        """A stable identifier of the model (stored beside each vector)."""
+        ...
+
+    @property
+    def token_limit(self) -> int:
+        """The most tokens the model reads; longer queries are withheld, not truncated."""
+        ...
+
+    @property
+    def dimensions(self) -> int:
+        """Length of every vector this adapter returns."""
+        ...
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens ``text`` takes in this model's own tokenizer."""
+        ...
+
+    def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        """Vectors for ``texts``: shape ``(len(texts), dimensions)``, float32, L2-normalised."""
+        ...

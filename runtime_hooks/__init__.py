@@ -1,0 +1,1 @@
+"""The edge: installs recallbound into agent loops."""
