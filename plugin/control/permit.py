@@ -13,6 +13,7 @@ A permit is never built from outside: only :meth:`RecallAllowance.round
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import math
 import sys
@@ -80,10 +81,8 @@ def bind_permits() -> Iterator[PermitHolder]:
         yield holder
     finally:
         holder.permit = None
-        try:
+        with contextlib.suppress(ValueError):  # left from another context: holder emptied anyway
             _current.reset(token)
-        except ValueError:  # left from another context: the holder is emptied anyway
-            pass
 
 
 @attrs.define(eq=False)
@@ -107,10 +106,8 @@ class _Binding:
             if self.holder.permit is permit:
                 self.holder.permit = self.previous
         elif self.token is not None:
-            try:
+            with contextlib.suppress(ValueError):  # from another context; the permit is closed
                 _current.reset(self.token)
-            except ValueError:  # reset from another context; the permit is closed anyway
-                pass
 
 
 @attrs.define(eq=False)

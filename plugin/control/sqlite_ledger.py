@@ -10,6 +10,7 @@ reservation and re-grant a slot whose search already ran, hence FULL.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -166,7 +167,7 @@ class SqliteLedger:
         if self._conn is not None:
             return
         if self._path != ":memory:" and not self._path.startswith("file:"):
-            parent = Path(self._path).resolve().parent
+            parent = Path(self._path).resolve().parent  # noqa: ASYNC240 (one stat, at open)
             if not parent.is_dir():
                 raise LedgerPathError(f"ledger folder {str(parent)!r} does not exist")
         try:
@@ -260,10 +261,9 @@ class SqliteLedger:
                 yield conn
                 await conn.fetchall("COMMIT")
             except BaseException as exc:
-                try:
+                # The connection may already have rolled back (or be gone): report the cause.
+                with contextlib.suppress(sqlite3.Error):
                     await conn.fetchall("ROLLBACK")
-                except sqlite3.Error:
-                    pass  # the connection already rolled back (or is gone); report the cause
                 if isinstance(exc, sqlite3.Error):
                     raise _translate(exc, self._path) from exc
                 raise

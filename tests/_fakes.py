@@ -1,0 +1,110 @@
+"""Test doubles: an in-memory ledger (no threads, so trio's MockClock can autojump)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+
+from plugin.control import (
+    AllowancePolicy,
+    AttemptTrace,
+    BudgetRefusal,
+    RefusalReason,
+    RefusalRecord,
+    Reservation,
+    RoundKind,
+    Usage,
+)
+
+
+@attrs.define
+class _Run:
+    opened: float
+    deadline: float
+    max_searches: int
+    max_rounds: int
+    rounds: list[Reservation] = attrs.Factory(list)
+
+    @property
+    def reserved(self) -> int:
+        return sum(r.slots for r in self.rounds)
+
+
+@attrs.define
+class MemoryLedger:
+    """A pure-Python Ledger with the same rules as SqliteLedger (checked by the contract suite)."""
+
+    runs: dict[str, _Run] = attrs.Factory(dict)
+    traces: dict[str, AttemptTrace] = attrs.Factory(dict)
+    refused: list[RefusalRecord] = attrs.Factory(list)
+    fail_reserve: BaseException | None = None
+
+    def _executed(self, run_id: str) -> int:
+        return sum(1 for t in self.traces.values() if t.run_id == run_id and not t.legacy)
+
+    async def reserve(
+        self, run_id: str, kind: RoundKind, requested: int, policy: AllowancePolicy,
+        now_wall: float,
+    ) -> Reservation | BudgetRefusal:
+        if self.fail_reserve is not None:
+            raise self.fail_reserve
+        run = self.runs.get(run_id)
+        if run is None:
+            run = self.runs[run_id] = _Run(
+                now_wall, now_wall + policy.deadline_s, policy.max_searches, policy.max_rounds
+            )
+        reason = None
+        if len(run.rounds) >= run.max_rounds:
+            reason = RefusalReason.ROUNDS
+        elif run.reserved >= run.max_searches:
+            reason = RefusalReason.SLOTS
+        elif now_wall >= run.deadline:
+            reason = RefusalReason.DEADLINE
+        if reason is not None:
+            self.refused.append(RefusalRecord(
+                run_id=run_id, round_index=None, what="round", kind=kind.value, reason=reason,
+                at_wall=now_wall,
+            ))
+            return BudgetRefusal(reason=reason, run_id=run_id, reserved=run.reserved,
+                                 executed=self._executed(run_id))
+        grant = min(requested, run.max_searches - run.reserved)
+        first = run.reserved + 1
+        reservation = Reservation(
+            run_id=run_id, round_index=len(run.rounds) + 1, kind=kind, requested=requested,
+            first_slot=first, slots=grant, reserved=run.reserved + grant,
+            executed=self._executed(run_id), deadline_wall=run.deadline, opened_wall=run.opened,
+            reserved_wall=now_wall,
+        )
+        run.rounds.append(reservation)
+        return reservation
+
+    async def record(
+        self, attempts: Sequence[AttemptTrace], refusals: Sequence[RefusalRecord]
+    ) -> None:
+        for trace in attempts:
+            self.traces[trace.attempt_id] = trace
+        self.refused.extend(refusals)
+
+    async def usage(self, run_id: str) -> Usage:
+        run = self.runs.get(run_id)
+        legacy = sum(1 for t in self.traces.values() if t.run_id == run_id and t.legacy)
+        if run is None:
+            return Usage(run_id=run_id, legacy_attempts=legacy)
+        return Usage(
+            run_id=run_id, rounds=len(run.rounds), reserved=run.reserved,
+            executed=self._executed(run_id),
+            refused=sum(1 for r in self.refused if r.run_id == run_id),
+            deadline_wall=run.deadline, legacy_attempts=legacy,
+        )
+
+    async def reservations(self, run_id: str) -> list[Reservation]:
+        run = self.runs.get(run_id)
+        return [] if run is None else list(run.rounds)
+
+    async def attempts(self, run_id: str) -> list[AttemptTrace]:
+        return sorted((t for t in self.traces.values() if t.run_id == run_id),
+                      key=lambda t: (t.legacy, t.round_index, t.slot))
+
+    async def refusals(self, run_id: str) -> list[RefusalRecord]:
+        return [r for r in self.refused if r.run_id == run_id]

@@ -1,0 +1,502 @@
+"""Permit behaviour on both loops, with virtual time (trio's MockClock and a ManualClock).
+
+The ledger here is the in-memory double (no worker threads), so trio's autojump clock is safe.
+"""
+
+from __future__ import annotations
+
+import contextvars
+
+import anyio
+import pytest
+import trio.testing
+
+from plugin import (
+    AllowancePolicy,
+    AttemptKind,
+    ManualClock,
+    Permit,
+    RecallAllowance,
+    RecallBudgetExceeded,
+    RefusalReason,
+    RoundKind,
+    current_permit,
+)
+from plugin.control import AttemptOutcome, bind_permits
+
+from ._fakes import MemoryLedger
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("asyncio", id="asyncio"),
+        pytest.param(("trio", {"clock": trio.testing.MockClock(autojump_threshold=0)}), id="trio"),
+    ]
+)
+def anyio_backend(request: pytest.FixtureRequest) -> object:
+    return request.param
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(wall=1_000_000.0, monotonic=50.0)
+
+
+@pytest.fixture
+def ledger() -> MemoryLedger:
+    return MemoryLedger()
+
+
+@pytest.fixture
+def allowance(ledger: MemoryLedger, clock: ManualClock) -> RecallAllowance:
+    return RecallAllowance(ledger, clock=clock)
+
+
+async def test_parallel_attempts_in_a_task_group_take_distinct_slots(
+    allowance: RecallAllowance, ledger: MemoryLedger
+) -> None:
+    taken: list[int] = []
+    refused: list[RefusalReason] = []
+
+    async def call() -> None:
+        permit = current_permit()
+        assert permit is not None
+        try:
+            async with permit.attempt() as slot:
+                await anyio.sleep(0)  # let the other calls interleave inside their attempts
+                taken.append(slot)
+        except RecallBudgetExceeded as exc:
+            refused.append(exc.refusal.reason)
+
+    async with allowance.round("r", RoundKind.DELIBERATE, slots=3) as permit:
+        async with anyio.create_task_group() as tg:
+            for _ in range(10):
+                tg.start_soon(call)
+        assert permit.remaining == 0
+
+    assert sorted(taken) == [1, 2, 3]
+    assert refused == [RefusalReason.SLOTS] * 7
+    usage = await ledger.usage("r")
+    assert (usage.reserved, usage.executed, usage.refused) == (3, 3, 7)
+
+
+async def test_slots_are_numbered_across_the_run(allowance: RecallAllowance) -> None:
+    async with allowance.round("r", RoundKind.AUTOMATIC) as first:
+        async with first.attempt(AttemptKind.BASE) as a, first.attempt(AttemptKind.DELTA) as b:
+            assert (a, b) == (1, 2)
+    async with allowance.round("r", RoundKind.DELIBERATE, slots=2) as second:
+        async with second.attempt() as c:
+            assert c == 3
+        assert (second.first_slot, second.slots, second.remaining) == (3, 2, 1)
+
+
+async def test_permit_is_bound_only_inside_its_phase(allowance: RecallAllowance) -> None:
+    assert current_permit() is None
+    async with allowance.round("r", RoundKind.AUTOMATIC) as permit:
+        assert current_permit() is permit
+        assert not permit.closed
+    assert current_permit() is None
+    assert permit.closed
+
+
+async def test_child_that_outlives_the_phase_finds_the_permit_closed(
+    allowance: RecallAllowance, ledger: MemoryLedger
+) -> None:
+    phase_over = anyio.Event()
+    outcome: list[object] = []
+
+    async def late_child() -> None:
+        await phase_over.wait()
+        permit = current_permit()  # the value it copied when it was spawned
+        assert permit is not None
+        try:
+            async with permit.attempt():
+                outcome.append("searched")
+        except RecallBudgetExceeded as exc:
+            outcome.append(exc.refusal.reason)
+
+    async with anyio.create_task_group() as outer:
+        async with allowance.round("r", RoundKind.AUTOMATIC) as permit:
+            outer.start_soon(late_child)  # spawned inside the phase: it copies the permit
+            await anyio.sleep(0)
+        phase_over.set()
+
+    assert outcome == [RefusalReason.CLOSED]
+    assert permit.remaining == 2  # the late child took nothing
+    refusals = await ledger.refusals("r")
+    assert [(r.what, r.reason) for r in refusals] == [("attempt", RefusalReason.CLOSED)]
+
+
+async def test_a_copied_context_keeps_the_closed_permit_after_reset(
+    allowance: RecallAllowance,
+) -> None:
+    async with allowance.round("r", RoundKind.AUTOMATIC):
+        copied = contextvars.copy_context()
+    permit = copied.run(current_permit)
+    assert permit is not None and permit.closed
+    with pytest.raises(RecallBudgetExceeded) as info, copied.run(permit.attempt_sync):
+        pass
+    assert info.value.refusal.reason is RefusalReason.CLOSED
+
+
+async def test_run_scoped_holder_reaches_contexts_copied_before_the_round(
+    allowance: RecallAllowance,
+) -> None:
+    # A framework copies the run's context for its tool calls before preparation sets anything;
+    # without the holder those tools would see no permit at all.
+    seen: list[Permit | None] = []
+    round_open = anyio.Event()
+    tool_done = anyio.Event()
+
+    async def tool() -> None:
+        await round_open.wait()
+        seen.append(current_permit())
+        tool_done.set()
+
+    async def hook() -> None:
+        async with allowance.round("r", RoundKind.AUTOMATIC) as permit:
+            seen.append(permit)
+            round_open.set()
+            await tool_done.wait()
+
+    with bind_permits():
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(tool)
+            tg.start_soon(hook)
+    assert seen[0] is not None and seen[1] is seen[0]
+
+    # The same shape without a holder: the tool's context never sees the hook's permit.
+    seen.clear()
+    round_open = anyio.Event()
+    tool_done = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(tool)
+        tg.start_soon(hook)
+    assert seen[0] is not None and seen[1] is None
+
+
+async def test_expired_permit_refuses_before_it_is_closed(
+    allowance: RecallAllowance, clock: ManualClock
+) -> None:
+    async with allowance.round("r", RoundKind.AUTOMATIC) as permit:
+        assert permit.seconds_left() == 10.0
+        clock.advance(10.0)
+        assert permit.expired() and not permit.closed
+        assert permit.seconds_left() == 0.0
+        with pytest.raises(RecallBudgetExceeded) as info:
+            async with permit.attempt():
+                pytest.fail("an expired permit ran a search")
+        assert info.value.refusal.reason is RefusalReason.DEADLINE
+        assert permit.remaining == 2
+
+
+async def test_wall_clock_stepped_backwards_never_extends_the_permit(
+    allowance: RecallAllowance, clock: ManualClock
+) -> None:
+    async with allowance.round("r", RoundKind.AUTOMATIC) as permit:
+        clock.advance(4.0)
+        clock.step_wall(-3600.0)
+        assert permit.seconds_left() == 6.0  # the monotonic bound holds
+        clock.advance(6.0)
+        assert permit.expired()
+        with pytest.raises(RecallBudgetExceeded) as info:
+            async with permit.attempt():
+                pass
+        assert info.value.refusal.reason is RefusalReason.DEADLINE
+
+
+async def test_wall_clock_stepped_forwards_ends_the_permit_early(
+    allowance: RecallAllowance, clock: ManualClock
+) -> None:
+    async with allowance.round("r", RoundKind.AUTOMATIC) as permit:
+        clock.step_wall(7.5)
+        assert permit.seconds_left() == 2.5
+        clock.step_wall(3.0)
+        assert permit.expired()
+
+
+async def test_second_round_keeps_the_original_deadline(
+    allowance: RecallAllowance, clock: ManualClock, ledger: MemoryLedger
+) -> None:
+    async with allowance.round("r", RoundKind.AUTOMATIC):
+        pass
+    clock.advance(6.0)
+    async with allowance.round("r", RoundKind.DELIBERATE, slots=1) as permit:
+        assert permit.seconds_left() == 4.0
+        assert permit.deadline_wall == 1_000_010.0
+    assert (await ledger.usage("r")).deadline_wall == 1_000_010.0
+
+
+async def test_round_after_the_deadline_is_refused(
+    allowance: RecallAllowance, clock: ManualClock, ledger: MemoryLedger
+) -> None:
+    async with allowance.round("r", RoundKind.DELIBERATE, slots=1):
+        pass
+    clock.advance(10.0)
+    with pytest.raises(RecallBudgetExceeded) as info:
+        async with allowance.round("r", RoundKind.DELIBERATE, slots=1):
+            pytest.fail("a round ran after the deadline")
+    assert info.value.refusal.reason is RefusalReason.DEADLINE
+    usage = await ledger.usage("r")
+    assert (usage.rounds, usage.refused) == (1, 1)
+
+
+async def test_wall_step_back_between_rounds_does_not_reopen_the_deadline(
+    allowance: RecallAllowance, clock: ManualClock
+) -> None:
+    async with allowance.round("r", RoundKind.DELIBERATE, slots=1):
+        pass
+    clock.advance(10.0)
+    clock.step_wall(-60.0)  # the wall clock says 50 s are left; the worker clock knows better
+    with pytest.raises(RecallBudgetExceeded) as info:
+        async with allowance.round("r", RoundKind.DELIBERATE, slots=1):
+            pass
+    assert info.value.refusal.reason is RefusalReason.DEADLINE
+
+
+async def test_in_flight_attempt_is_cancelled_at_the_deadline_and_stays_consumed(
+    allowance: RecallAllowance, clock: ManualClock, ledger: MemoryLedger
+) -> None:
+    never = anyio.Event()
+    async with allowance.round("r", RoundKind.AUTOMATIC) as permit:
+        clock.advance(9.995)  # 5 ms left; on trio the MockClock jumps there at once
+        with pytest.raises(RecallBudgetExceeded) as info:
+            async with permit.attempt(AttemptKind.BASE) as slot:
+                await never.wait()
+        assert info.value.refusal.reason is RefusalReason.DEADLINE
+        assert slot == 1
+        assert permit.remaining == 1
+    traces = await ledger.attempts("r")
+    assert [(t.slot, t.outcome) for t in traces] == [(1, AttemptOutcome.DEADLINE)]
+    assert (await ledger.usage("r")).executed == 1
+
+
+@pytest.mark.trio
+async def test_full_deadline_in_virtual_time(autojump_clock: trio.testing.MockClock) -> None:
+    clock = ManualClock()
+    allowance = RecallAllowance(MemoryLedger(), clock=clock)
+    async with allowance.round("r", RoundKind.AUTOMATIC) as permit:
+        start = trio.current_time()
+        with pytest.raises(RecallBudgetExceeded):
+            async with permit.attempt():
+                await trio.sleep_forever()
+        assert trio.current_time() - start == pytest.approx(10.0)
+
+
+async def test_attempt_in_a_nursery_outside_the_phase_has_its_own_deadline(
+    allowance: RecallAllowance, clock: ManualClock
+) -> None:
+    # The phase's scope does not cover tasks started in a nursery that outlives it; each
+    # attempt's own cancel scope does.
+    results: list[object] = []
+    started = anyio.Event()
+
+    async def search(permit: Permit) -> None:
+        try:
+            async with permit.attempt():
+                started.set()
+                await anyio.Event().wait()
+        except RecallBudgetExceeded as exc:
+            results.append(exc.refusal.reason)
+
+    async with anyio.create_task_group() as outer:
+        async with allowance.round("r", RoundKind.AUTOMATIC) as permit:
+            clock.advance(9.99)
+            outer.start_soon(search, permit)
+            await started.wait()
+    assert results == [RefusalReason.DEADLINE]
+
+
+async def test_outside_cancellation_is_recorded_and_the_slot_stays_consumed(
+    allowance: RecallAllowance, ledger: MemoryLedger
+) -> None:
+    async with allowance.round("r", RoundKind.AUTOMATIC) as permit:
+        with anyio.CancelScope() as scope:
+            async with permit.attempt():
+                scope.cancel()
+                await anyio.sleep(1)
+        assert scope.cancelled_caught
+        assert permit.remaining == 1
+    (trace,) = await ledger.attempts("r")
+    assert trace.outcome is AttemptOutcome.CANCELLED
+
+
+async def test_failed_attempt_stays_consumed(
+    allowance: RecallAllowance, ledger: MemoryLedger
+) -> None:
+    async with allowance.round("r", RoundKind.AUTOMATIC) as permit:
+        with pytest.raises(KeyError):
+            async with permit.attempt():
+                raise KeyError("boom")
+        assert permit.remaining == 1
+    (trace,) = await ledger.attempts("r")
+    assert trace.outcome is AttemptOutcome.ERROR
+    usage = await ledger.usage("r")
+    assert (usage.reserved, usage.executed) == (2, 1)
+
+
+async def test_nested_read_takes_a_slot_and_is_refused_when_none_is_free(
+    allowance: RecallAllowance,
+) -> None:
+    async with allowance.round("r", RoundKind.DELIBERATE, slots=2) as permit:
+        async with permit.attempt() as outer:
+            async with permit.attempt(AttemptKind.NESTED) as nested:
+                assert (outer, nested) == (1, 2)
+            with pytest.raises(RecallBudgetExceeded) as info:
+                async with permit.attempt(AttemptKind.NESTED):
+                    pytest.fail("a nested read ran without a slot")
+            assert info.value.refusal.reason is RefusalReason.SLOTS
+
+
+async def test_source_read_fallbacks_stay_inside_the_attempt(
+    allowance: RecallAllowance, clock: ManualClock
+) -> None:
+    async with allowance.round("r", RoundKind.AUTOMATIC) as permit:
+        async with permit.attempt() as slot:
+            assert permit.source_read(slot) == 1
+            assert permit.source_read(slot) == 2
+            assert permit.remaining == 1  # no new slot
+            with pytest.raises(RecallBudgetExceeded) as info:
+                permit.source_read(slot)
+            assert info.value.refusal.reason is RefusalReason.SOURCE_READS
+        async with permit.attempt() as other:
+            clock.advance(10.0)
+            with pytest.raises(RecallBudgetExceeded) as info:
+                permit.source_read(other)  # same deadline as its attempt
+            assert info.value.refusal.reason is RefusalReason.DEADLINE
+        with pytest.raises(ValueError, match="not taken"):
+            permit.source_read(99)
+
+
+async def test_close_is_idempotent_and_final(allowance: RecallAllowance) -> None:
+    async with allowance.round("r", RoundKind.AUTOMATIC) as permit:
+        permit.close()
+        permit.close()
+        assert permit.closed
+        with pytest.raises(RecallBudgetExceeded) as info:
+            async with permit.attempt():
+                pass
+        assert info.value.refusal.reason is RefusalReason.CLOSED
+    permit.close()
+    assert permit.closed and permit.remaining == 2
+
+
+async def test_a_round_is_entered_once(allowance: RecallAllowance) -> None:
+    round_ = allowance.round("r", RoundKind.AUTOMATIC)
+    async with round_:
+        pass
+    with pytest.raises(RuntimeError, match="entered once"):
+        async with round_:
+            pass
+
+
+async def test_automatic_round_gets_what_is_left(clock: ManualClock) -> None:
+    policy = AllowancePolicy(max_searches=3, max_rounds=3, automatic_slots=2)
+    allowance = RecallAllowance(MemoryLedger(), policy=policy, clock=clock)
+    async with allowance.round("r", RoundKind.AUTOMATIC) as first:
+        assert first.slots == 2
+    async with allowance.round("r", RoundKind.AUTOMATIC) as second:
+        assert (second.slots, second.first_slot) == (1, 3)
+    with pytest.raises(RecallBudgetExceeded) as info:
+        async with allowance.round("r", RoundKind.AUTOMATIC):
+            pass
+    assert info.value.refusal.reason is RefusalReason.SLOTS
+
+
+async def test_deliberate_round_with_more_calls_than_slots_reserves_what_is_left(
+    allowance: RecallAllowance, ledger: MemoryLedger
+) -> None:
+    async with allowance.round("r", RoundKind.AUTOMATIC):
+        pass
+    async with allowance.round("r", RoundKind.DELIBERATE, slots=6) as permit:
+        assert permit.slots == 2
+    usage = await ledger.usage("r")
+    assert (usage.rounds, usage.reserved) == (2, 4)
+
+
+async def test_rounds_beyond_the_maximum_are_refused_and_not_counted(
+    allowance: RecallAllowance, ledger: MemoryLedger
+) -> None:
+    for _ in range(2):
+        async with allowance.round("r", RoundKind.DELIBERATE, slots=1):
+            pass
+    with pytest.raises(RecallBudgetExceeded) as info:
+        async with allowance.round("r", RoundKind.DELIBERATE, slots=1):
+            pass
+    refusal = info.value.refusal
+    assert (refusal.reason, refusal.reserved, refusal.run_id) == (RefusalReason.ROUNDS, 2, "r")
+    usage = await ledger.usage("r")
+    assert (usage.rounds, usage.reserved, usage.refused) == (2, 2, 1)
+
+
+async def test_checkpoint_runs_after_commit_and_before_the_permit(
+    ledger: MemoryLedger, clock: ManualClock
+) -> None:
+    seen: list[tuple[str, int, int, object]] = []
+
+    async def checkpoint(run_id: str, round_index: int) -> None:
+        seen.append((run_id, round_index, (await ledger.usage(run_id)).reserved,
+                     current_permit()))
+
+    allowance = RecallAllowance(ledger, clock=clock, checkpoint=checkpoint)
+    async with allowance.round("r", RoundKind.AUTOMATIC):
+        pass
+    assert seen == [("r", 1, 2, None)]
+
+
+async def test_failed_checkpoint_issues_no_permit_and_keeps_the_slots(
+    ledger: MemoryLedger, clock: ManualClock
+) -> None:
+    async def checkpoint(run_id: str, round_index: int) -> None:
+        raise OSError("host checkpoint store is down")
+
+    allowance = RecallAllowance(ledger, clock=clock, checkpoint=checkpoint)
+    with pytest.raises(OSError, match="checkpoint store"):
+        async with allowance.round("r", RoundKind.AUTOMATIC):
+            pytest.fail("a permit was issued without a checkpoint")
+    assert current_permit() is None
+    assert (await ledger.usage("r")).reserved == 2
+
+
+async def test_ledger_failure_fails_closed(ledger: MemoryLedger, clock: ManualClock) -> None:
+    from plugin.errors import LedgerLockedError
+
+    ledger.fail_reserve = LedgerLockedError("locked")
+    allowance = RecallAllowance(ledger, clock=clock)
+    with pytest.raises(LedgerLockedError):
+        async with allowance.round("r", RoundKind.AUTOMATIC):
+            pytest.fail("a permit was issued without a committed reservation")
+    assert current_permit() is None
+
+
+async def test_legacy_mode_is_explicit_unbounded_and_marked(
+    ledger: MemoryLedger, clock: ManualClock
+) -> None:
+    allowance = RecallAllowance.legacy(ledger, clock=clock)
+    async with allowance.round("r", RoundKind.AUTOMATIC) as permit:
+        assert permit.legacy and permit.seconds_left() == float("inf")
+        for _ in range(10):
+            async with permit.attempt():
+                pass
+        clock.advance(3600.0)
+        async with permit.attempt():
+            pass
+    traces = await ledger.attempts("r")
+    assert len(traces) == 11 and all(t.legacy for t in traces)
+    usage = await ledger.usage("r")
+    assert (usage.rounds, usage.reserved, usage.executed, usage.legacy_attempts) == (0, 0, 0, 11)
+
+
+async def test_attempt_trace_carries_strategy_and_fingerprint(
+    allowance: RecallAllowance, ledger: MemoryLedger, clock: ManualClock
+) -> None:
+    async with allowance.round("r", RoundKind.AUTOMATIC) as permit:
+        async with permit.attempt(AttemptKind.BASE, strategy="task_context", fingerprint="ab"):
+            clock.advance(0.25)
+    (trace,) = await ledger.attempts("r")
+    assert (trace.kind, trace.strategy, trace.fingerprint) == ("base", "task_context", "ab")
+    assert (trace.round_index, trace.slot, trace.outcome) == (1, 1, AttemptOutcome.OK)
+    assert trace.elapsed_s == pytest.approx(0.25)
+    assert trace.started_wall == 1_000_000.0

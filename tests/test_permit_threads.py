@@ -1,0 +1,197 @@
+"""Permits over the real SQLite ledger: worker threads, both loops' spawn primitives, traces."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import anyio.to_thread
+import pytest
+import trio
+
+from plugin import (
+    AllowancePolicy,
+    AttemptKind,
+    ManualClock,
+    RecallAllowance,
+    RecallBudgetExceeded,
+    RefusalReason,
+    RoundKind,
+    SqliteLedger,
+    current_permit,
+)
+from plugin.control import AttemptOutcome
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> object:
+    return request.param
+
+
+@pytest.fixture
+async def ledger(tmp_path: Path) -> AsyncIterator[SqliteLedger]:
+    async with SqliteLedger(tmp_path / "ledger.db") as ledger:
+        yield ledger
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+def _search_in_thread(results: list[object]) -> None:
+    permit = current_permit()  # the context was copied into the worker thread
+    assert permit is not None
+    try:
+        with permit.attempt_sync(AttemptKind.DELIBERATE) as slot:
+            results.append(slot)
+    except RecallBudgetExceeded as exc:
+        results.append(exc.refusal.reason)
+
+
+async def test_worker_threads_never_over_spend(ledger: SqliteLedger, clock: ManualClock) -> None:
+    allowance = RecallAllowance(ledger, clock=clock)
+    results: list[object] = []
+    async with allowance.round("r", RoundKind.DELIBERATE, slots=3):
+        async with anyio.create_task_group() as tg:
+            for _ in range(12):
+                tg.start_soon(anyio.to_thread.run_sync, _search_in_thread, results)
+    slots = sorted(r for r in results if isinstance(r, int))
+    assert slots == [1, 2, 3]
+    assert results.count(RefusalReason.SLOTS) == 9
+    usage = await ledger.usage("r")
+    assert (usage.reserved, usage.executed, usage.refused) == (3, 3, 9)
+
+
+async def test_raw_threads_racing_on_one_permit_take_distinct_slots(
+    ledger: SqliteLedger, clock: ManualClock
+) -> None:
+    allowance = RecallAllowance(ledger, clock=clock)
+    results: list[object] = []
+    async with allowance.round("r", RoundKind.DELIBERATE, slots=4):
+        ctx = contextvars.copy_context()
+        start = threading.Barrier(32)
+
+        def worker() -> None:
+            start.wait()
+            ctx.copy().run(_search_in_thread, results)
+
+        threads = [threading.Thread(target=worker) for _ in range(32)]
+        for t in threads:
+            t.start()
+        await anyio.to_thread.run_sync(lambda: [t.join() for t in threads])
+    assert sorted(r for r in results if isinstance(r, int)) == [1, 2, 3, 4]
+    assert results.count(RefusalReason.SLOTS) == 28
+
+
+async def test_traces_are_persisted_when_the_phase_ends(
+    ledger: SqliteLedger, clock: ManualClock
+) -> None:
+    allowance = RecallAllowance(ledger, clock=clock)
+    async with allowance.round("r", RoundKind.AUTOMATIC) as permit:
+        async with permit.attempt(AttemptKind.BASE, strategy="baseline", fingerprint="f1"):
+            clock.advance(0.5)
+        with permit.attempt_sync(AttemptKind.DELTA):
+            pass
+        assert await ledger.attempts("r") == []  # buffered until the phase ends
+    traces = await ledger.attempts("r")
+    assert [(t.slot, t.kind, t.outcome) for t in traces] == [
+        (1, "base", AttemptOutcome.OK), (2, "delta", AttemptOutcome.OK)
+    ]
+    assert traces[0].elapsed_s == 0.5 and traces[0].fingerprint == "f1"
+
+
+async def test_attempt_still_running_at_phase_end_is_recorded_twice(
+    ledger: SqliteLedger, clock: ManualClock
+) -> None:
+    allowance = RecallAllowance(ledger, clock=clock)
+    release = anyio.Event()
+    async with anyio.create_task_group() as outer:
+        async with allowance.round("r", RoundKind.AUTOMATIC) as permit:
+            started = anyio.Event()
+
+            async def slow() -> None:
+                async with permit.attempt():
+                    started.set()
+                    await release.wait()
+
+            outer.start_soon(slow)
+            await started.wait()
+        (trace,) = await ledger.attempts("r")
+        assert trace.outcome is AttemptOutcome.IN_FLIGHT
+        release.set()
+    (trace,) = await ledger.attempts("r")
+    assert trace.outcome is AttemptOutcome.OK
+    assert (await ledger.usage("r")).executed == 1  # replaced, not counted twice
+
+
+async def test_a_new_allowance_resumes_by_reserving_again(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    path = tmp_path / "ledger.db"
+    async with SqliteLedger(path) as ledger:
+        async with RecallAllowance(ledger, clock=clock).round("r", RoundKind.AUTOMATIC) as old:
+            pass
+    clock.advance(3.0)
+    async with SqliteLedger(path) as ledger:  # a "restarted process": no memory of the permit
+        (reservation,) = await ledger.reservations("r")
+        assert (reservation.first_slot, reservation.slots) == (1, 2)
+        assert old.closed
+        async with RecallAllowance(ledger, clock=clock).round(
+            "r", RoundKind.DELIBERATE, slots=4
+        ) as permit:
+            assert (permit.round_index, permit.first_slot, permit.slots) == (2, 3, 2)
+            assert permit.seconds_left() == 7.0
+        with pytest.raises(RecallBudgetExceeded) as info:
+            async with RecallAllowance(ledger, clock=clock).round("r", RoundKind.AUTOMATIC):
+                pass
+        assert info.value.refusal.reason is RefusalReason.ROUNDS
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_asyncio_spawn_primitives_share_the_permit(
+    ledger: SqliteLedger, clock: ManualClock
+) -> None:
+    allowance = RecallAllowance(ledger, clock=clock, policy=_wide())
+    async with allowance.round("r", RoundKind.DELIBERATE, slots=8) as permit:
+
+        async def probe() -> object:
+            return current_permit()
+
+        task = asyncio.create_task(probe())
+        gathered = await asyncio.gather(probe(), probe())
+        threaded = await asyncio.to_thread(current_permit)
+        loop = asyncio.get_running_loop()
+        bare = await loop.run_in_executor(None, current_permit)  # does NOT copy the context
+        ctx = contextvars.copy_context()
+        copied = await loop.run_in_executor(None, ctx.run, current_permit)
+        assert await task is permit
+        assert gathered == [permit, permit]
+        assert threaded is permit and copied is permit
+        assert bare is None
+
+
+@pytest.mark.trio
+async def test_trio_spawn_primitives_share_the_permit(tmp_path: Path) -> None:
+    async with SqliteLedger(tmp_path / "l.db") as ledger:
+        allowance = RecallAllowance(ledger, clock=ManualClock())
+        async with allowance.round("r", RoundKind.AUTOMATIC) as permit:
+            seen: list[object] = []
+
+            async def probe() -> None:
+                seen.append(current_permit())
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(probe)
+            seen.append(await trio.to_thread.run_sync(current_permit))
+            assert seen == [permit, permit]
+
+
+def _wide() -> AllowancePolicy:
+    return AllowancePolicy(max_searches=8, automatic_slots=2)
