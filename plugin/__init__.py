@@ -1,3 +1,66 @@
-"""recallbound: a bounded, durable recall allowance and task-context query planning."""
+"""recallbound: a bounded, durable recall allowance and task-context query planning.
 
-from .control import *  # noqa: F403  (temporary: explicit re-exports follow)
+The public surface is what this module re-exports; everything else may move.
+"""
+
+from .control.allowance import RecallAllowance as RecallAllowance
+from .control.clock import Clock as Clock
+from .control.clock import ManualClock as ManualClock
+from .control.clock import SystemClock as SystemClock
+from .control.ledger import AttemptOutcome as AttemptOutcome
+from .control.ledger import AttemptTrace as AttemptTrace
+from .control.ledger import Ledger as Ledger
+from .control.ledger import Reservation as Reservation
+from .control.ledger import Usage as Usage
+from .control.permit import Permit as Permit
+from .control.permit import bind_permits as bind_permits
+from .control.permit import current_permit as current_permit
+from .control.policy import AllowancePolicy as AllowancePolicy
+from .control.policy import AttemptKind as AttemptKind
+from .control.policy import RoundKind as RoundKind
+from .control.refusal import BoundedRecallNotice as BoundedRecallNotice
+from .control.refusal import BudgetRefusal as BudgetRefusal
+from .control.refusal import RecallBudgetExceeded as RecallBudgetExceeded
+from .control.refusal import RefusalReason as RefusalReason
+from .control.sqlite_ledger import SqliteLedger as SqliteLedger
+from .errors import InvalidPolicyError as InvalidPolicyError
+from .errors import InvalidRunIdError as InvalidRunIdError
+from .errors import InvalidWorkingStateError as InvalidWorkingStateError
+from .errors import InvalidWorkingStateTypeError as InvalidWorkingStateTypeError
+from .errors import LedgerClosedError as LedgerClosedError
+from .errors import LedgerCorruptError as LedgerCorruptError
+from .errors import LedgerError as LedgerError
+from .errors import LedgerLockedError as LedgerLockedError
+from .errors import LedgerPathError as LedgerPathError
+from .errors import MemoryStoreError as MemoryStoreError
+from .errors import RecallboundError as RecallboundError
+from .memory.embedding import EmbeddingAdapter as EmbeddingAdapter
+from .memory.planning import BaselineReason as BaselineReason
+from .memory.planning import QueryPlanner as QueryPlanner
+from .memory.planning import QueryStrategy as QueryStrategy
+from .memory.planning import RecallQuery as RecallQuery
+from .memory.planning import compose_baseline as compose_baseline
+from .memory.planning import compose_search_call as compose_search_call
+from .memory.planning import compose_task_context as compose_task_context
+from .memory.preparation import PreparedRecall as PreparedRecall
+from .memory.preparation import QueryPreparation as QueryPreparation
+from .memory.preparation import RecallPreparer as RecallPreparer
+from .memory.preparation import SemanticPreparation as SemanticPreparation
+from .memory.preparation import WithheldReason as WithheldReason
+from .memory.state import Fact as Fact
+from .memory.state import Task as Task
+from .memory.state import WorkingState as WorkingState
+
+__all__ = [
+    "AllowancePolicy", "AttemptKind", "AttemptOutcome", "AttemptTrace", "BaselineReason",
+    "BoundedRecallNotice", "BudgetRefusal", "Clock", "EmbeddingAdapter", "Fact",
+    "InvalidPolicyError", "InvalidRunIdError", "InvalidWorkingStateError",
+    "InvalidWorkingStateTypeError", "Ledger", "LedgerClosedError", "LedgerCorruptError",
+    "LedgerError", "LedgerLockedError", "LedgerPathError", "ManualClock", "MemoryStoreError",
+    "Permit", "PreparedRecall", "QueryPlanner", "QueryPreparation", "QueryStrategy",
+    "RecallAllowance", "RecallBudgetExceeded", "RecallPreparer", "RecallQuery",
+    "RecallboundError", "RefusalReason", "Reservation", "RoundKind", "SemanticPreparation",
+    "SqliteLedger", "SystemClock", "Task", "Usage", "WithheldReason", "WorkingState",
+    "bind_permits", "compose_baseline", "compose_search_call", "compose_task_context",
+    "current_permit",
+]

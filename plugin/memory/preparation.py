@@ -1,0 +1,197 @@
+"""The preparation protocol: how the runtime gets a round's query, never a concrete store.
+
+One former, one fingerprint: :meth:`QueryPreparation.prepare` plans the round's query once and
+returns it inside a :class:`PreparedRecall` together with its semantic preparation. Retrieval
+uses that same object, so the query embedded and the query searched cannot differ, even if the
+release admission changes its answer in between.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from typing import Any, Protocol, runtime_checkable
+
+import anyio.to_thread
+import attrs
+import numpy as np
+
+from plugin.memory.embedding import EmbeddingAdapter, Vector
+from plugin.memory.planning import QueryPlanner, QueryStrategy, RecallQuery, compose_search_call
+from plugin.memory.state import WorkingState
+
+_log = logging.getLogger(__name__)
+
+
+class WithheldReason(enum.Enum):
+    """Why a query has no vector (the sparse arm still runs on ``query.text``)."""
+
+    NO_ADAPTER = "no_adapter"
+    """No embedding adapter is configured."""
+    EMPTY_QUERY = "empty_query"
+    """The query has no text to embed."""
+    TOKEN_LIMIT = "token_limit"
+    """The query takes more tokens than the adapter reads; it is withheld, not truncated."""
+    ADAPTER_FAILED = "adapter_failed"
+    """The adapter raised, or returned a malformed token count or vector."""
+
+
+@attrs.frozen(kw_only=True)
+class SemanticPreparation:
+    """The semantic arm's input for one query: a vector, or why there is none.
+
+    ``vector`` is a read-only float32 array of the adapter's dimensions, or ``None`` exactly
+    when ``withheld_reason`` is set. ``tokens`` is the adapter's own count (``None`` when it was
+    not counted). ``model`` names the adapter.
+    """
+
+    fingerprint: str
+    vector: Vector | None = attrs.field(default=None, eq=False, repr=False)
+    withheld_reason: WithheldReason | None = None
+    tokens: int | None = None
+    model: str | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if (self.vector is None) is (self.withheld_reason is None):
+            raise ValueError(
+                "SemanticPreparation needs either a vector or a withheld_reason, not both"
+            )
+
+
+@attrs.frozen(kw_only=True)
+class PreparedRecall:
+    """Everything one round retrieves with: the query, the frozen control and the vector.
+
+    Built only when ``semantic.fingerprint == query.fingerprint`` and ``recent_query`` is a
+    baseline query of the same scope and principal; otherwise ``ValueError``.
+    """
+
+    query: RecallQuery
+    recent_query: RecallQuery
+    semantic: SemanticPreparation
+
+    def __attrs_post_init__(self) -> None:
+        self.check()
+
+    @property
+    def fingerprint(self) -> str:
+        """The round's query fingerprint (the same for preparation and retrieval)."""
+        return self.query.fingerprint
+
+    def check(self) -> None:
+        """Raise ``ValueError`` unless the semantic preparation belongs to ``query``."""
+        if self.semantic.fingerprint != self.query.fingerprint:
+            raise ValueError(
+                f"PreparedRecall.semantic was prepared for query {self.semantic.fingerprint}, "
+                f"not {self.query.fingerprint}"
+            )
+        recent = self.recent_query
+        if recent.strategy is not QueryStrategy.BASELINE:
+            raise ValueError(
+                f"PreparedRecall.recent_query must be a baseline query, got {recent.strategy}"
+            )
+        if (recent.scope, recent.principal) != (self.query.scope, self.query.principal):
+            raise ValueError(
+                "PreparedRecall.recent_query must have the query's scope and principal"
+            )
+
+
+@runtime_checkable
+class RecallPreparer(Protocol):
+    """What the runtime calls in the preparation phase (it never sees a concrete store)."""
+
+    async def prepare(
+        self, state: WorkingState, *, scope: str | None, principal: str | None
+    ) -> PreparedRecall:
+        """Form this round's query once and prepare its semantic arm."""
+        ...
+
+    async def prepare_search(
+        self, text: str, *, scope: str | None, principal: str | None
+    ) -> PreparedRecall:
+        """Prepare one deliberate search call's own text (no planning, same arms)."""
+        ...
+
+
+def _embedding(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and not isinstance(value, EmbeddingAdapter):
+        raise TypeError(
+            f"QueryPreparation.embedding must be an EmbeddingAdapter or None, "
+            f"got {type(value).__name__}"
+        )
+
+
+@attrs.frozen
+class QueryPreparation:
+    """The default :class:`RecallPreparer`: a :class:`QueryPlanner` and an optional adapter."""
+
+    planner: QueryPlanner = attrs.field(validator=attrs.validators.instance_of(QueryPlanner))
+    embedding: EmbeddingAdapter | None = attrs.field(default=None, validator=_embedding)
+
+    async def prepare(
+        self, state: WorkingState, *, scope: str | None, principal: str | None
+    ) -> PreparedRecall:
+        """Plan once (admission asked once) and embed that query in a worker thread.
+
+        A query over the adapter's ``token_limit``, an empty query, a missing adapter or a
+        failing adapter gives no vector and the reason; the sparse arm still runs.
+        """
+        query = await self.planner.plan(state, scope=scope, principal=principal)
+        recent = self.planner.plan_recent(state, scope=scope, principal=principal)
+        semantic = await self._prepare_semantic(query)
+        return PreparedRecall(query=query, recent_query=recent, semantic=semantic)
+
+    async def prepare_search(
+        self, text: str, *, scope: str | None, principal: str | None
+    ) -> PreparedRecall:
+        """The model's search text as the query; it is also the recent arm's control query."""
+        query = compose_search_call(text, scope=scope, principal=principal)
+        semantic = await self._prepare_semantic(query)
+        return PreparedRecall(query=query, recent_query=query, semantic=semantic)
+
+    async def _prepare_semantic(self, query: RecallQuery) -> SemanticPreparation:
+        adapter = self.embedding
+        if adapter is None:
+            return SemanticPreparation(
+                fingerprint=query.fingerprint, withheld_reason=WithheldReason.NO_ADAPTER
+            )
+        if not query.text:
+            return SemanticPreparation(
+                fingerprint=query.fingerprint,
+                withheld_reason=WithheldReason.EMPTY_QUERY,
+                model=adapter.name,
+            )
+        tokens, vector, reason = await anyio.to_thread.run_sync(_embed, adapter, query.text)
+        return SemanticPreparation(
+            fingerprint=query.fingerprint,
+            vector=vector,
+            withheld_reason=reason,
+            tokens=tokens,
+            model=adapter.name,
+        )
+
+
+def _embed(
+    adapter: EmbeddingAdapter, text: str
+) -> tuple[int | None, Vector | None, WithheldReason | None]:
+    """Count, then embed unless over the limit (runs in a worker thread)."""
+    try:
+        tokens = adapter.count_tokens(text)
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+            _log.warning("embedding adapter %r counted %r tokens", adapter.name, tokens)
+            return None, None, WithheldReason.ADAPTER_FAILED
+        if tokens > adapter.token_limit:
+            return tokens, None, WithheldReason.TOKEN_LIMIT
+        vectors = adapter.embed([text])
+    except Exception:
+        _log.warning(
+            "embedding adapter %r failed; semantic arm withheld", adapter.name, exc_info=True
+        )
+        return None, None, WithheldReason.ADAPTER_FAILED
+    shape = (1, adapter.dimensions)
+    if not isinstance(vectors, np.ndarray) or vectors.shape != shape:
+        _log.warning("embedding adapter %r returned no %s array", adapter.name, shape)
+        return tokens, None, WithheldReason.ADAPTER_FAILED
+    vector = np.array(vectors[0], dtype=np.float32)  # a private copy, then frozen
+    vector.setflags(write=False)
+    return tokens, vector, None

@@ -1,0 +1,265 @@
+"""The preparation protocol: one former, one fingerprint, and the adapter's token limit."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+import pytest
+import trio.testing
+
+from plugin.memory.embedding import EmbeddingAdapter
+from plugin.memory.planning import (
+    BaselineReason,
+    QueryPlanner,
+    QueryStrategy,
+    compose_baseline,
+    compose_task_context,
+)
+from plugin.memory.preparation import (
+    PreparedRecall,
+    QueryPreparation,
+    RecallPreparer,
+    SemanticPreparation,
+    WithheldReason,
+)
+from plugin.memory.state import Fact, Task, WorkingState
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("asyncio"),
+        pytest.param(("trio", {"clock": trio.testing.MockClock(autojump_threshold=0)}), id="trio"),
+    ]
+)
+def anyio_backend(request: pytest.FixtureRequest) -> object:
+    return request.param
+
+
+class HashingAdapter:
+    """Deterministic toy embedder: words hashed into 64 dimensions, one token per word."""
+
+    def __init__(self, token_limit: int = 16) -> None:
+        self._token_limit = token_limit
+        self.embedded: list[str] = []
+        self.counted: list[str] = []
+
+    @property
+    def name(self) -> str:
+        return "hashing-64"
+
+    @property
+    def token_limit(self) -> int:
+        return self._token_limit
+
+    @property
+    def dimensions(self) -> int:
+        return 64
+
+    def count_tokens(self, text: str) -> int:
+        self.counted.append(text)
+        return len(text.split())
+
+    def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        self.embedded.extend(texts)
+        out = np.zeros((len(texts), 64), dtype=np.float32)
+        for row, text in enumerate(texts):
+            for word in text.casefold().split():
+                digest = hashlib.sha256(word.encode()).digest()
+                out[row, digest[0] % 64] += 1.0
+            norm = np.linalg.norm(out[row])
+            if norm:
+                out[row] /= norm
+        return out
+
+
+class BrokenAdapter(HashingAdapter):
+    def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        raise RuntimeError("model not loaded")
+
+
+class WrongShapeAdapter(HashingAdapter):
+    def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        return np.zeros((len(texts), 3), dtype=np.float32)
+
+
+class Admission:
+    """Answers from a repeating script; counts calls."""
+
+    def __init__(self, *answers: bool) -> None:
+        self.answers = answers
+        self.calls = 0
+
+    async def __call__(self, experiment: str) -> bool:
+        self.calls += 1
+        return self.answers[(self.calls - 1) % len(self.answers)]
+
+
+STATE = WorkingState(
+    "Continue",
+    objective="Finish the quarterly report",
+    next_action="Draft the revenue section",
+    tasks=(Task("Collect figures", done=True), Task("Ask Priya for Q3 numbers")),
+    open_questions=("Which currency?",),
+    constraints=("Two pages max",),
+    facts=(Fact("Priya runs finance", ("Priya",)),),
+)
+
+
+def test_adapter_satisfies_the_protocol() -> None:
+    assert isinstance(HashingAdapter(), EmbeddingAdapter)
+    preparer = QueryPreparation(QueryPlanner(), HashingAdapter())
+    assert isinstance(preparer, RecallPreparer)
+
+
+async def test_prepare_plans_once_and_embeds_that_query() -> None:
+    admission = Admission(True)
+    adapter = HashingAdapter(token_limit=64)
+    preparer = QueryPreparation(QueryPlanner(QueryStrategy.TASK_CONTEXT, admission), adapter)
+    prepared = await preparer.prepare(STATE, scope="proj", principal="u1")
+
+    assert admission.calls == 1
+    assert prepared.query == compose_task_context(STATE, scope="proj", principal="u1")
+    assert prepared.fingerprint == prepared.query.fingerprint == prepared.semantic.fingerprint
+    assert adapter.embedded == [prepared.query.text]
+    semantic = prepared.semantic
+    assert semantic.withheld_reason is None
+    assert semantic.tokens == len(prepared.query.text.split())
+    assert semantic.model == "hashing-64"
+    assert semantic.vector is not None
+    assert semantic.vector.dtype == np.float32
+    assert semantic.vector.shape == (64,)
+    assert not semantic.vector.flags.writeable
+    np.testing.assert_allclose(semantic.vector, adapter.embed([prepared.query.text])[0])
+
+
+async def test_recent_query_is_the_frozen_control() -> None:
+    preparer = QueryPreparation(QueryPlanner(QueryStrategy.TASK_CONTEXT, Admission(True)))
+    prepared = await preparer.prepare(STATE, scope="proj", principal="u1")
+    assert prepared.query.strategy is QueryStrategy.TASK_CONTEXT
+    recent = prepared.recent_query
+    assert recent.baseline_reason is BaselineReason.FROZEN_CONTROL
+    assert recent.fingerprint == compose_baseline(STATE, scope="proj", principal="u1").fingerprint
+
+
+async def test_fingerprints_match_between_preparation_and_retrieval_under_flipping() -> None:
+    admission = Admission(True, False)
+    adapter = HashingAdapter(token_limit=64)
+    preparer = QueryPreparation(QueryPlanner(QueryStrategy.TASK_CONTEXT, admission), adapter)
+    rounds = [await preparer.prepare(STATE, scope="proj", principal="u1") for _ in range(6)]
+
+    assert admission.calls == 6  # once per round, never cached
+    strategies = [prepared.query.strategy for prepared in rounds]
+    assert strategies == [QueryStrategy.TASK_CONTEXT, QueryStrategy.BASELINE] * 3
+    for prepared in rounds:
+        # Retrieval reads the query from the same PreparedRecall: admission flipping in
+        # between cannot make it search something other than what was embedded.
+        retrieval_query = prepared.query
+        assert prepared.semantic.fingerprint == retrieval_query.fingerprint
+        assert adapter.embedded.count(retrieval_query.text) >= 1
+    assert rounds[0].fingerprint != rounds[1].fingerprint
+
+
+async def test_over_the_token_limit_withholds_semantic_but_keeps_the_query() -> None:
+    adapter = HashingAdapter(token_limit=5)
+    preparer = QueryPreparation(QueryPlanner(QueryStrategy.TASK_CONTEXT, Admission(True)), adapter)
+    prepared = await preparer.prepare(STATE, scope=None, principal=None)
+    semantic = prepared.semantic
+    assert semantic.vector is None
+    assert semantic.withheld_reason is WithheldReason.TOKEN_LIMIT
+    assert semantic.tokens == len(prepared.query.text.split()) > 5
+    assert semantic.fingerprint == prepared.query.fingerprint
+    assert adapter.embedded == []  # withheld, not truncated
+    assert prepared.query.text  # the sparse arm still has its text
+
+
+async def test_exactly_the_token_limit_is_embedded() -> None:
+    state = WorkingState("one two three")
+    prepared = await QueryPreparation(QueryPlanner(), HashingAdapter(token_limit=3)).prepare(
+        state, scope=None, principal=None
+    )
+    assert prepared.semantic.tokens == 3
+    assert prepared.semantic.vector is not None
+
+
+async def test_no_adapter_and_empty_query_are_withheld() -> None:
+    prepared = await QueryPreparation(QueryPlanner()).prepare(STATE, scope="s", principal="p")
+    assert prepared.semantic.withheld_reason is WithheldReason.NO_ADAPTER
+    assert prepared.semantic.vector is None
+    assert prepared.semantic.tokens is None
+
+    adapter = HashingAdapter()
+    prepared = await QueryPreparation(QueryPlanner(), adapter).prepare(
+        WorkingState("   "), scope="s", principal="p"
+    )
+    assert prepared.query.text == ""
+    assert prepared.semantic.withheld_reason is WithheldReason.EMPTY_QUERY
+    assert adapter.counted == []
+
+
+@pytest.mark.parametrize("adapter_type", [BrokenAdapter, WrongShapeAdapter])
+async def test_failing_adapter_withholds_semantic(
+    adapter_type: type[HashingAdapter], caplog: pytest.LogCaptureFixture
+) -> None:
+    prepared = await QueryPreparation(QueryPlanner(), adapter_type(token_limit=64)).prepare(
+        STATE, scope=None, principal=None
+    )
+    assert prepared.semantic.withheld_reason is WithheldReason.ADAPTER_FAILED
+    assert prepared.semantic.vector is None
+    assert "embedding adapter" in caplog.text
+
+
+async def test_state_is_not_mutated_and_scope_comes_from_arguments() -> None:
+    state = attrs.evolve(STATE, current_request="Continue in scope: other as principal: admin")
+    before = attrs.asdict(state, recurse=True)
+    prepared = await QueryPreparation(
+        QueryPlanner(QueryStrategy.TASK_CONTEXT, Admission(True)), HashingAdapter(64)
+    ).prepare(state, scope="proj", principal="u1")
+    assert attrs.asdict(state, recurse=True) == before
+    for query in (prepared.query, prepared.recent_query):
+        assert (query.scope, query.principal) == ("proj", "u1")
+
+
+def test_prepared_recall_refuses_mismatched_fingerprints() -> None:
+    query = compose_task_context(STATE, scope="s")
+    recent = QueryPlanner().plan_recent(STATE, scope="s")
+    other = compose_baseline(STATE, scope="s")
+    ok = SemanticPreparation(
+        fingerprint=query.fingerprint, withheld_reason=WithheldReason.NO_ADAPTER
+    )
+    assert PreparedRecall(query=query, recent_query=recent, semantic=ok).fingerprint == (
+        query.fingerprint
+    )
+    wrong = SemanticPreparation(
+        fingerprint=other.fingerprint, withheld_reason=WithheldReason.NO_ADAPTER
+    )
+    with pytest.raises(ValueError, match="semantic was prepared for query"):
+        PreparedRecall(query=query, recent_query=recent, semantic=wrong)
+    with pytest.raises(ValueError, match="recent_query must be a baseline"):
+        PreparedRecall(query=query, recent_query=query, semantic=ok)
+    with pytest.raises(ValueError, match="scope and principal"):
+        PreparedRecall(
+            query=query, recent_query=QueryPlanner().plan_recent(STATE, scope="t"), semantic=ok
+        )
+
+
+def test_semantic_preparation_needs_a_vector_or_a_reason() -> None:
+    with pytest.raises(ValueError, match="either a vector or a withheld_reason"):
+        SemanticPreparation(fingerprint="f")
+    vector = np.zeros(4, dtype=np.float32)
+    with pytest.raises(ValueError, match="either a vector or a withheld_reason"):
+        SemanticPreparation(
+            fingerprint="f", vector=vector, withheld_reason=WithheldReason.NO_ADAPTER
+        )
+
+
+def test_query_preparation_validates_its_parts() -> None:
+    with pytest.raises(TypeError, match="planner"):
+        QueryPreparation("planner")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"QueryPreparation\.embedding"):
+        QueryPreparation(QueryPlanner(), object())  # type: ignore[arg-type]
