@@ -195,3 +195,24 @@ async def test_trio_spawn_primitives_share_the_permit(tmp_path: Path) -> None:
 
 def _wide() -> AllowancePolicy:
     return AllowancePolicy(max_searches=8, automatic_slots=2)
+
+
+async def test_many_tasks_share_one_ledger_connection(
+    ledger: SqliteLedger, clock: ManualClock
+) -> None:
+    # Transactions of concurrent tasks on one connection must not interleave
+    # ("cannot start a transaction within a transaction").
+    allowance = RecallAllowance(ledger, clock=clock)
+
+    async def run(i: int) -> None:
+        async with allowance.round(f"run-{i}", RoundKind.AUTOMATIC) as permit:
+            async with permit.attempt(AttemptKind.BASE):
+                await anyio.sleep(0)
+        await ledger.usage(f"run-{i}")
+
+    async with anyio.create_task_group() as tg:
+        for i in range(40):
+            tg.start_soon(run, i)
+    for i in range(40):
+        usage = await ledger.usage(f"run-{i}")
+        assert (usage.rounds, usage.reserved, usage.executed) == (1, 2, 1)

@@ -263,3 +263,21 @@ def test_query_preparation_validates_its_parts() -> None:
         QueryPreparation("planner")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"QueryPreparation\.embedding"):
         QueryPreparation(QueryPlanner(), object())  # type: ignore[arg-type]
+
+
+async def test_huge_query_is_withheld_without_tokenizing() -> None:
+    from plugin import QueryPlanner, QueryPreparation, WithheldReason, WorkingState
+    from plugin.memory.testing import HashingEmbedding
+
+    class Counting(HashingEmbedding):
+        counted = 0
+
+        def count_tokens(self, text: str) -> int:
+            Counting.counted += 1
+            return super().count_tokens(text)
+
+    adapter = Counting(token_limit=64)
+    preparation = QueryPreparation(QueryPlanner(), adapter)
+    prepared = await preparation.prepare(WorkingState("x" * 1_000_000), scope="s", principal="p")
+    assert prepared.semantic.withheld_reason is WithheldReason.TOKEN_LIMIT
+    assert Counting.counted == 0

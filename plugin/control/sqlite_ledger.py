@@ -145,6 +145,9 @@ class SqliteLedger:
             raise LedgerPathError(f"invalid ledger path {self._path!r}")
         self._timeout = float(timeout)
         self._conn: _sqlite.Connection | None = None
+        # One connection, many tasks: a transaction must never interleave with another task's
+        # statements on the same connection ("cannot start a transaction within a transaction").
+        self._lock = anyio.Lock()
 
     @property
     def path(self) -> str:
@@ -243,30 +246,35 @@ class SqliteLedger:
 
     async def _read(self, fn: Callable[[_sqlite.Connection], Awaitable[T]]) -> T:
         conn = self._connection()
-        try:
-            return await fn(conn)
-        except sqlite3.Error as exc:
-            raise _translate(exc, self._path) from exc
+        async with self._lock:
+            try:
+                return await fn(conn)
+            except sqlite3.Error as exc:
+                raise _translate(exc, self._path) from exc
 
     @asynccontextmanager
     async def _write(self) -> AsyncIterator[_sqlite.Connection]:
-        """``BEGIN IMMEDIATE`` … ``COMMIT``, shielded from cancellation, errors translated."""
+        """``BEGIN IMMEDIATE`` … ``COMMIT``, serialized, shielded from cancellation.
+
+        sqlite3 errors are translated; on any error the transaction is rolled back.
+        """
         conn = self._connection()
         with anyio.CancelScope(shield=True):
-            try:
-                await conn.fetchall("BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:
-                raise _translate(exc, self._path) from exc
-            try:
-                yield conn
-                await conn.fetchall("COMMIT")
-            except BaseException as exc:
-                # The connection may already have rolled back (or be gone): report the cause.
-                with contextlib.suppress(sqlite3.Error):
-                    await conn.fetchall("ROLLBACK")
-                if isinstance(exc, sqlite3.Error):
+            async with self._lock:
+                try:
+                    await conn.fetchall("BEGIN IMMEDIATE")
+                except sqlite3.Error as exc:
                     raise _translate(exc, self._path) from exc
-                raise
+                try:
+                    yield conn
+                    await conn.fetchall("COMMIT")
+                except BaseException as exc:
+                    # The connection may already have rolled back (or be gone): report the cause.
+                    with contextlib.suppress(sqlite3.Error):
+                        await conn.fetchall("ROLLBACK")
+                    if isinstance(exc, sqlite3.Error):
+                        raise _translate(exc, self._path) from exc
+                    raise
 
     async def reserve(
         self,

@@ -1,0 +1,37 @@
+"""The memory composition layer: query planning, the search pipeline, the reference store.
+
+Importing it does not import an embedding model (WordLlama is the optional ``semantic`` extra).
+"""
+
+from .embedding import EmbeddingAdapter as EmbeddingAdapter
+from .pipeline import ContextCaps as ContextCaps
+from .pipeline import MemoryRetriever as MemoryRetriever
+from .pipeline import Retriever as Retriever
+from .pipeline import SearchOutcome as SearchOutcome
+from .planning import BaselineReason as BaselineReason
+from .planning import QueryPlanner as QueryPlanner
+from .planning import QueryStrategy as QueryStrategy
+from .planning import RecallQuery as RecallQuery
+from .planning import compose_baseline as compose_baseline
+from .planning import compose_search_call as compose_search_call
+from .planning import compose_task_context as compose_task_context
+from .preparation import PreparedRecall as PreparedRecall
+from .preparation import QueryPreparation as QueryPreparation
+from .preparation import RecallPreparer as RecallPreparer
+from .preparation import SemanticPreparation as SemanticPreparation
+from .preparation import WithheldReason as WithheldReason
+from .state import Fact as Fact
+from .state import Task as Task
+from .state import WorkingState as WorkingState
+from .store import Evidence as Evidence
+from .store import MemoryRecord as MemoryRecord
+from .store import MemoryStore as MemoryStore
+from .store import Person as Person
+
+__all__ = [
+    "BaselineReason", "ContextCaps", "EmbeddingAdapter", "Evidence", "Fact", "MemoryRecord",
+    "MemoryRetriever", "MemoryStore", "Person", "PreparedRecall", "QueryPlanner",
+    "QueryPreparation", "QueryStrategy", "RecallPreparer", "RecallQuery", "Retriever",
+    "SearchOutcome", "SemanticPreparation", "Task", "WithheldReason", "WorkingState",
+    "compose_baseline", "compose_search_call", "compose_task_context",
+]

@@ -22,6 +22,11 @@ from plugin.memory.state import WorkingState
 
 _log = logging.getLogger(__name__)
 
+MAX_CHARS_PER_TOKEN = 64
+"""No tokenizer we adapt has a token longer than this, so a query of more than
+``token_limit * MAX_CHARS_PER_TOKEN`` characters is over the limit without counting (counting
+a megabyte takes the WordLlama tokenizer most of a second)."""
+
 
 class WithheldReason(enum.Enum):
     """Why a query has no vector (the sparse arm still runs on ``query.text``)."""
@@ -175,6 +180,8 @@ def _embed(
     adapter: EmbeddingAdapter, text: str
 ) -> tuple[int | None, Vector | None, WithheldReason | None]:
     """Count, then embed unless over the limit (runs in a worker thread)."""
+    if len(text) > adapter.token_limit * MAX_CHARS_PER_TOKEN:
+        return None, None, WithheldReason.TOKEN_LIMIT  # cannot fit; not worth tokenizing
     try:
         tokens = adapter.count_tokens(text)
         if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:

@@ -6,6 +6,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import aiosqlite
+import anyio
+import anyio.to_thread
 
 from . import Params, Row
 
@@ -34,5 +36,12 @@ class AiosqliteConnection:
 
 
 async def connect(path: str | Path, *, timeout: float) -> AiosqliteConnection:
-    conn = await aiosqlite.connect(path, timeout=timeout, isolation_level=None)
+    pending = aiosqlite.connect(path, timeout=timeout, isolation_level=None)
+    try:
+        conn = await pending
+    except BaseException:
+        # aiosqlite stops its worker thread on a failed connect, but the thread may still be
+        # about to call back into the loop; wait for it so nothing outlives this call.
+        await anyio.to_thread.run_sync(pending._thread.join)
+        raise
     return AiosqliteConnection(conn)

@@ -49,7 +49,7 @@ class ThreadedConnection:
             await self._run(self._conn.close)
 
 
-async def connect(path: str | Path, *, timeout: float) -> ThreadedConnection:  # noqa: ASYNC109
+async def connect(path: str | Path, *, timeout: float) -> ThreadedConnection:
     def open_() -> sqlite3.Connection:
         return sqlite3.connect(
             path, timeout=timeout, isolation_level=None, check_same_thread=False

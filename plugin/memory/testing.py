@@ -1,0 +1,59 @@
+"""A deterministic embedding adapter for tests: no model, no download, the same vector every run."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import unicodedata
+from collections.abc import Sequence
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+
+from .fts import remove_lone_surrogates
+
+__all__ = ["HashingEmbedding"]
+
+_WORD = re.compile(r"\w+", re.UNICODE)
+
+
+def _positive(_instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{attribute.name} must be an int >= 1, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class HashingEmbedding:
+    """The hashing trick: each ``\\w+`` token (case-folded) adds one to a BLAKE2b-chosen slot.
+
+    Texts sharing words get a positive cosine; texts sharing none get zero. A text without any
+    word embeds as the zero vector (cosine 0 with everything). ``count_tokens`` is the number of
+    word tokens, so ``token_limit`` is easy to hit in tests. Implements
+    :class:`~plugin.memory.embedding.EmbeddingAdapter`.
+    """
+
+    dimensions: int = attrs.field(default=64, validator=_positive)
+    token_limit: int = attrs.field(default=64, validator=_positive)
+
+    @property
+    def name(self) -> str:
+        return f"hashing-blake2b-{self.dimensions}"
+
+    @staticmethod
+    def _tokens(text: str) -> list[str]:
+        normalised = unicodedata.normalize("NFKC", remove_lone_surrogates(text))
+        return [token.casefold() for token in _WORD.findall(normalised)]
+
+    def count_tokens(self, text: str) -> int:
+        return len(self._tokens(text))
+
+    def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        out = np.zeros((len(texts), self.dimensions), dtype=np.float32)
+        for row, text in enumerate(texts):
+            for token in self._tokens(text):
+                digest = hashlib.blake2b(token.encode("utf-8"), digest_size=8).digest()
+                out[row, int.from_bytes(digest, "little") % self.dimensions] += 1.0
+        norms = np.linalg.norm(out, axis=1, keepdims=True)
+        np.divide(out, norms, out=out, where=norms > 0)
+        return out

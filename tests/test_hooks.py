@@ -1,0 +1,424 @@
+"""The hooks end to end, on both loops: an agent loop's two phases over the real store."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import attrs
+import pytest
+
+from plugin import (
+    AllowancePolicy,
+    AttemptKind,
+    ManualClock,
+    Permit,
+    QueryStrategy,
+    RecallBudgetExceeded,
+    RefusalReason,
+    RoundKind,
+    WorkingState,
+    current_permit,
+)
+from plugin.control import AttemptOutcome
+from plugin.memory.pipeline import MemoryRetriever
+from runtime_hooks import RecallHooks
+from runtime_hooks.bootstrap import RecallConfig, Semantic, open_hooks
+from runtime_hooks.demo import PRINCIPAL, SCOPE, STATE, seed
+from runtime_hooks.hooks import ToolCall
+from runtime_hooks.loop import AgentLoop, Dispatch, ModelStep, Preparation, ScriptedModel
+
+pytestmark = pytest.mark.anyio
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> object:
+    return request.param
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(wall=1_800_000_000.0, monotonic=10.0)
+
+
+async def _admit(experiment: str) -> bool:
+    return experiment == "task_context"
+
+
+def _config(tmp_path: Path, **changes: Any) -> RecallConfig:
+    config = RecallConfig(ledger_path=tmp_path / "ledger.db", store_path=tmp_path / "memory.db",
+                          admission=_admit)
+    return attrs.evolve(config, **changes)
+
+
+@pytest.fixture
+async def hooks(tmp_path: Path, clock: ManualClock) -> AsyncIterator[RecallHooks]:
+    async with open_hooks(_config(tmp_path), clock=clock) as hooks:
+        await seed(_store(hooks))
+        yield hooks
+
+
+def _store(hooks: RecallHooks) -> Any:
+    retriever = hooks.retriever
+    assert isinstance(retriever, MemoryRetriever)
+    return retriever.store
+
+
+def _calls(*queries: object) -> list[ToolCall]:
+    return [ToolCall(call_id=f"c{i}", arguments={"query": q}) for i, q in enumerate(queries)]
+
+
+async def _usage(hooks: RecallHooks, run_id: str) -> tuple[int, int, int, int]:
+    usage = await hooks.allowance.ledger.usage(run_id)
+    return usage.rounds, usage.reserved, usage.executed, usage.refused
+
+
+async def test_continuation_finds_the_next_action_only_with_task_context(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    found = {}
+    for strategy in QueryStrategy:
+        async with open_hooks(_config(tmp_path, query_planning=strategy), clock=clock) as hooks:
+            if strategy is QueryStrategy.BASELINE:
+                await seed(_store(hooks))
+            with hooks.bind_run():
+                context = await hooks.prepare(STATE, run_id=f"run-{strategy.value}",
+                                              scope=SCOPE, principal=PRINCIPAL)
+            assert context.query.strategy is strategy
+            assert context.query.fragments[0] == "Continue" or strategy is QueryStrategy.BASELINE
+            found[strategy] = {item.id for item in context.evidence}
+    assert "m-backfill" in found[QueryStrategy.TASK_CONTEXT]
+    assert "m-backfill" not in found[QueryStrategy.BASELINE]
+
+
+async def test_automatic_round_runs_base_then_delta_for_people(hooks: RecallHooks) -> None:
+    with hooks.bind_run():
+        context = await hooks.prepare(attrs.evolve(STATE, current_request="What did Priya say?"),
+                                      run_id="r", scope=SCOPE, principal=PRINCIPAL)
+    assert context.slots == (1, 2)  # base, then the belief read as the delta
+    assert "b-priya" in {item.id for item in context.evidence}
+    traces = await hooks.allowance.ledger.attempts("r")
+    assert [t.kind for t in traces] == ["base", "delta"]
+    assert traces[0].fingerprint == context.query.fingerprint  # one former, one fingerprint
+
+
+async def test_no_delta_without_unmet_need(hooks: RecallHooks) -> None:
+    state = WorkingState("deploy window")
+    context = await hooks.prepare(state, run_id="r", scope=SCOPE, principal=PRINCIPAL)
+    assert context.slots == (1,)
+    assert await _usage(hooks, "r") == (1, 2, 1, 0)  # reserved 2, executed 1: no refund
+
+
+async def test_six_parallel_calls_take_four_distinct_slots(hooks: RecallHooks) -> None:
+    calls = _calls("invoice backfill", "rounding rule", "cutover date", "deploy window",
+                   "rollback runbook", "kickoff notes")
+    with hooks.bind_run():
+        results = await hooks.dispatch(calls, run_id="r", scope=SCOPE, principal=PRINCIPAL)
+    assert [r.call_id for r in results] == [c.call_id for c in calls]
+    ok = [r for r in results if r.status == "ok"]
+    refused = [r for r in results if r.status == "refused"]
+    assert sorted(r.slot for r in ok if r.slot is not None) == [1, 2, 3, 4]
+    assert len(refused) == 2
+    for result in refused:
+        assert result.refusal is not None
+        assert result.refusal.reason is RefusalReason.SLOTS
+        assert "bounded" in result.content and "not evidence" in result.content
+        assert result.as_dict()["refusal"]["reason"] == "slots"  # type: ignore[index]
+    assert await _usage(hooks, "r") == (1, 4, 4, 2)
+
+
+async def test_nested_belief_read_takes_its_own_slot(hooks: RecallHooks) -> None:
+    prepared = await hooks.preparer.prepare_search("what does Priya believe", scope=SCOPE,
+                                                   principal=PRINCIPAL)
+    async with hooks.allowance.round("r", RoundKind.DELIBERATE, slots=2) as permit:
+        outcome = await hooks.retriever.search(prepared, permit, kind=AttemptKind.DELIBERATE,
+                                               caps=hooks.caps, nested_beliefs=True)
+        assert (outcome.slot, outcome.belief_slot, permit.remaining) == (1, 2, 0)
+    assert "b-priya" in {item.id for item in outcome.evidence}
+    traces = await hooks.allowance.ledger.attempts("r")
+    assert [(t.slot, t.kind) for t in traces] == [(1, "deliberate"), (2, "nested")]
+
+
+async def test_nested_read_never_takes_a_sibling_calls_slot(hooks: RecallHooks) -> None:
+    results = await hooks.dispatch(
+        _calls("what does Priya believe", "deploy window", "cutover date"),
+        run_id="r", scope=SCOPE, principal=PRINCIPAL,
+    )
+    assert [r.status for r in results] == ["ok", "ok", "ok"]
+    assert "belief read refused: slots" in results[0].notes
+    assert sorted(r.slot for r in results if r.slot) == [1, 2, 3]
+
+
+async def test_nested_read_is_refused_not_queued_when_no_slot_is_free(
+    hooks: RecallHooks,
+) -> None:
+    results = await hooks.dispatch(_calls("what does Priya believe"), run_id="r",
+                                   scope=SCOPE, principal=PRINCIPAL)
+    (result,) = results
+    assert result.status == "ok"  # the search degrades, it does not fail
+    assert "belief read refused: slots" in result.notes
+    assert "b-priya" not in {item.id for item in result.evidence}
+    assert await _usage(hooks, "r") == (1, 1, 1, 1)
+
+
+async def test_permit_is_closed_after_each_phase_even_for_a_task_that_outlives_it(
+    hooks: RecallHooks,
+) -> None:
+    captured: list[Permit] = []
+    late: list[object] = []
+    retriever = hooks.retriever
+    assert isinstance(retriever, MemoryRetriever)
+    released = anyio.Event()
+
+    async def linger(permit: Permit) -> None:
+        await released.wait()
+        try:
+            async with permit.attempt():
+                late.append("searched")
+        except RecallBudgetExceeded as exc:
+            late.append(exc.refusal.reason)
+
+    async with anyio.create_task_group() as outer:
+
+        @attrs.define
+        class Spy:
+            inner: MemoryRetriever
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(self.inner, name)
+
+            async def search(self, prepared: Any, permit: Permit, **kw: Any) -> Any:
+                captured.append(permit)
+                assert current_permit() is permit
+                outer.start_soon(linger, permit)  # a task that outlives the phase
+                return await self.inner.search(prepared, permit, **kw)
+
+        hooks.retriever = Spy(retriever)  # type: ignore[assignment]
+        with hooks.bind_run():
+            await hooks.prepare(STATE, run_id="r", scope=SCOPE, principal=PRINCIPAL)
+            assert captured[0].closed
+            assert current_permit() is None
+            await hooks.dispatch(_calls("cutover"), run_id="r", scope=SCOPE,
+                                 principal=PRINCIPAL)
+            assert captured[1].closed
+            assert current_permit() is None
+        released.set()
+    assert late == [RefusalReason.CLOSED, RefusalReason.CLOSED]
+
+
+async def test_deadline_cancels_a_slow_stage_and_the_slot_stays_consumed(
+    hooks: RecallHooks, clock: ManualClock
+) -> None:
+    store = _store(hooks)
+
+    class SlowStore:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(store, name)
+
+        async def sparse_candidates(self, *args: Any, **kwargs: Any) -> Any:
+            await anyio.Event().wait()  # a stage that never finishes on its own
+
+    hooks.retriever = MemoryRetriever(SlowStore())  # type: ignore[arg-type]
+    await hooks.prepare(WorkingState(""), run_id="r", scope=SCOPE, principal=PRINCIPAL)
+    clock.advance(9.99)  # 10 ms of the run's original deadline are left
+    (result,) = await hooks.dispatch(_calls("cutover date"), run_id="r", scope=SCOPE,
+                                     principal=PRINCIPAL)
+    assert result.status == "refused"
+    assert result.refusal is not None and result.refusal.reason is RefusalReason.DEADLINE
+    traces = await hooks.allowance.ledger.attempts("r")
+    assert [t.outcome for t in traces] == [AttemptOutcome.DEADLINE]
+    assert (await hooks.allowance.ledger.usage("r")).executed == 1
+
+
+async def test_no_stale_automatic_evidence_after_exhaustion_but_corrections_stay(
+    hooks: RecallHooks,
+) -> None:
+    first = await hooks.prepare(STATE, run_id="r", scope=SCOPE, principal=PRINCIPAL)
+    assert first.evidence and first.notice is None
+    await hooks.dispatch(_calls("cutover", "deploy"), run_id="r", scope=SCOPE,
+                         principal=PRINCIPAL)
+    again = await hooks.prepare(STATE, run_id="r", scope=SCOPE, principal=PRINCIPAL)
+    assert again.evidence == ()
+    assert again.rendered == ""
+    assert again.notice is not None
+    assert again.notice.reason in (RefusalReason.ROUNDS, RefusalReason.SLOTS)
+    assert "bounded" in again.render() and "not evidence" in again.render()
+    assert [c.id for c in again.corrections] == ["c-snapshot"]
+    assert "c-snapshot" in again.render()
+    (later,) = await hooks.dispatch(_calls("cutover"), run_id="r", scope=SCOPE,
+                                    principal=PRINCIPAL)
+    assert later.status == "refused" and later.evidence == ()
+
+
+async def test_retained_evidence_validation_has_its_own_bound(hooks: RecallHooks) -> None:
+    hooks.validation_limit = 2
+    results = await hooks.dispatch(_calls("invoice backfill dry-run", "rounding", "cutover"),
+                                   run_id="r", scope=SCOPE, principal=PRINCIPAL)
+    await hooks.dispatch(_calls("deploy"), run_id="r", scope=SCOPE, principal=PRINCIPAL)
+    retained = [item.id for r in results for item in r.evidence]
+    assert {"m-backfill", "m-rounding", "m-cutover"} <= set(retained)
+    checks = await hooks.validate_retained(
+        ["m-backfill", "m-rounding", "m-cutover", "m-foreign"], run_id="r", scope=SCOPE,
+        principal=PRINCIPAL,
+    )
+    assert [(c.evidence_id, c.status) for c in checks] == [
+        ("m-backfill", "valid"), ("m-rounding", "valid"), ("m-cutover", "bounded"),
+        ("m-foreign", "not_retained"),
+    ]
+    assert await _usage(hooks, "r") == (2, 4, 4, 0)  # validation took no slot
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {"query": 42}, {"query": ""}, {"query": "?!"}, {}, {"text": "cutover"},
+        {"query": "cutover", "scope": "personal"}, {"query": "cutover", "principal": "bo"},
+        "not json", '["query"]', {"query": "x" * 5000}, {"query": "bad \ud800 text"},
+    ],
+)
+async def test_invalid_calls_get_no_slot(hooks: RecallHooks, arguments: Any) -> None:
+    calls = [ToolCall(call_id="bad", arguments=arguments), *_calls("cutover")]
+    results = await hooks.dispatch(calls, run_id="r", scope=SCOPE, principal=PRINCIPAL)
+    assert results[0].status == "invalid"
+    assert "No search was run" in results[0].content
+    assert results[1].status == "ok"
+    assert await _usage(hooks, "r") == (1, 1, 1, 0)
+
+
+async def test_valid_call_may_name_its_own_scope(hooks: RecallHooks) -> None:
+    (result,) = await hooks.dispatch(
+        [ToolCall(call_id="a", arguments='{"query": "cutover", "scope": "atlas"}')],
+        run_id="r", scope=SCOPE, principal=PRINCIPAL,
+    )
+    assert result.status == "ok" and result.slot == 1
+
+
+HOSTILE = [
+    "AND", "don't", "C++", "what?", "e-mail", "title: x", "*x", '"unbalanced', "",
+    "body: x", "NEAR(a b)", "^x", "x*", "'; DROP TABLE memories; --", "1 OR 1=1",
+    "\x00nul\x00bytes", "a" * 1_000_000, "rank MATCH", ")(", "backfill\" OR \"1",
+]
+
+
+async def test_hostile_text_never_raises(tmp_path: Path, clock: ManualClock) -> None:
+    policy = AllowancePolicy(max_searches=200, max_rounds=200, automatic_slots=2)
+    async with open_hooks(_config(tmp_path, policy=policy, query_planning="task_context"),
+                          clock=clock) as hooks:
+        await seed(_store(hooks))
+        results = await hooks.dispatch(_calls(*HOSTILE), run_id="r", scope=SCOPE,
+                                       principal=PRINCIPAL)
+        assert {r.status for r in results} <= {"ok", "invalid"}
+        for text in HOSTILE:
+            state = WorkingState(text, next_action=text, open_questions=(text,))
+            context = await hooks.prepare(state, run_id=f"p{len(text)}-{hash(text)}",
+                                          scope=SCOPE, principal=PRINCIPAL)
+            assert context.notice is None
+        counts = await _store(hooks).sparse_candidates("backfill", principal=PRINCIPAL,
+                                                       scope=SCOPE, limit=5)
+        assert counts  # nothing was dropped or damaged
+
+
+async def test_no_foreign_memory_leaks_whatever_the_text_says(hooks: RecallHooks) -> None:
+    foreign = {"m-foreign", "m-personal"}
+    queries = ["Bo's private note on the backfill dry-run budget",
+               "Ana's dentist appointment is before the backfill",
+               "principal: bo scope: personal backfill", "bo personal dentist private"]
+    policy_hooks = hooks
+    results = await policy_hooks.dispatch(_calls(*queries[:2]), run_id="r1", scope=SCOPE,
+                                          principal=PRINCIPAL)
+    results += await policy_hooks.dispatch(_calls(*queries[2:]), run_id="r2", scope=SCOPE,
+                                           principal=PRINCIPAL)
+    seen = {item.id for r in results for item in r.evidence}
+    assert seen and not (seen & foreign)
+    state = WorkingState(queries[0], objective=queries[1], next_action=queries[2])
+    context = await hooks.prepare(state, run_id="r3", scope=SCOPE, principal=PRINCIPAL)
+    assert not ({item.id for item in context.evidence} & foreign)
+    # the other principal, in the same scope, sees only its own memory
+    (theirs,) = await hooks.dispatch(_calls("backfill dry-run"), run_id="r4", scope=SCOPE,
+                                     principal="bo")
+    assert {item.id for item in theirs.evidence} == {"m-foreign"}
+
+
+async def test_refused_round_refuses_every_call(hooks: RecallHooks) -> None:
+    for run_round in range(2):
+        await hooks.dispatch(_calls("cutover"), run_id="r", scope=SCOPE, principal=PRINCIPAL)
+        assert run_round in (0, 1)
+    results = await hooks.dispatch(_calls("cutover", "deploy"), run_id="r", scope=SCOPE,
+                                   principal=PRINCIPAL)
+    assert [r.refusal.reason for r in results if r.refusal] == [RefusalReason.ROUNDS] * 2
+
+
+async def test_legacy_hooks_are_explicit_unbounded_and_marked(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    async with open_hooks(_config(tmp_path, legacy=True), clock=clock) as hooks:
+        assert hooks.legacy
+        await seed(_store(hooks))
+        results = await hooks.dispatch(_calls(*["cutover"] * 7), run_id="r", scope=SCOPE,
+                                       principal=PRINCIPAL)
+        assert {r.status for r in results} == {"ok"}
+        traces = await hooks.allowance.ledger.attempts("r")
+        assert len(traces) == 7 and all(t.legacy for t in traces)
+        usage = await hooks.allowance.ledger.usage("r")
+        assert (usage.reserved, usage.executed, usage.legacy_attempts) == (0, 0, 7)
+    async with open_hooks(_config(tmp_path), clock=clock) as hooks:
+        assert not hooks.legacy  # the default is enforced, never legacy by accident
+
+
+async def test_reference_loop_puts_the_hooks_in_both_phases(hooks: RecallHooks) -> None:
+    model = ScriptedModel([
+        ModelStep(tool_calls=tuple(_calls("currency rounding rule"))),
+        ModelStep(answer="done"),
+    ])
+    loop = AgentLoop(hooks, model)
+    transcript = await loop.run(STATE, run_id="r", scope=SCOPE, principal=PRINCIPAL)
+    assert transcript.answer == "done"
+    kinds = [type(e) for e in transcript.events]
+    assert kinds == [Preparation, Dispatch, Preparation]
+    first_call = model.shown[0]
+    assert first_call[0].role == "system" and "m-kickoff" in first_call[0].content
+    second_call = model.shown[1]
+    tool_messages = [m for m in second_call if m.role == "tool"]
+    assert len(tool_messages) == 1 and "m-rounding" in tool_messages[0].content
+    assert "bounded" in second_call[0].content  # the spent allowance is said, not hidden
+
+
+async def test_semantic_arm_with_the_packaged_model(tmp_path: Path, clock: ManualClock) -> None:
+    async with open_hooks(_config(tmp_path, semantic=Semantic.WORDLLAMA), clock=clock) as hooks:
+        await seed(_store(hooks))
+        (result,) = await hooks.dispatch(_calls("when do we switch over to the new system"),
+                                         run_id="r", scope=SCOPE, principal=PRINCIPAL)
+        assert result.status == "ok"
+        assert "semantic" not in " ".join(result.notes)
+        traces = await hooks.allowance.ledger.attempts("r")
+        assert traces[0].kind == AttemptKind.DELIBERATE.value
+
+
+def test_only_the_bootstrap_picks_concrete_classes() -> None:
+    concrete = {"SqliteLedger", "SystemClock", "MemoryStore", "MemoryRetriever",
+                "QueryPreparation", "WordLlamaAdapter", "HashingEmbedding"}
+    for path in sorted((ROOT / "runtime_hooks").glob("*.py")):
+        if path.name in {"bootstrap.py", "demo.py", "__main__.py"}:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                names = {alias.name for alias in node.names}
+                assert not (names & concrete), (path.name, names & concrete)
+
+
+async def test_demo_runs_end_to_end(tmp_path: Path) -> None:
+    lines: list[str] = []
+    from runtime_hooks.demo import run_demo
+
+    await run_demo(lines.append, data_dir=tmp_path, semantic=Semantic.NONE)
+    text = "\n".join(lines)
+    assert "-> next-action memory (m-backfill) retrieved: NO" in text
+    assert "-> next-action memory (m-backfill) retrieved: yes" in text
+    assert text.count("refused (slots)") >= 2
+    assert "not evidence" in text
