@@ -19,7 +19,7 @@ import math
 import sys
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -143,6 +143,9 @@ class Permit:
     _source_reads: dict[int, int] = attrs.field(factory=dict, init=False, repr=False)
     _traces: dict[str, AttemptTrace] = attrs.field(factory=dict, init=False, repr=False)
     _refusals: list[RefusalRecord] = attrs.field(factory=list, init=False, repr=False)
+    _wall: Callable[[], float] = attrs.field(init=False, repr=False)
+    _monotonic: Callable[[], float] = attrs.field(init=False, repr=False)
+    _mono_deadline: float = attrs.field(init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         if self._issuer is not _ISSUER:
@@ -150,6 +153,10 @@ class Permit:
                 "a Permit is issued only by RecallAllowance.round() after its reservation "
                 "is committed; it cannot be built, rebuilt or re-issued by hand"
             )
+        # Bound once: taking a slot reads both clocks, and it is the hot path.
+        self._wall = self._clock.wall
+        self._monotonic = self._clock.monotonic
+        self._mono_deadline = self._issued_mono + self._left_at_issue
 
     # -- state -------------------------------------------------------------------------------
 
@@ -172,13 +179,15 @@ class Permit:
         """Seconds until the permit expires; never negative (``inf`` for a legacy permit)."""
         if self.legacy:
             return math.inf
-        by_wall = self._deadline_wall - self._clock.wall()
-        by_worker = self._left_at_issue - (self._clock.monotonic() - self._issued_mono)
+        by_wall = self._deadline_wall - self._wall()
+        by_worker = self._left_at_issue - (self._monotonic() - self._issued_mono)
         return max(0.0, min(by_wall, by_worker))
 
     def expired(self) -> bool:
         """Whether the deadline has passed (a closed permit need not be expired)."""
-        return self.seconds_left() <= 0.0
+        return (
+            self._wall() >= self._deadline_wall or self._monotonic() >= self._mono_deadline
+        )
 
     def close(self) -> None:
         """End the permit for every context that holds it. Idempotent; never un-closes."""
@@ -198,10 +207,11 @@ class Permit:
         """Take one slot or raise; the refusal is buffered for the ledger either way."""
         if not isinstance(kind, AttemptKind):
             raise TypeError(f"kind must be an AttemptKind, got {kind!r}")
+        expired = self.expired()  # the clocks need no lock; only check-and-increment does
         with self._lock:
             if self._closed:
                 reason: RefusalReason | None = RefusalReason.CLOSED
-            elif self.expired():
+            elif expired:
                 reason = RefusalReason.DEADLINE
             elif self._taken >= self.slots:
                 reason = RefusalReason.SLOTS

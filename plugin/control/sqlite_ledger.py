@@ -57,6 +57,7 @@ CREATE TABLE IF NOT EXISTS rounds (
     requested     INTEGER NOT NULL,
     first_slot    INTEGER NOT NULL,
     slots         INTEGER NOT NULL,
+    executed      INTEGER NOT NULL,
     reserved_wall REAL NOT NULL,
     PRIMARY KEY (run_id, round_index)
 ) STRICT;
@@ -84,6 +85,12 @@ CREATE TABLE IF NOT EXISTS refusals (
     at_wall     REAL NOT NULL
 ) STRICT;
 CREATE INDEX IF NOT EXISTS refusals_by_run ON refusals (run_id);
+"""
+
+_IDENTITY = """
+SELECT (SELECT application_id FROM pragma_application_id()),
+       (SELECT user_version FROM pragma_user_version()),
+       (SELECT count(*) FROM sqlite_schema WHERE type = 'table')
 """
 
 _EXECUTED = "(SELECT count(*) FROM attempts a WHERE a.run_id = runs.run_id AND a.legacy = 0)"
@@ -188,7 +195,32 @@ class SqliteLedger:
             raise
         self._conn = conn
 
+    async def _check_identity(self, conn: _sqlite.Connection) -> bool:
+        """Whether the file is already our ledger (False: empty, to be created).
+
+        Raises :class:`LedgerCorruptError` for any other database, before anything is changed.
+        """
+        # One statement, one snapshot: separate reads could straddle another process's commit
+        # of the schema and see half of it.
+        app_id, version, tables = (await conn.fetchall(_IDENTITY))[0]
+        if app_id == 0 and version == 0:
+            if tables:
+                raise LedgerCorruptError(
+                    f"{self._path!r} is an SQLite database but not a recallbound ledger"
+                )
+            return False
+        if app_id != APPLICATION_ID:
+            raise LedgerCorruptError(f"{self._path!r} is not a recallbound ledger")
+        if version != SCHEMA_VERSION:
+            raise LedgerCorruptError(
+                f"ledger {self._path!r} has schema version {version}; "
+                f"this recallbound reads version {SCHEMA_VERSION}"
+            )
+        return True
+
     async def _setup(self, conn: _sqlite.Connection) -> None:
+        # Refuse a foreign file before touching it (the journal-mode switch would change it).
+        await self._check_identity(conn)
         # A journal-mode switch needs an exclusive lock and, unlike ordinary statements, may
         # fail busy at once; several processes opening one file retry here until the timeout.
         with anyio.fail_after(self._timeout + 1.0, shield=True):
@@ -205,28 +237,13 @@ class SqliteLedger:
         await conn.fetchall("PRAGMA synchronous=FULL")
         await conn.fetchall("BEGIN IMMEDIATE")
         try:
-            (app_id,) = (await conn.fetchall("PRAGMA application_id"))[0]
-            (version,) = (await conn.fetchall("PRAGMA user_version"))[0]
-            if app_id == 0 and version == 0:
-                tables = await conn.fetchall(
-                    "SELECT name FROM sqlite_schema WHERE type = 'table'"
-                )
-                if tables:
-                    raise LedgerCorruptError(
-                        f"{self._path!r} is an SQLite database but not a recallbound ledger"
-                    )
+            # Checked again under the write lock: another process may have created it since.
+            if not await self._check_identity(conn):
                 for statement in _SCHEMA.split(";"):
                     if statement.strip():
                         await conn.fetchall(statement)
                 await conn.fetchall(f"PRAGMA application_id = {APPLICATION_ID}")
                 await conn.fetchall(f"PRAGMA user_version = {SCHEMA_VERSION}")
-            elif app_id != APPLICATION_ID:
-                raise LedgerCorruptError(f"{self._path!r} is not a recallbound ledger")
-            elif version != SCHEMA_VERSION:
-                raise LedgerCorruptError(
-                    f"ledger {self._path!r} has schema version {version}; "
-                    f"this recallbound reads version {SCHEMA_VERSION}"
-                )
             await conn.fetchall("COMMIT")
         except BaseException:
             await conn.fetchall("ROLLBACK")
@@ -297,8 +314,9 @@ class SqliteLedger:
             if rows:
                 rounds, reserved, grant, deadline, opened, executed = rows[0]
                 await conn.fetchall(
-                    "INSERT INTO rounds VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (run_id, rounds, kind.value, requested, reserved - grant + 1, grant, now_wall),
+                    "INSERT INTO rounds VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (run_id, rounds, kind.value, requested, reserved - grant + 1, grant,
+                     executed, now_wall),
                 )
                 return Reservation(
                     run_id=run_id,
@@ -309,9 +327,9 @@ class SqliteLedger:
                     slots=grant,
                     reserved=reserved,
                     executed=executed,
-                    deadline_wall=deadline,
-                    opened_wall=opened,
-                    reserved_wall=now_wall,
+                    deadline_wall=float(deadline),
+                    opened_wall=float(opened),
+                    reserved_wall=float(now_wall),
                 )
             rounds, reserved, deadline, max_rounds, max_searches, executed = (
                 await conn.fetchall(_RUN_STATE, (run_id,))
@@ -364,12 +382,15 @@ class SqliteLedger:
     async def usage(self, run_id: str) -> Usage:
         rows = await self._read(lambda conn: conn.fetchall(_USAGE, (run_id,)))
         if not rows:
-            legacy = await self._read(
+            counts = await self._read(
                 lambda conn: conn.fetchall(
-                    "SELECT count(*) FROM attempts WHERE run_id = ? AND legacy = 1", (run_id,)
+                    "SELECT (SELECT count(*) FROM attempts WHERE run_id = :r AND legacy = 1), "
+                    "(SELECT count(*) FROM refusals WHERE run_id = :r)",
+                    {"r": run_id},
                 )
             )
-            return Usage(run_id=run_id, legacy_attempts=legacy[0][0])
+            legacy, refused = counts[0]
+            return Usage(run_id=run_id, legacy_attempts=legacy, refused=refused)
         rounds, reserved, deadline, executed, refused, legacy_attempts = rows[0]
         return Usage(
             run_id=run_id,
@@ -377,7 +398,7 @@ class SqliteLedger:
             reserved=reserved,
             executed=executed,
             refused=refused,
-            deadline_wall=deadline,
+            deadline_wall=float(deadline),
             legacy_attempts=legacy_attempts,
         )
 
@@ -385,7 +406,8 @@ class SqliteLedger:
         rows = await self._read(
             lambda conn: conn.fetchall(
                 "SELECT r.round_index, r.kind, r.requested, r.first_slot, r.slots, "
-                "r.first_slot + r.slots - 1, r.reserved_wall, u.deadline_wall, u.opened_wall "
+                "r.first_slot + r.slots - 1, r.executed, r.reserved_wall, u.deadline_wall, "
+                "u.opened_wall "
                 "FROM rounds r JOIN runs u USING (run_id) WHERE r.run_id = ? "
                 "ORDER BY r.round_index",
                 (run_id,),
@@ -400,12 +422,12 @@ class SqliteLedger:
                 first_slot=first,
                 slots=slots,
                 reserved=last,
-                executed=0,
-                deadline_wall=deadline,
-                opened_wall=opened,
-                reserved_wall=at,
+                executed=executed,
+                deadline_wall=float(deadline),
+                opened_wall=float(opened),
+                reserved_wall=float(at),
             )
-            for index, kind, requested, first, slots, last, at, deadline, opened in rows
+            for index, kind, requested, first, slots, last, executed, at, deadline, opened in rows
         ]
 
     async def attempts(self, run_id: str) -> list[AttemptTrace]:
@@ -427,8 +449,8 @@ class SqliteLedger:
                 strategy=strategy,
                 fingerprint=fingerprint,
                 outcome=AttemptOutcome(outcome),
-                started_wall=started,
-                elapsed_s=elapsed,
+                started_wall=float(started),
+                elapsed_s=None if elapsed is None else float(elapsed),
                 legacy=bool(legacy),
             )
             for (attempt_id, round_index, slot, kind, strategy, fingerprint, outcome, started,
@@ -450,7 +472,7 @@ class SqliteLedger:
                 what=what,
                 kind=kind,
                 reason=RefusalReason(reason),
-                at_wall=at,
+                at_wall=float(at),
             )
             for round_index, what, kind, reason, at in rows
         ]

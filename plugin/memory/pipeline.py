@@ -26,6 +26,9 @@ from .fts import remove_lone_surrogates
 from .preparation import PreparedRecall
 from .store import Evidence, MemoryStore
 
+ARMS = frozenset({"sparse", "semantic", "recent"})
+"""The candidate arms of an attempt."""
+
 RRF_K = 60
 """Reciprocal-rank fusion constant (Cormack et al.): score = sum of 1 / (k + rank)."""
 
@@ -210,9 +213,17 @@ class MemoryRetriever:
     store: MemoryStore
     min_similarity: float = 0.25
     """Semantic candidates below this cosine are not evidence (calibrated on WordLlama)."""
+    arms: frozenset[str] = attrs.field(default=ARMS, converter=frozenset)
+    """The candidate arms that run (an evaluator's ablation runs one at a time)."""
+
+    def __attrs_post_init__(self) -> None:
+        unknown = self.arms - ARMS
+        if unknown or not self.arms:
+            raise ValueError(f"MemoryRetriever.arms must be a non-empty subset of {sorted(ARMS)}")
 
     def searchable(self, prepared: PreparedRecall) -> bool:
-        return bool(query_terms(prepared.query.text)) or prepared.semantic.vector is not None
+        lexical = bool(query_terms(prepared.query.text)) and bool(self.arms - {"semantic"})
+        return lexical or ("semantic" in self.arms and prepared.semantic.vector is not None)
 
     async def search(
         self,
@@ -235,30 +246,31 @@ class MemoryRetriever:
         ) as slot:
             people = await store.discover_people(query.text, principal=principal, scope=scope)
             ranked: list[list[Evidence]] = []
-            terms = content_terms(query.text)
+            terms = content_terms(query.text) if "sparse" in self.arms else ()
             if terms:
                 ranked.append(await store.sparse_candidates(
                     " ".join(terms), principal=principal, scope=scope,
                     limit=caps.candidates_per_arm,
                 ))
                 arms.append("sparse")
-            else:
+            elif "sparse" in self.arms:
                 notes.append("sparse arm skipped: the query has no searchable terms")
-            vector = prepared.semantic.vector
+            vector = prepared.semantic.vector if "semantic" in self.arms else None
             if vector is not None:
                 similar = await store.semantic_candidates(
                     vector, principal=principal, scope=scope, limit=caps.candidates_per_arm
                 )
                 ranked.append([item for item in similar if item.score >= self.min_similarity])
                 arms.append("semantic")
-            elif prepared.semantic.withheld_reason is not None:
+            elif "semantic" in self.arms and prepared.semantic.withheld_reason is not None:
                 notes.append(
                     f"semantic arm withheld: {prepared.semantic.withheld_reason.value}"
                 )
-            recent = await self._recent(prepared, principal, scope, caps)
-            if recent:
-                ranked.append(recent)
-            arms.append("recent")
+            if "recent" in self.arms:
+                recent = await self._recent(prepared, principal, scope, caps)
+                if recent:
+                    ranked.append(recent)
+                arms.append("recent")
             evidence = fuse(ranked)
             if nested_beliefs and people:
                 try:

@@ -1,0 +1,56 @@
+"""Run every benchmark module present: ``python -m bench [control|planning|store ...]``."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+import time
+import traceback
+
+import anyio
+
+MODULES = ("bench_control", "bench_planning", "bench_store")
+
+
+def run(name: str) -> bool:
+    """Run one bench module's ``main()``; False if it failed (the others still run)."""
+    qualified = f"bench.{name}"
+    try:
+        module = importlib.import_module(qualified)
+    except ModuleNotFoundError as exc:
+        if exc.name != qualified:
+            raise  # the module exists but something it imports is missing: say so
+        print(f"({qualified}: not present, skipped)")
+        return True
+    main = getattr(module, "main", None)
+    if main is None:
+        print(f"({qualified}: no main(), skipped)")
+        return True
+    print(f"== {qualified}")
+    start = time.perf_counter()
+    try:
+        if inspect.iscoroutinefunction(main):
+            anyio.run(main)
+        else:
+            main()
+    except Exception:
+        traceback.print_exc()
+        print(f"   ({qualified} FAILED)\n")
+        return False
+    print(f"   ({time.perf_counter() - start:.1f} s)\n")
+    return True
+
+
+def main(argv: list[str]) -> None:
+    wanted = [a if a.startswith("bench_") else f"bench_{a}" for a in argv] or list(MODULES)
+    unknown = [name for name in wanted if name not in MODULES]
+    if unknown:
+        raise SystemExit(f"unknown benchmark(s) {unknown}; choose from {list(MODULES)}")
+    failed = [name for name in wanted if not run(name)]
+    if failed:
+        raise SystemExit(f"failed: {', '.join(failed)}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,646 @@
+"""The contract every :class:`~plugin.control.ledger.Ledger` must keep, on asyncio and trio.
+
+One suite for the interface (STYLE.md, "one contract suite per interface"): every test that
+takes the ``ledger`` (an opened ledger) or ``open_ledger`` (a factory of unopened ledgers over
+one store) fixture runs against each kind in :data:`LEDGER_KINDS`. A PostgreSQL ledger is one
+more entry there and one more branch in :func:`_make_ledger`. The tests near the end that
+name ``SqliteLedger`` check failures only a file-backed ledger has (missing folder, foreign or
+damaged file, a lock held by another connection).
+"""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import attrs
+import pytest
+
+from plugin.control import (
+    AllowancePolicy,
+    AttemptOutcome,
+    AttemptTrace,
+    Ledger,
+    ManualClock,
+    RecallAllowance,
+    RecallBudgetExceeded,
+    RefusalReason,
+    RefusalRecord,
+    Reservation,
+    RoundKind,
+    SqliteLedger,
+    Usage,
+    current_permit,
+)
+from plugin.control.refusal import BudgetRefusal
+from plugin.errors import (
+    LedgerClosedError,
+    LedgerCorruptError,
+    LedgerError,
+    LedgerLockedError,
+    LedgerPathError,
+    RecallboundError,
+)
+
+pytestmark = pytest.mark.anyio
+
+WALL = 1_700_000_000.0
+POLICY = AllowancePolicy()  # 4 searches, 2 rounds, 10 s, 2 automatic slots
+AUTO, DELIB = RoundKind.AUTOMATIC, RoundKind.DELIBERATE
+
+LEDGER_KINDS = ["sqlite"]
+"""Every ledger implementation the contract runs against."""
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> object:
+    return request.param
+
+
+def _make_ledger(kind: str, tmp_path: Path, **options: Any) -> Any:
+    """An unopened ledger of ``kind`` over the test's store (the same store on every call)."""
+    if kind == "sqlite":
+        return SqliteLedger(tmp_path / "ledger.sqlite3", **options)
+    raise AssertionError(f"unknown ledger kind {kind!r}")
+
+
+@pytest.fixture(params=LEDGER_KINDS)
+def ledger_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def open_ledger(ledger_kind: str, tmp_path: Path) -> Callable[..., Any]:
+    """Make unopened ledgers over one store: ``async with open_ledger() as ledger``."""
+    return lambda **options: _make_ledger(ledger_kind, tmp_path, **options)
+
+
+@pytest.fixture
+async def ledger(
+    anyio_backend: object, open_ledger: Callable[..., Any]
+) -> AsyncIterator[Ledger]:
+    async with open_ledger() as opened:
+        yield opened
+
+
+def _granted(result: Reservation | BudgetRefusal) -> Reservation:
+    assert isinstance(result, Reservation), result
+    return result
+
+
+def _refused(result: Reservation | BudgetRefusal, reason: RefusalReason) -> BudgetRefusal:
+    assert isinstance(result, BudgetRefusal), result
+    assert result.reason is reason
+    return result
+
+
+def _trace(
+    attempt_id: str,
+    run_id: str,
+    slot: int,
+    *,
+    round_index: int = 1,
+    outcome: AttemptOutcome = AttemptOutcome.OK,
+    legacy: bool = False,
+    elapsed_s: float | None = 0.25,
+) -> AttemptTrace:
+    return AttemptTrace(
+        attempt_id=attempt_id,
+        run_id=run_id,
+        round_index=round_index,
+        slot=slot,
+        kind="deliberate",
+        outcome=outcome,
+        started_wall=WALL + slot,
+        elapsed_s=elapsed_s,
+        strategy="baseline",
+        fingerprint="f" * 64,
+        legacy=legacy,
+    )
+
+
+# -- rounds and deadline ---------------------------------------------------------------------
+
+
+async def test_first_round_opens_the_run_and_fixes_its_deadline(ledger: Ledger) -> None:
+    result = _granted(await ledger.reserve("run", AUTO, 2, POLICY, WALL))
+    assert result == Reservation(
+        run_id="run", round_index=1, kind=AUTO, requested=2, first_slot=1, slots=2,
+        reserved=2, executed=0, deadline_wall=WALL + 10.0, opened_wall=WALL, reserved_wall=WALL,
+    )
+    assert await ledger.usage("run") == Usage(
+        run_id="run", rounds=1, reserved=2, executed=0, refused=0, deadline_wall=WALL + 10.0
+    )
+
+
+async def test_second_round_keeps_the_original_deadline(ledger: Ledger) -> None:
+    _granted(await ledger.reserve("run", AUTO, 2, POLICY, WALL))
+    second = _granted(await ledger.reserve("run", DELIB, 2, POLICY, WALL + 7.5))
+    assert (second.round_index, second.first_slot, second.slots) == (2, 3, 2)
+    assert second.deadline_wall == WALL + 10.0
+    assert second.opened_wall == WALL
+    assert second.reserved_wall == WALL + 7.5
+    usage = await ledger.usage("run")
+    assert (usage.rounds, usage.reserved, usage.deadline_wall) == (2, 4, WALL + 10.0)
+
+
+async def test_reservation_times_are_floats(ledger: Ledger) -> None:
+    # Reservation's wall times are declared float; a later round must not hand back ints.
+    first = _granted(await ledger.reserve("run", AUTO, 1, POLICY, WALL))
+    second = _granted(await ledger.reserve("run", AUTO, 1, POLICY, WALL + 1.0))
+    for reservation in (first, second, *(await ledger.reservations("run"))):
+        for name in ("deadline_wall", "opened_wall", "reserved_wall"):
+            assert type(getattr(reservation, name)) is float, (name, reservation)
+    assert type((await ledger.usage("run")).deadline_wall) is float
+
+
+async def test_rounds_beyond_max_rounds_are_refused(ledger: Ledger) -> None:
+    policy = AllowancePolicy(max_searches=10, max_rounds=2)
+    _granted(await ledger.reserve("run", AUTO, 2, policy, WALL))
+    _granted(await ledger.reserve("run", AUTO, 2, policy, WALL + 1))
+    refused = await ledger.reserve("run", DELIB, 1, policy, WALL + 2)
+    refusal = _refused(refused, RefusalReason.ROUNDS)
+    assert (refusal.run_id, refusal.reserved, refusal.executed) == ("run", 4, 0)
+    usage = await ledger.usage("run")
+    assert (usage.rounds, usage.reserved, usage.refused) == (2, 4, 1)
+
+
+async def test_slots_run_out_with_a_partial_grant(ledger: Ledger) -> None:
+    policy = AllowancePolicy(max_searches=4, max_rounds=5)
+    first = _granted(await ledger.reserve("run", DELIB, 3, policy, WALL))
+    assert (first.first_slot, first.slots, first.reserved) == (1, 3, 3)
+    partial = _granted(await ledger.reserve("run", DELIB, 3, policy, WALL + 1))
+    assert (partial.requested, partial.first_slot, partial.slots, partial.reserved) == (3, 4, 1, 4)
+    refusal = _refused(await ledger.reserve("run", DELIB, 1, policy, WALL + 2), RefusalReason.SLOTS)
+    assert refusal.reserved == 4
+    usage = await ledger.usage("run")
+    assert (usage.rounds, usage.reserved, usage.refused) == (2, 4, 1)
+
+
+async def test_first_round_asking_more_than_the_run_may_gets_all_of_it(ledger: Ledger) -> None:
+    first = _granted(await ledger.reserve("run", DELIB, 9, POLICY, WALL))
+    assert (first.requested, first.first_slot, first.slots, first.reserved) == (9, 1, 4, 4)
+    _refused(await ledger.reserve("run", DELIB, 1, POLICY, WALL), RefusalReason.SLOTS)
+
+
+async def test_slots_are_numbered_continuously_across_rounds(ledger: Ledger) -> None:
+    policy = AllowancePolicy(max_searches=30, max_rounds=12)
+    sizes = [1, 3, 2, 5, 1, 4, 2, 3, 1, 6, 9]
+    granted = [
+        _granted(await ledger.reserve("run", DELIB, n, policy, WALL + i / 2))
+        for i, n in enumerate(sizes)
+    ]
+    assert [r.round_index for r in granted] == list(range(1, 12))
+    numbers = [s for r in granted for s in range(r.first_slot, r.first_slot + r.slots)]
+    assert numbers == list(range(1, 31))
+    assert granted[-1].slots == 30 - sum(sizes[:-1])  # the last round got what was left
+    assert [r.reserved for r in granted] == [r.first_slot + r.slots - 1 for r in granted]
+
+
+async def test_deadline_passed_refuses_the_round(ledger: Ledger) -> None:
+    policy = AllowancePolicy(max_searches=10, max_rounds=5)
+    _granted(await ledger.reserve("run", AUTO, 2, policy, WALL))
+    _granted(await ledger.reserve("run", AUTO, 2, policy, WALL + 9.5))
+    # At the deadline itself the run is over (a permit has 0 s left then, too).
+    _refused(await ledger.reserve("run", AUTO, 2, policy, WALL + 10.0), RefusalReason.DEADLINE)
+    _refused(await ledger.reserve("run", AUTO, 2, policy, WALL + 500), RefusalReason.DEADLINE)
+    usage = await ledger.usage("run")
+    assert (usage.rounds, usage.reserved, usage.refused) == (2, 4, 2)
+    assert usage.deadline_wall == WALL + 10.0
+
+
+async def test_refusals_are_recorded_as_rounds(ledger: Ledger) -> None:
+    _granted(await ledger.reserve("run", AUTO, 4, POLICY, WALL))
+    _refused(await ledger.reserve("run", DELIB, 1, POLICY, WALL + 1), RefusalReason.SLOTS)
+    assert await ledger.refusals("run") == [
+        RefusalRecord(
+            run_id="run", round_index=None, what="round", kind="deliberate",
+            reason=RefusalReason.SLOTS, at_wall=WALL + 1,
+        )
+    ]
+
+
+async def test_runs_are_independent(ledger: Ledger) -> None:
+    _granted(await ledger.reserve("a", AUTO, 4, POLICY, WALL))
+    _refused(await ledger.reserve("a", AUTO, 1, POLICY, WALL), RefusalReason.SLOTS)
+    b = _granted(await ledger.reserve("b", AUTO, 2, POLICY, WALL + 100))
+    assert (b.round_index, b.first_slot, b.deadline_wall) == (1, 1, WALL + 110)
+    assert (await ledger.usage("b")).refused == 0
+
+
+async def test_usage_of_an_unknown_run_is_zero(ledger: Ledger) -> None:
+    _granted(await ledger.reserve("other", AUTO, 2, POLICY, WALL))
+    usage = await ledger.usage("never-seen")
+    assert usage == Usage(run_id="never-seen")
+    assert (usage.rounds, usage.reserved, usage.executed, usage.refused) == (0, 0, 0, 0)
+    assert usage.deadline_wall is None
+    assert await ledger.reservations("never-seen") == []
+    assert await ledger.attempts("never-seen") == []
+    assert await ledger.refusals("never-seen") == []
+
+
+async def test_limits_are_fixed_by_the_first_rounds_policy(ledger: Ledger) -> None:
+    small = AllowancePolicy(max_searches=3, max_rounds=2, deadline_s=10.0)
+    big = AllowancePolicy(max_searches=100, max_rounds=10, deadline_s=1000.0, automatic_slots=50)
+    _granted(await ledger.reserve("run", DELIB, 2, small, WALL))
+    second = _granted(await ledger.reserve("run", DELIB, 50, big, WALL + 1))
+    assert (second.slots, second.reserved, second.deadline_wall) == (1, 3, WALL + 10.0)
+    _refused(await ledger.reserve("run", DELIB, 1, big, WALL + 2), RefusalReason.ROUNDS)
+    # past the original deadline, a longer deadline_s in a later policy does not reopen it
+    policy = AllowancePolicy(max_searches=3, max_rounds=3)
+    _granted(await ledger.reserve("late", AUTO, 1, policy, WALL))
+    _refused(await ledger.reserve("late", AUTO, 1, big, WALL + 11), RefusalReason.DEADLINE)
+    # a smaller later policy does not shrink the run either
+    _granted(await ledger.reserve("wide", DELIB, 1, big, WALL))
+    third = _granted(await ledger.reserve("wide", DELIB, 5, small, WALL + 1))
+    assert (third.round_index, third.slots, third.reserved) == (2, 5, 6)
+    assert (await ledger.usage("wide")).deadline_wall == WALL + 1000.0
+
+
+# -- attempts, refusals, history -------------------------------------------------------------
+
+
+async def test_record_counts_executed_attempts(ledger: Ledger) -> None:
+    _granted(await ledger.reserve("run", DELIB, 3, POLICY, WALL))
+    await ledger.record(
+        [_trace("a1", "run", 1), _trace("a2", "run", 2, outcome=AttemptOutcome.ERROR)], []
+    )
+    usage = await ledger.usage("run")
+    assert (usage.reserved, usage.executed, usage.legacy_attempts) == (3, 2, 0)
+    assert [t.attempt_id for t in await ledger.attempts("run")] == ["a1", "a2"]
+    # the reserve result and a refusal carry the run's executed count at that moment
+    second = _granted(await ledger.reserve("run", DELIB, 5, POLICY, WALL + 1))
+    assert (second.slots, second.executed) == (1, 2)
+    refusal = _refused(await ledger.reserve("run", DELIB, 1, POLICY, WALL + 2),
+                       RefusalReason.ROUNDS)
+    assert (refusal.reserved, refusal.executed) == (4, 2)
+
+
+async def test_a_later_trace_of_the_same_attempt_replaces_it(ledger: Ledger) -> None:
+    _granted(await ledger.reserve("run", DELIB, 2, POLICY, WALL))
+    first = _trace("a1", "run", 1, outcome=AttemptOutcome.IN_FLIGHT, elapsed_s=None)
+    await ledger.record([first], [])
+    assert (await ledger.usage("run")).executed == 1
+    final = attrs.evolve(first, outcome=AttemptOutcome.DEADLINE, elapsed_s=1.5)
+    await ledger.record([final], [])
+    await ledger.record([final], [])
+    assert (await ledger.usage("run")).executed == 1
+    assert await ledger.attempts("run") == [final]
+    # within one batch, too
+    await ledger.record([_trace("a2", "run", 2, outcome=AttemptOutcome.IN_FLIGHT),
+                         _trace("a2", "run", 2, outcome=AttemptOutcome.OK)], [])
+    assert (await ledger.usage("run")).executed == 2
+    assert [t.outcome for t in await ledger.attempts("run")] == [
+        AttemptOutcome.DEADLINE, AttemptOutcome.OK
+    ]
+
+
+async def test_legacy_attempts_are_not_executed(ledger: Ledger) -> None:
+    _granted(await ledger.reserve("run", DELIB, 1, POLICY, WALL))
+    await ledger.record(
+        [
+            _trace("x1", "run", 1),
+            _trace("l1", "run", 1, round_index=0, legacy=True),
+            _trace("l2", "run", 2, round_index=0, legacy=True),
+        ],
+        [],
+    )
+    usage = await ledger.usage("run")
+    assert (usage.executed, usage.legacy_attempts, usage.reserved) == (1, 2, 1)
+    # a legacy-only run is never opened: no rounds, no deadline, but its attempts are traced
+    await ledger.record([_trace("l3", "legacy-run", 1, round_index=0, legacy=True)], [])
+    assert await ledger.usage("legacy-run") == Usage(run_id="legacy-run", legacy_attempts=1)
+    (traced,) = await ledger.attempts("legacy-run")
+    assert traced.legacy is True
+
+
+async def test_recorded_attempt_refusals_count_as_refused(ledger: Ledger) -> None:
+    _granted(await ledger.reserve("run", DELIB, 1, POLICY, WALL))
+    refusal = RefusalRecord(
+        run_id="run", round_index=1, what="attempt", kind="deliberate",
+        reason=RefusalReason.SLOTS, at_wall=WALL + 0.5,
+    )
+    await ledger.record([], [refusal, attrs.evolve(refusal, reason=RefusalReason.CLOSED)])
+    await ledger.record([], [])  # nothing to write is fine
+    assert (await ledger.usage("run")).refused == 2
+    assert await ledger.refusals("run") == [
+        refusal, attrs.evolve(refusal, reason=RefusalReason.CLOSED)
+    ]
+
+
+async def test_reservations_are_the_runs_history(ledger: Ledger) -> None:
+    policy = AllowancePolicy(max_searches=6, max_rounds=3)
+    granted = [
+        _granted(await ledger.reserve("run", AUTO, 2, policy, WALL)),
+        _granted(await ledger.reserve("run", DELIB, 3, policy, WALL + 2)),
+        _granted(await ledger.reserve("run", DELIB, 4, policy, WALL + 4)),
+    ]
+    _refused(await ledger.reserve("run", DELIB, 1, policy, WALL + 5), RefusalReason.ROUNDS)
+    _granted(await ledger.reserve("other", AUTO, 2, policy, WALL))
+    history = await ledger.reservations("run")
+    assert history == granted  # executed was 0 at each of these rounds
+    assert [(r.kind, r.requested, r.first_slot, r.slots) for r in history] == [
+        (AUTO, 2, 1, 2), (DELIB, 3, 3, 3), (DELIB, 4, 6, 1)
+    ]
+
+
+async def test_reservations_report_executed_as_it_was_at_each_round(ledger: Ledger) -> None:
+    # Reservation.executed is "the run's executed attempts recorded when this round was
+    # reserved"; the history must say what reserve() said, not a made-up 0.
+    _granted(await ledger.reserve("run", DELIB, 2, POLICY, WALL))
+    await ledger.record([_trace("a1", "run", 1), _trace("a2", "run", 2)], [])
+    second = _granted(await ledger.reserve("run", DELIB, 2, POLICY, WALL + 1))
+    assert second.executed == 2
+    assert (await ledger.reservations("run"))[1] == second
+
+
+async def test_concurrent_tasks_on_one_ledger_never_over_admit(ledger: Ledger) -> None:
+    policy = AllowancePolicy(max_searches=4, max_rounds=16)
+    results: list[Reservation | BudgetRefusal] = []
+
+    async def reserve_one(i: int) -> None:
+        results.append(await ledger.reserve("run", DELIB, 1, policy, WALL))
+        await ledger.record([_trace(f"t{i}", "other", i, round_index=0, legacy=True)], [])
+        await ledger.usage("run")
+
+    async with anyio.create_task_group() as tg:
+        for i in range(16):
+            tg.start_soon(reserve_one, i)
+    granted = [r for r in results if isinstance(r, Reservation)]
+    refused = [r for r in results if isinstance(r, BudgetRefusal)]
+    assert sorted(r.first_slot for r in granted) == [1, 2, 3, 4]
+    assert len(refused) == 12
+    assert {r.reason for r in refused} == {RefusalReason.SLOTS}
+    usage = await ledger.usage("run")
+    assert (usage.rounds, usage.reserved, usage.refused) == (4, 4, 12)
+    assert (await ledger.usage("other")).legacy_attempts == 16
+
+
+async def test_everything_survives_reopening(open_ledger: Callable[..., Any]) -> None:
+    async with open_ledger() as ledger:
+        _granted(await ledger.reserve("run", AUTO, 2, POLICY, WALL))
+        await ledger.record([_trace("a1", "run", 1)], [])
+        _refused(await ledger.reserve("run", DELIB, 9, POLICY, WALL + 11), RefusalReason.DEADLINE)
+        before = (await ledger.usage("run"), await ledger.reservations("run"),
+                  await ledger.attempts("run"), await ledger.refusals("run"))
+    async with open_ledger() as ledger:
+        after = (await ledger.usage("run"), await ledger.reservations("run"),
+                 await ledger.attempts("run"), await ledger.refusals("run"))
+        assert after == before
+        second = _granted(await ledger.reserve("run", DELIB, 9, POLICY, WALL + 5))
+        assert (second.round_index, second.first_slot, second.slots) == (2, 3, 2)
+
+
+async def test_using_a_ledger_outside_async_with_raises(open_ledger: Callable[..., Any]) -> None:
+    unopened = open_ledger()
+    with pytest.raises(LedgerClosedError):
+        await unopened.reserve("run", AUTO, 2, POLICY, WALL)
+    with pytest.raises(LedgerClosedError):
+        await unopened.usage("run")
+    async with unopened as ledger:
+        _granted(await ledger.reserve("run", AUTO, 2, POLICY, WALL))
+    calls: tuple[Callable[[], Awaitable[object]], ...] = (
+        lambda: ledger.reserve("run", AUTO, 2, POLICY, WALL),
+        lambda: ledger.record([_trace("a1", "run", 1)], []),
+        lambda: ledger.usage("run"),
+        lambda: ledger.reservations("run"),
+        lambda: ledger.attempts("run"),
+        lambda: ledger.refusals("run"),
+    )
+    for call in calls:
+        with pytest.raises(LedgerClosedError):
+            await call()
+
+
+# -- the allowance over a ledger: fail closed, checkpoint first ------------------------------
+
+
+@attrs.define
+class _FailingLedger:
+    """A ledger whose reserve fails: before committing, or after (a lost acknowledgement)."""
+
+    inner: Ledger
+    commit_first: bool = False
+
+    async def reserve(self, *args: Any) -> Reservation | BudgetRefusal:
+        if self.commit_first:
+            await self.inner.reserve(*args)
+        raise LedgerError("the ledger could not confirm the commit")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize("commit_first", [False, True])
+async def test_no_permit_when_the_reservation_fails(ledger: Ledger, commit_first: bool) -> None:
+    allowance = RecallAllowance(
+        _FailingLedger(ledger, commit_first=commit_first), clock=ManualClock(wall=WALL)
+    )
+    ran = False
+    with pytest.raises(LedgerError):
+        async with allowance.round("run", AUTO):
+            ran = True
+    assert not ran
+    assert current_permit() is None
+    usage = await ledger.usage("run")
+    assert (usage.rounds, usage.reserved) == ((1, 2) if commit_first else (0, 0))
+
+
+async def test_checkpoint_runs_after_commit_and_before_the_permit(
+    ledger: Ledger, open_ledger: Callable[..., Any]
+) -> None:
+    seen: list[tuple[str, int, Usage, object]] = []
+
+    async def checkpoint(run_id: str, round_index: int) -> None:
+        # committed: another connection to the same store already sees the round
+        async with open_ledger() as other:
+            assert await other.usage(run_id) == await ledger.usage(run_id)
+        seen.append((run_id, round_index, await ledger.usage(run_id), current_permit()))
+
+    allowance = RecallAllowance(ledger, clock=ManualClock(wall=WALL), checkpoint=checkpoint)
+    async with allowance.round("run", AUTO) as permit:
+        assert current_permit() is permit
+    async with allowance.round("run", DELIB, slots=1):
+        pass
+    assert [(run, index, u.rounds, u.reserved, p) for run, index, u, p in seen] == [
+        ("run", 1, 1, 2, None), ("run", 2, 2, 3, None)
+    ]
+
+
+async def test_a_failing_checkpoint_issues_no_permit_and_keeps_the_slots(ledger: Ledger) -> None:
+    class CheckpointFailed(Exception):
+        pass
+
+    async def checkpoint(run_id: str, round_index: int) -> None:
+        raise CheckpointFailed(run_id)
+
+    allowance = RecallAllowance(ledger, clock=ManualClock(wall=WALL), checkpoint=checkpoint)
+    ran = False
+    with pytest.raises(CheckpointFailed):
+        async with allowance.round("run", DELIB, slots=3):
+            ran = True
+    assert not ran
+    assert current_permit() is None
+    usage = await ledger.usage("run")
+    assert (usage.rounds, usage.reserved, usage.executed) == (1, 3, 0)
+    # no refund: a later round gets only what is left
+    allowance.checkpoint = None
+    async with allowance.round("run", DELIB, slots=3) as permit:
+        assert (permit.round_index, permit.first_slot, permit.slots) == (2, 4, 1)
+
+
+async def test_the_permit_matches_its_committed_reservation(ledger: Ledger) -> None:
+    clock = ManualClock(wall=WALL)
+    allowance = RecallAllowance(ledger, clock=clock)
+    async with allowance.round("run", AUTO) as permit:
+        (committed,) = await ledger.reservations("run")
+        assert (permit.round_index, permit.first_slot, permit.slots) == (1, 1, 2)
+        assert (committed.first_slot, committed.slots) == (1, 2)
+        assert permit.deadline_wall == committed.deadline_wall == WALL + 10.0
+    clock.advance(4.0)
+    async with allowance.round("run", DELIB, slots=5) as permit:
+        assert (permit.round_index, permit.first_slot, permit.slots) == (2, 3, 2)
+        assert permit.seconds_left() == 6.0
+    with pytest.raises(RecallBudgetExceeded) as caught:
+        async with allowance.round("run", DELIB, slots=1):
+            pytest.fail("a third round must be refused")
+    assert caught.value.reason is RefusalReason.ROUNDS
+    assert current_permit() is None
+
+
+# -- failures of a file-backed ledger (SqliteLedger) -----------------------------------------
+
+
+def test_ledger_errors_share_one_root() -> None:
+    for error in (LedgerPathError, LedgerCorruptError, LedgerLockedError, LedgerClosedError):
+        assert issubclass(error, LedgerError)
+        assert issubclass(error, RecallboundError)
+    assert issubclass(LedgerError, RecallboundError)
+
+
+async def test_a_ledger_in_a_missing_folder_fails_at_open(
+    anyio_backend: object, tmp_path: Path
+) -> None:
+    ledger = SqliteLedger(tmp_path / "no" / "such" / "folder" / "ledger.sqlite3")
+    with pytest.raises(LedgerPathError) as caught:
+        await ledger.open()
+    assert isinstance(caught.value, LedgerError)
+    assert not (tmp_path / "no").exists()
+    with pytest.raises(LedgerClosedError):
+        await ledger.usage("run")
+
+
+async def test_random_bytes_are_a_corrupt_ledger(anyio_backend: object, tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    path.write_bytes(random.Random(20240601).randbytes(16384))
+    with pytest.raises(LedgerCorruptError):
+        async with SqliteLedger(path):
+            pytest.fail("a random file must not open")
+
+
+async def test_a_foreign_sqlite_database_is_not_a_ledger(
+    anyio_backend: object, tmp_path: Path
+) -> None:
+    path = tmp_path / "theirs.sqlite3"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT)")
+        conn.execute("INSERT INTO notes (body) VALUES ('keep me')")
+    conn.close()
+    with pytest.raises(LedgerCorruptError):
+        async with SqliteLedger(path):
+            pytest.fail("a foreign database must not open")
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("SELECT body FROM notes").fetchall() == [("keep me",)]
+        assert conn.execute("PRAGMA user_version").fetchone() == (0,)
+    finally:
+        conn.close()
+
+
+async def test_a_foreign_database_is_left_untouched(anyio_backend: object, tmp_path: Path) -> None:
+    # Refusing a file that is not ours must not change it (here: its journal mode).
+    path = tmp_path / "theirs.sqlite3"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE notes (body TEXT)")
+    conn.commit()
+    conn.close()
+    before = path.read_bytes()
+    with pytest.raises(LedgerCorruptError):
+        async with SqliteLedger(path):
+            pass
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("delete",)
+    finally:
+        conn.close()
+    assert path.read_bytes() == before
+
+
+async def test_a_ledger_of_another_schema_version_is_refused(
+    anyio_backend: object, tmp_path: Path
+) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    async with SqliteLedger(path) as ledger:
+        _granted(await ledger.reserve("run", AUTO, 2, POLICY, WALL))
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA user_version = 99")
+    conn.close()
+    with pytest.raises(LedgerCorruptError):
+        async with SqliteLedger(path):
+            pass
+
+
+async def test_damaged_pages_are_a_corrupt_ledger(anyio_backend: object, tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    async with SqliteLedger(path) as ledger:
+        for i in range(40):
+            _granted(await ledger.reserve(f"run-{i:03d}" * 8, AUTO, 2, POLICY, WALL))
+    data = bytearray(path.read_bytes())
+    assert len(data) > 8192
+    rng = random.Random(7)
+    data[100:] = rng.randbytes(len(data) - 100)  # keep the header (ours), wreck every page
+    path.write_bytes(bytes(data))
+    damaged = SqliteLedger(path)
+    with pytest.raises(LedgerCorruptError):
+        await damaged.open()
+
+
+async def test_a_lock_held_beyond_the_timeout_fails_and_loses_nothing(
+    anyio_backend: object, tmp_path: Path
+) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    async with SqliteLedger(path, timeout=0.1) as ledger:
+        _granted(await ledger.reserve("run", AUTO, 2, POLICY, WALL))
+        await ledger.record([_trace("a1", "run", 1)], [])
+        other = sqlite3.connect(path, isolation_level=None)
+        try:
+            other.execute("BEGIN EXCLUSIVE")
+            with pytest.raises(LedgerLockedError):
+                await ledger.reserve("run", DELIB, 1, POLICY, WALL + 1)
+            with pytest.raises(LedgerLockedError):
+                await ledger.record([_trace("a2", "run", 2)], [])
+            with pytest.raises(LedgerLockedError):
+                async with SqliteLedger(path, timeout=0.1):
+                    pass
+            # and the allowance fails closed on it
+            allowance = RecallAllowance(ledger, clock=ManualClock(wall=WALL + 1))
+            with pytest.raises(LedgerLockedError):
+                async with allowance.round("run", DELIB, slots=1):
+                    pytest.fail("no permit while the ledger cannot commit")
+            assert current_permit() is None
+        finally:
+            other.execute("ROLLBACK")
+            other.close()
+        assert await ledger.usage("run") == Usage(
+            run_id="run", rounds=1, reserved=2, executed=1, refused=0, deadline_wall=WALL + 10
+        )
+        second = _granted(await ledger.reserve("run", DELIB, 1, POLICY, WALL + 1))
+        assert (second.round_index, second.first_slot, second.slots, second.reserved) == (
+            2, 3, 1, 3
+        )
+        await ledger.record([_trace("a2", "run", 3, round_index=2)], [])
+        assert (await ledger.usage("run")).executed == 2
