@@ -46,12 +46,8 @@ def _message(reason: RefusalReason, reserved: int, executed: int) -> str:
 
 
 @attrs.frozen(kw_only=True)
-class BudgetRefusal:
-    """A typed refusal, returned to the model as a tool result.
-
-    ``reserved`` and ``executed`` are the run's totals when the refusal was made: reserved slots
-    (conservative: every slot a round took, used or not) and executed searches (observed).
-    """
+class _Bounded:
+    """What a refusal and a notice both say: why recall was bounded, and the run's totals."""
 
     reason: RefusalReason
     run_id: str
@@ -62,6 +58,15 @@ class BudgetRefusal:
     @message.default
     def _default_message(self) -> str:
         return _message(self.reason, self.reserved, self.executed)
+
+
+@attrs.frozen(kw_only=True)
+class BudgetRefusal(_Bounded):
+    """A typed refusal, returned to the model as a tool result.
+
+    ``reserved`` and ``executed`` are the run's totals when the refusal was made: reserved slots
+    (conservative: every slot a round took, used or not) and executed searches (observed).
+    """
 
     def as_tool_result(self) -> dict[str, object]:
         """A JSON-ready form of the refusal for a tool-call result."""
@@ -75,18 +80,8 @@ class BudgetRefusal:
 
 
 @attrs.frozen(kw_only=True)
-class BoundedRecallNotice:
+class BoundedRecallNotice(_Bounded):
     """What automatic context carries instead of evidence when recall was bounded."""
-
-    reason: RefusalReason
-    run_id: str
-    reserved: int
-    executed: int
-    message: str = attrs.field()
-
-    @message.default
-    def _default_message(self) -> str:
-        return _message(self.reason, self.reserved, self.executed)
 
     @classmethod
     def from_refusal(cls, refusal: BudgetRefusal) -> BoundedRecallNotice:

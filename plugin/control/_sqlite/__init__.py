@@ -57,25 +57,28 @@ async def connect(path: str | Path, *, timeout: float) -> Connection:
     return await connect_threaded(path, timeout=timeout)
 
 
-def is_locked(exc: BaseException) -> bool:
-    """Whether ``exc`` is SQLite's SQLITE_BUSY/SQLITE_LOCKED."""
-    if not isinstance(exc, sqlite3.OperationalError):
+def _matches(
+    exc: BaseException, kind: type[sqlite3.Error], codes: tuple[int, ...], words: tuple[str, ...]
+) -> bool:
+    """Whether ``exc`` is ``kind`` with a primary result code in ``codes``.
+
+    ``sqlite_errorcode`` exists from Python 3.11; before that the message is all there is.
+    """
+    if not isinstance(exc, kind):
         return False
     code = getattr(exc, "sqlite_errorcode", None)
     if code is not None:
-        return code & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED)
-    text = str(exc)
-    return "locked" in text or "busy" in text
+        return code & 0xFF in codes
+    return any(word in str(exc) for word in words)
+
+
+def is_locked(exc: BaseException) -> bool:
+    """Whether ``exc`` is SQLite's SQLITE_BUSY/SQLITE_LOCKED."""
+    return _matches(exc, sqlite3.OperationalError, (_SQLITE_BUSY, _SQLITE_LOCKED),
+                    ("locked", "busy"))
 
 
 def is_corrupt(exc: BaseException) -> bool:
     """Whether ``exc`` says the file is not a database or its pages are damaged."""
-    if not isinstance(exc, sqlite3.DatabaseError):
-        return False
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code is not None:
-        return code & 0xFF in (_SQLITE_NOTADB, _SQLITE_CORRUPT)
-    text = str(exc)
-    return "not a database" in text or "malformed" in text
-
-
+    return _matches(exc, sqlite3.DatabaseError, (_SQLITE_NOTADB, _SQLITE_CORRUPT),
+                    ("not a database", "malformed"))
