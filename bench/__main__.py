@@ -10,7 +10,7 @@ import traceback
 
 import anyio
 
-MODULES = ("bench_control", "bench_planning", "bench_store")
+MODULES = ("bench_control", "bench_planning", "bench_store", "bench_hooks")
 
 
 def run(name: str) -> bool:
