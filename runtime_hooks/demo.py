@@ -79,8 +79,14 @@ async def seed(store: MemoryStore) -> None:
 
 
 def _say(out: Callable[[str], None], text: str = "", indent: int = 0) -> None:
+    pad = " " * indent
     for line in text.splitlines() or [""]:
-        out(textwrap.indent(line, " " * indent))
+        if len(line) + indent <= 100:
+            out(pad + line if line else "")
+            continue
+        hang = " " * (2 if line.startswith("- ") else 0)
+        for part in textwrap.wrap(line, 100 - indent, subsequent_indent=hang):
+            out(pad + part)
 
 
 def _heading(out: Callable[[str], None], text: str) -> None:
