@@ -41,9 +41,10 @@ from plugin.control import (
     validate_run_id,
 )
 from plugin.errors import MemoryStoreError, RecallboundError
-from plugin.memory.pipeline import ContextCaps, Retriever, SearchOutcome, query_terms, render
+from plugin.memory.pipeline import ContextCaps, Retriever, query_terms
 from plugin.memory.planning import RecallQuery
 from plugin.memory.preparation import PreparedRecall, RecallPreparer
+from plugin.memory.recall import automatic_round
 from plugin.memory.state import WorkingState
 from plugin.memory.store import Evidence
 
@@ -232,49 +233,22 @@ class RecallHooks:
             raise TypeError(f"state must be a WorkingState, got {type(state).__name__}")
         prepared = await self.preparer.prepare(state, scope=scope, principal=principal)
         corrections = await self.retriever.corrections(principal=principal, scope=scope)
-        notes: list[str] = []
-        slots: list[int] = []
-        base: SearchOutcome | None = None
-        evidence: list[Evidence] = []
-        notice: BoundedRecallNotice | None = None
-        try:
-            async with self.allowance.round(run_id, RoundKind.AUTOMATIC) as permit:
-                if not self.retriever.searchable(prepared):
-                    notes.append("nothing to search: the query has no searchable terms "
-                                 "(slot reserved, not executed)")
-                else:
-                    base = await self.retriever.search(
-                        prepared, permit, kind=AttemptKind.BASE, caps=self.caps,
-                        nested_beliefs=False,
-                    )
-                    assert base.slot is not None
-                    slots.append(base.slot)
-                    evidence.extend(base.evidence)
-                    notes.extend(base.notes)
-                    if base.people:  # need left unmet: what the people found believe
-                        try:
-                            slot, beliefs = await self.retriever.read_beliefs(
-                                base.people, permit, kind=AttemptKind.DELTA,
-                                principal=principal, scope=scope, caps=self.caps,
-                            )
-                        except RecallBudgetExceeded as exc:
-                            notice = BoundedRecallNotice.from_refusal(exc.refusal)
-                            notes.append(f"delta refused: {exc.refusal.reason.value}")
-                        else:
-                            slots.append(slot)
-                            evidence.extend(beliefs)
-        except RecallBudgetExceeded as exc:
-            notice = BoundedRecallNotice.from_refusal(exc.refusal)
-        rendered = render(evidence, self.caps) if evidence else None
+        recall = await automatic_round(
+            self.allowance, self.retriever, prepared, run_id=run_id, caps=self.caps
+        )
         return PreparedContext(
             run_id=run_id,
             query=prepared.query,
-            evidence=rendered.items if rendered else (),
-            rendered=rendered.text if rendered else "",
+            evidence=recall.evidence,
+            rendered=recall.rendered.text if recall.rendered is not None else "",
             corrections=corrections,
-            notice=notice,
-            slots=tuple(slots),
-            notes=tuple(notes),
+            notice=(
+                BoundedRecallNotice.from_refusal(recall.refusal)
+                if recall.refusal is not None
+                else None
+            ),
+            slots=recall.slots,
+            notes=recall.notes,
         )
 
     # -- tool dispatch ----------------------------------------------------------------------

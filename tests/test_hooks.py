@@ -422,3 +422,15 @@ async def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert "-> next-action memory (m-backfill) retrieved: yes" in text
     assert text.count("refused (slots)") >= 2
     assert "not evidence" in text
+
+
+async def test_a_paid_belief_read_is_not_crowded_out_by_the_cap(hooks: RecallHooks) -> None:
+    store = _store(hooks)
+    for i in range(12):
+        await store.add_memory(f"r{i}", f"rounding note {i}: half-even rounding per line",
+                               principal=PRINCIPAL, scope=SCOPE)
+    context = await hooks.prepare(WorkingState("What did Priya say about rounding?"),
+                                  run_id="r", scope=SCOPE, principal=PRINCIPAL)
+    assert context.slots == (1, 2)
+    assert len(context.evidence) == hooks.caps.max_items
+    assert "b-priya" in {item.id for item in context.evidence}

@@ -1,0 +1,30 @@
+"""The isolated evaluator: each query planning strategy on each candidate arm, one allowance.
+
+``python -m plugin.evaluation examples/scenarios.jsonl`` prints the report table. This package
+builds on :mod:`plugin.memory` and :mod:`plugin.control` only, never on ``runtime_hooks``.
+"""
+
+from .evaluator import DEFAULT_CELLS as DEFAULT_CELLS
+from .evaluator import Arm as Arm
+from .evaluator import Cell as Cell
+from .evaluator import CellMetrics as CellMetrics
+from .evaluator import Evaluator as Evaluator
+from .evaluator import Report as Report
+from .evaluator import ScenarioResult as ScenarioResult
+from .evaluator import default_embedding as default_embedding
+from .evaluator import evaluate_file as evaluate_file
+from .evaluator import hashing_embedding as hashing_embedding
+from .scenarios import InvalidScenarioError as InvalidScenarioError
+from .scenarios import Scenario as Scenario
+from .scenarios import ScenarioBelief as ScenarioBelief
+from .scenarios import ScenarioMemory as ScenarioMemory
+from .scenarios import ScenarioPerson as ScenarioPerson
+from .scenarios import load_scenarios as load_scenarios
+from .scenarios import parse_scenarios as parse_scenarios
+
+__all__ = [
+    "DEFAULT_CELLS", "Arm", "Cell", "CellMetrics", "Evaluator", "InvalidScenarioError", "Report",
+    "Scenario", "ScenarioBelief", "ScenarioMemory", "ScenarioPerson", "ScenarioResult",
+    "default_embedding", "evaluate_file", "hashing_embedding", "load_scenarios",
+    "parse_scenarios",
+]

@@ -206,6 +206,10 @@ def render(evidence: Sequence[Evidence], caps: ContextCaps) -> Rendered:
     return Rendered(items=tuple(kept), text="\n".join(lines), omitted=omitted)
 
 
+def _arms(value: Iterable[str]) -> frozenset[str]:
+    return frozenset(value)
+
+
 @attrs.define(eq=False)
 class MemoryRetriever:
     """The reference :class:`Retriever` over a :class:`MemoryStore`."""
@@ -213,7 +217,7 @@ class MemoryRetriever:
     store: MemoryStore
     min_similarity: float = 0.25
     """Semantic candidates below this cosine are not evidence (calibrated on WordLlama)."""
-    arms: frozenset[str] = attrs.field(default=ARMS, converter=frozenset)
+    arms: frozenset[str] = attrs.field(default=ARMS, converter=_arms)
     """The candidate arms that run (an evaluator's ablation runs one at a time)."""
 
     def __attrs_post_init__(self) -> None:

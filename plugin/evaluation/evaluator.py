@@ -1,0 +1,589 @@
+"""The isolated evaluator: each query strategy on each candidate arm, under one allowance policy.
+
+For each scenario the evaluator builds a fresh environment in a temporary folder: its own
+reference :class:`~plugin.memory.store.MemoryStore`, seeded with the scenario's memories,
+people and beliefs (foreign ones included), and, for every cell, its own
+:class:`~plugin.control.SqliteLedger` with its own run. Nothing is shared between scenarios,
+and the cells of a scenario share only the seeded store, which they read and never write.
+
+Each cell runs the automatic recall round exactly as the preparation hook does: the query is
+planned once (release admission always granted, so ``task_context`` is what runs unless the
+request is too large), the round reserves ``automatic_slots`` under the policy, the base search
+runs on the cell's arms, and a delta People-to-belief read follows when the base found people.
+Time is a :class:`~plugin.control.ManualClock`, so the same file gives the same report.
+
+Metrics, at ``k`` = the context cap's item count: recall of grade-2 items, nDCG with the graded
+relevance (gain ``2**grade - 1``), the reciprocal rank of the first grade-2 item, ``must_not``
+violations and foreign retrievals (both must be 0), and the ledger's reserved slots and executed
+searches side by side.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import attrs
+
+from plugin.control import (
+    AllowancePolicy,
+    ManualClock,
+    RecallAllowance,
+    SqliteLedger,
+)
+from plugin.memory.embedding import EmbeddingAdapter
+from plugin.memory.pipeline import ContextCaps, MemoryRetriever
+from plugin.memory.planning import QueryPlanner, QueryStrategy
+from plugin.memory.preparation import QueryPreparation
+from plugin.memory.recall import automatic_round
+from plugin.memory.store import MemoryRecord, MemoryStore
+
+from .scenarios import Scenario, load_scenarios
+
+__all__ = [
+    "DEFAULT_CELLS",
+    "Arm",
+    "Cell",
+    "CellMetrics",
+    "Evaluator",
+    "Report",
+    "ScenarioResult",
+    "default_embedding",
+    "evaluate_file",
+]
+
+WALL_EPOCH = 1_800_000_000.0
+"""Every cell's clock starts here (wall) and at 0 (monotonic), and never moves by itself."""
+SEED_EPOCH = 1_750_000_000.0
+"""Memories and beliefs without ``created_at`` are stamped from here, a minute apart, in file
+order (later in the file is newer)."""
+SEED_STEP_S = 60.0
+
+
+class Arm(enum.Enum):
+    """The candidate arms a cell's retriever runs. ``recent`` is the frozen control."""
+
+    SPARSE = "sparse"
+    """The FTS5 (bm25) arm alone."""
+    SEMANTIC = "semantic"
+    """The embedding arm alone."""
+    FUSED = "fused"
+    """Sparse, semantic and the recent control, fused by reciprocal rank (the default)."""
+
+    @property
+    def arms(self) -> frozenset[str]:
+        if self is Arm.FUSED:
+            return frozenset({"sparse", "semantic", "recent"})
+        return frozenset({self.value})
+
+
+@attrs.frozen
+class Cell:
+    """One column of the ablation: a query strategy on a set of arms."""
+
+    strategy: QueryStrategy = attrs.field(converter=QueryStrategy)
+    arm: Arm = attrs.field(converter=Arm)
+
+    @property
+    def name(self) -> str:
+        return f"{self.strategy.value}/{self.arm.value}"
+
+
+DEFAULT_CELLS: tuple[Cell, ...] = tuple(
+    Cell(strategy, arm)
+    for arm in (Arm.SPARSE, Arm.SEMANTIC, Arm.FUSED)
+    for strategy in (QueryStrategy.BASELINE, QueryStrategy.TASK_CONTEXT)
+)
+"""Baseline and task_context on the sparse arm, the semantic arm, and all arms fused."""
+
+
+def default_embedding() -> EmbeddingAdapter:
+    """The packaged WordLlama model when the ``semantic`` extra is installed, else hashing.
+
+    The hashing fallback reads 256 tokens, like WordLlama, so the same queries are embedded.
+    """
+    try:
+        from plugin.memory.wordllama_adapter import WordLlamaAdapter
+
+        return WordLlamaAdapter.load()
+    except (ImportError, FileNotFoundError):
+        return hashing_embedding()
+
+
+def hashing_embedding() -> EmbeddingAdapter:
+    """The deterministic hashing adapter, sized like WordLlama (256 dimensions, 256 tokens)."""
+    from plugin.memory.testing import HashingEmbedding
+
+    return HashingEmbedding(dimensions=256, token_limit=256)
+
+
+# -- results --------------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class ScenarioResult:
+    """One scenario in one cell: what was asked, what came back, what it cost."""
+
+    scenario_id: str
+    family: str
+    strategy: str
+    """The cell's configured strategy."""
+    arm: str
+    query_strategy: str
+    """The strategy the planner actually used (``baseline`` for a too-large request)."""
+    baseline_reason: str | None
+    query: str
+    query_bytes: int
+    fingerprint: str
+    semantic_withheld: str | None
+    """Why the query had no vector (``token_limit``, ...), or None."""
+    people: tuple[str, ...]
+    retrieved: tuple[str, ...]
+    """Ids of the rendered evidence, in context order (at most ``k``)."""
+    recall_at_k: float | None
+    """Share of grade-2 items retrieved; None when the scenario has none."""
+    ndcg_at_k: float | None
+    """None when the scenario grades nothing."""
+    mrr: float | None
+    """1 / rank of the first grade-2 item (0 when none came back); None when there is none."""
+    must_not: int
+    """``must_not`` items among everything the round produced (rendered or cut by the cap)."""
+    foreign: int
+    """Items of another principal or scope among everything the round produced."""
+    reserved: int
+    executed: int
+    rounds: int
+    refused: int
+    bounded: bool
+    """Whether the round ended with a bounded-recall notice."""
+    notes: tuple[str, ...] = ()
+
+
+@attrs.frozen(kw_only=True)
+class CellMetrics:
+    """A cell's results over a set of scenarios (all of them, or one family).
+
+    Quality metrics are means over the scenarios where they are defined (None when none is);
+    violations and allowance columns are totals.
+    """
+
+    strategy: str
+    arm: str
+    family: str | None
+    """None for the whole file."""
+    scenarios: int
+    recall_at_k: float | None
+    ndcg_at_k: float | None
+    mrr: float | None
+    must_not: int
+    foreign: int
+    reserved: int
+    executed: int
+    rounds: int
+    refused: int
+    max_reserved: int
+    """The most slots one scenario reserved in this cell (the policy caps it)."""
+
+    @classmethod
+    def of(
+        cls, strategy: str, arm: str, family: str | None, rows: Sequence[ScenarioResult]
+    ) -> CellMetrics:
+        return cls(
+            strategy=strategy,
+            arm=arm,
+            family=family,
+            scenarios=len(rows),
+            recall_at_k=_mean(r.recall_at_k for r in rows),
+            ndcg_at_k=_mean(r.ndcg_at_k for r in rows),
+            mrr=_mean(r.mrr for r in rows),
+            must_not=sum(r.must_not for r in rows),
+            foreign=sum(r.foreign for r in rows),
+            reserved=sum(r.reserved for r in rows),
+            executed=sum(r.executed for r in rows),
+            rounds=sum(r.rounds for r in rows),
+            refused=sum(r.refused for r in rows),
+            max_reserved=max((r.reserved for r in rows), default=0),
+        )
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    defined = [v for v in values if v is not None]
+    return math.fsum(defined) / len(defined) if defined else None
+
+
+_COLUMNS = (
+    ("recall@{k}", 9), ("nDCG@{k}", 8), ("MRR", 6), ("must_not", 8), ("foreign", 7),
+    ("reserved", 8), ("executed", 8), ("rounds", 6), ("refused", 7),
+)
+
+
+@attrs.frozen(kw_only=True)
+class Report:
+    """The evaluator's result: per-cell aggregates, per family, and every scenario row."""
+
+    k: int
+    embedding: str
+    """The semantic arm's adapter (its ``name``)."""
+    policy: AllowancePolicy
+    cells: tuple[Cell, ...]
+    overall: tuple[CellMetrics, ...]
+    by_family: tuple[CellMetrics, ...]
+    rows: tuple[ScenarioResult, ...]
+
+    @property
+    def families(self) -> tuple[str, ...]:
+        """Families in order of first appearance."""
+        return tuple(dict.fromkeys(row.family for row in self.rows))
+
+    def cell(
+        self,
+        strategy: QueryStrategy | str,
+        arm: Arm | str,
+        *,
+        family: str | None = None,
+    ) -> CellMetrics:
+        """The aggregate of one cell, over the file or one ``family``; ``KeyError`` if absent."""
+        wanted = Cell(strategy, arm)
+        source = self.overall if family is None else self.by_family
+        for metrics in source:
+            if (metrics.strategy, metrics.arm, metrics.family) == (
+                wanted.strategy.value, wanted.arm.value, family
+            ):
+                return metrics
+        raise KeyError(f"no cell {wanted.name} for family {family!r}")
+
+    def results(self, scenario_id: str) -> tuple[ScenarioResult, ...]:
+        """The rows of one scenario, one per cell."""
+        return tuple(row for row in self.rows if row.scenario_id == scenario_id)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready form (deterministic: the same inputs give the same dict)."""
+        return {
+            "k": self.k,
+            "embedding": self.embedding,
+            "policy": attrs.asdict(self.policy),
+            "cells": [cell.name for cell in self.cells],
+            "overall": [attrs.asdict(m) for m in self.overall],
+            "by_family": [attrs.asdict(m) for m in self.by_family],
+            "scenarios": [attrs.asdict(row) for row in self.rows],
+        }
+
+    def to_json(self, *, indent: int | None = 2) -> str:
+        """:meth:`to_dict` as JSON text."""
+        return json.dumps(self.to_dict(), indent=indent, ensure_ascii=False, sort_keys=False)
+
+    def format_table(self) -> str:
+        """A readable text table: a row per strategy and arm, then the same by family."""
+        policy = self.policy
+        count = len({row.scenario_id for row in self.rows})
+        lines = [
+            f"{count} scenarios, k={self.k}, semantic adapter {self.embedding}; allowance "
+            f"{policy.max_searches} searches / {policy.max_rounds} rounds / "
+            f"{policy.deadline_s:g} s per run ({policy.automatic_slots} automatic slots). "
+            "Quality: means; must_not .. refused: totals.",
+            "",
+        ]
+        lines.extend(self._table(self.overall, family_column=False))
+        if self.by_family:
+            lines += ["", "By family:"]
+            lines.extend(self._table(self.by_family, family_column=True))
+        return "\n".join(lines) + "\n"
+
+    def _table(self, metrics: Sequence[CellMetrics], *, family_column: bool) -> list[str]:
+        family_width = max([len("family"), *(len(m.family or "") for m in metrics)])
+        head = [f"{'family':<{family_width}}"] if family_column else []
+        head += [f"{'strategy':<12}", f"{'arm':<8}", f"{'n':>3}"]
+        head += [f"{title.format(k=self.k):>{width}}" for title, width in _COLUMNS]
+        lines = ["  ".join(head), "  ".join("-" * len(cell) for cell in head)]
+        previous: str | None = None
+        for m in metrics:
+            row = []
+            if family_column:
+                row.append(f"{(m.family or '') if m.family != previous else '':<{family_width}}")
+                previous = m.family
+            row += [f"{m.strategy:<12}", f"{m.arm:<8}", f"{m.scenarios:>3}"]
+            values = (
+                _ratio(m.recall_at_k), _ratio(m.ndcg_at_k), _ratio(m.mrr), m.must_not,
+                m.foreign, m.reserved, m.executed, m.rounds, m.refused,
+            )
+            row += [f"{value:>{width}}" for value, (_, width) in zip(values, _COLUMNS, strict=True)]
+            lines.append("  ".join(row).rstrip())
+        return lines
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+# -- metrics --------------------------------------------------------------------------------------
+
+
+def recall_at_k(retrieved: Sequence[str], essential: frozenset[str], k: int) -> float | None:
+    """Share of the grade-2 items among the first ``k`` retrieved; None without any."""
+    if not essential:
+        return None
+    return len(essential.intersection(retrieved[:k])) / len(essential)
+
+
+def ndcg_at_k(retrieved: Sequence[str], grades: dict[str, int], k: int) -> float | None:
+    """Normalised DCG with gain ``2**grade - 1`` and a ``log2(rank + 1)`` discount."""
+    ideal = sorted(grades.values(), reverse=True)[:k]
+    if not ideal:
+        return None
+    dcg = math.fsum(
+        (2 ** grades.get(item, 0) - 1) / math.log2(rank + 1)
+        for rank, item in enumerate(retrieved[:k], start=1)
+    )
+    best = math.fsum((2**grade - 1) / math.log2(rank + 1) for rank, grade in enumerate(ideal, 1))
+    return dcg / best
+
+
+def reciprocal_rank(retrieved: Sequence[str], essential: frozenset[str], k: int) -> float | None:
+    """1 / rank of the first grade-2 item in the first ``k`` (0 when absent); None without any."""
+    if not essential:
+        return None
+    for rank, item in enumerate(retrieved[:k], start=1):
+        if item in essential:
+            return 1.0 / rank
+    return 0.0
+
+
+# -- the evaluator --------------------------------------------------------------------------------
+
+
+async def _admit_always(experiment: str) -> bool:
+    """The evaluator's release admission: every experiment is admitted."""
+    return True
+
+
+def _cells(value: Iterable[Cell]) -> tuple[Cell, ...]:
+    cells = tuple(value)
+    if not cells or not all(isinstance(cell, Cell) for cell in cells):
+        raise ValueError("Evaluator.cells must be a non-empty sequence of Cell")
+    if len(set(cells)) != len(cells):
+        raise ValueError("Evaluator.cells must not repeat a cell")
+    return cells
+
+
+@attrs.frozen(kw_only=True)
+class Evaluator:
+    """Runs scenarios through every cell, each in isolation, and reports.
+
+    ``embedding`` is the semantic arm's adapter (default: :func:`default_embedding`). Every
+    cell runs under the same ``policy``; ``caps.max_items`` is the ``k`` of the metrics.
+    """
+
+    embedding: EmbeddingAdapter = attrs.field(factory=default_embedding)
+    policy: AllowancePolicy = attrs.field(
+        factory=AllowancePolicy, validator=attrs.validators.instance_of(AllowancePolicy)
+    )
+    caps: ContextCaps = attrs.field(
+        factory=ContextCaps, validator=attrs.validators.instance_of(ContextCaps)
+    )
+    cells: tuple[Cell, ...] = attrs.field(default=DEFAULT_CELLS, converter=_cells)
+
+    @property
+    def k(self) -> int:
+        return self.caps.max_items
+
+    async def evaluate(
+        self, scenarios: Sequence[Scenario], *, workdir: str | os.PathLike[str] | None = None
+    ) -> Report:
+        """Evaluate ``scenarios`` in order, one fresh environment each.
+
+        The environments live in a new temporary folder (inside ``workdir`` when given), which
+        is removed afterwards. Raises :class:`~plugin.errors.MemoryStoreError` or
+        :class:`~plugin.errors.LedgerError` when an environment cannot be built.
+        """
+        scenarios = list(scenarios)
+        if not all(isinstance(s, Scenario) for s in scenarios):
+            raise TypeError("scenarios must be Scenario values (see load_scenarios)")
+        root = Path(
+            await anyio.to_thread.run_sync(
+                lambda: tempfile.mkdtemp(prefix="recallbound-eval-", dir=workdir)
+            )
+        )
+        rows: list[ScenarioResult] = []
+        try:
+            for index, scenario in enumerate(scenarios):
+                folder = root / f"scenario-{index:04d}"
+                await anyio.Path(folder).mkdir()
+                try:
+                    rows.extend(await self._scenario(scenario, index, folder))
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await anyio.to_thread.run_sync(shutil.rmtree, folder, True)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(shutil.rmtree, root, True)
+        return self._report(rows)
+
+    async def _scenario(
+        self, scenario: Scenario, index: int, folder: Path
+    ) -> list[ScenarioResult]:
+        clock = ManualClock(wall=WALL_EPOCH, monotonic=0.0)
+        async with MemoryStore(
+            folder / "memory.db", embedding=self.embedding, clock=clock
+        ) as store:
+            await _seed(store, scenario)
+            return [
+                await self._cell(scenario, cell, store, folder / f"ledger-{position}.db",
+                                 run_id=f"evaluation-{index:04d}-{cell.name}")
+                for position, cell in enumerate(self.cells)
+            ]
+
+    async def _cell(
+        self, scenario: Scenario, cell: Cell, store: MemoryStore, ledger_path: Path, *,
+        run_id: str,
+    ) -> ScenarioResult:
+        """The automatic round, as the preparation hook runs it, on this cell's arms."""
+        principal, scope, caps = scenario.principal, scenario.scope, self.caps
+        clock = ManualClock(wall=WALL_EPOCH, monotonic=0.0)
+        preparation = QueryPreparation(
+            QueryPlanner(cell.strategy, admission=_admit_always), self.embedding
+        )
+        retriever = MemoryRetriever(store, arms=cell.arm.arms)
+        prepared = await preparation.prepare(scenario.state, scope=scope, principal=principal)
+        async with SqliteLedger(ledger_path) as ledger:
+            allowance = RecallAllowance(ledger, policy=self.policy, clock=clock)
+            recall = await automatic_round(allowance, retriever, prepared, run_id=run_id,
+                                           caps=caps)
+            usage = await ledger.usage(run_id)
+        notes = list(recall.notes)
+        people = recall.people
+        bounded = recall.refusal is not None
+        retrieved = tuple(item.id for item in recall.evidence)
+        grades = dict(scenario.relevant)
+        essential = scenario.essential
+        forbidden = frozenset(scenario.must_not)
+        foreign_ids = scenario.foreign_ids
+        query = prepared.query
+        return ScenarioResult(
+            scenario_id=scenario.id,
+            family=scenario.family,
+            strategy=cell.strategy.value,
+            arm=cell.arm.value,
+            query_strategy=query.strategy.value,
+            baseline_reason=(
+                query.baseline_reason.value if query.baseline_reason is not None else None
+            ),
+            query=query.text,
+            query_bytes=len(query.text.encode("utf-8")),
+            fingerprint=query.fingerprint,
+            semantic_withheld=(
+                prepared.semantic.withheld_reason.value
+                if prepared.semantic.withheld_reason is not None
+                else None
+            ),
+            people=people,
+            retrieved=retrieved,
+            recall_at_k=recall_at_k(retrieved, essential, self.k),
+            ndcg_at_k=ndcg_at_k(retrieved, grades, self.k),
+            mrr=reciprocal_rank(retrieved, essential, self.k),
+            must_not=sum(1 for item in recall.candidates if item.id in forbidden),
+            foreign=sum(
+                1
+                for item in recall.candidates
+                if item.id in foreign_ids or (item.principal, item.scope) != (principal, scope)
+            ),
+            reserved=usage.reserved,
+            executed=usage.executed,
+            rounds=usage.rounds,
+            refused=usage.refused,
+            bounded=bounded,
+            notes=tuple(notes),
+        )
+
+    def _report(self, rows: list[ScenarioResult]) -> Report:
+        families = tuple(dict.fromkeys(row.family for row in rows))
+        overall = tuple(
+            CellMetrics.of(cell.strategy.value, cell.arm.value, None,
+                           [r for r in rows if (r.strategy, r.arm) == _key(cell)])
+            for cell in self.cells
+        )
+        by_family = tuple(
+            CellMetrics.of(
+                cell.strategy.value, cell.arm.value, family,
+                [r for r in rows if (r.strategy, r.arm) == _key(cell) and r.family == family],
+            )
+            for family in families
+            for cell in self.cells
+        )
+        return Report(
+            k=self.k,
+            embedding=self.embedding.name,
+            policy=self.policy,
+            cells=self.cells,
+            overall=overall,
+            by_family=by_family,
+            rows=tuple(rows),
+        )
+
+
+def _key(cell: Cell) -> tuple[str, str]:
+    return cell.strategy.value, cell.arm.value
+
+
+async def _seed(store: MemoryStore, scenario: Scenario) -> None:
+    """Store the scenario's memories (foreign ones under their own principal and scope) and
+    its people and beliefs (under the scenario's principal and scope)."""
+    await store.add_memories(
+        [
+            MemoryRecord(
+                id=memory.id,
+                text=memory.text,
+                principal=memory.principal,
+                scope=memory.scope,
+                created_at=(
+                    memory.created_at
+                    if memory.created_at is not None
+                    else SEED_EPOCH + index * SEED_STEP_S
+                ),
+                cites=memory.cites,
+            )
+            for index, memory in enumerate(scenario.memories)
+        ]
+    )
+    order = 0
+    for person in scenario.people:
+        await store.add_person(person.name, principal=scenario.principal, scope=scenario.scope)
+        for belief in person.beliefs:
+            await store.add_belief(
+                belief.id, person.name, belief.text,
+                principal=scenario.principal, scope=scenario.scope,
+                created_at=(
+                    belief.created_at
+                    if belief.created_at is not None
+                    else SEED_EPOCH + order * SEED_STEP_S
+                ),
+            )
+            order += 1
+
+
+async def evaluate_file(
+    path: str | os.PathLike[str],
+    *,
+    embedding: EmbeddingAdapter | None = None,
+    policy: AllowancePolicy | None = None,
+    caps: ContextCaps | None = None,
+) -> Report:
+    """Load a scenario file and evaluate it with the default cells.
+
+    Raises :class:`~plugin.evaluation.scenarios.InvalidScenarioError` for a malformed file.
+    """
+    scenarios = await anyio.to_thread.run_sync(load_scenarios, path)
+    evaluator = Evaluator(
+        embedding=embedding if embedding is not None else default_embedding(),
+        policy=policy if policy is not None else AllowancePolicy(),
+        caps=caps if caps is not None else ContextCaps(),
+    )
+    return await evaluator.evaluate(scenarios)

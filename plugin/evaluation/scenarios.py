@@ -1,0 +1,453 @@
+"""Evaluation scenarios: the evaluator's input, one JSON object a line (DESIGN, "Evaluation
+scenarios").
+
+:func:`load_scenarios` reads any such file: UTF-8 text, one scenario a line, blank lines
+skipped. Everything is checked when read, so a malformed file fails here with an
+:class:`InvalidScenarioError` naming the line and the field, never later inside a search.
+Beyond the JSON shape, a scenario must be coherent: ids unique within it, every ``relevant``
+and ``must_not`` id naming one of its items, no relevant item that the scenario's principal
+could never see, no item both relevant and forbidden.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import types
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from plugin.errors import InvalidWorkingStateError, InvalidWorkingStateTypeError, RecallboundError
+from plugin.memory.state import WorkingState
+
+__all__ = [
+    "InvalidScenarioError",
+    "Scenario",
+    "ScenarioBelief",
+    "ScenarioMemory",
+    "ScenarioPerson",
+    "load_scenarios",
+    "parse_scenarios",
+]
+
+GRADES = (1, 2)
+"""Relevance grades: 2 is needed for the next action, 1 is pending work or a constraint."""
+
+
+class InvalidScenarioError(RecallboundError, ValueError):
+    """A scenario line is malformed or incoherent.
+
+    ``line`` is the 1-based line number in the file (``None`` for a scenario built from a
+    mapping outside a file), ``field`` the dotted path of the offending value
+    (``memories[2].principal``; empty for the line as a whole), ``reason`` what is wrong.
+    """
+
+    def __init__(self, reason: str, *, field: str = "", line: int | None = None) -> None:
+        self.reason = reason
+        self.field = field
+        self.line = line
+        where = [f"line {line}"] if line is not None else []
+        if field:
+            where.append(f"field {field!r}")
+        prefix = ", ".join(where)
+        super().__init__(f"{prefix}: {reason}" if prefix else reason)
+
+    def at_line(self, line: int) -> InvalidScenarioError:
+        """The same error, located at ``line``."""
+        return InvalidScenarioError(self.reason, field=self.field, line=line)
+
+
+# -- values ---------------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class ScenarioMemory:
+    """A memory to seed; ``principal``/``scope`` may differ from the scenario's (foreign)."""
+
+    id: str
+    text: str
+    principal: str
+    scope: str
+    created_at: float | None = None
+    cites: tuple[str, ...] = ()
+
+
+@attrs.frozen(kw_only=True)
+class ScenarioBelief:
+    """A belief held by a person (always of the scenario's principal and scope)."""
+
+    id: str
+    text: str
+    created_at: float | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ScenarioPerson:
+    """A person known to the scenario's principal, with what they believe."""
+
+    name: str
+    beliefs: tuple[ScenarioBelief, ...] = ()
+
+
+def _frozen_grades(value: Mapping[str, int]) -> Mapping[str, int]:
+    return types.MappingProxyType(dict(value))
+
+
+@attrs.frozen(kw_only=True)
+class Scenario:
+    """One evaluation scenario; build it with :meth:`from_json`.
+
+    ``relevant`` maps item ids (memories or beliefs) to their grade, 2 or 1. ``must_not`` are
+    ids that must never be retrieved. Ids are unique within a scenario (memories and beliefs
+    together), so an id names one item.
+    """
+
+    id: str
+    family: str
+    principal: str
+    scope: str
+    memories: tuple[ScenarioMemory, ...]
+    state: WorkingState
+    relevant: Mapping[str, int] = attrs.field(converter=_frozen_grades, hash=False)
+    people: tuple[ScenarioPerson, ...] = ()
+    must_not: tuple[str, ...] = ()
+
+    @property
+    def foreign_ids(self) -> frozenset[str]:
+        """Ids of the memories the scenario's principal may not see in its scope."""
+        return frozenset(
+            m.id for m in self.memories if (m.principal, m.scope) != (self.principal, self.scope)
+        )
+
+    @property
+    def essential(self) -> frozenset[str]:
+        """Ids graded 2 (needed for the next action)."""
+        return frozenset(i for i, grade in self.relevant.items() if grade == 2)
+
+    @classmethod
+    def from_json(
+        cls, line_or_mapping: str | bytes | Mapping[str, Any], *, line: int | None = None
+    ) -> Scenario:
+        """Parse one scenario from a JSON line (``str`` or UTF-8 ``bytes``) or a mapping.
+
+        Raises :class:`InvalidScenarioError` (naming ``line`` when given, and the field) for
+        text that is not UTF-8 or not JSON, duplicate or unknown keys, missing or mistyped
+        fields, non-finite numbers, grades other than 1 and 2, and incoherent ids.
+        """
+        try:
+            if isinstance(line_or_mapping, Mapping):
+                data: object = line_or_mapping
+            elif isinstance(line_or_mapping, (str, bytes, bytearray)):
+                data = _decode(line_or_mapping)
+            else:
+                raise InvalidScenarioError(
+                    f"a scenario is a JSON line or a mapping, got {type(line_or_mapping).__name__}"
+                )
+            return _scenario(data)
+        except InvalidScenarioError as exc:
+            if line is None or exc.line is not None:
+                raise
+            raise exc.at_line(line) from None
+
+
+def parse_scenarios(text: bytes | str, *, first_line: int = 1) -> list[Scenario]:
+    """Parse JSONL text: one scenario a non-blank line; scenario ids unique across it.
+
+    ``bytes`` are decoded line by line, so bytes that are not UTF-8 are reported with their
+    line number. A UTF-8 byte-order mark at the start is ignored.
+    """
+    raw_lines: list[bytes | str]
+    if isinstance(text, (bytes, bytearray)):
+        raw_lines = list(bytes(text).removeprefix(b"\xef\xbb\xbf").split(b"\n"))
+    elif isinstance(text, str):
+        raw_lines = list(text.removeprefix("\ufeff").split("\n"))
+    else:
+        raise TypeError(f"text must be bytes or str, got {type(text).__name__}")
+    scenarios: list[Scenario] = []
+    seen: dict[str, int] = {}
+    for number, raw in enumerate(raw_lines, start=first_line):
+        if not raw.strip():
+            continue
+        scenario = Scenario.from_json(raw, line=number)
+        if scenario.id in seen:
+            raise InvalidScenarioError(
+                f"scenario id {scenario.id!r} was already used on line {seen[scenario.id]}",
+                field="id",
+                line=number,
+            )
+        seen[scenario.id] = number
+        scenarios.append(scenario)
+    return scenarios
+
+
+def load_scenarios(path: str | os.PathLike[str]) -> list[Scenario]:
+    """Read a scenario file (JSONL, UTF-8); see :func:`parse_scenarios`.
+
+    Raises :class:`InvalidScenarioError` for a malformed line and ``OSError`` when the file
+    cannot be read.
+    """
+    with open(path, "rb") as file:
+        return parse_scenarios(file.read())
+
+
+# -- parsing --------------------------------------------------------------------------------------
+
+_SCENARIO_KEYS = ("id", "family", "principal", "scope", "memories", "state", "relevant")
+_SCENARIO_OPTIONAL = ("people", "must_not")
+_MEMORY_KEYS = ("id", "text", "principal", "scope")
+_MEMORY_OPTIONAL = ("created_at", "cites")
+_PERSON_KEYS = ("name",)
+_PERSON_OPTIONAL = ("beliefs",)
+_BELIEF_KEYS = ("id", "text")
+_BELIEF_OPTIONAL = ("created_at",)
+
+
+def _reject_constant(name: str) -> object:
+    raise InvalidScenarioError(f"{name} is not a JSON number")
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise InvalidScenarioError(f"duplicate key {key!r} in a JSON object")
+        result[key] = value
+    return result
+
+
+def _decode(raw: str | bytes | bytearray) -> object:
+    if isinstance(raw, (bytes, bytearray)):
+        try:
+            raw = bytes(raw).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidScenarioError(
+                f"not UTF-8 text: byte 0x{raw[exc.start]:02x} at offset {exc.start}"
+            ) from None
+    try:
+        return json.loads(
+            raw, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant
+        )
+    except json.JSONDecodeError as exc:
+        raise InvalidScenarioError(f"not valid JSON: {exc.msg} at column {exc.colno}") from None
+    except RecursionError:
+        raise InvalidScenarioError("not valid JSON: nested too deeply") from None
+
+
+def _object(
+    data: object, field: str, required: tuple[str, ...], optional: tuple[str, ...]
+) -> Mapping[str, Any]:
+    if not isinstance(data, Mapping):
+        raise InvalidScenarioError(
+            f"must be a JSON object, got {_json_type(data)}", field=field
+        )
+    unknown = sorted(str(key) for key in data if key not in required and key not in optional)
+    if unknown:
+        raise InvalidScenarioError(
+            f"unknown key(s) {', '.join(map(repr, unknown))}; expected "
+            f"{', '.join(required + optional)}",
+            field=field,
+        )
+    missing = [key for key in required if key not in data]
+    if missing:
+        raise InvalidScenarioError(
+            f"missing required key(s) {', '.join(map(repr, missing))}", field=field
+        )
+    return data
+
+
+def _json_type(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, Mapping):
+        return "an object"
+    if isinstance(value, (list, tuple)):
+        return "an array"
+    return type(value).__name__
+
+
+def _join(parent: str, key: str) -> str:
+    return f"{parent}.{key}" if parent else key
+
+
+def _text(value: object, field: str, *, key: bool = False) -> str:
+    if not isinstance(value, str):
+        raise InvalidScenarioError(f"must be a string, got {_json_type(value)}", field=field)
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidScenarioError(
+            f"not valid Unicode text: lone surrogate at index {exc.start}", field=field
+        ) from None
+    if key and not value.strip():
+        raise InvalidScenarioError("must not be empty", field=field)
+    return value
+
+
+def _array(value: object, field: str) -> list[Any]:
+    if not isinstance(value, (list, tuple)):
+        raise InvalidScenarioError(f"must be an array, got {_json_type(value)}", field=field)
+    return list(value)
+
+
+def _time(value: object, field: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidScenarioError(f"must be a number, got {_json_type(value)}", field=field)
+    if not math.isfinite(value):
+        raise InvalidScenarioError(f"must be finite, got {value!r}", field=field)
+    return float(value)
+
+
+def _memory(data: object, field: str) -> ScenarioMemory:
+    item = _object(data, field, _MEMORY_KEYS, _MEMORY_OPTIONAL)
+    cites = tuple(
+        _text(cite, f"{field}.cites[{i}]", key=True)
+        for i, cite in enumerate(_array(item.get("cites", []), f"{field}.cites"))
+    )
+    return ScenarioMemory(
+        id=_text(item["id"], f"{field}.id", key=True),
+        text=_text(item["text"], f"{field}.text"),
+        principal=_text(item["principal"], f"{field}.principal", key=True),
+        scope=_text(item["scope"], f"{field}.scope", key=True),
+        created_at=_time(item.get("created_at"), f"{field}.created_at"),
+        cites=cites,
+    )
+
+
+def _belief(data: object, field: str) -> ScenarioBelief:
+    item = _object(data, field, _BELIEF_KEYS, _BELIEF_OPTIONAL)
+    return ScenarioBelief(
+        id=_text(item["id"], f"{field}.id", key=True),
+        text=_text(item["text"], f"{field}.text"),
+        created_at=_time(item.get("created_at"), f"{field}.created_at"),
+    )
+
+
+def _person(data: object, field: str) -> ScenarioPerson:
+    item = _object(data, field, _PERSON_KEYS, _PERSON_OPTIONAL)
+    beliefs = _array(item.get("beliefs", []), f"{field}.beliefs")
+    return ScenarioPerson(
+        name=_text(item["name"], f"{field}.name", key=True),
+        beliefs=tuple(_belief(b, f"{field}.beliefs[{i}]") for i, b in enumerate(beliefs)),
+    )
+
+
+def _grades(data: object) -> dict[str, int]:
+    if not isinstance(data, Mapping):
+        raise InvalidScenarioError(
+            f"must be a JSON object of id to grade, got {_json_type(data)}", field="relevant"
+        )
+    grades: dict[str, int] = {}
+    for item_id, grade in data.items():
+        field = f"relevant.{item_id}"
+        _text(item_id, field, key=True)
+        if isinstance(grade, bool) or not isinstance(grade, int) or grade not in GRADES:
+            raise InvalidScenarioError(
+                f"grade must be 1 or 2, got {json.dumps(grade, ensure_ascii=False)}", field=field
+            )
+        grades[item_id] = grade
+    return grades
+
+
+def _state(data: object) -> WorkingState:
+    try:
+        return WorkingState.from_dict(data)  # type: ignore[arg-type]  # it checks the type
+    except (InvalidWorkingStateError, InvalidWorkingStateTypeError) as exc:
+        raise InvalidScenarioError(str(exc), field="state") from None
+
+
+def _scenario(data: object) -> Scenario:
+    top = _object(data, "", _SCENARIO_KEYS, _SCENARIO_OPTIONAL)
+    scenario_id = _text(top["id"], "id", key=True)
+    family = _text(top["family"], "family", key=True)
+    principal = _text(top["principal"], "principal", key=True)
+    scope = _text(top["scope"], "scope", key=True)
+    memories = tuple(
+        _memory(item, f"memories[{i}]")
+        for i, item in enumerate(_array(top["memories"], "memories"))
+    )
+    people = tuple(
+        _person(item, f"people[{i}]")
+        for i, item in enumerate(_array(top.get("people", []), "people"))
+    )
+    state = _state(top["state"])
+    relevant = _grades(top["relevant"])
+    must_not = tuple(
+        _text(item, f"must_not[{i}]", key=True)
+        for i, item in enumerate(_array(top.get("must_not", []), "must_not"))
+    )
+    _check_ids(principal, scope, memories, people, relevant, must_not)
+    return Scenario(
+        id=scenario_id,
+        family=family,
+        principal=principal,
+        scope=scope,
+        memories=memories,
+        state=state,
+        relevant=relevant,
+        people=people,
+        must_not=must_not,
+    )
+
+
+def _check_ids(
+    principal: str,
+    scope: str,
+    memories: tuple[ScenarioMemory, ...],
+    people: tuple[ScenarioPerson, ...],
+    relevant: Mapping[str, int],
+    must_not: tuple[str, ...],
+) -> None:
+    """Ids name one item each; relevance and prohibitions name items the scenario has."""
+    owners: dict[str, str] = {}
+    foreign: set[str] = set()
+    for index, memory in enumerate(memories):
+        field = f"memories[{index}].id"
+        if memory.id in owners:
+            raise InvalidScenarioError(
+                f"id {memory.id!r} is already used by {owners[memory.id]}", field=field
+            )
+        owners[memory.id] = f"memories[{index}]"
+        if (memory.principal, memory.scope) != (principal, scope):
+            foreign.add(memory.id)
+    names: dict[str, int] = {}
+    for p_index, person in enumerate(people):
+        key = " ".join(person.name.casefold().split())
+        if key in names:
+            raise InvalidScenarioError(
+                f"person {person.name!r} is already listed as people[{names[key]}]",
+                field=f"people[{p_index}].name",
+            )
+        names[key] = p_index
+        for b_index, belief in enumerate(person.beliefs):
+            field = f"people[{p_index}].beliefs[{b_index}].id"
+            if belief.id in owners:
+                raise InvalidScenarioError(
+                    f"id {belief.id!r} is already used by {owners[belief.id]}", field=field
+                )
+            owners[belief.id] = f"people[{p_index}].beliefs[{b_index}]"
+    for item_id in relevant:
+        field = f"relevant.{item_id}"
+        if item_id not in owners:
+            raise InvalidScenarioError(f"no memory or belief has id {item_id!r}", field=field)
+        if item_id in foreign:
+            raise InvalidScenarioError(
+                f"{item_id!r} belongs to another principal or scope and can never be retrieved",
+                field=field,
+            )
+    for index, item_id in enumerate(must_not):
+        field = f"must_not[{index}]"
+        if item_id not in owners:
+            raise InvalidScenarioError(f"no memory or belief has id {item_id!r}", field=field)
+        if item_id in relevant:
+            raise InvalidScenarioError(f"{item_id!r} is also graded relevant", field=field)
