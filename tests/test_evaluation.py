@@ -237,6 +237,18 @@ async def test_task_context_helps_continuation_on_the_sparse_arm(report: Report)
     assert anaphoric[1].recall_at_k > anaphoric[0].recall_at_k
 
 
+async def test_task_context_does_not_rank_self_contained_requests_worse(
+    report: Report,
+) -> None:
+    # The request leads the task-context query, and the ranking lets fragment order count,
+    # so enrichment does not push a self-contained request's own answer down (sparse arm).
+    for family in ("self_contained", "topic_switch"):
+        baseline = report.cell("baseline", "sparse", family=family)
+        task_context = report.cell("task_context", "sparse", family=family)
+        assert baseline.ndcg_at_k is not None and task_context.ndcg_at_k is not None
+        assert task_context.ndcg_at_k >= baseline.ndcg_at_k, family
+
+
 async def test_no_forbidden_or_foreign_evidence_in_any_cell(report: Report) -> None:
     assert {(c.strategy, c.arm) for c in report.overall} == {
         (c.strategy.value, c.arm.value) for c in DEFAULT_CELLS

@@ -23,6 +23,7 @@ import attrs
 from plugin.control import AttemptKind, Permit, RecallBudgetExceeded
 
 from .fts import remove_lone_surrogates
+from .planning import QueryStrategy
 from .preparation import PreparedRecall
 from .store import Evidence, MemoryStore
 
@@ -184,6 +185,26 @@ def fuse(arms: Iterable[Sequence[Evidence]], *, k: int = RRF_K) -> list[Evidence
     return [attrs.evolve(first[key], score=scores[key]) for key in order]
 
 
+def by_fragment_priority(
+    evidence: Sequence[Evidence], fragments: Sequence[str]
+) -> list[Evidence]:
+    """``evidence`` reordered by the earliest query fragment each item shares a word with.
+
+    The planner orders fragments by priority (the request first, then the next action, ...);
+    this ranking lets that order count without forming a second query. Items that share no
+    word with any fragment keep their order at the end.
+    """
+    fragment_terms = [frozenset(content_terms(fragment)) for fragment in fragments]
+
+    def first_hit(item: Evidence) -> int:
+        words = frozenset(query_terms(item.text))
+        return next(
+            (i for i, terms in enumerate(fragment_terms) if terms & words), len(fragment_terms)
+        )
+
+    return sorted(evidence, key=first_hit)  # stable: ties keep the fused order
+
+
 def render(evidence: Sequence[Evidence], caps: ContextCaps) -> Rendered:
     """Render whole evidence lines within ``caps``; an item that does not fit is left out."""
     lines: list[str] = []
@@ -276,6 +297,9 @@ class MemoryRetriever:
                     ranked.append(recent)
                 arms.append("recent")
             evidence = fuse(ranked)
+            if query.strategy is QueryStrategy.TASK_CONTEXT and evidence:
+                # Its fragments are in priority order; the baseline's ranking stays unchanged.
+                evidence = fuse([evidence, by_fragment_priority(evidence, query.fragments)])
             if nested_beliefs and people:
                 try:
                     belief_slot, beliefs = await self.read_beliefs(
