@@ -57,8 +57,11 @@ class InvalidSearchCallError(RecallboundError, ValueError):
 
 
 def _trusted(name: str, value: object) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise TypeError(f"{name} must be a non-empty str from the trusted runtime")
+    """A trusted runtime argument (scope, principal): never taken from the model or the text."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str from the trusted runtime, got {type(value)!r}")
+    if not value.strip():
+        raise ValueError(f"{name} must not be empty")
     return value
 
 

@@ -434,3 +434,19 @@ async def test_a_paid_belief_read_is_not_crowded_out_by_the_cap(hooks: RecallHoo
     assert context.slots == (1, 2)
     assert len(context.evidence) == hooks.caps.max_items
     assert "b-priya" in {item.id for item in context.evidence}
+
+
+@pytest.mark.parametrize(("scope", "error"), [("", ValueError), ("  ", ValueError),
+                                              (None, TypeError), (3, TypeError)])
+async def test_trusted_arguments_are_checked_before_anything_is_reserved(
+    hooks: RecallHooks, scope: object, error: type[Exception]
+) -> None:
+    with pytest.raises(error, match="scope"):
+        await hooks.prepare(STATE, run_id="r", scope=scope, principal=PRINCIPAL)  # type: ignore[arg-type]
+    with pytest.raises(error, match="scope"):
+        await hooks.dispatch(_calls("cutover"), run_id="r", scope=scope,  # type: ignore[arg-type]
+                             principal=PRINCIPAL)
+    with pytest.raises(TypeError, match="WorkingState"):
+        await hooks.prepare({"current_request": "x"}, run_id="r", scope=SCOPE,  # type: ignore[arg-type]
+                            principal=PRINCIPAL)
+    assert await _usage(hooks, "r") == (0, 0, 0, 0)
