@@ -216,3 +216,35 @@ async def test_many_tasks_share_one_ledger_connection(
     for i in range(40):
         usage = await ledger.usage(f"run-{i}")
         assert (usage.rounds, usage.reserved, usage.executed) == (1, 2, 1)
+
+
+async def test_worker_thread_attempt_outliving_its_phase_writes_its_final_trace(
+    ledger: SqliteLedger, clock: ManualClock
+) -> None:
+    allowance = RecallAllowance(ledger, clock=clock)
+    started, release = threading.Event(), threading.Event()
+    late: list[object] = []
+
+    def tool() -> None:
+        permit = current_permit()
+        assert permit is not None
+        with permit.attempt_sync():
+            started.set()
+            release.wait()
+        try:  # after the phase: refused, and the refusal is written too
+            with permit.attempt_sync():
+                late.append("searched")
+        except RecallBudgetExceeded as exc:
+            late.append(exc.refusal.reason)
+
+    async with anyio.create_task_group() as outer:
+        async with allowance.round("r", RoundKind.AUTOMATIC):
+            outer.start_soon(anyio.to_thread.run_sync, tool)
+            await anyio.to_thread.run_sync(started.wait)
+        (trace,) = await ledger.attempts("r")
+        assert trace.outcome is AttemptOutcome.IN_FLIGHT
+        release.set()
+    (trace,) = await ledger.attempts("r")
+    assert trace.outcome is AttemptOutcome.OK
+    assert late == [RefusalReason.CLOSED]
+    assert [r.reason for r in await ledger.refusals("r")] == [RefusalReason.CLOSED]

@@ -25,6 +25,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 import anyio
+import anyio.from_thread
 import attrs
 
 from .clock import Clock
@@ -304,6 +305,17 @@ class Permit:
             with anyio.CancelScope(shield=True):
                 await self._ledger.record(traces, refusals)
 
+    def _flush_from_thread(self) -> None:
+        """After the phase, write what a worker thread recorded, if it can reach the loop.
+
+        Only an anyio worker thread (``to_thread.run_sync``) can; from any other thread the
+        record stays buffered (an attempt keeps its ``in_flight`` trace).
+        """
+        if not self._flushed:
+            return  # the phase will write it
+        with contextlib.suppress(RuntimeError):  # not an anyio worker thread, or no loop
+            anyio.from_thread.run(self.flush)
+
     async def _finish_phase(self) -> None:
         """Close, then persist what the phase recorded. Later records are written as they come."""
         self.close()
@@ -421,7 +433,11 @@ class Attempt:
     def __enter__(self) -> int:
         if not self._sync:
             raise TypeError("use `async with permit.attempt()`, or permit.attempt_sync()")
-        return self._begin()
+        try:
+            return self._begin()
+        except RecallBudgetExceeded:
+            self._permit._flush_from_thread()
+            raise
 
     def __exit__(
         self,
@@ -431,3 +447,4 @@ class Attempt:
     ) -> None:
         outcome = AttemptOutcome.OK if exc is None else AttemptOutcome.ERROR
         self._permit._trace(self._record(outcome))
+        self._permit._flush_from_thread()
