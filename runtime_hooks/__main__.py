@@ -14,7 +14,9 @@ from .demo import run_demo
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="recallbound", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="recallbound", description="Bounded, durable memory recall for agent runtimes."
+    )
     commands = parser.add_subparsers(dest="command")
     demo = commands.add_parser("demo", help="run the scripted end-to-end demo")
     demo.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
