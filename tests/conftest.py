@@ -1,12 +1,22 @@
 """Project-wide test settings.
 
-Each async test module defines its own ``anyio_backend`` fixture (both loops; trio with a
-MockClock where no worker thread is involved). pytest-trio's ``trio_mode`` stays off.
+Every async test runs on asyncio and trio: ``anyio_backend`` below is the default (real time,
+since the SQLite drivers use worker threads); modules with no worker thread override it with
+``_loops.VIRTUAL_TIME_LOOPS`` (trio's MockClock). pytest-trio's ``trio_mode`` stays off.
 """
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, settings
+
+from ._loops import LOOPS
+
+
+@pytest.fixture(params=LOOPS)
+def anyio_backend(request: pytest.FixtureRequest) -> object:
+    return request.param
+
 
 # Property tests check invariants, not speed: a loaded 2-core CI machine must not fail them
 # on hypothesis' per-example deadline.

@@ -33,10 +33,6 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "scenarios.jsonl"
 
 
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request: pytest.FixtureRequest) -> object:
-    return request.param
-
 
 def _scenario(**changes: Any) -> dict[str, Any]:
     data: dict[str, Any] = {

@@ -36,10 +36,6 @@ pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request: pytest.FixtureRequest) -> object:
-    return request.param
-
 
 @pytest.fixture
 def clock() -> ManualClock:

@@ -56,10 +56,6 @@ LEDGER_KINDS = ["sqlite"]
 """Every ledger implementation the contract runs against."""
 
 
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request: pytest.FixtureRequest) -> object:
-    return request.param
-
 
 def _make_ledger(kind: str, tmp_path: Path, **options: Any) -> Any:
     """An unopened ledger of ``kind`` over the test's store (the same store on every call)."""

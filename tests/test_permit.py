@@ -25,17 +25,14 @@ from plugin import (
 from plugin.control import AttemptOutcome, bind_permits
 
 from ._fakes import MemoryLedger
+from ._loops import VIRTUAL_TIME_LOOPS
 
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture(
-    params=[
-        pytest.param("asyncio", id="asyncio"),
-        pytest.param(("trio", {"clock": trio.testing.MockClock(autojump_threshold=0)}), id="trio"),
-    ]
-)
+@pytest.fixture(params=VIRTUAL_TIME_LOOPS)
 def anyio_backend(request: pytest.FixtureRequest) -> object:
+    """Both loops; trio on an autojumping MockClock (no worker threads here)."""
     return request.param
 
 

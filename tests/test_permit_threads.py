@@ -29,10 +29,6 @@ from plugin.control import AttemptOutcome
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request: pytest.FixtureRequest) -> object:
-    return request.param
-
 
 @pytest.fixture
 async def ledger(tmp_path: Path) -> AsyncIterator[SqliteLedger]:

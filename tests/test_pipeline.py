@@ -31,10 +31,6 @@ pytestmark = pytest.mark.anyio
 P, S = "ana", "atlas"
 
 
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request: pytest.FixtureRequest) -> object:
-    return request.param
-
 
 @pytest.fixture
 async def env(tmp_path: Path) -> AsyncIterator[tuple[MemoryStore, RecallAllowance]]:

@@ -8,7 +8,6 @@ import re
 import anyio
 import attrs
 import pytest
-import trio.testing
 
 from plugin.errors import InvalidWorkingStateTypeError
 from plugin.memory.planning import (
@@ -21,16 +20,14 @@ from plugin.memory.planning import (
 )
 from plugin.memory.state import Fact, Task, WorkingState
 
+from ._loops import VIRTUAL_TIME_LOOPS
+
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture(
-    params=[
-        pytest.param("asyncio"),
-        pytest.param(("trio", {"clock": trio.testing.MockClock(autojump_threshold=0)}), id="trio"),
-    ]
-)
+@pytest.fixture(params=VIRTUAL_TIME_LOOPS)
 def anyio_backend(request: pytest.FixtureRequest) -> object:
+    """Both loops; trio on an autojumping MockClock (no worker threads here)."""
     return request.param
 
 

@@ -9,7 +9,6 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 import pytest
-import trio.testing
 
 from plugin.memory.embedding import EmbeddingAdapter
 from plugin.memory.planning import (
@@ -28,16 +27,14 @@ from plugin.memory.preparation import (
 )
 from plugin.memory.state import Fact, Task, WorkingState
 
+from ._loops import VIRTUAL_TIME_LOOPS
+
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture(
-    params=[
-        pytest.param("asyncio"),
-        pytest.param(("trio", {"clock": trio.testing.MockClock(autojump_threshold=0)}), id="trio"),
-    ]
-)
+@pytest.fixture(params=VIRTUAL_TIME_LOOPS)
 def anyio_backend(request: pytest.FixtureRequest) -> object:
+    """Both loops; trio on an autojumping MockClock (no worker threads here)."""
     return request.param
 
 

@@ -74,11 +74,6 @@ HOSTILE = [
 ]
 
 
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
 @pytest.fixture
 def clock() -> ManualClock:
     return ManualClock(wall=1_000.0)
