@@ -530,6 +530,13 @@ async def test_a_ledger_in_a_missing_folder_fails_at_open(
         await ledger.usage("run")
 
 
+async def test_a_folder_is_not_a_ledger_file(anyio_backend: object, tmp_path: Path) -> None:
+    with pytest.raises(LedgerPathError, match="is a folder"):
+        async with SqliteLedger(tmp_path):
+            pass
+    assert list(tmp_path.iterdir()) == []
+
+
 async def test_random_bytes_are_a_corrupt_ledger(anyio_backend: object, tmp_path: Path) -> None:
     path = tmp_path / "ledger.sqlite3"
     path.write_bytes(random.Random(20240601).randbytes(16384))

@@ -10,12 +10,10 @@ reservation and re-grant a slot whose search already ran, hence FULL.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -126,7 +124,7 @@ def _translate(exc: BaseException, path: str) -> LedgerError:
         return LedgerLockedError(f"ledger {path!r} stayed locked beyond its busy timeout: {exc}")
     if _sqlite.is_corrupt(exc):
         return LedgerCorruptError(f"ledger {path!r} is not a readable SQLite database: {exc}")
-    if isinstance(exc, sqlite3.OperationalError) and "unable to open" in str(exc):
+    if _sqlite.is_cantopen(exc):
         return LedgerPathError(f"cannot open ledger {path!r}: {exc}")
     return LedgerError(f"ledger {path!r} failed: {exc}")
 
@@ -176,10 +174,9 @@ class SqliteLedger:
         """Connect, switch to WAL and create the schema (idempotent across processes)."""
         if self._conn is not None:
             return
-        if self._path != ":memory:" and not self._path.startswith("file:"):
-            parent = Path(self._path).resolve().parent  # noqa: ASYNC240 (one stat, at open)
-            if not parent.is_dir():
-                raise LedgerPathError(f"ledger folder {str(parent)!r} does not exist")
+        problem = await _sqlite.path_problem(self._path)
+        if problem is not None:
+            raise LedgerPathError(f"ledger {self._path!r}: {problem}")
         try:
             conn = await _sqlite.connect(self._path, timeout=self._timeout)
         except (sqlite3.Error, OSError) as exc:
@@ -271,27 +268,13 @@ class SqliteLedger:
 
     @asynccontextmanager
     async def _write(self) -> AsyncIterator[_sqlite.Connection]:
-        """``BEGIN IMMEDIATE`` … ``COMMIT``, serialized, shielded from cancellation.
-
-        sqlite3 errors are translated; on any error the transaction is rolled back.
-        """
+        """One shielded ``BEGIN IMMEDIATE`` transaction; ``sqlite3`` errors translated."""
         conn = self._connection()
-        with anyio.CancelScope(shield=True):
-            async with self._lock:
-                try:
-                    await conn.fetchall("BEGIN IMMEDIATE")
-                except sqlite3.Error as exc:
-                    raise _translate(exc, self._path) from exc
-                try:
-                    yield conn
-                    await conn.fetchall("COMMIT")
-                except BaseException as exc:
-                    # The connection may already have rolled back (or be gone): report the cause.
-                    with contextlib.suppress(sqlite3.Error):
-                        await conn.fetchall("ROLLBACK")
-                    if isinstance(exc, sqlite3.Error):
-                        raise _translate(exc, self._path) from exc
-                    raise
+        try:
+            async with _sqlite.immediate(conn, self._lock) as active:
+                yield active
+        except sqlite3.Error as exc:
+            raise _translate(exc, self._path) from exc
 
     async def reserve(
         self,

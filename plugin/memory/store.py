@@ -27,7 +27,17 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
-from ..control._sqlite import Connection, Params, Row, connect, is_corrupt, is_locked
+from ..control._sqlite import (
+    Connection,
+    Params,
+    Row,
+    connect,
+    immediate,
+    is_cantopen,
+    is_corrupt,
+    is_locked,
+    path_problem,
+)
 from ..control.clock import Clock
 from ..errors import MemoryStoreError
 from .embedding import EmbeddingAdapter
@@ -278,7 +288,6 @@ CREATE TABLE IF NOT EXISTS sources (
 COMMIT;
 """
 
-_SQLITE_CANTOPEN = 14  # sqlite3.SQLITE_CANTOPEN exists only from Python 3.11
 
 _MEMORY_COLUMNS = "m.id, m.text, m.principal, m.scope, m.created_at, m.cites"
 
@@ -307,13 +316,6 @@ def _memory(row: Row, *, score: float, arm: Arm) -> Evidence:
         created_at=float(row[4]),
         cites=_decode_cites(row[5]),
     )
-
-
-def _cantopen(exc: sqlite3.Error) -> bool:
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code is not None and code & 0xFF == _SQLITE_CANTOPEN:
-        return True
-    return "unable to open" in str(exc)
 
 
 # -- the store ----------------------------------------------------------------------------------
@@ -379,18 +381,9 @@ class MemoryStore:
         return self
 
     async def _check_path(self) -> None:
-        """Refuse a missing folder or a folder as the file before SQLite tries to open it.
-
-        Besides a clearer message, this avoids a failed ``aiosqlite.connect``, whose worker
-        thread may call back into an event loop that has closed meanwhile.
-        """
-        if self._path == ":memory:" or self._path.startswith("file:"):
-            return
-        path = anyio.Path(self._path)
-        if await path.is_dir():
-            raise MemoryStorePathError(f"memory store {self._path!r} is a folder, not a file")
-        if not await path.parent.is_dir():
-            raise MemoryStorePathError(f"memory store {self._path!r}: its folder does not exist")
+        problem = await path_problem(self._path)
+        if problem is not None:
+            raise MemoryStorePathError(f"memory store {self._path!r}: {problem}")
 
     async def _prepare(self, conn: Connection) -> None:
         """Check that the file is empty or ours, then switch to WAL and create the schema.
@@ -450,7 +443,7 @@ class MemoryStore:
             return MemoryStoreLockedError(f"{where} stayed locked beyond {self._timeout}s: {exc}")
         if is_corrupt(exc):
             return MemoryStoreCorruptError(f"{where} is not a database or is damaged: {exc}")
-        if _cantopen(exc):
+        if is_cantopen(exc):
             return MemoryStorePathError(f"{where} cannot be opened (does its folder exist?)")
         if isinstance(exc, sqlite3.IntegrityError):
             return MemoryConflictError(f"{where}: an item with this id already exists ({exc})")
@@ -480,19 +473,13 @@ class MemoryStore:
         """Run ``statements`` (each with its parameter sets) in one shielded transaction."""
         conn = self._connection()
         assert self._write_lock is not None
-        async with self._write_lock:
-            with anyio.CancelScope(shield=True):
-                try:
-                    await conn.fetchall("BEGIN IMMEDIATE")
-                    for sql, rows in statements:
-                        if rows:
-                            await conn.executemany(sql, rows)
-                    await conn.fetchall("COMMIT")
-                except BaseException as exc:
-                    await self._rollback(conn)
-                    if isinstance(exc, sqlite3.Error):
-                        raise self._error(exc) from exc
-                    raise
+        try:
+            async with immediate(conn, self._write_lock):
+                for sql, rows in statements:
+                    if rows:
+                        await conn.executemany(sql, rows)
+        except sqlite3.Error as exc:
+            raise self._error(exc) from exc
 
     def _created_at(self, value: float | None) -> float:
         if value is not None:

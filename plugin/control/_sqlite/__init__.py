@@ -8,15 +8,17 @@ transactions are explicit (``BEGIN IMMEDIATE`` … ``COMMIT``).
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeAlias
 
+import anyio
 import sniffio
 
 # Primary result codes (sqlite3 exposes them as names only from Python 3.11 on).
-_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_CORRUPT, _SQLITE_NOTADB = 5, 6, 11, 26
+_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_CORRUPT, _SQLITE_CANTOPEN, _SQLITE_NOTADB = 5, 6, 11, 14, 26
 
 Params: TypeAlias = "Sequence[Any] | Mapping[str, Any]"
 Row: TypeAlias = "tuple[Any, ...]"
@@ -82,3 +84,46 @@ def is_corrupt(exc: BaseException) -> bool:
     """Whether ``exc`` says the file is not a database or its pages are damaged."""
     return _matches(exc, sqlite3.DatabaseError, (_SQLITE_NOTADB, _SQLITE_CORRUPT),
                     ("not a database", "malformed"))
+
+
+def is_cantopen(exc: BaseException) -> bool:
+    """Whether ``exc`` says SQLite could not open the file."""
+    return _matches(exc, sqlite3.OperationalError, (_SQLITE_CANTOPEN,), ("unable to open",))
+
+
+async def path_problem(path: str) -> str | None:
+    """Why ``path`` cannot be a database file (a folder, or in a missing folder), or None.
+
+    Checked before SQLite opens it: a clearer message, and no failed ``aiosqlite.connect``
+    whose worker thread may call back into an event loop that has closed meanwhile.
+    """
+    if path == ":memory:" or path.startswith("file:"):
+        return None
+    candidate = anyio.Path(path)
+    if await candidate.is_dir():
+        return "is a folder, not a file"
+    if not await (await candidate.absolute()).parent.is_dir():
+        return "its folder does not exist"
+    return None
+
+
+@contextlib.asynccontextmanager
+async def immediate(conn: Connection, lock: anyio.Lock) -> AsyncIterator[Connection]:
+    """``BEGIN IMMEDIATE`` … ``COMMIT`` on ``conn``, one task at a time, shielded.
+
+    ``lock`` serializes the tasks sharing ``conn`` (a transaction must never interleave with
+    another task's statements). Once begun, the transaction is shielded from cancellation: a
+    task cancelled between ``BEGIN IMMEDIATE`` and ``COMMIT`` would leave the write lock held.
+    Any error rolls back and propagates unchanged (callers translate ``sqlite3`` errors).
+    """
+    async with lock:
+        with anyio.CancelScope(shield=True):
+            await conn.fetchall("BEGIN IMMEDIATE")
+            try:
+                yield conn
+                await conn.fetchall("COMMIT")
+            except BaseException:
+                # The connection may already have rolled back (or be gone): report the cause.
+                with contextlib.suppress(sqlite3.Error):
+                    await conn.fetchall("ROLLBACK")
+                raise
