@@ -481,6 +481,14 @@ class MemoryStore:
         except sqlite3.Error as exc:
             raise self._error(exc) from exc
 
+    def _item_row(
+        self, id: str, text: str, principal: str, scope: str, created_at: float | None
+    ) -> tuple[str, str, str, str, float]:
+        """``(principal, scope, id, text, created_at)``, checked: a correction's or a source's."""
+        for field, value in (("id", id), ("principal", principal), ("scope", scope)):
+            _check_key(value, field)
+        return (principal, scope, id, _text(text), self._created_at(_optional_time(created_at)))
+
     def _created_at(self, value: float | None) -> float:
         if value is not None:
             return value
@@ -666,10 +674,8 @@ class MemoryStore:
         supersedes: Iterable[str] = (),
     ) -> None:
         """Store an active correction notice; those it ``supersedes`` stop being current."""
-        for field, value in (("id", id), ("principal", principal), ("scope", scope)):
-            _check_key(value, field)
+        row = self._item_row(id, text, principal, scope, created_at)
         replaced = _check_ids(supersedes, "supersedes")
-        row = (principal, scope, id, _text(text), self._created_at(_optional_time(created_at)))
         await self._write(
             [
                 (
@@ -695,9 +701,7 @@ class MemoryStore:
         created_at: float | None = None,
     ) -> None:
         """Store a source document that memories may cite."""
-        for field, value in (("id", id), ("principal", principal), ("scope", scope)):
-            _check_key(value, field)
-        row = (principal, scope, id, _text(text), self._created_at(_optional_time(created_at)))
+        row = self._item_row(id, text, principal, scope, created_at)
         await self._write(
             [
                 (
