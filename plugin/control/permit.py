@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import math
 import sys
 import threading
 import uuid
@@ -178,10 +177,8 @@ class Permit:
 
     def seconds_left(self) -> float:
         """Seconds until the permit expires; never negative (``inf`` for a legacy permit)."""
-        if self.legacy:
-            return math.inf
         by_wall = self._deadline_wall - self._wall()
-        by_worker = self._left_at_issue - (self._monotonic() - self._issued_mono)
+        by_worker = self._mono_deadline - self._monotonic()
         return max(0.0, min(by_wall, by_worker))
 
     def expired(self) -> bool:
@@ -397,9 +394,8 @@ class Attempt:
             if self._permit._flushed:
                 await self._permit.flush()
             raise
-        left = self._permit.seconds_left()
         self._scope = anyio.CancelScope(
-            deadline=math.inf if math.isinf(left) else anyio.current_time() + left
+            deadline=anyio.current_time() + self._permit.seconds_left()  # inf for legacy
         )
         self._scope.__enter__()
         return slot

@@ -259,7 +259,6 @@ class MemoryRetriever:
         caps: ContextCaps,
         nested_beliefs: bool,
     ) -> SearchOutcome:
-        prepared.check()  # one former, one fingerprint: semantic and retrieval agree
         query = prepared.query
         principal, scope = _trusted(query.principal, query.scope)
         store = self.store
