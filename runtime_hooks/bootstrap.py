@@ -33,7 +33,8 @@ class Semantic(enum.Enum):
     WORDLLAMA = "wordllama"
     """The packaged WordLlama model (the ``semantic`` extra), loaded offline."""
     HASHING = "hashing"
-    """A deterministic hashing embedding (tests and demos without the extra)."""
+    """A deterministic hashing embedding sized like WordLlama (tests and demos without the
+    extra)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -63,7 +64,7 @@ def load_embedding(choice: Semantic) -> EmbeddingAdapter | None:
     if choice is Semantic.HASHING:
         from plugin.memory.testing import HashingEmbedding
 
-        return HashingEmbedding()
+        return HashingEmbedding.like_wordllama()
     return None
 
 

@@ -20,6 +20,7 @@ from plugin.control import Clock
 from plugin.memory.planning import QueryStrategy
 from plugin.memory.state import Fact, Task, WorkingState
 from plugin.memory.store import MemoryRecord, MemoryStore
+from plugin.memory.wordllama_adapter import available as wordllama_available
 
 from .bootstrap import RecallConfig, Semantic, load_embedding, open_hooks
 from .hooks import PreparedContext, RecallHooks, ToolCall
@@ -211,7 +212,7 @@ async def run_demo(
 ) -> None:
     """Run the whole demo, printing through ``out``."""
     if semantic is None:
-        semantic = Semantic.WORDLLAMA if _has_wordllama() else Semantic.NONE
+        semantic = Semantic.WORDLLAMA if wordllama_available() else Semantic.NONE
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(data_dir) if data_dir is not None else Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
@@ -229,10 +230,3 @@ async def run_demo(
             await _parallel(out, hooks)
             await _usage(out, hooks, ["compare-baseline", "compare-task_context", "parallel"])
 
-
-def _has_wordllama() -> bool:
-    try:
-        import wordllama  # noqa: F401
-    except ImportError:
-        return False
-    return True

@@ -453,3 +453,13 @@ async def test_trusted_arguments_are_checked_before_anything_is_reserved(
         await hooks.prepare({"current_request": "x"}, run_id="r", scope=SCOPE,  # type: ignore[arg-type]
                             principal=PRINCIPAL)
     assert await _usage(hooks, "r") == (0, 0, 0, 0)
+
+
+def test_the_hashing_stand_in_reads_as_many_tokens_as_the_model() -> None:
+    from plugin.memory.wordllama_adapter import WORDLLAMA_TOKEN_LIMIT
+    from runtime_hooks.bootstrap import load_embedding
+
+    adapter = load_embedding(Semantic.HASHING)
+    assert adapter is not None
+    assert adapter.token_limit == WORDLLAMA_TOKEN_LIMIT
+    assert adapter.dimensions == 256

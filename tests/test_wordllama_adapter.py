@@ -119,3 +119,18 @@ async def test_a_store_with_wordllama_ranks_paraphrases(
             found = await store.semantic_candidates(vector, limit=5, **ME)
             assert found[0].id == expected, (question, [(e.id, e.score) for e in found])
             assert len(found) == 5
+
+
+def test_availability_check_imports_nothing() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import logging, sys\n"
+        "from plugin.memory.wordllama_adapter import available\n"
+        "handlers = list(logging.getLogger().handlers)\n"
+        "print(available(), 'wordllama' in sys.modules, logging.getLogger().handlers == handlers)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True)
+    assert result.stdout.split() == ["True", "False", "True"]

@@ -111,19 +111,21 @@ def default_embedding() -> EmbeddingAdapter:
 
     The hashing fallback reads 256 tokens, like WordLlama, so the same queries are embedded.
     """
-    try:
-        from plugin.memory.wordllama_adapter import WordLlamaAdapter
+    from plugin.memory import wordllama_adapter
 
-        return WordLlamaAdapter.load()
-    except (ImportError, FileNotFoundError):
-        return hashing_embedding()
+    if wordllama_adapter.available():
+        try:
+            return wordllama_adapter.WordLlamaAdapter.load()
+        except FileNotFoundError:  # installed without its model files
+            pass
+    return hashing_embedding()
 
 
 def hashing_embedding() -> EmbeddingAdapter:
     """The deterministic hashing adapter, sized like WordLlama (256 dimensions, 256 tokens)."""
     from plugin.memory.testing import HashingEmbedding
 
-    return HashingEmbedding(dimensions=256, token_limit=256)
+    return HashingEmbedding.like_wordllama()
 
 
 # -- results --------------------------------------------------------------------------------------

@@ -36,6 +36,12 @@ class HashingEmbedding:
     dimensions: int = attrs.field(default=64, validator=_positive)
     token_limit: int = attrs.field(default=64, validator=_positive)
 
+    @classmethod
+    def like_wordllama(cls) -> HashingEmbedding:
+        """Sized like the packaged model (256 dimensions, 256 tokens), so a stand-in for it
+        embeds the same queries rather than withholding the longer ones."""
+        return cls(dimensions=256, token_limit=256)
+
     @property
     def name(self) -> str:
         return f"hashing-blake2b-{self.dimensions}"

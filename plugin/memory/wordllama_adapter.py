@@ -8,6 +8,7 @@ importing :mod:`plugin` never imports it.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import sys
 from collections.abc import Sequence
@@ -31,6 +32,11 @@ WORDLLAMA_TOKEN_LIMIT = 256
 _CONFIG = "l2_supercat"
 _NATIVE_DIMENSIONS = 256
 _DIMENSIONS = (64, 128, 256)  # the Matryoshka truncations of the packaged 256-d weights
+
+
+def available() -> bool:
+    """Whether the ``semantic`` extra (wordllama) is installed; imports nothing."""
+    return "wordllama" in sys.modules or importlib.util.find_spec("wordllama") is not None
 
 
 def _import_wordllama() -> Any:
