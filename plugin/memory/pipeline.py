@@ -12,7 +12,6 @@ one over the reference :class:`~plugin.memory.store.MemoryStore`, chosen by the 
 
 from __future__ import annotations
 
-import enum
 import re
 import unicodedata
 from collections.abc import Iterable, Sequence
@@ -52,19 +51,6 @@ class ContextCaps:
     beliefs_per_person: int = attrs.field(default=3, validator=_positive)
 
 
-class Stage(enum.Enum):
-    """The stages of one attempt, in order (for degradation notes and tests)."""
-
-    PEOPLE = "people"
-    SPARSE = "sparse"
-    SEMANTIC = "semantic"
-    RECENT = "recent"
-    RANKING = "ranking"
-    BELIEFS = "beliefs"
-    RENDERING = "rendering"
-    SOURCES = "sources"
-
-
 @attrs.frozen(kw_only=True)
 class Rendered:
     """Evidence rendered under the context caps, and what was left out."""
@@ -77,9 +63,9 @@ class Rendered:
 
 @attrs.frozen(kw_only=True)
 class SearchOutcome:
-    """What one attempt found. ``slot`` is None when the attempt was skipped (no slot taken)."""
+    """What one attempt found, and the slot it took."""
 
-    slot: int | None
+    slot: int
     kind: AttemptKind
     fingerprint: str
     evidence: tuple[Evidence, ...]
@@ -90,10 +76,6 @@ class SearchOutcome:
     notes: tuple[str, ...] = ()
     """Degradations: an arm skipped or withheld, a nested read refused, a source not read."""
     belief_slot: int | None = None
-
-    @property
-    def skipped(self) -> bool:
-        return self.slot is None
 
 
 @runtime_checkable

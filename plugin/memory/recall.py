@@ -77,7 +77,6 @@ async def automatic_round(
                 base = await retriever.search(
                     prepared, permit, kind=AttemptKind.BASE, caps=caps, nested_beliefs=False
                 )
-                assert base.slot is not None
                 slots.append(base.slot)
                 ranked = list(base.evidence)
                 notes.extend(base.notes)
