@@ -17,6 +17,7 @@ from pathlib import Path
 import attrs
 
 from plugin.control import Clock
+from plugin.memory.embedding import EmbeddingAdapter
 from plugin.memory.planning import QueryStrategy
 from plugin.memory.state import Fact, Task, WorkingState
 from plugin.memory.store import MemoryRecord, MemoryStore
@@ -108,7 +109,12 @@ def _show_context(out: Callable[[str], None], context: PreparedContext) -> None:
     _say(out, context.render() or "(nothing)", 4)
 
 
-async def _compare(out: Callable[[str], None], config: RecallConfig, clock: Clock | None) -> None:
+async def _compare(
+    out: Callable[[str], None],
+    config: RecallConfig,
+    clock: Clock | None,
+    embedding: EmbeddingAdapter | None,
+) -> None:
     _heading(out, "1. The user says \"Continue\": baseline vs task_context")
     _say(out, f"working state: next action = {STATE.next_action!r}")
     _say(out, f"               unfinished  = {[t.text for t in STATE.tasks if not t.done]}")
@@ -118,7 +124,7 @@ async def _compare(out: Callable[[str], None], config: RecallConfig, clock: Cloc
 
     for strategy in (QueryStrategy.BASELINE, QueryStrategy.TASK_CONTEXT):
         cfg = attrs.evolve(config, query_planning=strategy, admission=admitted)
-        async with open_hooks(cfg, clock=clock) as hooks:
+        async with open_hooks(cfg, clock=clock, embedding=embedding) as hooks:
             with hooks.bind_run():
                 context = await hooks.prepare(
                     STATE, run_id=f"compare-{strategy.value}", scope=SCOPE, principal=PRINCIPAL
@@ -225,7 +231,7 @@ async def run_demo(
         async with open_hooks(config, clock=clock, embedding=embedding) as hooks:
             store = hooks.retriever.store  # type: ignore[attr-defined]
             await seed(store)
-        await _compare(out, config, clock)
+        await _compare(out, config, clock, embedding)
         async with open_hooks(config, clock=clock, embedding=embedding) as hooks:
             await _parallel(out, hooks)
             await _usage(out, hooks, ["compare-baseline", "compare-task_context", "parallel"])
