@@ -50,3 +50,11 @@ class InvalidWorkingStateTypeError(RecallboundError, TypeError):
 
 class MemoryStoreError(RecallboundError):
     """The reference memory store failed."""
+
+
+class RoundReusedError(RecallboundError, RuntimeError):
+    """A round (``allowance.round(...)``) was entered a second time, or by a second task."""
+
+
+class PermitMisuseError(RecallboundError, TypeError):
+    """A permit was copied, pickled, rebuilt or modified: it is one object, issued once."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import attrs
@@ -16,6 +17,7 @@ from plugin.control import (
     RoundKind,
     Usage,
 )
+from plugin.control.ledger import Validity, WallTime, read_time
 
 
 @attrs.define
@@ -39,16 +41,21 @@ class MemoryLedger:
     traces: dict[str, AttemptTrace] = attrs.Factory(dict)
     refused: list[RefusalRecord] = attrs.Factory(list)
     fail_reserve: BaseException | None = None
+    retained: dict[str, list[str]] = attrs.Factory(dict)
+    validations_used: dict[str, int] = attrs.Factory(dict)
 
     def _executed(self, run_id: str) -> int:
         return sum(1 for t in self.traces.values() if t.run_id == run_id and not t.legacy)
 
     async def reserve(
         self, run_id: str, kind: RoundKind, requested: int, policy: AllowancePolicy,
-        now_wall: float,
+        now: WallTime,
+        *,
+        floor: WallTime = -math.inf,
     ) -> Reservation | BudgetRefusal:
         if self.fail_reserve is not None:
             raise self.fail_reserve
+        now_wall = max(read_time(now), read_time(floor))
         run = self.runs.get(run_id)
         if run is None:
             run = self.runs[run_id] = _Run(
@@ -108,3 +115,26 @@ class MemoryLedger:
 
     async def refusals(self, run_id: str) -> list[RefusalRecord]:
         return [r for r in self.refused if r.run_id == run_id]
+
+    async def retain(self, run_id: str, evidence_ids: Sequence[str], *, limit: int) -> None:
+        held = self.retained.setdefault(run_id, [])
+        for evidence_id in dict.fromkeys(evidence_ids):
+            if evidence_id not in held and len(held) < limit:
+                held.append(evidence_id)
+
+    async def take_validations(
+        self, run_id: str, evidence_ids: Sequence[str], *, limit: int
+    ) -> dict[str, Validity]:
+        held = self.retained.get(run_id, [])
+        used = self.validations_used.get(run_id, 0)
+        answers: dict[str, Validity] = {}
+        for evidence_id in dict.fromkeys(evidence_ids):
+            if evidence_id not in held:
+                answers[evidence_id] = Validity.NOT_RETAINED
+            elif used >= limit:
+                answers[evidence_id] = Validity.BOUNDED
+            else:
+                used += 1
+                answers[evidence_id] = Validity.GRANTED
+        self.validations_used[run_id] = used
+        return answers

@@ -34,6 +34,7 @@ from plugin.control import (
     RoundKind,
     SqliteLedger,
     Usage,
+    Validity,
     current_permit,
 )
 from plugin.control.refusal import BudgetRefusal
@@ -422,9 +423,9 @@ class _FailingLedger:
     inner: Ledger
     commit_first: bool = False
 
-    async def reserve(self, *args: Any) -> Reservation | BudgetRefusal:
+    async def reserve(self, *args: Any, **options: Any) -> Reservation | BudgetRefusal:
         if self.commit_first:
-            await self.inner.reserve(*args)
+            await self.inner.reserve(*args, **options)
         raise LedgerError("the ledger could not confirm the commit")
 
     def __getattr__(self, name: str) -> Any:
@@ -647,3 +648,37 @@ async def test_a_lock_held_beyond_the_timeout_fails_and_loses_nothing(
         )
         await ledger.record([_trace("a2", "run", 3, round_index=2)], [])
         assert (await ledger.usage("run")).executed == 2
+
+
+# -- retained evidence and its re-check bound, kept with the run --------------------------------
+
+
+async def test_retained_evidence_is_kept_with_the_run_up_to_its_limit(ledger: Ledger) -> None:
+    await ledger.retain("run", ["m1", "m2", "m1"], limit=3)
+    await ledger.retain("run", ["m3", "m4"], limit=3)  # m4 is past the limit
+    answers = await ledger.take_validations("run", ["m1", "m3", "m4", "x"], limit=10)
+    assert answers == {
+        "m1": Validity.GRANTED, "m3": Validity.GRANTED,
+        "m4": Validity.NOT_RETAINED, "x": Validity.NOT_RETAINED,
+    }
+    assert await ledger.take_validations("other", ["m1"], limit=10) == {
+        "m1": Validity.NOT_RETAINED
+    }
+
+
+async def test_validations_are_bounded_per_run(ledger: Ledger) -> None:
+    await ledger.retain("run", ["m1", "m2", "m3"], limit=8)
+    first = await ledger.take_validations("run", ["m1", "m2"], limit=3)
+    assert first == {"m1": Validity.GRANTED, "m2": Validity.GRANTED}
+    second = await ledger.take_validations("run", ["m3", "m1", "m3"], limit=3)
+    assert second == {"m3": Validity.GRANTED, "m1": Validity.BOUNDED}
+
+
+async def test_the_validation_bound_survives_reopening(open_ledger: Callable[..., Any]) -> None:
+    async with open_ledger() as ledger:
+        await ledger.retain("run", ["m1", "m2"], limit=8)
+        await ledger.take_validations("run", ["m1"], limit=1)
+    async with open_ledger() as ledger:
+        assert await ledger.take_validations("run", ["m1", "m2"], limit=1) == {
+            "m1": Validity.BOUNDED, "m2": Validity.BOUNDED,
+        }

@@ -17,6 +17,8 @@ from .ledger import Ledger as Ledger
 from .ledger import RefusalRecord as RefusalRecord
 from .ledger import Reservation as Reservation
 from .ledger import Usage as Usage
+from .ledger import Validity as Validity
+from .ledger import WallTime as WallTime
 from .permit import Attempt as Attempt
 from .permit import Permit as Permit
 from .permit import PermitHolder as PermitHolder
@@ -36,5 +38,5 @@ __all__ = [
     "BoundedRecallNotice", "BudgetRefusal", "Checkpoint", "Clock", "Ledger", "ManualClock",
     "Permit", "PermitHolder", "RecallAllowance", "RecallBudgetExceeded", "RefusalReason",
     "RefusalRecord", "Reservation", "Round", "RoundKind", "SqliteLedger", "SystemClock",
-    "Usage", "bind_permits", "current_permit", "validate_run_id",
+    "Usage", "Validity", "WallTime", "bind_permits", "current_permit", "validate_run_id",
 ]

@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import collections
 import math
+import threading
 from collections.abc import Awaitable, Callable
 from types import TracebackType
+from typing import NoReturn
 
 import attrs
 
-from plugin.errors import InvalidRunIdError
+from plugin.errors import InvalidRunIdError, LedgerError, RoundReusedError
 
 from .clock import Clock, SystemClock
 from .ledger import Ledger, Usage
-from .permit import _ISSUER, LEGACY_SLOTS, Permit, _Binding
-from .policy import AllowancePolicy, RoundKind
+from .permit import LEGACY_SLOTS, Permit, _Binding, _issue_permit
+from .policy import MAX_COUNT, AllowancePolicy, RoundKind
 from .refusal import BudgetRefusal, RecallBudgetExceeded
 
 Checkpoint = Callable[[str, int], Awaitable[None]]
@@ -48,11 +50,63 @@ def validate_run_id(run_id: object) -> str:
 
 @attrs.frozen
 class _Anchor:
-    """What this process observed of a run's deadline on its own monotonic clock."""
+    """A lower bound on the ledger's time for one run, kept on this process's monotonic clock.
 
-    deadline_wall: float
+    ``reserved_wall`` is the time a round of the run was judged at; ``mono`` was read after
+    that reservation returned, so ``reserved_wall + (monotonic() - mono)`` never exceeds the
+    time that has really passed.
+    """
+
+    reserved_wall: float
     mono: float
-    left: float
+
+    def floor(self, monotonic: float) -> float:
+        return self.reserved_wall + (monotonic - self.mono)
+
+
+class _Anchors:
+    """What this *process* has watched pass for each run (all allowance objects share it).
+
+    A wall clock stepped backwards between two rounds must not re-open a deadline that this
+    process watched pass on its monotonic clock, whichever :class:`RecallAllowance` object
+    reserves the next round. Keyed by the clock (instances of :class:`SystemClock` are equal;
+    a :class:`ManualClock` is its own domain) and the run id; the oldest are forgotten first.
+    """
+
+    limit = 65_536
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._runs: collections.OrderedDict[tuple[object, str], _Anchor] = (
+            collections.OrderedDict()
+        )
+
+    @staticmethod
+    def _key(clock: Clock, run_id: str) -> tuple[object, str]:
+        try:
+            hash(clock)
+        except TypeError:  # an unhashable user clock: its identity is its domain
+            return (id(clock), run_id)
+        return (clock, run_id)
+
+    def floor(self, clock: Clock, run_id: str) -> float:
+        with self._lock:
+            anchor = self._runs.get(self._key(clock, run_id))
+        return -math.inf if anchor is None else anchor.floor(clock.monotonic())
+
+    def observe(self, clock: Clock, run_id: str, reserved_wall: float, mono: float) -> None:
+        key = self._key(clock, run_id)
+        candidate = _Anchor(reserved_wall, mono)
+        with self._lock:
+            known = self._runs.get(key)
+            if known is None or known.floor(mono) < reserved_wall:
+                self._runs[key] = candidate
+            self._runs.move_to_end(key)
+            while len(self._runs) > self.limit:
+                self._runs.popitem(last=False)
+
+
+_ANCHORS = _Anchors()
 
 
 @attrs.define(eq=False)
@@ -69,12 +123,6 @@ class RecallAllowance:
     clock: Clock = attrs.field(factory=SystemClock)
     checkpoint: Checkpoint | None = None
     is_legacy: bool = attrs.field(default=False, kw_only=True)
-    _anchors: collections.OrderedDict[str, _Anchor] = attrs.field(
-        factory=collections.OrderedDict, init=False, repr=False
-    )
-
-    max_anchors = 65_536
-    """How many runs' monotonic anchors this process remembers (oldest forgotten first)."""
 
     def __attrs_post_init__(self) -> None:
         if self.ledger is None:
@@ -114,8 +162,8 @@ class RecallAllowance:
                 raise ValueError("a deliberate round needs slots= (one per validated call)")
             if isinstance(slots, bool) or not isinstance(slots, int):
                 raise TypeError(f"slots must be an int, got {type(slots).__name__}")
-            if slots < 1:
-                raise ValueError(f"slots must be >= 1, got {slots}")
+            if not 1 <= slots <= MAX_COUNT:
+                raise ValueError(f"slots must be between 1 and {MAX_COUNT}, got {slots}")
             requested = slots
         return Round(self, run_id, kind, requested)
 
@@ -125,57 +173,56 @@ class RecallAllowance:
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _now_wall(self, run_id: str) -> float:
-        """Wall time, never earlier than this process's monotonic observation of the run allows.
-
-        A wall clock stepped backwards between two rounds must not re-open a deadline that
-        this process has watched pass on its monotonic clock.
-        """
-        wall = self.clock.wall()
-        anchor = self._anchors.get(run_id)
-        if anchor is not None:
-            left = anchor.left - (self.clock.monotonic() - anchor.mono)
-            wall = max(wall, anchor.deadline_wall - left)
-        return wall
-
-    def _anchor(self, run_id: str, deadline_wall: float, left: float) -> None:
-        if run_id not in self._anchors:
-            self._anchors[run_id] = _Anchor(deadline_wall, self.clock.monotonic(), left)
-            while len(self._anchors) > self.max_anchors:
-                self._anchors.popitem(last=False)
-
     async def _issue(self, run_id: str, kind: RoundKind, requested: int) -> Permit:
         if self.is_legacy:
-            return Permit(
+            return _issue_permit(
                 run_id=run_id, round_index=0, kind=kind, slots=LEGACY_SLOTS, first_slot=1,
                 legacy=True, clock=self.clock, ledger=self.ledger, deadline_wall=math.inf,
-                issued_mono=self.clock.monotonic(), left_at_issue=math.inf,
+                expires_wall=math.inf, issued_mono=self.clock.monotonic(), left_at_issue=math.inf,
                 source_reads_limit=LEGACY_SLOTS, reserved_total=0, executed_before=0,
-                _issuer=_ISSUER,
             )
+        clock = self.clock
+        # Read before the reservation: the permit's monotonic deadline counts from here, so
+        # no wall step at any later point (lock wait, commit, checkpoint) can lengthen it.
+        wall_before, mono_before = clock.wall(), clock.monotonic()
         result = await self.ledger.reserve(
-            run_id, kind, requested, self.policy, self._now_wall(run_id)
+            run_id, kind, requested, self.policy, clock.wall,
+            floor=lambda: _ANCHORS.floor(clock, run_id),
         )
         if isinstance(result, BudgetRefusal):
             raise RecallBudgetExceeded(result)
+        # Anchored at once, before the host's checkpoint can fail or step the clock.
+        _ANCHORS.observe(clock, run_id, result.reserved_wall, clock.monotonic())
         if self.checkpoint is not None:
             await self.checkpoint(run_id, result.round_index)
-        now = self._now_wall(run_id)
-        left = max(0.0, result.deadline_wall - now)
-        self._anchor(run_id, result.deadline_wall, left)
-        return Permit(
+        # What was left when the round was judged, never more than the run's own deadline_s.
+        left = max(0.0, min(result.deadline_wall - result.reserved_wall,
+                            result.deadline_wall - result.opened_wall))
+        return _issue_permit(
             run_id=run_id, round_index=result.round_index, kind=kind, slots=result.slots,
-            first_slot=result.first_slot, legacy=False, clock=self.clock, ledger=self.ledger,
-            deadline_wall=result.deadline_wall, issued_mono=self.clock.monotonic(),
-            left_at_issue=left, source_reads_limit=self.policy.source_read_fallbacks,
-            reserved_total=result.reserved, executed_before=result.executed, _issuer=_ISSUER,
+            first_slot=result.first_slot, legacy=False, clock=clock, ledger=self.ledger,
+            deadline_wall=result.deadline_wall, expires_wall=wall_before + left,
+            issued_mono=mono_before, left_at_issue=left,
+            source_reads_limit=self.policy.source_read_fallbacks,
+            reserved_total=result.reserved, executed_before=result.executed,
         )
+
+
+def _add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)``, also on Python 3.10."""
+    notes = getattr(exc, "__notes__", None)
+    if notes is None:
+        notes = []
+        exc.__notes__ = notes  # type: ignore[attr-defined]
+    notes.append(note)
 
 
 class Round:
     """The async context manager returned by :meth:`RecallAllowance.round`."""
 
-    __slots__ = ("_allowance", "_binding", "_kind", "_permit", "_requested", "_run_id")
+    __slots__ = (
+        "_allowance", "_binding", "_entered", "_kind", "_permit", "_requested", "_run_id",
+    )
 
     def __init__(
         self, allowance: RecallAllowance, run_id: str, kind: RoundKind, requested: int
@@ -186,10 +233,22 @@ class Round:
         self._requested = requested
         self._permit: Permit | None = None
         self._binding: _Binding | None = None
+        self._entered = False
+
+    def __copy__(self) -> Round:
+        raise TypeError("a Round cannot be copied; call allowance.round() for a new one")
+
+    def __deepcopy__(self, memo: object) -> Round:
+        raise TypeError("a Round cannot be copied; call allowance.round() for a new one")
+
+    def __reduce_ex__(self, protocol: object) -> NoReturn:
+        raise TypeError("a Round cannot be pickled")
 
     async def __aenter__(self) -> Permit:
-        if self._permit is not None:
-            raise RuntimeError("a round is entered once; reserve a new round instead")
+        # Claimed before the first await: two tasks entering one Round cannot both reserve.
+        if self._entered:
+            raise RoundReusedError("a round is entered once; reserve a new round instead")
+        self._entered = True
         permit = await self._allowance._issue(self._run_id, self._kind, self._requested)
         self._permit = permit
         self._binding = _Binding.install(permit)
@@ -205,5 +264,10 @@ class Round:
         assert permit is not None and binding is not None
         try:
             await permit._finish_phase()
+        except LedgerError as failure:
+            if exc is None:
+                raise
+            # The body's own exception is what the caller must see; the ledger's rides along.
+            _add_note(exc, f"recallbound: the round's traces were not written: {failure!r}")
         finally:
             binding.uninstall(permit)

@@ -8,13 +8,30 @@ default implementation; any other (PostgreSQL, say) must pass ``tests/test_ledge
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
-from typing import Protocol
+import math
+from collections.abc import Callable, Sequence
+from typing import Protocol, TypeAlias
 
 import attrs
 
 from .policy import AllowancePolicy, RoundKind
 from .refusal import BudgetRefusal, RefusalReason
+
+WallTime: TypeAlias = "float | Callable[[], float]"
+"""A wall time, or a clock reading that the ledger takes inside its reserving transaction."""
+
+
+def read_time(value: WallTime) -> float:
+    """The time ``value`` stands for, read now if it is a clock reading."""
+    return float(value() if callable(value) else value)
+
+
+class Validity(enum.Enum):
+    """A ledger's answer to a request to re-check one piece of retained evidence."""
+
+    GRANTED = "granted"
+    BOUNDED = "bounded"
+    NOT_RETAINED = "not_retained"
 
 
 class AttemptOutcome(enum.Enum):
@@ -109,14 +126,23 @@ class Ledger(Protocol):
         kind: RoundKind,
         requested: int,
         policy: AllowancePolicy,
-        now_wall: float,
+        now: WallTime,
+        *,
+        floor: WallTime = -math.inf,
     ) -> Reservation | BudgetRefusal:
         """Atomically check and reserve a round; durable before it returns.
 
-        The first round of a run opens it (deadline ``now_wall + policy.deadline_s``, limits from
-        ``policy``); later rounds keep the run's original deadline and limits. A round is granted
-        ``min(requested, slots left)`` slots, or refused (and the refusal recorded) when the run
-        has its maximum rounds, no slot left, or ``now_wall`` is past its deadline.
+        The round is judged at ``max(now, floor)``, read *inside* the reserving transaction
+        (after any wait for the write lock), so a round that waited past the deadline is
+        refused. ``floor`` is the earliest time the caller knows has passed (its monotonic
+        observation of the run); a ledger with an authoritative clock of its own may judge by
+        that clock instead of ``now``, never below ``floor``. ``Reservation.reserved_wall`` is
+        the time the round was judged at.
+
+        The first round of a run opens it (deadline = judged time + ``policy.deadline_s``,
+        limits from ``policy``); later rounds keep the run's original deadline and limits. A
+        round is granted ``min(requested, slots left)`` slots, or refused (and the refusal
+        recorded) when the run has its maximum rounds, no slot left, or its deadline passed.
         """
         ...
 
@@ -140,4 +166,23 @@ class Ledger(Protocol):
 
     async def refusals(self, run_id: str) -> list[RefusalRecord]:
         """The run's refusals, oldest first."""
+        ...
+
+    async def retain(self, run_id: str, evidence_ids: Sequence[str], *, limit: int) -> None:
+        """Remember evidence the run's deliberate searches returned, durably, with the run.
+
+        At most ``limit`` distinct ids per run are kept (the first ones); a repeated id is kept
+        once. This is what :meth:`take_validations` later re-checks, after a resume too.
+        """
+        ...
+
+    async def take_validations(
+        self, run_id: str, evidence_ids: Sequence[str], *, limit: int
+    ) -> dict[str, Validity]:
+        """Decide, atomically and durably, which ids may be re-checked now.
+
+        For each distinct id: ``NOT_RETAINED`` when the run never retained it, ``BOUNDED``
+        when the run already used ``limit`` re-checks, else ``GRANTED`` (and counted). The
+        count lives with the run in the ledger, so a resume or another process cannot reset it.
+        """
         ...

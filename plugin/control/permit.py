@@ -18,14 +18,17 @@ import contextvars
 import sys
 import threading
 import uuid
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import anyio
 import anyio.from_thread
 import attrs
+
+from plugin.errors import LedgerLockedError, PermitMisuseError
 
 from .clock import Clock
 from .ledger import AttemptOutcome, AttemptTrace, RefusalRecord
@@ -35,8 +38,28 @@ from .refusal import BudgetRefusal, RecallBudgetExceeded, RefusalReason
 if TYPE_CHECKING:
     from .ledger import Ledger
 
-_ISSUER = object()
-"""Only holders of this token can construct a Permit (see RecallAllowance.round)."""
+_issuing = threading.local()
+"""Set by :func:`_issue_permit` for exactly one construction (so ``attrs.evolve`` cannot)."""
+
+_ISSUED: weakref.WeakSet[Permit] = weakref.WeakSet()
+"""Every permit this process issued; a forged object (``object.__new__``) is not in it."""
+
+_RECORD_RETRIES = (0.05, 0.2, None)
+"""Pauses between tries of a trace write that found the ledger locked (None: give up)."""
+
+_MISUSE = (
+    "a Permit is one object, issued only by RecallAllowance.round() after its reservation "
+    "committed; it cannot be built, copied, pickled, rebuilt or modified"
+)
+
+
+def _issue_permit(**fields: object) -> Permit:
+    """Build the one permit of a committed round (called only by the allowance)."""
+    _issuing.active = True
+    try:
+        return Permit(**fields)  # type: ignore[arg-type]
+    finally:
+        _issuing.active = False
 
 LEGACY_SLOTS = sys.maxsize
 """``Permit.slots`` of a legacy (unenforced) permit."""
@@ -130,12 +153,12 @@ class Permit:
     _clock: Clock = attrs.field(repr=False)
     _ledger: Ledger = attrs.field(repr=False)
     _deadline_wall: float = attrs.field(repr=False)
+    _expires_wall: float = attrs.field(repr=False)
     _issued_mono: float = attrs.field(repr=False)
     _left_at_issue: float = attrs.field(repr=False)
     _source_reads_limit: int = attrs.field(repr=False)
     _reserved_total: int = attrs.field(repr=False)
     _executed_before: int = attrs.field(repr=False)
-    _issuer: object = attrs.field(repr=False, alias="_issuer")
     _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False, repr=False)
     _taken: int = attrs.field(default=0, init=False, repr=False)
     _closed: bool = attrs.field(default=False, init=False, repr=False)
@@ -146,17 +169,47 @@ class Permit:
     _wall: Callable[[], float] = attrs.field(init=False, repr=False)
     _monotonic: Callable[[], float] = attrs.field(init=False, repr=False)
     _mono_deadline: float = attrs.field(init=False, repr=False)
+    _sealed: bool = attrs.field(default=False, init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
-        if self._issuer is not _ISSUER:
-            raise TypeError(
-                "a Permit is issued only by RecallAllowance.round() after its reservation "
-                "is committed; it cannot be built, rebuilt or re-issued by hand"
-            )
+        if not getattr(_issuing, "active", False):
+            raise PermitMisuseError(_MISUSE)
+        _issuing.active = False  # one construction per issue: evolve() cannot ride on it
         # Bound once: taking a slot reads both clocks, and it is the hot path.
         self._wall = self._clock.wall
         self._monotonic = self._clock.monotonic
         self._mono_deadline = self._issued_mono + self._left_at_issue
+        _ISSUED.add(self)
+        self._sealed = True
+
+    # -- one object: no copies, no pickles, no edits -------------------------------------------
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if getattr(self, "_sealed", False):
+            raise PermitMisuseError(f"{_MISUSE} (tried to set {name!r})")
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        raise PermitMisuseError(f"{_MISUSE} (tried to delete {name!r})")
+
+    def __copy__(self) -> NoReturn:
+        raise PermitMisuseError(_MISUSE)
+
+    def __deepcopy__(self, memo: object) -> NoReturn:
+        raise PermitMisuseError(_MISUSE)
+
+    def __reduce_ex__(self, protocol: object) -> NoReturn:
+        raise PermitMisuseError(_MISUSE)
+
+    def __reduce__(self) -> NoReturn:
+        raise PermitMisuseError(_MISUSE)
+
+    def __getstate__(self) -> NoReturn:
+        raise PermitMisuseError(_MISUSE)
+
+    def _check_issued(self) -> None:
+        if self not in _ISSUED:
+            raise PermitMisuseError(_MISUSE)
 
     # -- state -------------------------------------------------------------------------------
 
@@ -177,19 +230,19 @@ class Permit:
 
     def seconds_left(self) -> float:
         """Seconds until the permit expires; never negative (``inf`` for a legacy permit)."""
-        by_wall = self._deadline_wall - self._wall()
+        by_wall = self._expires_wall - self._wall()
         by_worker = self._mono_deadline - self._monotonic()
         return max(0.0, min(by_wall, by_worker))
 
     def expired(self) -> bool:
         """Whether the deadline has passed (a closed permit need not be expired)."""
         return (
-            self._wall() >= self._deadline_wall or self._monotonic() >= self._mono_deadline
+            self._wall() >= self._expires_wall or self._monotonic() >= self._mono_deadline
         )
 
     def close(self) -> None:
         """End the permit for every context that holds it. Idempotent; never un-closes."""
-        self._closed = True
+        object.__setattr__(self, "_closed", True)
 
     def refusal(self, reason: RefusalReason) -> BudgetRefusal:
         """A refusal carrying the run's totals as this permit knows them."""
@@ -215,8 +268,9 @@ class Permit:
                 reason = RefusalReason.SLOTS
             else:
                 reason = None
-                self._taken += 1
-                slot = self.first_slot + self._taken - 1
+                taken = self._taken + 1
+                object.__setattr__(self, "_taken", taken)
+                slot = self.first_slot + taken - 1
             if reason is not None:
                 self._refusals.append(
                     RefusalRecord(
@@ -292,15 +346,30 @@ class Permit:
     # -- traces ------------------------------------------------------------------------------
 
     async def flush(self) -> None:
-        """Write buffered traces and refusals to the ledger (shielded from cancellation)."""
+        """Write buffered traces and refusals to the ledger (shielded from cancellation).
+
+        What is written leaves the buffer only once the ledger committed it: a failed write
+        (a locked or closed ledger) keeps it for the next flush, and its error propagates.
+        """
         with self._lock:
-            traces = list(self._traces.values())
-            refusals = self._refusals
-            self._traces = {}
-            self._refusals = []
-        if traces or refusals:
-            with anyio.CancelScope(shield=True):
-                await self._ledger.record(traces, refusals)
+            traces = dict(self._traces)
+            refusals = list(self._refusals)
+        if not traces and not refusals:
+            return
+        with anyio.CancelScope(shield=True):
+            for delay in _RECORD_RETRIES:
+                try:
+                    await self._ledger.record(list(traces.values()), refusals)
+                    break
+                except LedgerLockedError:
+                    if delay is None:
+                        raise
+                    await anyio.sleep(delay)
+        with self._lock:
+            for attempt_id, trace in traces.items():
+                if self._traces.get(attempt_id) is trace:  # not superseded meanwhile
+                    del self._traces[attempt_id]
+            del self._refusals[: len(refusals)]
 
     def _flush_from_thread(self) -> None:
         """After the phase, write what a worker thread recorded, if it can reach the loop.
@@ -316,7 +385,7 @@ class Permit:
     async def _finish_phase(self) -> None:
         """Close, then persist what the phase recorded. Later records are written as they come."""
         self.close()
-        self._flushed = True
+        object.__setattr__(self, "_flushed", True)
         await self.flush()
 
 
@@ -354,6 +423,7 @@ class Attempt:
 
     def _begin(self) -> int:
         permit = self._permit
+        permit._check_issued()
         self._slot = permit._take(self._kind)
         self._id = uuid.uuid4().hex
         clock = permit._clock

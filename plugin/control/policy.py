@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Callable
 
 import attrs
 
@@ -19,22 +20,30 @@ class RoundKind(enum.Enum):
     """Tool dispatch: the model's own search calls of one turn."""
 
 
-def _positive_int(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidPolicyError(
-            f"AllowancePolicy.{attribute.name} must be an int, got {type(value).__name__}"
-        )
-    if value < 1:
-        raise InvalidPolicyError(f"AllowancePolicy.{attribute.name} must be >= 1, got {value}")
+MAX_COUNT = 2**31 - 1
+"""The largest count a policy or a round may name: storable by every ledger."""
 
 
-def _non_negative_int(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidPolicyError(
-            f"AllowancePolicy.{attribute.name} must be an int, got {type(value).__name__}"
-        )
-    if value < 0:
-        raise InvalidPolicyError(f"AllowancePolicy.{attribute.name} must be >= 0, got {value}")
+def _int_in(low: int) -> Callable[[object, attrs.Attribute[int], object], None]:
+    def check(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidPolicyError(
+                f"AllowancePolicy.{attribute.name} must be an int, got {type(value).__name__}"
+            )
+        if not low <= value <= MAX_COUNT:
+            raise InvalidPolicyError(
+                f"AllowancePolicy.{attribute.name} must be between {low} and {MAX_COUNT}, "
+                f"got {value}"
+            )
+
+    return check
+
+
+MAX_DEADLINE_S = 366 * 86_400.0
+"""The longest deadline a policy may name (a year): wall times stay exact as floats."""
+
+_positive_int = _int_in(1)
+_non_negative_int = _int_in(0)
 
 
 def _deadline(instance: object, attribute: attrs.Attribute[float], value: object) -> None:
@@ -42,9 +51,10 @@ def _deadline(instance: object, attribute: attrs.Attribute[float], value: object
         raise InvalidPolicyError(
             f"AllowancePolicy.deadline_s must be a number, got {type(value).__name__}"
         )
-    if not math.isfinite(value) or value <= 0:
+    if not math.isfinite(value) or not 0 < value <= MAX_DEADLINE_S:
         raise InvalidPolicyError(
-            f"AllowancePolicy.deadline_s must be finite and > 0, got {value!r}"
+            f"AllowancePolicy.deadline_s must be finite, > 0 and <= {MAX_DEADLINE_S}, "
+            f"got {value!r}"
         )
 
 

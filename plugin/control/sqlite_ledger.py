@@ -10,6 +10,8 @@ reservation and re-grant a slot whose search already ran, hence FULL.
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -28,14 +30,25 @@ from plugin.errors import (
 )
 
 from . import _sqlite
-from .ledger import AttemptOutcome, AttemptTrace, RefusalRecord, Reservation, Usage
+from .ledger import (
+    AttemptOutcome,
+    AttemptTrace,
+    RefusalRecord,
+    Reservation,
+    Usage,
+    Validity,
+    WallTime,
+    read_time,
+)
 from .policy import AllowancePolicy, RoundKind
 from .refusal import BudgetRefusal, RefusalReason
 
 T = TypeVar("T")
 
 APPLICATION_ID = 0x52424C44  # "RBLD"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+_MIGRATABLE = frozenset({1})
+"""Older schema versions this ledger upgrades in place (their tables are a subset)."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -83,6 +96,15 @@ CREATE TABLE IF NOT EXISTS refusals (
     at_wall     REAL NOT NULL
 ) STRICT;
 CREATE INDEX IF NOT EXISTS refusals_by_run ON refusals (run_id);
+CREATE TABLE IF NOT EXISTS retained (
+    run_id      TEXT NOT NULL,
+    evidence_id TEXT NOT NULL,
+    PRIMARY KEY (run_id, evidence_id)
+) STRICT;
+CREATE TABLE IF NOT EXISTS validations (
+    run_id      TEXT PRIMARY KEY,
+    used        INTEGER NOT NULL
+) STRICT;
 """
 
 _IDENTITY = """
@@ -208,6 +230,8 @@ class SqliteLedger:
             return False
         if app_id != APPLICATION_ID:
             raise LedgerCorruptError(f"{self._path!r} is not a recallbound ledger")
+        if version in _MIGRATABLE:
+            return False  # ours, an older schema: created up to date under the write lock
         if version != SCHEMA_VERSION:
             raise LedgerCorruptError(
                 f"ledger {self._path!r} has schema version {version}; "
@@ -282,17 +306,21 @@ class SqliteLedger:
         kind: RoundKind,
         requested: int,
         policy: AllowancePolicy,
-        now_wall: float,
+        now: WallTime,
+        *,
+        floor: WallTime = -math.inf,
     ) -> Reservation | BudgetRefusal:
         params: dict[str, Any] = {
             "run_id": run_id,
-            "now": now_wall,
             "deadline_s": policy.deadline_s,
             "max_searches": policy.max_searches,
             "max_rounds": policy.max_rounds,
             "requested": requested,
         }
         async with self._write() as conn:
+            # Judged under the write lock: a round that waited for another writer past the
+            # deadline is refused, not born expired.
+            now_wall = params["now"] = max(read_time(now), read_time(floor))
             rows = await conn.fetchall(_RESERVE, params)
             if rows:
                 rounds, reserved, grant, deadline, opened, executed = rows[0]
@@ -361,6 +389,55 @@ class SqliteLedger:
                         for r in refusals
                     ],
                 )
+
+    async def retain(self, run_id: str, evidence_ids: Sequence[str], *, limit: int) -> None:
+        ids = list(dict.fromkeys(evidence_ids))
+        if not ids or limit < 1:
+            return
+        async with self._write() as conn:
+            (held,) = (await conn.fetchall(
+                "SELECT count(*) FROM retained WHERE run_id = ?", (run_id,)))[0]
+            known = {
+                row[0] for row in await conn.fetchall(
+                    "SELECT evidence_id FROM retained WHERE run_id = ? AND evidence_id IN "
+                    "(SELECT value FROM json_each(?))", (run_id, json.dumps(ids)))
+            }
+            fresh = [i for i in ids if i not in known][: max(0, limit - held)]
+            if fresh:
+                await conn.executemany(
+                    "INSERT INTO retained VALUES (?, ?)", [(run_id, i) for i in fresh]
+                )
+
+    async def take_validations(
+        self, run_id: str, evidence_ids: Sequence[str], *, limit: int
+    ) -> dict[str, Validity]:
+        ids = list(dict.fromkeys(evidence_ids))
+        if not ids:
+            return {}
+        async with self._write() as conn:
+            known = {
+                row[0] for row in await conn.fetchall(
+                    "SELECT evidence_id FROM retained WHERE run_id = ? AND evidence_id IN "
+                    "(SELECT value FROM json_each(?))", (run_id, json.dumps(ids)))
+            }
+            rows = await conn.fetchall("SELECT used FROM validations WHERE run_id = ?",
+                                       (run_id,))
+            used = rows[0][0] if rows else 0
+            answers: dict[str, Validity] = {}
+            for evidence_id in ids:
+                if evidence_id not in known:
+                    answers[evidence_id] = Validity.NOT_RETAINED
+                elif used >= limit:
+                    answers[evidence_id] = Validity.BOUNDED
+                else:
+                    used += 1
+                    answers[evidence_id] = Validity.GRANTED
+            await conn.fetchall(
+                "INSERT INTO validations VALUES (?, ?) "
+                "ON CONFLICT (run_id) DO UPDATE SET used = excluded.used",
+                (run_id, used),
+            )
+            return answers
 
     async def usage(self, run_id: str) -> Usage:
         rows = await self._read(lambda conn: conn.fetchall(_USAGE, (run_id,)))
