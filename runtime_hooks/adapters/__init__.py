@@ -1,0 +1,18 @@
+"""Adapters for real agent frameworks (optional extras; asyncio only).
+
+``runtime_hooks.adapters`` itself imports no framework: the search tool's definition
+(:data:`SEARCH_TOOL`) and the per-run batch (:class:`RunRecall`) are shared by every adapter.
+Each framework's adapter lives in its own module and imports its framework there:
+``runtime_hooks.adapters.pydantic_ai`` (extra ``pydantic-ai``),
+``runtime_hooks.adapters.langchain`` (extra ``langchain``) and
+``runtime_hooks.adapters.openai_agents`` (extra ``openai-agents``).
+
+None of these frameworks runs under trio, so the adapters are asyncio-only; the core (the
+allowance, the ledger, the hooks) stays on both loops.
+"""
+
+from .batch import RunRecall as RunRecall
+from .tool import SEARCH_TOOL as SEARCH_TOOL
+from .tool import SearchTool as SearchTool
+
+__all__ = ["SEARCH_TOOL", "RunRecall", "SearchTool"]
