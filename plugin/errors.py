@@ -12,11 +12,19 @@ class RecallboundError(Exception):
     """Root of every error raised by recallbound."""
 
 
-class InvalidPolicyError(RecallboundError, ValueError):
+class InvalidArgumentError(RecallboundError, ValueError):
+    """An argument's value is out of range (the message names the argument)."""
+
+
+class InvalidArgumentTypeError(RecallboundError, TypeError):
+    """An argument has the wrong type (the message names the argument)."""
+
+
+class InvalidPolicyError(InvalidArgumentError):
     """An :class:`~plugin.control.policy.AllowancePolicy` value is out of range."""
 
 
-class InvalidRunIdError(RecallboundError, ValueError):
+class InvalidRunIdError(InvalidArgumentError):
     """A run id is empty, not a string, or too long to store."""
 
 
@@ -34,6 +42,22 @@ class LedgerLockedError(LedgerError):
 
 class LedgerCorruptError(LedgerError):
     """The ledger file is not a recallbound ledger, or its pages are damaged."""
+
+
+class LedgerFullError(LedgerError):
+    """The ledger's disk (or its page limit) is full: nothing was committed."""
+
+
+class InvalidLedgerOptionError(InvalidArgumentError):
+    """A ledger was configured with an invalid option (a timeout, say)."""
+
+
+class InvalidRoundError(InvalidArgumentError):
+    """A round was asked for with invalid arguments (slots, kind)."""
+
+
+class InvalidRoundTypeError(InvalidArgumentTypeError):
+    """A round or allowance argument has the wrong type."""
 
 
 class LedgerClosedError(LedgerError):
@@ -56,5 +80,5 @@ class RoundReusedError(RecallboundError, RuntimeError):
     """A round (``allowance.round(...)``) was entered a second time, or by a second task."""
 
 
-class PermitMisuseError(RecallboundError, TypeError):
+class PermitMisuseError(InvalidArgumentTypeError):
     """A permit was copied, pickled, rebuilt or modified: it is one object, issued once."""

@@ -17,7 +17,13 @@ from typing import NoReturn
 
 import attrs
 
-from plugin.errors import InvalidRunIdError, LedgerError, RoundReusedError
+from plugin.errors import (
+    InvalidRoundError,
+    InvalidRoundTypeError,
+    InvalidRunIdError,
+    LedgerError,
+    RoundReusedError,
+)
 
 from .clock import Clock, SystemClock
 from .ledger import Ledger, Usage
@@ -125,11 +131,15 @@ class RecallAllowance:
     is_legacy: bool = attrs.field(default=False, kw_only=True)
 
     def __attrs_post_init__(self) -> None:
+        if not isinstance(self.is_legacy, bool):  # "false" must never switch enforcement off
+            raise InvalidRoundTypeError(
+                f"is_legacy must be a bool, got {type(self.is_legacy).__name__}"
+            )
         if self.ledger is None:
-            raise TypeError("RecallAllowance needs a ledger; use RecallAllowance.legacy() "
-                            "for the explicit unenforced mode")
+            raise InvalidRoundTypeError("RecallAllowance needs a ledger; use "
+                                        "RecallAllowance.legacy() for the explicit unenforced mode")
         if not isinstance(self.policy, AllowancePolicy):
-            raise TypeError(f"policy must be an AllowancePolicy, got {self.policy!r}")
+            raise InvalidRoundTypeError(f"policy must be an AllowancePolicy, got {self.policy!r}")
 
     @classmethod
     def legacy(cls, ledger: Ledger, *, clock: Clock | None = None) -> RecallAllowance:
@@ -151,19 +161,19 @@ class RecallAllowance:
         """
         validate_run_id(run_id)
         if not isinstance(kind, RoundKind):
-            raise TypeError(f"kind must be a RoundKind, got {kind!r}")
+            raise InvalidRoundTypeError(f"kind must be a RoundKind, got {kind!r}")
         if kind is RoundKind.AUTOMATIC:
             if slots is not None:
-                raise ValueError("an automatic round reserves policy.automatic_slots; "
-                                 "slots= is for deliberate rounds")
+                raise InvalidRoundError("an automatic round reserves policy.automatic_slots; "
+                                        "slots= is for deliberate rounds")
             requested = self.policy.automatic_slots
         else:
             if slots is None:
-                raise ValueError("a deliberate round needs slots= (one per validated call)")
+                raise InvalidRoundError("a deliberate round needs slots= (one per valid call)")
             if isinstance(slots, bool) or not isinstance(slots, int):
-                raise TypeError(f"slots must be an int, got {type(slots).__name__}")
+                raise InvalidRoundTypeError(f"slots must be an int, got {type(slots).__name__}")
             if not 1 <= slots <= MAX_COUNT:
-                raise ValueError(f"slots must be between 1 and {MAX_COUNT}, got {slots}")
+                raise InvalidRoundError(f"slots must be between 1 and {MAX_COUNT}, got {slots}")
             requested = slots
         return Round(self, run_id, kind, requested)
 
@@ -236,13 +246,13 @@ class Round:
         self._entered = False
 
     def __copy__(self) -> Round:
-        raise TypeError("a Round cannot be copied; call allowance.round() for a new one")
+        raise RoundReusedError("a Round cannot be copied; call allowance.round() for a new one")
 
     def __deepcopy__(self, memo: object) -> Round:
-        raise TypeError("a Round cannot be copied; call allowance.round() for a new one")
+        raise RoundReusedError("a Round cannot be copied; call allowance.round() for a new one")
 
     def __reduce_ex__(self, protocol: object) -> NoReturn:
-        raise TypeError("a Round cannot be pickled")
+        raise RoundReusedError("a Round cannot be pickled")
 
     async def __aenter__(self) -> Permit:
         # Claimed before the first await: two tasks entering one Round cannot both reserve.

@@ -16,6 +16,8 @@ from typing import Protocol, runtime_checkable
 
 import attrs
 
+from plugin.errors import InvalidArgumentError, InvalidArgumentTypeError
+
 
 @runtime_checkable
 class Clock(Protocol):
@@ -41,9 +43,9 @@ class SystemClock:
 
 def _finite(value: float, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+        raise InvalidArgumentTypeError(f"{name} must be a number, got {type(value).__name__}")
     if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value!r}")
+        raise InvalidArgumentError(f"{name} must be finite, got {value!r}")
     return float(value)
 
 
@@ -75,7 +77,9 @@ class ManualClock:
         """Let ``seconds`` (>= 0) pass on both clocks."""
         seconds = _finite(seconds, "seconds")
         if seconds < 0:
-            raise ValueError(f"seconds must be >= 0 (time does not run backwards), got {seconds}")
+            raise InvalidArgumentError(
+                f"seconds must be >= 0 (time does not run backwards), got {seconds}"
+            )
         with self._lock:
             self._wall += seconds
             self._monotonic += seconds

@@ -28,7 +28,12 @@ import anyio
 import anyio.from_thread
 import attrs
 
-from plugin.errors import LedgerLockedError, PermitMisuseError
+from plugin.errors import (
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    LedgerLockedError,
+    PermitMisuseError,
+)
 
 from .clock import Clock
 from .ledger import AttemptOutcome, AttemptTrace, RefusalRecord
@@ -257,7 +262,7 @@ class Permit:
     def _take(self, kind: AttemptKind) -> int:
         """Take one slot or raise; the refusal is buffered for the ledger either way."""
         if not isinstance(kind, AttemptKind):
-            raise TypeError(f"kind must be an AttemptKind, got {kind!r}")
+            raise InvalidArgumentTypeError(f"kind must be an AttemptKind, got {kind!r}")
         expired = self.expired()  # the clocks need no lock; only check-and-increment does
         with self._lock:
             if self._closed:
@@ -329,7 +334,7 @@ class Permit:
         """
         with self._lock:
             if not self.first_slot <= slot < self.first_slot + self._taken:
-                raise ValueError(f"slot {slot} was not taken from this permit")
+                raise InvalidArgumentError(f"slot {slot} was not taken from this permit")
             if self._closed:
                 reason: RefusalReason | None = RefusalReason.CLOSED
             elif self.expired():
@@ -457,7 +462,7 @@ class Attempt:
 
     async def __aenter__(self) -> int:
         if self._sync:
-            raise TypeError("use `with permit.attempt_sync()`, not `async with`")
+            raise PermitMisuseError("use `with permit.attempt_sync()`, not `async with`")
         try:
             slot = self._begin()
         except RecallBudgetExceeded:
@@ -498,7 +503,7 @@ class Attempt:
 
     def __enter__(self) -> int:
         if not self._sync:
-            raise TypeError("use `async with permit.attempt()`, or permit.attempt_sync()")
+            raise PermitMisuseError("use `async with permit.attempt()`, or permit.attempt_sync()")
         try:
             return self._begin()
         except RecallBudgetExceeded:

@@ -10,6 +10,7 @@ reservation and re-grant a slot whose search already ran, hence FULL.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -22,9 +23,14 @@ from typing import Any, TypeVar
 import anyio
 
 from plugin.errors import (
+    InvalidArgumentTypeError as InvalidLedgerOptionTypeError,
+)
+from plugin.errors import (
+    InvalidLedgerOptionError,
     LedgerClosedError,
     LedgerCorruptError,
     LedgerError,
+    LedgerFullError,
     LedgerLockedError,
     LedgerPathError,
 )
@@ -144,11 +150,29 @@ FROM runs WHERE run_id = ?
 def _translate(exc: BaseException, path: str) -> LedgerError:
     if _sqlite.is_locked(exc):
         return LedgerLockedError(f"ledger {path!r} stayed locked beyond its busy timeout: {exc}")
+    if _sqlite.is_full(exc):
+        return LedgerFullError(f"ledger {path!r} cannot grow: {exc}")
     if _sqlite.is_corrupt(exc):
         return LedgerCorruptError(f"ledger {path!r} is not a readable SQLite database: {exc}")
     if _sqlite.is_cantopen(exc):
         return LedgerPathError(f"cannot open ledger {path!r}: {exc}")
     return LedgerError(f"ledger {path!r} failed: {exc}")
+
+
+MAX_TIMEOUT_S = 86_400.0
+
+
+def _busy_timeout(value: object) -> float:
+    """A busy timeout in seconds: a finite number from 0 to a day."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidLedgerOptionError(
+            f"SqliteLedger timeout must be a number of seconds, got {type(value).__name__}"
+        )
+    if not 0.0 <= value <= MAX_TIMEOUT_S:  # also False for NaN
+        raise InvalidLedgerOptionError(
+            f"SqliteLedger timeout must be between 0 and {MAX_TIMEOUT_S:g} s, got {value!r}"
+        )
+    return float(value)
 
 
 class SqliteLedger:
@@ -166,11 +190,13 @@ class SqliteLedger:
 
     def __init__(self, path: str | os.PathLike[str], *, timeout: float = 5.0) -> None:
         if not isinstance(path, (str, os.PathLike)):
-            raise TypeError(f"SqliteLedger path must be a str or PathLike, got {type(path)!r}")
+            raise InvalidLedgerOptionTypeError(
+                f"SqliteLedger path must be a str or PathLike, got {type(path)!r}"
+            )
         self._path = os.fspath(path)
         if self._path == "" or "\x00" in self._path:
             raise LedgerPathError(f"invalid ledger path {self._path!r}")
-        self._timeout = float(timeout)
+        self._timeout = _busy_timeout(timeout)
         self._conn: _sqlite.Connection | None = None
         # One connection, many tasks: a transaction must never interleave with another task's
         # statements on the same connection ("cannot start a transaction within a transaction").
@@ -244,15 +270,21 @@ class SqliteLedger:
         await self._check_identity(conn)
         # A journal-mode switch needs an exclusive lock and, unlike ordinary statements, may
         # fail busy at once; several processes opening one file retry here until the timeout.
-        with anyio.fail_after(self._timeout + 1.0, shield=True):
-            while True:
-                try:
-                    (mode,) = (await conn.fetchall("PRAGMA journal_mode=WAL"))[0]
-                    break
-                except sqlite3.OperationalError as exc:
-                    if not _sqlite.is_locked(exc):
-                        raise
-                    await anyio.sleep(0.01)
+        try:
+            with anyio.fail_after(self._timeout + 1.0, shield=True):
+                while True:
+                    try:
+                        (mode,) = (await conn.fetchall("PRAGMA journal_mode=WAL"))[0]
+                        break
+                    except sqlite3.OperationalError as exc:
+                        if not _sqlite.is_locked(exc):
+                            raise
+                        await anyio.sleep(0.01)
+        except TimeoutError:
+            raise LedgerLockedError(
+                f"ledger {self._path!r} stayed locked by another connection beyond its busy "
+                f"timeout while switching to WAL"
+            ) from None
         if str(mode).lower() not in ("wal", "memory"):
             raise LedgerError(f"ledger {self._path!r} could not switch to WAL (mode {mode!r})")
         await conn.fetchall("PRAGMA synchronous=FULL")
@@ -267,7 +299,9 @@ class SqliteLedger:
                 await conn.fetchall(f"PRAGMA user_version = {SCHEMA_VERSION}")
             await conn.fetchall("COMMIT")
         except BaseException:
-            await conn.fetchall("ROLLBACK")
+            # SQLite may have rolled back already (a full disk does): keep the real cause.
+            with contextlib.suppress(sqlite3.Error):
+                await conn.fetchall("ROLLBACK")
             raise
 
     async def aclose(self) -> None:

@@ -18,7 +18,8 @@ import anyio
 import sniffio
 
 # Primary result codes (sqlite3 exposes them as names only from Python 3.11 on).
-_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_CORRUPT, _SQLITE_CANTOPEN, _SQLITE_NOTADB = 5, 6, 11, 14, 26
+_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_CANTOPEN = 5, 6, 11, 13, 14
+_SQLITE_NOTADB = 26
 
 Params: TypeAlias = "Sequence[Any] | Mapping[str, Any]"
 Row: TypeAlias = "tuple[Any, ...]"
@@ -84,6 +85,11 @@ def is_corrupt(exc: BaseException) -> bool:
     """Whether ``exc`` says the file is not a database or its pages are damaged."""
     return _matches(exc, sqlite3.DatabaseError, (_SQLITE_NOTADB, _SQLITE_CORRUPT),
                     ("not a database", "malformed"))
+
+
+def is_full(exc: BaseException) -> bool:
+    """Whether ``exc`` says the disk (or the database's page limit) is full."""
+    return _matches(exc, sqlite3.OperationalError, (_SQLITE_FULL,), ("is full",))
 
 
 def is_cantopen(exc: BaseException) -> bool:
