@@ -165,7 +165,7 @@ MAX_TIMEOUT_S = 86_400.0
 def _busy_timeout(value: object) -> float:
     """A busy timeout in seconds: a finite number from 0 to a day."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidLedgerOptionError(
+        raise InvalidLedgerOptionTypeError(
             f"SqliteLedger timeout must be a number of seconds, got {type(value).__name__}"
         )
     if not 0.0 <= value <= MAX_TIMEOUT_S:  # also False for NaN

@@ -1,0 +1,453 @@
+"""Attacks on the enforcement boundary's control half (issue: harden the enforcement boundary).
+
+Each test is an attack a hostile tool author, a stepped clock or a busy database would make:
+a copied or forged permit, a round entered twice, a wall clock stepped at the worst moment, a
+lock held past the deadline, a trace write that fails, and values that used to escape as
+builtin errors. The ledger is the in-memory double (virtual time on both loops) unless the
+attack needs a real SQLite lock.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import pickle
+import sqlite3
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import attrs
+import pytest
+
+from plugin import (
+    AllowancePolicy,
+    AttemptKind,
+    ManualClock,
+    Permit,
+    RecallAllowance,
+    RecallBudgetExceeded,
+    RefusalReason,
+    RoundKind,
+    SqliteLedger,
+)
+from plugin.control import AttemptTrace, RefusalRecord, _sqlite
+from plugin.errors import (
+    InvalidLedgerOptionError,
+    InvalidPolicyError,
+    InvalidRoundError,
+    LedgerClosedError,
+    LedgerFullError,
+    LedgerLockedError,
+    PermitMisuseError,
+    RecallboundError,
+    RoundReusedError,
+)
+
+from ._fakes import MemoryLedger
+from ._loops import VIRTUAL_TIME_LOOPS
+
+pytestmark = pytest.mark.anyio
+
+WALL = 1_000_000.0
+DELIB = RoundKind.DELIBERATE
+
+
+@pytest.fixture(params=VIRTUAL_TIME_LOOPS)
+def anyio_backend(request: pytest.FixtureRequest) -> object:
+    return request.param
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(wall=WALL, monotonic=50.0)
+
+
+@pytest.fixture
+def ledger() -> MemoryLedger:
+    return MemoryLedger()
+
+
+@pytest.fixture
+def allowance(ledger: MemoryLedger, clock: ManualClock) -> RecallAllowance:
+    return RecallAllowance(ledger, clock=clock)
+
+
+# -- a permit is one object --------------------------------------------------------------------
+
+COPIES: list[tuple[str, Callable[[Permit], object]]] = [
+    ("copy", copy.copy),
+    ("deepcopy", copy.deepcopy),
+    ("pickle", pickle.dumps),
+    ("reduce_ex", lambda p: p.__reduce_ex__(2)),
+    ("reduce", lambda p: p.__reduce__()),
+    ("evolve", attrs.evolve),
+    ("evolve_more_slots", lambda p: attrs.evolve(p, slots=50)),
+]
+
+
+@pytest.mark.parametrize(("name", "make_copy"), COPIES, ids=[name for name, _ in COPIES])
+async def test_a_permit_cannot_be_copied(
+    allowance: RecallAllowance,
+    ledger: MemoryLedger,
+    name: str,
+    make_copy: Callable[[Permit], object],
+) -> None:
+    async with allowance.round("r", DELIB, slots=2) as permit:
+        with pytest.raises(PermitMisuseError):
+            make_copy(permit)
+        async with permit.attempt():
+            pass
+        async with permit.attempt():
+            pass
+        with pytest.raises(RecallBudgetExceeded):
+            async with permit.attempt():
+                pass
+    usage = await ledger.usage("r")
+    assert (usage.reserved, usage.executed) == (2, 2)
+
+
+async def test_a_forged_permit_takes_no_slot(allowance: RecallAllowance) -> None:
+    forged = object.__new__(Permit)
+    with pytest.raises(PermitMisuseError):
+        async with forged.attempt():
+            pass
+    with pytest.raises(PermitMisuseError), forged.attempt_sync():
+        pass
+
+
+@pytest.mark.parametrize("attribute", ["slots", "_taken", "_closed", "first_slot", "_clock"])
+async def test_a_permit_cannot_be_modified(allowance: RecallAllowance, attribute: str) -> None:
+    async with allowance.round("r", DELIB, slots=1) as permit:
+        before = getattr(permit, attribute)
+        with pytest.raises(PermitMisuseError):
+            setattr(permit, attribute, 0)
+        with pytest.raises(PermitMisuseError):
+            delattr(permit, attribute)
+        assert getattr(permit, attribute) is before
+
+
+async def test_a_permit_built_by_hand_is_refused(clock: ManualClock) -> None:
+    with pytest.raises(TypeError):
+        Permit(
+            run_id="r", round_index=1, kind=DELIB, slots=9, first_slot=1, legacy=False,
+            clock=clock, ledger=MemoryLedger(), deadline_wall=math.inf, expires_wall=math.inf,
+            issued_mono=0.0, left_at_issue=math.inf, source_reads_limit=2, reserved_total=9,
+            executed_before=0,
+        )
+
+
+async def test_one_round_entered_by_two_tasks_reserves_once(
+    allowance: RecallAllowance, ledger: MemoryLedger
+) -> None:
+    shared = allowance.round("r", DELIB, slots=1)
+    outcomes: list[str] = []
+    permits: list[Permit] = []
+
+    async def enter() -> None:
+        try:
+            async with shared as permit:
+                permits.append(permit)
+                await anyio.sleep(0)
+                outcomes.append("entered")
+        except RoundReusedError:
+            outcomes.append("refused")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(enter)
+        tg.start_soon(enter)
+    assert sorted(outcomes) == ["entered", "refused"]
+    assert (await ledger.usage("r")).rounds == 1
+    assert all(permit.closed for permit in permits)
+    with pytest.raises(RoundReusedError):
+        copy.copy(allowance.round("r", DELIB, slots=1))
+
+
+# -- deadlines that must not move ----------------------------------------------------------------
+
+
+async def test_a_wall_step_back_in_the_checkpoint_gives_no_extra_time(
+    ledger: MemoryLedger, clock: ManualClock
+) -> None:
+    async def checkpoint(run_id: str, round_index: int) -> None:
+        clock.step_wall(-1000.0)
+
+    allowance = RecallAllowance(ledger, clock=clock, checkpoint=checkpoint)
+    async with allowance.round("r", DELIB, slots=2) as permit:
+        assert permit.seconds_left() == pytest.approx(10.0)
+        clock.advance(10.0)
+        assert permit.expired()
+        with pytest.raises(RecallBudgetExceeded) as info:
+            async with permit.attempt():
+                pass
+        assert info.value.refusal.reason is RefusalReason.DEADLINE
+
+
+async def test_the_wall_step_guard_holds_when_the_first_checkpoint_failed(
+    ledger: MemoryLedger, clock: ManualClock
+) -> None:
+    async def failing(run_id: str, round_index: int) -> None:
+        raise RuntimeError("host could not checkpoint")
+
+    with pytest.raises(RuntimeError):
+        async with RecallAllowance(ledger, clock=clock, checkpoint=failing).round("r", DELIB,
+                                                                                  slots=1):
+            pass
+    clock.advance(11.0)
+    clock.step_wall(-60.0)  # the wall now reads before the deadline again
+    with pytest.raises(RecallBudgetExceeded) as info:
+        async with RecallAllowance(ledger, clock=clock).round("r", DELIB, slots=1):
+            pass
+    assert info.value.refusal.reason is RefusalReason.DEADLINE
+
+
+async def test_the_wall_step_guard_is_shared_by_every_allowance_in_the_process(
+    ledger: MemoryLedger, clock: ManualClock
+) -> None:
+    async with RecallAllowance(ledger, clock=clock).round("r", DELIB, slots=1):
+        pass
+    clock.advance(70.0)  # 60 s past the deadline ...
+    clock.step_wall(-65.0)  # ... and the wall clock stepped back to before it
+    other = RecallAllowance(ledger, clock=clock)
+    with pytest.raises(RecallBudgetExceeded) as info:
+        async with other.round("r", DELIB, slots=1):
+            pass
+    assert info.value.refusal.reason is RefusalReason.DEADLINE
+    assert (await ledger.usage("r")).rounds == 1
+
+
+async def test_a_wall_step_forward_during_an_attempt_ends_the_permit_not_the_attempt(
+    allowance: RecallAllowance, clock: ManualClock
+) -> None:
+    # Documented choice: the attempt's cancel scope follows the monotonic deadline; a wall
+    # step forward expires the permit at once, so no further slot is given out.
+    async with allowance.round("r", DELIB, slots=2) as permit:
+        async with permit.attempt() as slot:
+            clock.step_wall(3600.0)
+            assert permit.expired()
+            await anyio.sleep(0)
+        assert slot == 1
+        with pytest.raises(RecallBudgetExceeded) as info:
+            async with permit.attempt():
+                pass
+        assert info.value.refusal.reason is RefusalReason.DEADLINE
+
+
+@attrs.define
+class _SlowLedger:
+    """A ledger whose write lock is held by someone else until ``release`` is set."""
+
+    inner: MemoryLedger
+    release: anyio.Event = attrs.Factory(anyio.Event)
+    waiting: anyio.Event = attrs.Factory(anyio.Event)
+
+    async def reserve(self, *args: Any, **options: Any) -> Any:
+        self.waiting.set()
+        await self.release.wait()
+        return await self.inner.reserve(*args, **options)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def test_a_round_that_waits_for_the_lock_past_the_deadline_is_refused(
+    ledger: MemoryLedger, clock: ManualClock
+) -> None:
+    async with RecallAllowance(ledger, clock=clock).round("r", DELIB, slots=1):
+        pass
+    slow = _SlowLedger(ledger)
+    outcome: list[object] = []
+
+    async def second_round() -> None:
+        try:
+            async with RecallAllowance(slow, clock=clock).round("r", DELIB, slots=1) as p:
+                outcome.append(p)
+        except RecallBudgetExceeded as exc:
+            outcome.append(exc.refusal.reason)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(second_round)
+        await slow.waiting.wait()
+        clock.advance(10.5)  # the deadline passes while the round waits for the lock
+        slow.release.set()
+    assert outcome == [RefusalReason.DEADLINE]
+    assert (await ledger.usage("r")).reserved == 1
+
+
+# -- typed errors at the boundary -----------------------------------------------------------------
+
+
+async def test_out_of_range_counts_are_typed_errors(allowance: RecallAllowance) -> None:
+    for huge in (2**31, 2**63, 10**30):
+        with pytest.raises(InvalidRoundError):
+            allowance.round("r", DELIB, slots=huge)
+        with pytest.raises(InvalidPolicyError):
+            AllowancePolicy(max_searches=huge)
+    with pytest.raises(InvalidPolicyError):
+        AllowancePolicy(deadline_s=1e300)
+    with pytest.raises(InvalidRoundError):
+        allowance.round("r", DELIB, slots=0)
+
+
+@pytest.mark.parametrize("value", ["false", "0", "no", 0, 1, None])
+def test_legacy_needs_a_real_bool(value: object) -> None:
+    with pytest.raises(RecallboundError):
+        RecallAllowance(MemoryLedger(), is_legacy=value)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("timeout", [-1.0, math.nan, math.inf, 1e9, "5", True, None])
+def test_invalid_ledger_timeouts_are_typed_errors(tmp_path: Path, timeout: object) -> None:
+    expected = InvalidLedgerOptionError if isinstance(timeout, float) else TypeError
+    with pytest.raises(expected) as info:
+        SqliteLedger(tmp_path / "l.db", timeout=timeout)  # type: ignore[arg-type]
+    assert isinstance(info.value, RecallboundError)
+
+
+# -- traces: kept until they commit, and never in place of the body's error ----------------------
+
+
+@attrs.define
+class _FlakyRecords:
+    """A ledger whose trace writes fail ``failures`` times with ``error`` before they work."""
+
+    inner: MemoryLedger
+    failures: int
+    error: Callable[[], BaseException] = lambda: LedgerLockedError("busy")
+    calls: int = 0
+
+    async def record(
+        self, attempts: Sequence[AttemptTrace], refusals: Sequence[RefusalRecord]
+    ) -> None:
+        self.calls += 1
+        if self.failures > 0:
+            self.failures -= 1
+            raise self.error()
+        await self.inner.record(attempts, refusals)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def test_a_transient_trace_write_failure_loses_no_trace(
+    ledger: MemoryLedger, clock: ManualClock
+) -> None:
+    flaky = _FlakyRecords(ledger, failures=2)
+    async with RecallAllowance(flaky, clock=clock).round("r", DELIB, slots=3) as permit:
+        for _ in range(3):
+            async with permit.attempt():
+                pass
+    assert flaky.calls == 3
+    usage = await ledger.usage("r")
+    assert (usage.reserved, usage.executed) == (3, 3)
+
+
+async def test_traces_stay_buffered_until_a_later_write_commits(
+    ledger: MemoryLedger, clock: ManualClock
+) -> None:
+    flaky = _FlakyRecords(ledger, failures=10)
+    permits: list[Permit] = []
+
+    async def two_attempts() -> None:
+        async with RecallAllowance(flaky, clock=clock).round("r", DELIB, slots=2) as permit:
+            permits.append(permit)
+            async with permit.attempt():
+                pass
+            async with permit.attempt():
+                pass
+
+    with pytest.raises(LedgerLockedError):
+        await two_attempts()
+    (permit,) = permits
+    assert (await ledger.usage("r")).executed == 0
+    flaky.failures = 0
+    await permit.flush()
+    assert (await ledger.usage("r")).executed == 2
+
+
+async def test_a_closed_ledger_does_not_replace_the_bodys_exception(
+    ledger: MemoryLedger, clock: ManualClock
+) -> None:
+    flaky = _FlakyRecords(ledger, failures=1, error=lambda: LedgerClosedError("closed"))
+
+    async def failing_body() -> None:
+        async with RecallAllowance(flaky, clock=clock).round("r", DELIB, slots=1) as permit:
+            async with permit.attempt(AttemptKind.DELIBERATE):
+                pass
+            raise ValueError("the body's own failure")
+
+    with pytest.raises(ValueError, match="the body's own failure") as info:
+        await failing_body()
+    assert any("LedgerClosedError" in note for note in getattr(info.value, "__notes__", []))
+
+
+# -- SQLite: a real lock, a real journal-mode switch, a full disk ----------------------------------
+
+
+class TestSqlite:
+    """Attacks that need a real SQLite file (worker threads: real time, a ManualClock)."""
+
+    @pytest.fixture(params=["asyncio", "trio"])
+    def anyio_backend(self, request: pytest.FixtureRequest) -> object:
+        return request.param
+
+    async def test_a_round_that_waits_for_the_write_lock_is_judged_after_the_wait(
+        self, tmp_path: Path, clock: ManualClock
+    ) -> None:
+        path = tmp_path / "ledger.db"
+        async with SqliteLedger(path, timeout=10.0) as ledger:
+            allowance = RecallAllowance(ledger, clock=clock)
+            async with allowance.round("r", DELIB, slots=1):
+                pass
+            holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            holder.execute("BEGIN IMMEDIATE")
+            outcome: list[object] = []
+
+            async def second_round() -> None:
+                try:
+                    async with allowance.round("r", DELIB, slots=1) as permit:
+                        outcome.append(permit)
+                except RecallBudgetExceeded as exc:
+                    outcome.append(exc.refusal.reason)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(second_round)
+                await anyio.sleep(0.3)  # a sync point, not a timing: the round is waiting
+                assert outcome == []
+                clock.advance(11.0)
+                holder.execute("COMMIT")
+            holder.close()
+            assert outcome == [RefusalReason.DEADLINE]
+            assert (await ledger.usage("r")).reserved == 1
+
+    async def test_a_journal_mode_switch_blocked_by_a_reader_is_a_locked_ledger(
+        self, tmp_path: Path
+    ) -> None:
+        path = tmp_path / "ledger.db"
+        reader = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        reader.execute("CREATE TABLE keep_rollback_mode (x)")
+        reader.execute("DROP TABLE keep_rollback_mode")
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM sqlite_schema").fetchall()  # holds a read lock
+        try:
+            with pytest.raises(LedgerLockedError, match="locked"):
+                async with SqliteLedger(path, timeout=0.2):
+                    pass
+        finally:
+            reader.execute("COMMIT")
+            reader.close()
+
+    async def test_a_full_disk_says_so(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        connect = _sqlite.connect
+
+        async def tiny(path: Any, *, timeout: float) -> _sqlite.Connection:
+            conn = await connect(path, timeout=timeout)
+            await conn.fetchall("PRAGMA max_page_count = 2")  # as good as a full disk
+            return conn
+
+        monkeypatch.setattr(_sqlite, "connect", tiny)
+        with pytest.raises(LedgerFullError, match="full"):
+            async with SqliteLedger(tmp_path / "ledger.db"):
+                pass
