@@ -45,8 +45,9 @@ from plugin.control import (
     SqliteLedger,
     SystemClock,
 )
+from plugin.control.policy import MAX_COUNT
 
-HUGE = 10**12
+HUGE = MAX_COUNT
 """Slots and rounds enough never to run out while benchmarking."""
 ROOMY = AllowancePolicy(max_searches=HUGE, max_rounds=HUGE, deadline_s=1e6)
 
