@@ -18,9 +18,10 @@ import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import anyio
+import attrs
 
 from plugin.errors import (
     InvalidArgumentTypeError as InvalidLedgerOptionTypeError,
@@ -36,6 +37,7 @@ from plugin.errors import (
 )
 
 from . import _sqlite
+from ._sqlite.group import GroupCommit
 from .ledger import (
     AttemptOutcome,
     AttemptTrace,
@@ -175,6 +177,65 @@ def _busy_timeout(value: object) -> float:
     return float(value)
 
 
+@attrs.frozen
+class _ReserveRequest:
+    run_id: str
+    kind: RoundKind
+    requested: int
+    policy: AllowancePolicy
+    now: WallTime
+    floor: WallTime
+
+
+def _reserve_one(conn: sqlite3.Connection, request: _ReserveRequest) -> Reservation | BudgetRefusal:
+    """The check-and-reserve of one round, inside the caller's write transaction.
+
+    Judged under the write lock: a round that waited for another writer past the deadline is
+    refused, not born expired.
+    """
+    run_id, kind, requested, policy = (
+        request.run_id, request.kind, request.requested, request.policy
+    )
+    now_wall = max(read_time(request.now), read_time(request.floor))
+    params = {
+        "run_id": run_id,
+        "now": now_wall,
+        "deadline_s": policy.deadline_s,
+        "max_searches": policy.max_searches,
+        "max_rounds": policy.max_rounds,
+        "requested": requested,
+    }
+    row = conn.execute(_RESERVE, params).fetchone()
+    if row is not None:
+        rounds, reserved, grant, deadline, opened, executed = row
+        first = reserved - grant + 1
+        conn.execute(
+            "INSERT INTO rounds VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (run_id, rounds, kind.value, requested, first, grant, executed, now_wall),
+        )
+        return Reservation(
+            run_id=run_id, round_index=rounds, kind=kind, requested=requested,
+            first_slot=first, slots=grant, reserved=reserved, executed=executed,
+            deadline_wall=float(deadline), opened_wall=float(opened),
+            reserved_wall=float(now_wall),
+        )
+    rounds, reserved, deadline, max_rounds, max_searches, executed = conn.execute(
+        _RUN_STATE, (run_id,)
+    ).fetchone()
+    if rounds >= max_rounds:
+        reason = RefusalReason.ROUNDS
+    elif reserved >= max_searches:
+        reason = RefusalReason.SLOTS
+    else:
+        reason = RefusalReason.DEADLINE
+    conn.execute(
+        "INSERT INTO refusals (run_id, round_index, what, kind, reason, at_wall) "
+        "VALUES (?, NULL, 'round', ?, ?, ?)",
+        (run_id, kind.value, reason.value, now_wall),
+    )
+    return BudgetRefusal(reason=reason, run_id=run_id, reserved=reserved, executed=executed)
+
+
 class SqliteLedger:
     """The default :class:`~plugin.control.ledger.Ledger`: ``async with SqliteLedger(path)``.
 
@@ -188,7 +249,9 @@ class SqliteLedger:
     beyond ``timeout``. Every error is a :class:`~plugin.errors.LedgerError`.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, timeout: float = 5.0) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, timeout: float = 5.0, group_commit: bool = True
+    ) -> None:
         if not isinstance(path, (str, os.PathLike)):
             raise InvalidLedgerOptionTypeError(
                 f"SqliteLedger path must be a str or PathLike, got {type(path)!r}"
@@ -201,6 +264,19 @@ class SqliteLedger:
         # One connection, many tasks: a transaction must never interleave with another task's
         # statements on the same connection ("cannot start a transaction within a transaction").
         self._lock = anyio.Lock()
+        if not isinstance(group_commit, bool):
+            raise InvalidLedgerOptionTypeError(
+                f"SqliteLedger group_commit must be a bool, got {type(group_commit).__name__}"
+            )
+        self._group: GroupCommit[_ReserveRequest, Reservation | BudgetRefusal] | None = (
+            GroupCommit(self._lock, self._reserve_batch, self._shared_failure)
+            if group_commit else None
+        )
+
+    def _shared_failure(self, error: BaseException) -> BaseException:
+        if isinstance(error, LedgerError):
+            return type(error)(str(error))
+        return LedgerError(f"ledger {self._path!r}: a group commit failed: {error!r}")
 
     @property
     def path(self) -> str:
@@ -344,55 +420,52 @@ class SqliteLedger:
         *,
         floor: WallTime = -math.inf,
     ) -> Reservation | BudgetRefusal:
-        params: dict[str, Any] = {
-            "run_id": run_id,
-            "deadline_s": policy.deadline_s,
-            "max_searches": policy.max_searches,
-            "max_rounds": policy.max_rounds,
-            "requested": requested,
-        }
-        async with self._write() as conn:
-            # Judged under the write lock: a round that waited for another writer past the
-            # deadline is refused, not born expired.
-            now_wall = params["now"] = max(read_time(now), read_time(floor))
-            rows = await conn.fetchall(_RESERVE, params)
-            if rows:
-                rounds, reserved, grant, deadline, opened, executed = rows[0]
-                await conn.fetchall(
-                    "INSERT INTO rounds VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (run_id, rounds, kind.value, requested, reserved - grant + 1, grant,
-                     executed, now_wall),
-                )
-                return Reservation(
-                    run_id=run_id,
-                    round_index=rounds,
-                    kind=kind,
-                    requested=requested,
-                    first_slot=reserved - grant + 1,
-                    slots=grant,
-                    reserved=reserved,
-                    executed=executed,
-                    deadline_wall=float(deadline),
-                    opened_wall=float(opened),
-                    reserved_wall=float(now_wall),
-                )
-            rounds, reserved, deadline, max_rounds, max_searches, executed = (
-                await conn.fetchall(_RUN_STATE, (run_id,))
-            )[0]
-            if rounds >= max_rounds:
-                reason = RefusalReason.ROUNDS
-            elif reserved >= max_searches:
-                reason = RefusalReason.SLOTS
-            else:
-                reason = RefusalReason.DEADLINE
-            await conn.fetchall(
-                "INSERT INTO refusals (run_id, round_index, what, kind, reason, at_wall) "
-                "VALUES (?, NULL, 'round', ?, ?, ?)",
-                (run_id, kind.value, reason.value, now_wall),
-            )
-            return BudgetRefusal(
-                reason=reason, run_id=run_id, reserved=reserved, executed=executed
-            )
+        request = _ReserveRequest(run_id, kind, requested, policy, now, floor)
+        self._connection()  # closed: fail now, not inside someone else's batch
+        if self._group is None:
+            async with self._lock:
+                (outcome,) = await self._reserve_batch([request])
+            if isinstance(outcome, BaseException):
+                raise outcome
+            return outcome
+        return await self._group.submit(request)
+
+    async def _reserve_batch(
+        self, batch: Sequence[_ReserveRequest]
+    ) -> list[Reservation | BudgetRefusal | BaseException]:
+        """One durable transaction for ``batch`` on the connection's thread (one hop)."""
+        path = self._path
+
+        def commit(conn: sqlite3.Connection) -> list[Reservation | BudgetRefusal | BaseException]:
+            outcomes: list[Reservation | BudgetRefusal | BaseException] = []
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                for request in batch:
+                    # Each request in its own savepoint: one that fails fails alone.
+                    conn.execute("SAVEPOINT reserve")
+                    try:
+                        outcomes.append(_reserve_one(conn, request))
+                    except Exception as exc:  # a failing statement or a caller's broken clock
+                        conn.execute("ROLLBACK TO reserve")
+                        outcomes.append(
+                            _translate(exc, path) if isinstance(exc, sqlite3.Error) else exc
+                        )
+                    conn.execute("RELEASE reserve")
+                conn.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+                raise
+            return outcomes
+
+        conn = self._connection()
+        outcomes: list[Reservation | BudgetRefusal | BaseException] = []
+        try:
+            with anyio.CancelScope(shield=True):
+                outcomes = await conn.run(commit)
+        except sqlite3.Error as exc:
+            raise _translate(exc, path) from exc
+        return outcomes
 
     async def record(
         self, attempts: Sequence[AttemptTrace], refusals: Sequence[RefusalRecord]

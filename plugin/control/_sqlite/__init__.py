@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, TypeAlias
+from typing import Any, Protocol, TypeAlias, TypeVar
 
 import anyio
 import sniffio
@@ -21,6 +21,7 @@ import sniffio
 _SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_CANTOPEN = 5, 6, 11, 13, 14
 _SQLITE_NOTADB = 26
 
+T = TypeVar("T")
 Params: TypeAlias = "Sequence[Any] | Mapping[str, Any]"
 Row: TypeAlias = "tuple[Any, ...]"
 
@@ -42,6 +43,13 @@ class Connection(Protocol):
 
     async def close(self) -> None:
         """Close the connection; idempotent."""
+        ...
+
+    async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` on the connection's own thread with the raw ``sqlite3`` connection.
+
+        One hop for a whole unit of work (a group commit); ``fn`` must not block on the loop.
+        """
         ...
 
 

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import sqlite3
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TypeVar
 
 import aiosqlite
 import anyio
 import anyio.to_thread
 
 from . import Params, Row
+
+T = TypeVar("T")
 
 
 class AiosqliteConnection:
@@ -28,6 +32,13 @@ class AiosqliteConnection:
 
     async def executescript(self, script: str) -> None:
         await self._conn.executescript(script)
+
+    async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        # aiosqlite runs every call on the connection's one thread; ``_execute`` is how its own
+        # methods get there (stable since aiosqlite 0.17; tests exercise it on every run).
+        conn = self._conn
+        result: T = await conn._execute(lambda: fn(conn._conn))  # type: ignore[no-untyped-call]
+        return result
 
     async def close(self) -> None:
         if not self._closed:

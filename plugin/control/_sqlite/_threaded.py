@@ -43,6 +43,10 @@ class ThreadedConnection:
         conn = self._conn
         await self._run(lambda: conn.executescript(script))
 
+    async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        conn = self._conn
+        return await self._run(lambda: fn(conn))
+
     async def close(self) -> None:
         if not self._closed:
             self._closed = True

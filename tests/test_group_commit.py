@@ -1,0 +1,167 @@
+"""Group commit: concurrent round reservations share one durable transaction, exactly.
+
+Reservations that arrive while a transaction is in flight are committed together in the next
+one (one fsync), each checked and reserved on its own (a savepoint each); a lone reservation
+never waits for a batch. Real SQLite files, both loops.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from plugin import AllowancePolicy, RoundKind, SqliteLedger
+from plugin.control import BudgetRefusal, RefusalReason, Reservation
+
+pytestmark = pytest.mark.anyio
+
+WALL = 1_700_000_000.0
+DELIB = RoundKind.DELIBERATE
+
+
+class _Spy:
+    """Records the size of every batch the ledger commits."""
+
+    def __init__(self, ledger: SqliteLedger) -> None:
+        self.sizes: list[int] = []
+        inner = ledger._reserve_batch
+
+        async def spy(batch: Sequence[Any]) -> Any:
+            self.sizes.append(len(batch))
+            return await inner(batch)
+
+        ledger._reserve_batch = spy  # type: ignore[method-assign]
+        assert ledger._group is not None
+        ledger._group.run = spy
+
+
+async def _many(ledger: SqliteLedger, requests: list[tuple[str, int, AllowancePolicy]]) -> list[
+    Reservation | BudgetRefusal | BaseException
+]:
+    outcomes: list[Reservation | BudgetRefusal | BaseException] = [None] * len(requests)  # type: ignore[list-item]
+
+    async def one(i: int, run_id: str, slots: int, policy: AllowancePolicy) -> None:
+        try:
+            outcomes[i] = await ledger.reserve(run_id, DELIB, slots, policy, WALL)
+        except Exception as exc:
+            outcomes[i] = exc
+
+    async with anyio.create_task_group() as tg:
+        for i, (run_id, slots, policy) in enumerate(requests):
+            tg.start_soon(one, i, run_id, slots, policy)
+    return outcomes
+
+
+async def test_concurrent_reservations_share_transactions(tmp_path: Path) -> None:
+    async with SqliteLedger(tmp_path / "l.db") as ledger:
+        spy = _Spy(ledger)
+        outcomes = await _many(ledger, [(f"run-{i}", 2, AllowancePolicy()) for i in range(200)])
+        assert all(isinstance(o, Reservation) and o.slots == 2 for o in outcomes)
+        assert sum(spy.sizes) == 200
+        assert max(spy.sizes) > 1  # they queued behind the first and went in together
+        assert len(spy.sizes) < 200
+        for i in range(200):
+            usage = await ledger.usage(f"run-{i}")
+            assert (usage.rounds, usage.reserved) == (1, 2)
+
+
+async def test_a_lone_reservation_is_its_own_batch(tmp_path: Path) -> None:
+    async with SqliteLedger(tmp_path / "l.db") as ledger:
+        spy = _Spy(ledger)
+        for i in range(5):
+            await ledger.reserve(f"run-{i}", DELIB, 1, AllowancePolicy(), WALL)
+        assert spy.sizes == [1, 1, 1, 1, 1]
+
+
+async def test_one_run_in_a_batch_is_checked_and_reserved_exactly(tmp_path: Path) -> None:
+    policy = AllowancePolicy(max_searches=4, max_rounds=10)
+    async with SqliteLedger(tmp_path / "l.db") as ledger:
+        spy = _Spy(ledger)
+        outcomes = await _many(ledger, [("run", 1, policy)] * 10 + [("other", 3, policy)])
+        granted = [o for o in outcomes[:10] if isinstance(o, Reservation)]
+        refused = [o for o in outcomes[:10] if isinstance(o, BudgetRefusal)]
+        assert sorted(r.first_slot for r in granted) == [1, 2, 3, 4]
+        assert [r.reason for r in refused] == [RefusalReason.SLOTS] * 6
+        other = outcomes[10]
+        assert isinstance(other, Reservation) and other.slots == 3  # refusals fail no one else
+        assert max(spy.sizes) > 1
+        usage = await ledger.usage("run")
+        assert (usage.rounds, usage.reserved, usage.refused) == (4, 4, 6)
+
+
+async def test_a_failing_request_fails_alone(tmp_path: Path) -> None:
+    def broken_clock() -> float:
+        raise RuntimeError("this caller's clock is broken")
+
+    async with SqliteLedger(tmp_path / "l.db") as ledger:
+        spy = _Spy(ledger)
+        outcomes: dict[str, object] = {}
+
+        async def one(run_id: str, now: Any) -> None:
+            try:
+                outcomes[run_id] = await ledger.reserve(run_id, DELIB, 1, AllowancePolicy(), now)
+            except RuntimeError as exc:
+                outcomes[run_id] = exc
+
+        async with anyio.create_task_group() as tg:
+            for i in range(30):
+                tg.start_soon(one, f"run-{i}", broken_clock if i % 3 == 0 else WALL)
+        assert max(spy.sizes) > 1
+        for i in range(30):
+            if i % 3 == 0:
+                assert isinstance(outcomes[f"run-{i}"], RuntimeError)
+                assert (await ledger.usage(f"run-{i}")).rounds == 0
+            else:
+                assert isinstance(outcomes[f"run-{i}"], Reservation)
+                assert (await ledger.usage(f"run-{i}")).reserved == 1
+
+
+async def test_cancelled_waiters_never_lose_or_double_count_a_reservation(
+    tmp_path: Path,
+) -> None:
+    rng = random.Random(7)
+    runs = 150
+    granted: dict[str, Reservation] = {}
+    async with SqliteLedger(tmp_path / "l.db") as ledger:
+
+        async def one(run_id: str, scope: anyio.CancelScope) -> None:
+            with scope:
+                result = await ledger.reserve(run_id, DELIB, 2, AllowancePolicy(), WALL)
+                assert isinstance(result, Reservation)
+                granted[run_id] = result
+
+        scopes = [anyio.CancelScope() for _ in range(runs)]
+        async with anyio.create_task_group() as tg:
+            for i in range(runs):
+                tg.start_soon(one, f"run-{i}", scopes[i])
+            for i in rng.sample(range(runs), runs // 2):
+                for _ in range(rng.randrange(4)):
+                    await anyio.sleep(0)
+                scopes[i].cancel()
+        for i in range(runs):
+            run_id = f"run-{i}"
+            usage = await ledger.usage(run_id)
+            if run_id in granted:
+                assert (usage.rounds, usage.reserved) == (1, 2)
+                assert granted[run_id].first_slot == 1
+            else:  # cancelled: never ran, or committed once and not seen (no refund, no double)
+                assert (usage.rounds, usage.reserved) in {(0, 0), (1, 2)}
+        assert len(granted) >= runs // 2
+
+
+async def test_a_closed_ledger_refuses_before_joining_a_batch(tmp_path: Path) -> None:
+    from plugin.errors import LedgerClosedError
+
+    ledger = SqliteLedger(tmp_path / "l.db")
+    with pytest.raises(LedgerClosedError):
+        await ledger.reserve("run", DELIB, 1, AllowancePolicy(), WALL)
+
+
+def test_group_commit_must_be_a_bool(tmp_path: Path) -> None:
+    with pytest.raises(TypeError):
+        SqliteLedger(tmp_path / "l.db", group_commit="no")  # type: ignore[arg-type]
