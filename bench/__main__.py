@@ -10,7 +10,9 @@ import traceback
 
 import anyio
 
-MODULES = ("bench_control", "bench_planning", "bench_store", "bench_hooks")
+MODULES = (
+    "bench_control", "bench_group_commit", "bench_planning", "bench_store", "bench_hooks",
+)
 
 
 def run(name: str) -> bool:

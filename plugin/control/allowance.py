@@ -8,7 +8,6 @@ issues a :class:`~plugin.control.permit.Permit`, bound to
 
 from __future__ import annotations
 
-import collections
 import math
 import threading
 from collections.abc import Awaitable, Callable
@@ -54,38 +53,24 @@ def validate_run_id(run_id: object) -> str:
     return run_id
 
 
-@attrs.frozen
-class _Anchor:
-    """A lower bound on the ledger's time for one run, kept on this process's monotonic clock.
-
-    ``reserved_wall`` is the time a round of the run was judged at; ``mono`` was read after
-    that reservation returned, so ``reserved_wall + (monotonic() - mono)`` never exceeds the
-    time that has really passed.
-    """
-
-    reserved_wall: float
-    mono: float
-
-    def floor(self, monotonic: float) -> float:
-        return self.reserved_wall + (monotonic - self.mono)
-
-
 class _Anchors:
     """What this *process* has watched pass for each run (all allowance objects share it).
 
     A wall clock stepped backwards between two rounds must not re-open a deadline that this
     process watched pass on its monotonic clock, whichever :class:`RecallAllowance` object
-    reserves the next round. Keyed by the clock (instances of :class:`SystemClock` are equal;
-    a :class:`ManualClock` is its own domain) and the run id; the oldest are forgotten first.
+    reserves the next round. For each run it keeps one number, ``reserved_wall - mono``: a
+    round's judged time minus a monotonic reading taken after that reservation returned, so
+    ``offset + monotonic()`` never exceeds the time that has really passed in the ledger's
+    clock. Keyed by the clock (instances of :class:`SystemClock` are equal; a
+    :class:`ManualClock` is its own domain) and the run id; the oldest are forgotten first,
+    so memory stays flat (about 200 bytes a run, ``limit`` runs).
     """
 
-    limit = 65_536
+    limit = 16_384
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._runs: collections.OrderedDict[tuple[object, str], _Anchor] = (
-            collections.OrderedDict()
-        )
+        self._offsets: dict[tuple[object, str], float] = {}
 
     @staticmethod
     def _key(clock: Clock, run_id: str) -> tuple[object, str]:
@@ -96,20 +81,21 @@ class _Anchors:
         return (clock, run_id)
 
     def floor(self, clock: Clock, run_id: str) -> float:
+        """The earliest ledger time this process knows has passed for ``run_id``."""
         with self._lock:
-            anchor = self._runs.get(self._key(clock, run_id))
-        return -math.inf if anchor is None else anchor.floor(clock.monotonic())
+            offset = self._offsets.get(self._key(clock, run_id))
+        return -math.inf if offset is None else offset + clock.monotonic()
 
     def observe(self, clock: Clock, run_id: str, reserved_wall: float, mono: float) -> None:
         key = self._key(clock, run_id)
-        candidate = _Anchor(reserved_wall, mono)
         with self._lock:
-            known = self._runs.get(key)
-            if known is None or known.floor(mono) < reserved_wall:
-                self._runs[key] = candidate
-            self._runs.move_to_end(key)
-            while len(self._runs) > self.limit:
-                self._runs.popitem(last=False)
+            offset = max(self._offsets.pop(key, -math.inf), reserved_wall - mono)
+            self._offsets[key] = offset
+            while len(self._offsets) > self.limit:
+                del self._offsets[next(iter(self._offsets))]
+
+    def __len__(self) -> int:
+        return len(self._offsets)
 
 
 _ANCHORS = _Anchors()
