@@ -4,6 +4,10 @@ Importing it does not import an embedding model (WordLlama is the optional ``sem
 """
 
 from .embedding import EmbeddingAdapter as EmbeddingAdapter
+from .enforce import AttemptHandle as AttemptHandle
+from .enforce import Bounded as Bounded
+from .enforce import Found as Found
+from .enforce import NestedRead as NestedRead
 from .pipeline import ContextCaps as ContextCaps
 from .pipeline import MemoryRetriever as MemoryRetriever
 from .pipeline import Retriever as Retriever
@@ -29,7 +33,8 @@ from .store import MemoryStore as MemoryStore
 from .store import Person as Person
 
 __all__ = [
-    "BaselineReason", "ContextCaps", "EmbeddingAdapter", "Evidence", "Fact", "MemoryRecord",
+    "AttemptHandle", "BaselineReason", "Bounded", "ContextCaps", "EmbeddingAdapter", "Evidence",
+    "Fact", "Found", "MemoryRecord", "NestedRead",
     "MemoryRetriever", "MemoryStore", "Person", "PreparedRecall", "QueryPlanner",
     "QueryPreparation", "QueryStrategy", "RecallPreparer", "RecallQuery", "Retriever",
     "SearchOutcome", "SemanticPreparation", "Task", "WithheldReason", "WorkingState",
