@@ -435,3 +435,19 @@ async def test_calls_that_cannot_get_a_slot_are_not_embedded(
                                     principal=PRINCIPAL)
         assert slow.calls == 4  # no slot left: nothing more was worth embedding
         assert context.notice is not None and more[0].status == "refused"
+
+
+async def test_evidence_left_out_by_the_caps_is_said_and_counted(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    async with open_hooks(_config(tmp_path, caps=ContextCaps(max_items=2)), clock=clock) as hooks:
+        store = _store(hooks)
+        for i in range(6):
+            await store.add_memory(f"z{i}", f"zeppelin note {i}", principal=PRINCIPAL,
+                                   scope=SCOPE)
+        (result,) = await hooks.dispatch(_calls("zeppelin note"), run_id="r", scope=SCOPE,
+                                         principal=PRINCIPAL)
+    assert len(result.evidence) == 2 and result.omitted == 4
+    assert result.as_dict()["omitted"] == 4
+    assert "4 more items left out by the context cap" in result.content
+    assert "not evidence" in result.content

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import copy
 import pickle
+import threading
 from collections.abc import Sequence
 from typing import Any
 
 import anyio
 import attrs
+import numpy as np
 import pytest
 
 from plugin import (
@@ -261,3 +263,39 @@ async def test_a_base_attempt_offers_no_nested_read(clock: ManualClock) -> None:
     context = await hooks.prepare(WorkingState("Priya"), run_id="r", scope=S, principal=P)
     assert context.slots == (1, 2)  # base, then the hooks' own delta for the People found
     assert [i.id for i in context.evidence] == ["b-priya"]
+
+
+@attrs.define(eq=False)
+class HungEmbedding:
+    """An embedding model that never answers until released (a worker thread stuck)."""
+
+    release: threading.Event = attrs.Factory(threading.Event)
+    name: str = "hung"
+    token_limit: int = 512
+    dimensions: int = 4
+
+    def count_tokens(self, text: str) -> int:
+        return 1
+
+    def embed(self, texts: Sequence[str]) -> Any:
+        self.release.wait(timeout=30)
+        return np.ones((len(texts), self.dimensions), dtype=np.float32) / 2.0
+
+
+async def test_a_hung_embedding_cannot_hold_the_turn(clock: ManualClock) -> None:
+    hung = HungEmbedding()
+    allowance = RecallAllowance(MemoryLedger(), clock=clock)
+    hooks = RecallHooks(allowance=allowance, preparer=QueryPreparation(QueryPlanner(), hung),
+                        retriever=DictRetriever(MEMORIES), preparation_budget_s=0.01)
+    try:
+        (result,) = await hooks.dispatch(_calls("cutover"), run_id="r", scope=S, principal=P)
+        context = await hooks.prepare(WorkingState("deploy"), run_id="r", scope=S,
+                                      principal=P)
+    finally:
+        hung.release.set()
+    assert result.status == "ok" and "m-cutover" in {i.id for i in result.evidence}
+    assert [(b.part, b.reason) for b in result.bounded] == [
+        ("semantic_arm", "preparation_bound")
+    ]
+    assert [b.reason for b in context.bounded] == ["preparation_bound"]
+    assert "not evidence" in context.render()

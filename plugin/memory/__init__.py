@@ -11,7 +11,6 @@ from .enforce import NestedRead as NestedRead
 from .pipeline import ContextCaps as ContextCaps
 from .pipeline import MemoryRetriever as MemoryRetriever
 from .pipeline import Retriever as Retriever
-from .pipeline import SearchOutcome as SearchOutcome
 from .planning import BaselineReason as BaselineReason
 from .planning import QueryPlanner as QueryPlanner
 from .planning import QueryStrategy as QueryStrategy
@@ -37,6 +36,6 @@ __all__ = [
     "Fact", "Found", "MemoryRecord", "NestedRead",
     "MemoryRetriever", "MemoryStore", "Person", "PreparedRecall", "QueryPlanner",
     "QueryPreparation", "QueryStrategy", "RecallPreparer", "RecallQuery", "Retriever",
-    "SearchOutcome", "SemanticPreparation", "Task", "WithheldReason", "WorkingState",
+    "SemanticPreparation", "Task", "WithheldReason", "WorkingState",
     "compose_baseline", "compose_search_call", "compose_task_context",
 ]

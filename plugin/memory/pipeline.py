@@ -20,9 +20,9 @@ from typing import Protocol, runtime_checkable
 
 import attrs
 
-from plugin.control import AttemptKind, RecallBudgetExceeded
+from plugin.control import RecallBudgetExceeded
 
-from .enforce import AttemptHandle, Bounded, Found
+from .enforce import AttemptHandle, Found
 from .fts import remove_lone_surrogates
 from .planning import QueryStrategy
 from .preparation import PreparedRecall
@@ -62,25 +62,6 @@ class Rendered:
     text: str
     omitted: int
     """Evidence items ranked but left out by the caps."""
-
-
-@attrs.frozen(kw_only=True)
-class SearchOutcome:
-    """One deliberate attempt as the hooks ran it: its slot and what it found, rendered."""
-
-    slot: int
-    kind: AttemptKind
-    fingerprint: str
-    evidence: tuple[Evidence, ...]
-    rendered: Rendered
-    people: tuple[str, ...] = ()
-    arms: tuple[str, ...] = ()
-    """The arms that ran (``sparse``, ``semantic``, ``recent``)."""
-    notes: tuple[str, ...] = ()
-    """Degradations for traces: an arm skipped or withheld, a nested read refused."""
-    belief_slot: int | None = None
-    bounded: tuple[Bounded, ...] = ()
-    """What the allowance cut short, in the bounded wording the model reads."""
 
 
 @runtime_checkable
