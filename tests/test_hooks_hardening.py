@@ -153,7 +153,8 @@ def test_legacy_only_by_an_explicit_bool(tmp_path: Path, legacy: object) -> None
         ("admission", "yes", TypeError), ("admission_timeout_s", "1", TypeError),
         ("admission_timeout_s", math.nan, ValueError), ("admission_timeout_s", -1.0, ValueError),
         ("admission_timeout_s", True, TypeError), ("semantic", "bert", ValueError),
-        ("caps", {"max_items": 3}, TypeError),
+        ("caps", {"max_items": 3}, TypeError), ("preparation_budget_s", 0, ValueError),
+        ("preparation_budget_s", math.inf, ValueError), ("preparation_budget_s", "2", TypeError),
     ],
 )
 def test_every_config_field_is_checked_with_a_typed_error(
