@@ -82,3 +82,27 @@ class RoundReusedError(RecallboundError, RuntimeError):
 
 class PermitMisuseError(InvalidArgumentTypeError):
     """A permit was copied, pickled, rebuilt or modified: it is one object, issued once."""
+
+
+class InvalidHookArgumentError(RecallboundError, ValueError):
+    """A trusted argument handed to the hooks (scope, principal, ...) has a bad value."""
+
+
+class InvalidHookArgumentTypeError(RecallboundError, TypeError):
+    """A trusted argument handed to the hooks (scope, principal, state, ...) has a wrong type."""
+
+
+class InvalidToolCallError(RecallboundError, TypeError):
+    """A :class:`~runtime_hooks.hooks.ToolCall` was built with a field of the wrong type."""
+
+
+class InvalidConfigError(RecallboundError, ValueError):
+    """A :class:`~runtime_hooks.bootstrap.RecallConfig` field has a bad value (named)."""
+
+
+class InvalidConfigTypeError(RecallboundError, TypeError):
+    """A :class:`~runtime_hooks.bootstrap.RecallConfig` field has a wrong type (named)."""
+
+
+class AttemptHandleError(RecallboundError, RuntimeError):
+    """A retriever used its attempt handle for something the attempt does not offer."""

@@ -9,13 +9,16 @@ reference memory store, builds the planner, the preparation and the retriever, a
 from __future__ import annotations
 
 import enum
+import math
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any, TypeVar
 
 import attrs
 
 from plugin.control import AllowancePolicy, Clock, RecallAllowance, SqliteLedger, SystemClock
+from plugin.errors import InvalidConfigError, InvalidConfigTypeError
 from plugin.memory.embedding import EmbeddingAdapter
 from plugin.memory.pipeline import ContextCaps, MemoryRetriever
 from plugin.memory.planning import Admission, QueryPlanner, QueryStrategy
@@ -37,22 +40,100 @@ class Semantic(enum.Enum):
     extra)."""
 
 
+_E = TypeVar("_E", bound=enum.Enum)
+
+
+def _path(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, (str, os.PathLike)):
+        raise InvalidConfigTypeError(
+            f"RecallConfig.{attribute.name} must be a str or path, got {type(value).__name__}"
+        )
+    if not os.fspath(value):
+        raise InvalidConfigError(f"RecallConfig.{attribute.name} must not be empty")
+
+
+def _instance(kind: type) -> Any:
+    def check(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        if not isinstance(value, kind):
+            raise InvalidConfigTypeError(
+                f"RecallConfig.{attribute.name} must be a {kind.__name__}, "
+                f"got {type(value).__name__}"
+            )
+    return check
+
+
+def _choice(kind: type[_E], name: str, value: object) -> _E:
+    try:
+        return kind(value)
+    except ValueError:
+        choices = ", ".join(repr(member.value) for member in kind)
+        raise InvalidConfigError(
+            f"RecallConfig.{name} must be one of {choices}, got {value!r}"
+        ) from None
+
+
+def _query_planning(value: object) -> QueryStrategy:
+    return _choice(QueryStrategy, "query_planning", value)
+
+
+def _semantic(value: object) -> Semantic:
+    return _choice(Semantic, "semantic", value)
+
+
+def _admission(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and not callable(value):
+        raise InvalidConfigTypeError(
+            f"RecallConfig.admission must be an async callable or None, got "
+            f"{type(value).__name__}"
+        )
+
+
+def _seconds(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidConfigTypeError(
+            f"RecallConfig.{attribute.name} must be a number of seconds, got "
+            f"{type(value).__name__}"
+        )
+    if not (math.isfinite(value) and value > 0):
+        raise InvalidConfigError(
+            f"RecallConfig.{attribute.name} must be finite and > 0, got {value!r}"
+        )
+
+
+def _legacy(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    # Only the bool itself: "false", "0" or 1 must never switch enforcement off (or on).
+    if value is not True and value is not False:
+        raise InvalidConfigTypeError(
+            f"RecallConfig.legacy must be the bool True or False, got {value!r}; the "
+            f"unenforced legacy mode is chosen only by an explicit legacy=True"
+        )
+
+
 @attrs.frozen(kw_only=True)
 class RecallConfig:
-    """What the host decides; everything else has a default."""
+    """What the host decides; everything else has a default.
 
-    ledger_path: str | os.PathLike[str]
-    store_path: str | os.PathLike[str]
-    policy: AllowancePolicy = attrs.field(factory=AllowancePolicy)
+    Every field is checked at construction: a wrong type raises
+    :class:`~plugin.errors.InvalidConfigTypeError` (a ``TypeError``), a bad value
+    :class:`~plugin.errors.InvalidConfigError` (a ``ValueError``), both naming the field.
+    """
+
+    ledger_path: str | os.PathLike[str] = attrs.field(validator=_path)
+    store_path: str | os.PathLike[str] = attrs.field(validator=_path)
+    policy: AllowancePolicy = attrs.field(factory=AllowancePolicy,
+                                          validator=_instance(AllowancePolicy))
     query_planning: QueryStrategy = attrs.field(
-        default=QueryStrategy.BASELINE, converter=QueryStrategy
+        default=QueryStrategy.BASELINE, converter=_query_planning
     )
-    admission: Admission | None = None
-    admission_timeout_s: float = 0.25
-    semantic: Semantic = attrs.field(default=Semantic.NONE, converter=Semantic)
-    caps: ContextCaps = attrs.field(factory=ContextCaps)
-    legacy: bool = False
-    """The explicit legacy mode: no enforcement, every attempt traced as legacy."""
+    admission: Admission | None = attrs.field(default=None, validator=_admission)
+    admission_timeout_s: float = attrs.field(default=0.25, validator=_seconds)
+    semantic: Semantic = attrs.field(default=Semantic.NONE, converter=_semantic)
+    caps: ContextCaps = attrs.field(factory=ContextCaps, validator=_instance(ContextCaps))
+    legacy: bool = attrs.field(default=False, validator=_legacy)
+    """The explicit legacy mode: no enforcement, every attempt traced as legacy. Only the
+    bool ``True`` turns it on."""
+    preparation_budget_s: float = attrs.field(default=2.0, validator=_seconds)
+    """How long one hook call may spend preparing its queries before the round."""
 
 
 def load_embedding(choice: Semantic) -> EmbeddingAdapter | None:
@@ -82,7 +163,7 @@ async def open_hooks(
     async with SqliteLedger(config.ledger_path) as ledger, MemoryStore(
         config.store_path, embedding=embedding, clock=clock
     ) as store:
-        if config.legacy:
+        if config.legacy is True:
             allowance = RecallAllowance.legacy(ledger, clock=clock)
         else:
             allowance = RecallAllowance(ledger, policy=config.policy, clock=clock)
@@ -96,4 +177,5 @@ async def open_hooks(
             preparer=QueryPreparation(planner, embedding),
             retriever=MemoryRetriever(store),
             caps=config.caps,
+            preparation_budget_s=config.preparation_budget_s,
         )

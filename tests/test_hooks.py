@@ -16,7 +16,6 @@ from plugin import (
     AttemptKind,
     InvalidWorkingStateError,
     ManualClock,
-    Permit,
     QueryStrategy,
     RecallBudgetExceeded,
     RefusalReason,
@@ -25,6 +24,7 @@ from plugin import (
     current_permit,
 )
 from plugin.control import AttemptOutcome
+from plugin.memory.enforce import AttemptHandle, search_attempt
 from plugin.memory.pipeline import MemoryRetriever
 from runtime_hooks import RecallHooks
 from runtime_hooks.bootstrap import RecallConfig, Semantic, open_hooks
@@ -134,10 +134,11 @@ async def test_nested_belief_read_takes_its_own_slot(hooks: RecallHooks) -> None
     prepared = await hooks.preparer.prepare_search("what does Priya believe", scope=SCOPE,
                                                    principal=PRINCIPAL)
     async with hooks.allowance.round("r", RoundKind.DELIBERATE, slots=2) as permit:
-        outcome = await hooks.retriever.search(prepared, permit, kind=AttemptKind.DELIBERATE,
-                                               caps=hooks.caps, nested_beliefs=True)
-        assert (outcome.slot, outcome.belief_slot, permit.remaining) == (1, 2, 0)
-    assert "b-priya" in {item.id for item in outcome.evidence}
+        attempted = await search_attempt(permit, hooks.retriever, prepared,
+                                         kind=AttemptKind.DELIBERATE, caps=hooks.caps,
+                                         nested_beliefs=True)
+        assert (attempted.slot, attempted.belief_slot, permit.remaining) == (1, 2, 0)
+    assert "b-priya" in {item.id for item in attempted.found.evidence}
     traces = await hooks.allowance.ledger.attempts("r")
     assert [(t.slot, t.kind) for t in traces] == [(1, "deliberate"), (2, "nested")]
 
@@ -148,36 +149,40 @@ async def test_nested_read_never_takes_a_sibling_calls_slot(hooks: RecallHooks) 
         run_id="r", scope=SCOPE, principal=PRINCIPAL,
     )
     assert [r.status for r in results] == ["ok", "ok", "ok"]
-    assert "belief read refused: slots" in results[0].notes
-    assert sorted(r.slot for r in results if r.slot) == [1, 2, 3]
+    assert [r.slot for r in results] == [1, 2, 3]  # the calls first, in order
+    assert "b-priya" in {item.id for item in results[0].evidence}  # its reserved 4th slot
+    traces = await hooks.allowance.ledger.attempts("r")
+    assert [(t.slot, t.kind) for t in traces][-1] == (4, "nested")
 
 
 async def test_nested_read_is_refused_not_queued_when_no_slot_is_free(
     hooks: RecallHooks,
 ) -> None:
-    results = await hooks.dispatch(_calls("what does Priya believe"), run_id="r",
-                                   scope=SCOPE, principal=PRINCIPAL)
-    (result,) = results
+    await hooks.dispatch(_calls("cutover", "deploy", "rounding"), run_id="r", scope=SCOPE,
+                         principal=PRINCIPAL)
+    (result,) = await hooks.dispatch(_calls("what does Priya believe"), run_id="r",
+                                     scope=SCOPE, principal=PRINCIPAL)
     assert result.status == "ok"  # the search degrades, it does not fail
     assert "belief read refused: slots" in result.notes
+    assert [b.part for b in result.bounded] == ["nested_read"]
     assert "b-priya" not in {item.id for item in result.evidence}
-    assert await _usage(hooks, "r") == (1, 1, 1, 1)
+    assert await _usage(hooks, "r") == (2, 4, 4, 1)
 
 
 async def test_permit_is_closed_after_each_phase_even_for_a_task_that_outlives_it(
     hooks: RecallHooks,
 ) -> None:
-    captured: list[Permit] = []
+    captured: list[AttemptHandle] = []
     late: list[object] = []
     retriever = hooks.retriever
     assert isinstance(retriever, MemoryRetriever)
     released = anyio.Event()
 
-    async def linger(permit: Permit) -> None:
+    async def linger(handle: AttemptHandle) -> None:
         await released.wait()
+        assert current_permit() is None
         try:
-            async with permit.attempt():
-                late.append("searched")
+            handle.source_read()
         except RecallBudgetExceeded as exc:
             late.append(exc.refusal.reason)
 
@@ -190,20 +195,20 @@ async def test_permit_is_closed_after_each_phase_even_for_a_task_that_outlives_i
             def __getattr__(self, name: str) -> Any:
                 return getattr(self.inner, name)
 
-            async def search(self, prepared: Any, permit: Permit, **kw: Any) -> Any:
-                captured.append(permit)
-                assert current_permit() is permit
-                outer.start_soon(linger, permit)  # a task that outlives the phase
-                return await self.inner.search(prepared, permit, **kw)
+            async def search(self, prepared: Any, handle: AttemptHandle, **kw: Any) -> Any:
+                captured.append(handle)
+                assert current_permit() is None  # the retriever never sees the permit
+                outer.start_soon(linger, handle)  # a task that outlives the phase
+                return await self.inner.search(prepared, handle, **kw)
 
         hooks.retriever = Spy(retriever)  # type: ignore[assignment]
-        with hooks.bind_run():
+        with hooks.bind_run() as holder:
             await hooks.prepare(STATE, run_id="r", scope=SCOPE, principal=PRINCIPAL)
-            assert captured[0].closed
-            assert current_permit() is None
+            assert captured[0].ended
+            assert current_permit() is None and holder.permit is None
             await hooks.dispatch(_calls("cutover"), run_id="r", scope=SCOPE,
                                  principal=PRINCIPAL)
-            assert captured[1].closed
+            assert captured[1].ended
             assert current_permit() is None
         released.set()
     assert late == [RefusalReason.CLOSED, RefusalReason.CLOSED]
@@ -435,7 +440,7 @@ async def test_a_paid_belief_read_is_not_crowded_out_by_the_cap(hooks: RecallHoo
     context = await hooks.prepare(WorkingState("What did Priya say about rounding?"),
                                   run_id="r", scope=SCOPE, principal=PRINCIPAL)
     assert context.slots == (1, 2)
-    assert len(context.evidence) == hooks.caps.max_items
+    assert len(context.evidence) + len(context.corrections) == hooks.caps.max_items
     assert "b-priya" in {item.id for item in context.evidence}
 
 

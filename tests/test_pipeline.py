@@ -1,4 +1,4 @@
-"""The search pipeline: one attempt's stages under one permit, on both loops."""
+"""The search pipeline: one attempt's stages inside the slot the hooks took, on both loops."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from plugin import (
     compose_task_context,
 )
 from plugin.memory import ContextCaps, MemoryRecord, MemoryRetriever, MemoryStore
+from plugin.memory.enforce import search_attempt
 from plugin.memory.pipeline import fuse, render
 from plugin.memory.preparation import PreparedRecall, SemanticPreparation, WithheldReason
 from plugin.memory.store import Evidence
@@ -60,13 +61,15 @@ async def test_source_recovery_is_bounded_inside_the_attempt(
                            cites=["s0", "s1", "s2", "s3"])
     retriever = MemoryRetriever(store)
     async with allowance.round("r", RoundKind.DELIBERATE, slots=1) as permit:
-        outcome = await retriever.search(_prepared("backfill plan"), permit,
+        attempted = await search_attempt(permit, retriever, _prepared("backfill plan"),
                                          kind=AttemptKind.DELIBERATE, caps=ContextCaps(),
                                          nested_beliefs=False)
+        outcome = attempted.found
         assert permit.remaining == 0  # one slot for the attempt, none for the reads
     sources = [item.id for item in outcome.evidence if item.kind == "source"]
     assert sources == ["s0", "s1"]  # source_read_fallbacks = 2
     assert "source recovery stopped: source_reads" in outcome.notes
+    assert [(b.part, b.reason) for b in attempted.bounded] == [("source_read", "source_reads")]
 
 
 async def test_recent_arm_keeps_the_frozen_baseline_query(
@@ -80,8 +83,8 @@ async def test_recent_arm_keeps_the_frozen_baseline_query(
     recent_only = MemoryRetriever(store, arms={"recent"})
     prepared = _prepared("lunch order", recent_text="migration plan")
     async with allowance.round("r", RoundKind.AUTOMATIC) as permit:
-        outcome = await recent_only.search(prepared, permit, kind=AttemptKind.BASE,
-                                           caps=ContextCaps(), nested_beliefs=False)
+        outcome = (await search_attempt(permit, recent_only, prepared, kind=AttemptKind.BASE,
+                                        caps=ContextCaps(), nested_beliefs=False)).found
     assert [item.id for item in outcome.evidence] == ["old-plan"]
     assert outcome.arms == ("recent",)
 
@@ -97,9 +100,10 @@ async def test_token_limit_withholds_semantic_but_sparse_still_runs(
     )
     assert prepared.semantic.withheld_reason is WithheldReason.TOKEN_LIMIT
     async with allowance.round("r", RoundKind.AUTOMATIC) as permit:
-        outcome = await MemoryRetriever(store).search(
-            prepared, permit, kind=AttemptKind.BASE, caps=ContextCaps(), nested_beliefs=False
-        )
+        outcome = (await search_attempt(
+            permit, MemoryRetriever(store), prepared, kind=AttemptKind.BASE, caps=ContextCaps(),
+            nested_beliefs=False,
+        )).found
     assert "sparse" in outcome.arms and "semantic" not in outcome.arms
     assert "semantic arm withheld: token_limit" in outcome.notes
     assert [item.id for item in outcome.evidence] == ["m"]
@@ -115,7 +119,8 @@ def test_rendering_respects_caps_and_says_what_it_left_out() -> None:
     by_items = render(items, ContextCaps(max_items=2))
     assert [e.id for e in by_items.items] == ["e0", "e1"]
     assert by_items.omitted == 4
-    assert by_items.text.endswith("(4 more items left out by the context cap)")
+    assert by_items.text.endswith("(4 more items left out by the context cap; recall was "
+                                  "bounded: not evidence that they are absent)")
     by_bytes = render(items, ContextCaps(max_bytes=130))
     assert len(by_bytes.items) == 2
     rendered_evidence = by_bytes.text.rsplit("\n", 1)[0]
@@ -172,10 +177,9 @@ async def test_baseline_ranking_ignores_fragment_order(
     prepared = PreparedRecall(query=baseline, recent_query=baseline, semantic=SemanticPreparation(
         fingerprint=baseline.fingerprint, withheld_reason=WithheldReason.NO_ADAPTER))
     async with allowance.round("r", RoundKind.DELIBERATE, slots=2) as permit:
-        await MemoryRetriever(store).search(prepared, permit, kind=AttemptKind.BASE,
-                                            caps=ContextCaps(), nested_beliefs=False)
+        await search_attempt(permit, MemoryRetriever(store), prepared, kind=AttemptKind.BASE,
+                             caps=ContextCaps(), nested_beliefs=False)
         assert calls == []  # the frozen control's ranking is unchanged
-        await MemoryRetriever(store).search(_prepared("cutover plan"), permit,
-                                            kind=AttemptKind.BASE, caps=ContextCaps(),
-                                            nested_beliefs=False)
+        await search_attempt(permit, MemoryRetriever(store), _prepared("cutover plan"),
+                             kind=AttemptKind.BASE, caps=ContextCaps(), nested_beliefs=False)
         assert len(calls) == 1

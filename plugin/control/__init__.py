@@ -24,6 +24,7 @@ from .permit import Permit as Permit
 from .permit import PermitHolder as PermitHolder
 from .permit import bind_permits as bind_permits
 from .permit import current_permit as current_permit
+from .permit import hide_permit as hide_permit
 from .policy import AllowancePolicy as AllowancePolicy
 from .policy import AttemptKind as AttemptKind
 from .policy import RoundKind as RoundKind
@@ -38,5 +39,6 @@ __all__ = [
     "BoundedRecallNotice", "BudgetRefusal", "Checkpoint", "Clock", "Ledger", "ManualClock",
     "Permit", "PermitHolder", "RecallAllowance", "RecallBudgetExceeded", "RefusalReason",
     "RefusalRecord", "Reservation", "Round", "RoundKind", "SqliteLedger", "SystemClock",
-    "Usage", "Validity", "WallTime", "bind_permits", "current_permit", "validate_run_id",
+    "Usage", "Validity", "WallTime", "bind_permits", "current_permit", "hide_permit",
+    "validate_run_id",
 ]

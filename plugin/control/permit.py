@@ -519,3 +519,16 @@ class Attempt:
         outcome = AttemptOutcome.OK if exc is None else AttemptOutcome.ERROR
         self._permit._trace(self._record(outcome))
         self._permit._flush_from_thread()
+
+
+@contextmanager
+def hide_permit() -> Iterator[None]:
+    """Run a block (and every task it spawns) with no permit visible: ``current_permit()`` is
+    None there. The hooks run untrusted retriever code this way; it gets a narrow handle instead.
+    """
+    token = _current.set(None)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):  # left from another context: nothing to undo
+            _current.reset(token)

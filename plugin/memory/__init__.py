@@ -4,10 +4,13 @@ Importing it does not import an embedding model (WordLlama is the optional ``sem
 """
 
 from .embedding import EmbeddingAdapter as EmbeddingAdapter
+from .enforce import AttemptHandle as AttemptHandle
+from .enforce import Bounded as Bounded
+from .enforce import Found as Found
+from .enforce import NestedRead as NestedRead
 from .pipeline import ContextCaps as ContextCaps
 from .pipeline import MemoryRetriever as MemoryRetriever
 from .pipeline import Retriever as Retriever
-from .pipeline import SearchOutcome as SearchOutcome
 from .planning import BaselineReason as BaselineReason
 from .planning import QueryPlanner as QueryPlanner
 from .planning import QueryStrategy as QueryStrategy
@@ -29,9 +32,10 @@ from .store import MemoryStore as MemoryStore
 from .store import Person as Person
 
 __all__ = [
-    "BaselineReason", "ContextCaps", "EmbeddingAdapter", "Evidence", "Fact", "MemoryRecord",
+    "AttemptHandle", "BaselineReason", "Bounded", "ContextCaps", "EmbeddingAdapter", "Evidence",
+    "Fact", "Found", "MemoryRecord", "NestedRead",
     "MemoryRetriever", "MemoryStore", "Person", "PreparedRecall", "QueryPlanner",
     "QueryPreparation", "QueryStrategy", "RecallPreparer", "RecallQuery", "Retriever",
-    "SearchOutcome", "SemanticPreparation", "Task", "WithheldReason", "WorkingState",
+    "SemanticPreparation", "Task", "WithheldReason", "WorkingState",
     "compose_baseline", "compose_search_call", "compose_task_context",
 ]

@@ -1,10 +1,11 @@
-"""The search pipeline: one attempt, start to end, under one permit.
+"""The search pipeline: what one attempt does, start to end, inside the slot the hooks took.
 
 One attempt is People discovery, ordinary (sparse) and semantic candidate selection, recent
 candidates under the frozen control query, ranking (reciprocal-rank fusion with deterministic
-ties), rendering under the host's context caps, and bounded source recovery — all inside
-``permit.attempt(...)``, so one slot and one deadline cover the whole of it, and its trace is
-persisted with the permit's. A People-to-belief read takes a slot of its own.
+ties), and bounded source recovery. The hooks open the attempt (its slot, its deadline, its
+trace) before calling :meth:`Retriever.search` (see :mod:`plugin.memory.enforce`), so one slot
+and one deadline cover the whole of it, and render what it found under the host's context
+caps. A People-to-belief read takes a slot of its own, through the attempt's handle.
 
 The runtime sees only the :class:`Retriever` protocol; :class:`MemoryRetriever` is the concrete
 one over the reference :class:`~plugin.memory.store.MemoryStore`, chosen by the bootstrap.
@@ -19,11 +20,13 @@ from typing import Protocol, runtime_checkable
 
 import attrs
 
-from plugin.control import AttemptKind, Permit, RecallBudgetExceeded
+from plugin.control import RecallBudgetExceeded
 
+from .enforce import AttemptHandle, Found
 from .fts import remove_lone_surrogates
 from .planning import QueryStrategy
 from .preparation import PreparedRecall
+from .safe_text import one_line
 from .store import Evidence, MemoryStore
 
 ARMS = frozenset({"sparse", "semantic", "recent"})
@@ -61,58 +64,60 @@ class Rendered:
     """Evidence items ranked but left out by the caps."""
 
 
-@attrs.frozen(kw_only=True)
-class SearchOutcome:
-    """What one attempt found, and the slot it took."""
-
-    slot: int
-    kind: AttemptKind
-    fingerprint: str
-    evidence: tuple[Evidence, ...]
-    rendered: Rendered
-    people: tuple[str, ...] = ()
-    arms: tuple[str, ...] = ()
-    """The arms that ran (``sparse``, ``semantic``, ``recent``)."""
-    notes: tuple[str, ...] = ()
-    """Degradations: an arm skipped or withheld, a nested read refused, a source not read."""
-    belief_slot: int | None = None
-
-
 @runtime_checkable
 class Retriever(Protocol):
-    """What the runtime hooks call to search; they never see a concrete store."""
+    """A memory backend, as the hooks call it: plain search, never the permit.
+
+    The hooks take each attempt's slot and open its deadline before calling :meth:`search` or
+    :meth:`read_beliefs`, and hand over an :class:`~plugin.memory.enforce.AttemptHandle`
+    (the slot, the time left, a source-read counter, a nested People read that goes back
+    through the hooks). Whatever a retriever does, it runs inside a slot and is cut at the
+    deadline; ``current_permit()`` is None in it. The other methods are reads that take no
+    slot.
+    """
 
     def searchable(self, prepared: PreparedRecall) -> bool:
         """Whether an attempt would run anything (else it is skipped: reserved, not executed)."""
         ...
 
+    async def named_people(self, prepared: PreparedRecall) -> tuple[str, ...]:
+        """The known People the prepared query names (a lookup of names, no evidence).
+
+        Part of preparing a deliberate call, under the preparation bound: a call that names
+        People gets a second slot reserved for its nested belief read.
+        """
+        ...
+
     async def search(
         self,
         prepared: PreparedRecall,
-        permit: Permit,
+        handle: AttemptHandle,
         *,
-        kind: AttemptKind,
         caps: ContextCaps,
         nested_beliefs: bool,
-    ) -> SearchOutcome:
-        """Run one attempt under ``permit`` (raises ``RecallBudgetExceeded`` with no slot)."""
+    ) -> Found:
+        """Search for ``prepared`` inside the attempt ``handle`` stands for; best first.
+
+        With ``nested_beliefs``, read the discovered People's beliefs through
+        ``handle.nested(...)`` (it may come back refused).
+        """
         ...
 
     async def read_beliefs(
         self,
         people: Sequence[str],
-        permit: Permit,
+        handle: AttemptHandle,
         *,
-        kind: AttemptKind,
         principal: str,
         scope: str,
         caps: ContextCaps,
-    ) -> tuple[int, tuple[Evidence, ...]]:
-        """A People-to-belief read, on a slot of its own; returns (slot, beliefs)."""
+    ) -> tuple[Evidence, ...]:
+        """The beliefs of ``people`` (the hooks opened the attempt and took its slot)."""
         ...
 
     async def corrections(self, *, principal: str, scope: str) -> tuple[Evidence, ...]:
-        """Current correction notices (no slot: they stay available when recall is spent)."""
+        """Current correction notices, newest first (no slot: they stay available when
+        recall is spent)."""
         ...
 
     async def revalidate(
@@ -195,7 +200,7 @@ def render(evidence: Sequence[Evidence], caps: ContextCaps) -> Rendered:
     for item in evidence:
         if len(kept) >= caps.max_items:
             break
-        line = f"- [{item.kind} {item.id}] {' '.join(item.text.split())}"
+        line = f"- [{item.kind} {one_line(item.id, limit=128)}] {one_line(item.text)}"
         size = len(line.encode("utf-8", "surrogatepass")) + (1 if lines else 0)
         if used + size > caps.max_bytes:
             continue
@@ -205,7 +210,7 @@ def render(evidence: Sequence[Evidence], caps: ContextCaps) -> Rendered:
     omitted = len(evidence) - len(kept)
     if omitted:
         lines.append(f"({omitted} more item{'s' if omitted != 1 else ''} left out by the "
-                     f"context cap)")
+                     f"context cap; recall was bounded: not evidence that they are absent)")
     return Rendered(items=tuple(kept), text="\n".join(lines), omitted=omitted)
 
 
@@ -232,75 +237,66 @@ class MemoryRetriever:
         lexical = bool(query_terms(prepared.query.text)) and bool(self.arms - {"semantic"})
         return lexical or ("semantic" in self.arms and prepared.semantic.vector is not None)
 
+    async def named_people(self, prepared: PreparedRecall) -> tuple[str, ...]:
+        query = prepared.query
+        principal, scope = _trusted(query.principal, query.scope)
+        people = await self.store.discover_people(query.text, principal=principal, scope=scope)
+        return tuple(person.name for person in people)
+
     async def search(
         self,
         prepared: PreparedRecall,
-        permit: Permit,
+        handle: AttemptHandle,
         *,
-        kind: AttemptKind,
         caps: ContextCaps,
         nested_beliefs: bool,
-    ) -> SearchOutcome:
+    ) -> Found:
         query = prepared.query
         principal, scope = _trusted(query.principal, query.scope)
         store = self.store
         notes: list[str] = []
         arms: list[str] = []
-        belief_slot: int | None = None
-        async with permit.attempt(
-            kind, strategy=query.strategy.value, fingerprint=query.fingerprint
-        ) as slot:
-            people = await store.discover_people(query.text, principal=principal, scope=scope)
-            ranked: list[list[Evidence]] = []
-            terms = content_terms(query.text) if "sparse" in self.arms else ()
-            if terms:
-                ranked.append(await store.sparse_candidates(
-                    " ".join(terms), principal=principal, scope=scope,
-                    limit=caps.candidates_per_arm,
-                ))
-                arms.append("sparse")
-            elif "sparse" in self.arms:
-                notes.append("sparse arm skipped: the query has no searchable terms")
-            vector = prepared.semantic.vector if "semantic" in self.arms else None
-            if vector is not None:
-                similar = await store.semantic_candidates(
-                    vector, principal=principal, scope=scope, limit=caps.candidates_per_arm
-                )
-                ranked.append([item for item in similar if item.score >= self.min_similarity])
-                arms.append("semantic")
-            elif "semantic" in self.arms and prepared.semantic.withheld_reason is not None:
-                notes.append(
-                    f"semantic arm withheld: {prepared.semantic.withheld_reason.value}"
-                )
-            if "recent" in self.arms:
-                recent = await self._recent(prepared, principal, scope, caps)
-                if recent:
-                    ranked.append(recent)
-                arms.append("recent")
-            evidence = fuse(ranked)
-            if query.strategy is QueryStrategy.TASK_CONTEXT and evidence:
-                # Its fragments are in priority order; the baseline's ranking stays unchanged.
-                evidence = fuse([evidence, by_fragment_priority(evidence, query.fragments)])
-            if nested_beliefs and people:
-                try:
-                    belief_slot, beliefs = await self.read_beliefs(
-                        [p.name for p in people], permit, kind=AttemptKind.NESTED,
-                        principal=principal, scope=scope, caps=caps,
-                    )
-                except RecallBudgetExceeded as exc:
-                    notes.append(f"belief read refused: {exc.refusal.reason.value}")
-                else:
-                    evidence = fuse([evidence, list(beliefs)])
-            rendered = render(evidence, caps)
-            sources = await self._recover_sources(rendered.items, permit, slot, principal, scope,
-                                                  notes)
-            if sources:
-                rendered = render([*rendered.items, *sources], caps)
-        return SearchOutcome(
-            slot=slot, kind=kind, fingerprint=query.fingerprint, evidence=rendered.items,
-            rendered=rendered, people=tuple(p.name for p in people), arms=tuple(arms),
-            notes=tuple(notes), belief_slot=belief_slot,
-        )
+        people = await store.discover_people(query.text, principal=principal, scope=scope)
+        ranked: list[list[Evidence]] = []
+        terms = content_terms(query.text) if "sparse" in self.arms else ()
+        if terms:
+            ranked.append(await store.sparse_candidates(
+                " ".join(terms), principal=principal, scope=scope,
+                limit=caps.candidates_per_arm,
+            ))
+            arms.append("sparse")
+        elif "sparse" in self.arms:
+            notes.append("sparse arm skipped: the query has no searchable terms")
+        vector = prepared.semantic.vector if "semantic" in self.arms else None
+        if vector is not None:
+            similar = await store.semantic_candidates(
+                vector, principal=principal, scope=scope, limit=caps.candidates_per_arm
+            )
+            ranked.append([item for item in similar if item.score >= self.min_similarity])
+            arms.append("semantic")
+        elif "semantic" in self.arms and prepared.semantic.withheld_reason is not None:
+            notes.append(f"semantic arm withheld: {prepared.semantic.withheld_reason.value}")
+        if "recent" in self.arms:
+            recent = await self._recent(prepared, principal, scope, caps)
+            if recent:
+                ranked.append(recent)
+            arms.append("recent")
+        evidence = fuse(ranked)
+        if query.strategy is QueryStrategy.TASK_CONTEXT and evidence:
+            # Its fragments are in priority order; the baseline's ranking stays unchanged.
+            evidence = fuse([evidence, by_fragment_priority(evidence, query.fragments)])
+        if nested_beliefs and people and handle.offers_nested:
+            read = await handle.nested([p.name for p in people])
+            if read.refusal is not None:
+                notes.append(f"belief read refused: {read.refusal.reason.value}")
+            else:
+                evidence = fuse([evidence, list(read.beliefs)])
+        rendered = render(evidence, caps)
+        sources = await self._recover_sources(rendered.items, handle, principal, scope, notes)
+        if sources:
+            evidence = [*rendered.items, *sources]
+        return Found(evidence=tuple(evidence), people=tuple(p.name for p in people),
+                     arms=tuple(arms), notes=tuple(notes))
 
     async def _recent(
         self, prepared: PreparedRecall, principal: str, scope: str, caps: ContextCaps
@@ -320,8 +316,7 @@ class MemoryRetriever:
     async def _recover_sources(
         self,
         items: Sequence[Evidence],
-        permit: Permit,
-        slot: int,
+        handle: AttemptHandle,
         principal: str,
         scope: str,
         notes: list[str],
@@ -334,7 +329,7 @@ class MemoryRetriever:
                 continue
             seen.add(source_id)
             try:
-                permit.source_read(slot)
+                handle.source_read()
             except RecallBudgetExceeded as exc:
                 notes.append(f"source recovery stopped: {exc.refusal.reason.value}")
                 break
@@ -346,20 +341,18 @@ class MemoryRetriever:
     async def read_beliefs(
         self,
         people: Sequence[str],
-        permit: Permit,
+        handle: AttemptHandle,
         *,
-        kind: AttemptKind,
         principal: str,
         scope: str,
         caps: ContextCaps,
-    ) -> tuple[int, tuple[Evidence, ...]]:
-        async with permit.attempt(kind) as slot:
-            beliefs: list[Evidence] = []
-            for name in people:
-                beliefs.extend(await self.store.beliefs_of(
-                    name, principal=principal, scope=scope, limit=caps.beliefs_per_person
-                ))
-        return slot, tuple(beliefs)
+    ) -> tuple[Evidence, ...]:
+        beliefs: list[Evidence] = []
+        for name in people:
+            beliefs.extend(await self.store.beliefs_of(
+                name, principal=principal, scope=scope, limit=caps.beliefs_per_person
+            ))
+        return tuple(beliefs)
 
     async def corrections(self, *, principal: str, scope: str) -> tuple[Evidence, ...]:
         return tuple(await self.store.current_corrections(principal=principal, scope=scope))

@@ -39,6 +39,10 @@ class WithheldReason(enum.Enum):
     """The query takes more tokens than the adapter reads; it is withheld, not truncated."""
     ADAPTER_FAILED = "adapter_failed"
     """The adapter raised, or returned a malformed token count or vector."""
+    PREPARATION_BOUND = "preparation_bound"
+    """The hooks' preparation bound ran out before this query was embedded."""
+    NO_SLOT = "no_slot"
+    """Not embedded: the round could not grant this call a slot anyway."""
 
 
 @attrs.frozen(kw_only=True)
@@ -106,13 +110,27 @@ class RecallPreparer(Protocol):
     """What the runtime calls in the preparation phase (it never sees a concrete store)."""
 
     async def prepare(
-        self, state: WorkingState, *, scope: str | None, principal: str | None
+        self,
+        state: WorkingState,
+        *,
+        scope: str | None,
+        principal: str | None,
+        withhold: WithheldReason | None = None,
     ) -> PreparedRecall:
-        """Form this round's query once and prepare its semantic arm."""
+        """Form this round's query once and prepare its semantic arm.
+
+        With ``withhold``, the query is not embedded (the semantic arm is withheld for that
+        reason): the hooks' preparation bound ran out, or no slot is left for the query.
+        """
         ...
 
     async def prepare_search(
-        self, text: str, *, scope: str | None, principal: str | None
+        self,
+        text: str,
+        *,
+        scope: str | None,
+        principal: str | None,
+        withhold: WithheldReason | None = None,
     ) -> PreparedRecall:
         """Prepare one deliberate search call's own text (no planning, same arms)."""
         ...
@@ -134,7 +152,12 @@ class QueryPreparation:
     embedding: EmbeddingAdapter | None = attrs.field(default=None, validator=_embedding)
 
     async def prepare(
-        self, state: WorkingState, *, scope: str | None, principal: str | None
+        self,
+        state: WorkingState,
+        *,
+        scope: str | None,
+        principal: str | None,
+        withhold: WithheldReason | None = None,
     ) -> PreparedRecall:
         """Plan once (admission asked once) and embed that query in a worker thread.
 
@@ -143,19 +166,30 @@ class QueryPreparation:
         """
         query = await self.planner.plan(state, scope=scope, principal=principal)
         recent = self.planner.plan_recent(state, scope=scope, principal=principal)
-        semantic = await self._prepare_semantic(query)
+        semantic = await self._prepare_semantic(query, withhold)
         return PreparedRecall(query=query, recent_query=recent, semantic=semantic)
 
     async def prepare_search(
-        self, text: str, *, scope: str | None, principal: str | None
+        self,
+        text: str,
+        *,
+        scope: str | None,
+        principal: str | None,
+        withhold: WithheldReason | None = None,
     ) -> PreparedRecall:
         """The model's search text as the query; it is also the recent arm's control query."""
         query = compose_search_call(text, scope=scope, principal=principal)
-        semantic = await self._prepare_semantic(query)
+        semantic = await self._prepare_semantic(query, withhold)
         return PreparedRecall(query=query, recent_query=query, semantic=semantic)
 
-    async def _prepare_semantic(self, query: RecallQuery) -> SemanticPreparation:
+    async def _prepare_semantic(
+        self, query: RecallQuery, withhold: WithheldReason | None
+    ) -> SemanticPreparation:
         adapter = self.embedding
+        if withhold is not None and adapter is not None:
+            return SemanticPreparation(
+                fingerprint=query.fingerprint, withheld_reason=withhold, model=adapter.name
+            )
         if adapter is None:
             return SemanticPreparation(
                 fingerprint=query.fingerprint, withheld_reason=WithheldReason.NO_ADAPTER
@@ -166,7 +200,11 @@ class QueryPreparation:
                 withheld_reason=WithheldReason.EMPTY_QUERY,
                 model=adapter.name,
             )
-        tokens, vector, reason = await anyio.to_thread.run_sync(_embed, adapter, query.text)
+        # Abandoned, not awaited, when the hooks' preparation bound cancels it: a hung model
+        # cannot hold the turn (the thread finishes on its own; its answer is dropped).
+        tokens, vector, reason = await anyio.to_thread.run_sync(
+            _embed, adapter, query.text, abandon_on_cancel=True
+        )
         return SemanticPreparation(
             fingerprint=query.fingerprint,
             vector=vector,

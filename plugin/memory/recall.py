@@ -2,8 +2,9 @@
 
 The round reserves ``automatic_slots``; the base search runs on one slot; the delta — a
 People-to-belief read — runs on another only when the base discovered people (a need it left
-unmet). Beliefs are fused into the ranking before the context caps apply, so a belief read
-that was paid for is not crowded out by the base's evidence.
+unmet). Both attempts are opened here, not by the retriever (:mod:`plugin.memory.enforce`).
+Beliefs are fused into the ranking before the context caps apply, so a belief read that was
+paid for is not crowded out by the base's evidence.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from plugin.control import (
     RoundKind,
 )
 
+from .enforce import Bounded, beliefs_attempt, search_attempt
 from .pipeline import ContextCaps, Rendered, Retriever, fuse, render
 from .preparation import PreparedRecall
 from .store import Evidence
@@ -41,6 +43,8 @@ class AutomaticRecall:
     notes: tuple[str, ...] = ()
     refusal: BudgetRefusal | None = None
     """Why recall was bounded: the round was refused, or its delta found no slot."""
+    bounded: tuple[Bounded, ...] = ()
+    """Parts of the base search the allowance cut short (source reads), in bounded words."""
 
     @property
     def evidence(self) -> tuple[Evidence, ...]:
@@ -69,23 +73,26 @@ async def automatic_round(
     people: tuple[str, ...] = ()
     ranked: list[Evidence] = []
     refusal: BudgetRefusal | None = None
+    bounded: tuple[Bounded, ...] = ()
     try:
         async with allowance.round(run_id, RoundKind.AUTOMATIC) as permit:
             if not retriever.searchable(prepared):
                 notes.append(NOTHING_TO_SEARCH)
             else:
-                base = await retriever.search(
-                    prepared, permit, kind=AttemptKind.BASE, caps=caps, nested_beliefs=False
+                base = await search_attempt(
+                    permit, retriever, prepared, kind=AttemptKind.BASE, caps=caps,
+                    nested_beliefs=False,
                 )
                 slots.append(base.slot)
-                ranked = list(base.evidence)
-                notes.extend(base.notes)
-                people = base.people
+                ranked = list(render(base.found.evidence, caps).items)
+                notes.extend(base.found.notes)
+                bounded = base.bounded
+                people = base.found.people
                 if people:
                     try:
-                        slot, beliefs = await retriever.read_beliefs(
-                            people, permit, kind=AttemptKind.DELTA, principal=principal,
-                            scope=scope, caps=caps,
+                        slot, beliefs = await beliefs_attempt(
+                            permit, retriever, people, kind=AttemptKind.DELTA,
+                            principal=principal, scope=scope, caps=caps,
                         )
                     except RecallBudgetExceeded as exc:
                         refusal = exc.refusal
@@ -102,4 +109,5 @@ async def automatic_round(
         people=people,
         notes=tuple(notes),
         refusal=refusal,
+        bounded=bounded,
     )
