@@ -53,6 +53,7 @@ def generation(path: str, principal: str = "u1", scope: str = "proj") -> int:
 def sql(path: str, statement: str, params: Sequence[object] = ()) -> None:
     conn = sqlite3.connect(path)
     try:
+        conn.execute("PRAGMA foreign_keys=ON")  # as the store's own connection has it
         with conn:
             conn.execute(statement, params)
     finally:
@@ -84,6 +85,27 @@ async def test_embed_missing_is_seen(tmp_path: Path) -> None:
         assert await ids(store, "database") == ["b"]  # "a" has no vector yet; cached
         assert await store.embed_missing() == 1
         assert await ids(store, "database") == ["a", "b"]
+    async with MemoryStore(path) as plain:
+        await plain.add_memory("c", "database database", created_at=3.0, **ME)
+    async with MemoryStore(path, embedding=ADAPTER) as store:
+        assert await ids(store, "database") == ["a", "b"]
+        assert await store.embed_missing() == 1  # "c" is past every vector: an append
+        assert await ids(store, "database") == ["a", "c", "b"]  # a tie, by id
+
+
+@pytest.mark.anyio
+async def test_a_reused_seq_after_a_delete_is_not_mistaken_for_an_append(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+    async with MemoryStore(path, embedding=ADAPTER) as store:
+        await store.add_memory("a", "database", created_at=1.0, **ME)
+        await store.add_memory("b", "database lunch", created_at=2.0, **ME)
+        assert await ids(store, "database") == ["a", "b"]
+        sql(str(path), "DELETE FROM memories WHERE id = 'b'")  # frees the highest seq
+        await store.add_memory("c", "lunch", created_at=3.0, **ME)  # which SQLite reuses
+        found = await store.semantic_candidates(q("database"), limit=5, **ME)
+        assert [(e.id, round(e.score, 6)) for e in found] == [("a", 1.0), ("c", 0.0)]
+        found = await store.semantic_candidates(q("lunch"), limit=5, **ME)
+        assert [(e.id, round(e.score, 6)) for e in found] == [("c", 1.0), ("a", 0.0)]
 
 
 @pytest.mark.anyio
@@ -234,3 +256,28 @@ def test_results_are_the_cells_own_and_equal_a_full_scan(
     budget: int,
 ) -> None:
     anyio.run(check, rows, queries, budget, backend=backend)
+
+
+def test_appending_never_changes_what_an_older_matrix_sees() -> None:
+    from plugin.memory.store.vectors import Matrix
+
+    def rows(*values: float) -> npt.NDArray[np.float32]:
+        return np.array([[v, 0.0] for v in values], dtype=np.float32)
+
+    first = Matrix.of(np.array([0], dtype=np.int64), ["z"], rows(0.0), generation=0, resets=0)
+    # Grown once: it has spare capacity now, so the next append goes in place.
+    base = first.extended(np.array([1], dtype=np.int64), ["a"], rows(0.1), generation=1, resets=0)
+    newer = base.extended(np.array([2], dtype=np.int64), ["b"], rows(0.9), generation=2, resets=0)
+    # A second append from the older matrix (a racing query) must not clobber "b".
+    other = base.extended(np.array([3], dtype=np.int64), ["c"], rows(0.5), generation=2, resets=0)
+    query = np.array([1.0, 0.0], dtype=np.float32)
+    assert [(base.ids[i], s) for i, s in base.top(query, 5)] == [
+        ("a", pytest.approx(0.1)), ("z", 0.0)
+    ]
+    assert [(newer.ids[i], s) for i, s in newer.top(query, 5)] == [
+        ("b", pytest.approx(0.9)), ("a", pytest.approx(0.1)), ("z", 0.0)
+    ]
+    assert [(other.ids[i], s) for i, s in other.top(query, 5)] == [
+        ("c", pytest.approx(0.5)), ("a", pytest.approx(0.1)), ("z", 0.0)
+    ]
+    assert newer.seqs.tolist() == [0, 1, 2] and other.seqs.tolist() == [0, 1, 3]

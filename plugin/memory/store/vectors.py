@@ -5,12 +5,14 @@ the matrix of one (principal, scope, model) is built once and kept in memory. It
 every vector of that cell is scored, so the result equals a full scan (recall 1.0), and no
 other cell's vector is ever in the matrix, so another principal's vectors are never scored.
 
-Invalidation: triggers in the file bump a per-(principal, scope) generation in the same
-transaction as any change to that cell's memories or vectors (see :mod:`.schema`). A query
-reads the cell's generation first and rebuilds the matrix when it moved, so writes by this
-store, by another store object or by another process are all seen. The generation is read
-before the vectors are loaded: a write racing the load leaves a matrix tagged older than its
-content, which the next query rebuilds; it never leaves a stale matrix tagged current.
+Invalidation: triggers in the file move a per-(principal, scope) generation in the same
+transaction as any change to that cell's memories or vectors, and a ``resets`` count on any
+change but appended vectors (see :mod:`.schema`). A query reads both first: when only the
+generation moved, the rows past the matrix's highest seq are loaded and appended; when the
+resets moved, the matrix is rebuilt. So writes by this store, by another store object or by
+another process are all seen. The counters are read before the vectors are loaded: a write
+racing the load leaves a matrix tagged older than its content, which the next query refreshes;
+it never leaves a stale matrix tagged current.
 
 Memory is bounded: matrices are kept least-recently-used within ``budget_bytes``; a cell too
 big for the budget is scored from a fresh load on every query (today's cost), never cached.
@@ -36,23 +38,98 @@ DEFAULT_CACHE_BYTES = 512 * 1024 * 1024
 _Key = tuple[str, str, str]
 
 
+@attrs.define(eq=False)
+class _Rows:
+    """Storage with spare capacity, shared by the successive matrices of one cell.
+
+    A matrix sees only its first ``count`` rows, which never change, so an older matrix stays
+    valid while a newer one appends past it. Only the matrix that filled the storage last may
+    append in place; any other copies first (see :meth:`Matrix.extended`).
+    """
+
+    seqs: npt.NDArray[np.int64]
+    vectors: npt.NDArray[np.float32]
+    ids: list[str]
+    filled: int
+
+
 @attrs.frozen(eq=False)
 class Matrix:
     """The vectors of one cell: row ``i`` is memory ``seqs[i]`` with id ``ids[i]``."""
 
     generation: int
-    seqs: npt.NDArray[np.int64]
-    ids: tuple[str, ...]
-    vectors: npt.NDArray[np.float32]
+    resets: int
+    count: int
+    _rows: _Rows
+
+    @classmethod
+    def of(
+        cls,
+        seqs: npt.NDArray[np.int64],
+        ids: list[str],
+        vectors: npt.NDArray[np.float32],
+        *,
+        generation: int,
+        resets: int,
+    ) -> Matrix:
+        return cls(generation, resets, len(ids), _Rows(seqs, vectors, ids, len(ids)))
+
+    @property
+    def seqs(self) -> npt.NDArray[np.int64]:
+        return self._rows.seqs[: self.count]
+
+    @property
+    def vectors(self) -> npt.NDArray[np.float32]:
+        return self._rows.vectors[: self.count]
+
+    @property
+    def ids(self) -> list[str]:
+        """The ids of the rows (the list may run past ``count``: never index beyond it)."""
+        return self._rows.ids
 
     @property
     def nbytes(self) -> int:
-        # ids are counted roughly (their str objects), so a cell of long ids is not free.
-        return int(self.vectors.nbytes + self.seqs.nbytes + 64 * len(self.ids))
+        # Spare capacity counts; ids are counted roughly (their str objects).
+        rows = self._rows
+        return int(rows.vectors.nbytes + rows.seqs.nbytes + 64 * len(rows.ids))
+
+    def extended(
+        self,
+        seqs: npt.NDArray[np.int64],
+        ids: list[str],
+        vectors: npt.NDArray[np.float32],
+        *,
+        generation: int,
+        resets: int,
+    ) -> Matrix:
+        """This matrix with rows appended (in place when it owns the spare capacity).
+
+        Growth is geometric (a quarter more), so a cell that gains a memory per query copies
+        its matrix rarely instead of on every append.
+        """
+        rows, count, added = self._rows, self.count, len(ids)
+        need = count + added
+        if rows.filled != count or need > len(rows.seqs):
+            capacity = max(need, count + count // 4 + 16)
+            grown = _Rows(
+                np.empty(capacity, dtype=np.int64),
+                np.empty((capacity, rows.vectors.shape[1]), dtype=np.float32),
+                rows.ids[:count],
+                count,
+            )
+            grown.seqs[:count] = rows.seqs[:count]
+            grown.vectors[:count] = rows.vectors[:count]
+            rows = grown
+        rows.seqs[count:need] = seqs
+        rows.vectors[count:need] = vectors
+        del rows.ids[count:]
+        rows.ids.extend(ids)
+        rows.filled = need
+        return Matrix(generation, resets, need, rows)
 
     def top(self, query: npt.NDArray[np.float32], limit: int) -> list[tuple[int, float]]:
         """The ``limit`` best rows as ``(row, score)``: by score, ties by id (exact)."""
-        count = len(self.ids)
+        count = self.count
         if count == 0:
             return []
         # einsum, not ``@``: BLAS would score this on all its threads, and their spin-waiting
@@ -76,7 +153,8 @@ class VectorCache:
 
     db: Database
     budget_bytes: int = DEFAULT_CACHE_BYTES
-    _matrices: OrderedDict[_Key, Matrix] = attrs.field(factory=OrderedDict, init=False)
+    # Each matrix with the bytes it was charged when kept (storage may grow under it later).
+    _matrices: OrderedDict[_Key, tuple[Matrix, int]] = attrs.field(factory=OrderedDict, init=False)
     _held: int = attrs.field(default=0, init=False)
 
     @property
@@ -89,58 +167,69 @@ class VectorCache:
         self._matrices.clear()
         self._held = 0
 
-    async def generation(self, principal: str, scope: str) -> int:
-        """The cell's generation: moves on every change to its memories or vectors."""
+    async def generation(self, principal: str, scope: str) -> tuple[int, int]:
+        """The cell's ``(generation, resets)``: see the module's docstring."""
         rows = await self.db.fetch(
-            "SELECT generation FROM vector_generations WHERE principal = ? AND scope = ?",
+            "SELECT generation, resets FROM vector_generations WHERE principal = ? AND scope = ?",
             (principal, scope),
         )
-        return int(rows[0][0]) if rows else 0
+        return (int(rows[0][0]), int(rows[0][1])) if rows else (0, 0)
 
     async def matrix(self, principal: str, scope: str, model: str, dimensions: int) -> Matrix:
         """The cell's current matrix: the cached one if its generation still holds."""
         key = (principal, scope, model)
-        generation = await self.generation(principal, scope)
-        cached = self._matrices.get(key)
-        if cached is not None and cached.generation == generation:
+        generation, resets = await self.generation(principal, scope)
+        entry = self._matrices.get(key)
+        cached = None if entry is None else entry[0]
+        if cached is not None and cached.generation == generation and cached.resets == resets:
             self._matrices.move_to_end(key)
             return cached
         if cached is not None:
             self._drop(key)
-        built = await self._load(principal, scope, model, dimensions, generation)
+        after = (
+            -1 if cached is None or cached.resets != resets else int(cached.seqs.max(initial=-1))
+        )
+        seqs, ids, vectors = await self._load(principal, scope, model, dimensions, after)
+        if after >= 0 and cached is not None:
+            built = cached.extended(seqs, ids, vectors, generation=generation, resets=resets)
+        else:
+            built = Matrix.of(seqs, ids, vectors, generation=generation, resets=resets)
         if built.nbytes <= self.budget_bytes:
             self._keep(key, built)
         return built
 
     async def _load(
-        self, principal: str, scope: str, model: str, dimensions: int, generation: int
-    ) -> Matrix:
+        self, principal: str, scope: str, model: str, dimensions: int, after: int
+    ) -> tuple[npt.NDArray[np.int64], list[str], npt.NDArray[np.float32]]:
+        """The cell's ``(seqs, ids, vectors)`` of memories past seq ``after`` (-1: all)."""
         rows = await self.db.fetch(
             "SELECT m.seq, m.id, e.vector "
             "FROM memories AS m JOIN embeddings AS e ON e.memory_seq = m.seq "
-            "WHERE m.principal = ? AND m.scope = ? AND e.model = ? ORDER BY m.seq",
-            (principal, scope, model),
+            "WHERE m.principal = ? AND m.scope = ? AND e.model = ? AND m.seq > ? "
+            "ORDER BY m.seq",
+            (principal, scope, model, after),
         )
         width = dimensions * 4
         rows = [row for row in rows if isinstance(row[2], bytes) and len(row[2]) == width]
         vectors = np.frombuffer(b"".join(row[2] for row in rows), dtype="<f4")
-        return Matrix(
-            generation=generation,
-            seqs=np.fromiter((row[0] for row in rows), dtype=np.int64, count=len(rows)),
-            ids=tuple(row[1] for row in rows),
-            vectors=np.ascontiguousarray(vectors.reshape(len(rows), dimensions), np.float32),
+        return (
+            np.fromiter((row[0] for row in rows), dtype=np.int64, count=len(rows)),
+            [row[1] for row in rows],
+            # A copy: aligned, native-endian and writable, so later appends can go in place.
+            np.array(vectors.reshape(len(rows), dimensions), dtype=np.float32),
         )
 
     def _keep(self, key: _Key, matrix: Matrix) -> None:
-        self._matrices[key] = matrix
-        self._held += matrix.nbytes
+        charged = matrix.nbytes
+        self._matrices[key] = (matrix, charged)
+        self._held += charged
         while self._held > self.budget_bytes:
             oldest = next(iter(self._matrices))
             self._drop(oldest)
 
     def _drop(self, key: _Key) -> None:
-        gone = self._matrices.pop(key)
-        self._held -= gone.nbytes
+        _, charged = self._matrices.pop(key)
+        self._held -= charged
 
     async def search(
         self,
