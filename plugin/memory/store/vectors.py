@@ -202,11 +202,16 @@ class VectorCache:
         self, principal: str, scope: str, model: str, dimensions: int, after: int
     ) -> tuple[npt.NDArray[np.int64], list[str], npt.NDArray[np.float32]]:
         """The cell's ``(seqs, ids, vectors)`` of memories past seq ``after`` (-1: all)."""
+        # A full load walks the cell's index; an append walks the seq range past ``after``
+        # (the unary ``+`` keeps SQLite off the cell's index, which would visit every row of
+        # the cell to find the few new ones). Both filter by principal and scope.
+        cell = (
+            "m.principal = ? AND m.scope = ?" if after < 0 else "+m.principal = ? AND +m.scope = ?"
+        )
         rows = await self.db.fetch(
             "SELECT m.seq, m.id, e.vector "
             "FROM memories AS m JOIN embeddings AS e ON e.memory_seq = m.seq "
-            "WHERE m.principal = ? AND m.scope = ? AND e.model = ? AND m.seq > ? "
-            "ORDER BY m.seq",
+            f"WHERE {cell} AND e.model = ? AND m.seq > ?",
             (principal, scope, model, after),
         )
         width = dimensions * 4
