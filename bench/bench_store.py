@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    python -m bench.bench_store                              # arms at 1k; scaling at 1k, 10k
+    python -m bench.bench_store                              # arms, and scaling at 1k
     python -m bench.bench_store --sizes 1000,10000,100000    # the full scaling table
 
 **Arms.** Seeds a temporary store with 1,000 memories for each of 10 principals (so every read
@@ -412,7 +412,7 @@ async def scaling(sizes: Sequence[int], calls: int, folder: Path) -> None:
 
 async def main(argv: Sequence[str] = ()) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_store")
-    parser.add_argument("--sizes", default="1000,10000", help="memories per principal")
+    parser.add_argument("--sizes", default="1000", help="memories per principal, comma-separated")
     parser.add_argument("--calls", type=int, default=30)
     parser.add_argument("--keep", type=Path, help="folder to keep (and reuse) the stores in")
     parser.add_argument("--no-arms", action="store_true", help="only the scaling table")

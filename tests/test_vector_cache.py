@@ -281,3 +281,20 @@ def test_appending_never_changes_what_an_older_matrix_sees() -> None:
         ("c", pytest.approx(0.5)), ("a", pytest.approx(0.1)), ("z", 0.0)
     ]
     assert newer.seqs.tolist() == [0, 1, 2] and other.seqs.tolist() == [0, 1, 3]
+
+
+@pytest.mark.anyio
+async def test_large_cells_are_decoded_and_scored_off_the_loop_with_the_same_results(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from plugin.memory.store import vectors
+
+    monkeypatch.setattr(vectors, "_OFF_LOOP_FLOATS", 0)  # every cell counts as large
+    words = ["db", "lunch", "cat", "deploy", "alice"]
+    rows = [
+        ((p, "proj"), f"m{i}", " ".join(words[(i * k) % 5] for k in (1, 2, 3)))
+        for p in ("u1", "u2")
+        for i in range(12)
+    ]
+    queries = [(("u1", "proj"), "db cat", 5), (("u2", "proj"), "lunch", 3)]
+    await check(rows, queries, 10**9)

@@ -22,10 +22,12 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+import anyio.to_thread
 import attrs
 import numpy as np
 import numpy.typing as npt
 
+from ...control._sqlite import Row
 from .database import Database
 from .schema import MEMORY_COLUMNS, memory_evidence
 from .values import Evidence
@@ -36,6 +38,25 @@ __all__ = ["DEFAULT_CACHE_BYTES", "Matrix", "VectorCache"]
 DEFAULT_CACHE_BYTES = 512 * 1024 * 1024
 
 _Key = tuple[str, str, str]
+
+#: Matrices of more floats than this are decoded and scored in a worker thread, so a large
+#: cell does not hold the event loop (a million floats score in well under a millisecond).
+_OFF_LOOP_FLOATS = 1_000_000
+
+
+def _decode(
+    rows: list[Row], dimensions: int
+) -> tuple[npt.NDArray[np.int64], list[str], npt.NDArray[np.float32]]:
+    """``(seq, id, vector blob)`` rows as ``(seqs, ids, vectors)``; malformed blobs dropped."""
+    width = dimensions * 4
+    rows = [row for row in rows if isinstance(row[2], bytes) and len(row[2]) == width]
+    vectors = np.frombuffer(b"".join(row[2] for row in rows), dtype="<f4")
+    return (
+        np.fromiter((row[0] for row in rows), dtype=np.int64, count=len(rows)),
+        [row[1] for row in rows],
+        # A copy: aligned, native-endian and writable, so later appends can go in place.
+        np.array(vectors.reshape(len(rows), dimensions), dtype=np.float32),
+    )
 
 
 @attrs.define(eq=False)
@@ -214,15 +235,9 @@ class VectorCache:
             f"WHERE {cell} AND e.model = ? AND m.seq > ?",
             (principal, scope, model, after),
         )
-        width = dimensions * 4
-        rows = [row for row in rows if isinstance(row[2], bytes) and len(row[2]) == width]
-        vectors = np.frombuffer(b"".join(row[2] for row in rows), dtype="<f4")
-        return (
-            np.fromiter((row[0] for row in rows), dtype=np.int64, count=len(rows)),
-            [row[1] for row in rows],
-            # A copy: aligned, native-endian and writable, so later appends can go in place.
-            np.array(vectors.reshape(len(rows), dimensions), dtype=np.float32),
-        )
+        if len(rows) * dimensions < _OFF_LOOP_FLOATS:
+            return _decode(rows, dimensions)
+        return await anyio.to_thread.run_sync(_decode, rows, dimensions)
 
     def _keep(self, key: _Key, matrix: Matrix) -> None:
         charged = matrix.nbytes
@@ -248,7 +263,10 @@ class VectorCache:
     ) -> list[Evidence]:
         """The ``limit`` memories of the cell closest to ``query`` (best first, ties by id)."""
         matrix = await self.matrix(principal, scope, model, dimensions)
-        best = matrix.top(query, limit)
+        if matrix.count * dimensions < _OFF_LOOP_FLOATS:
+            best = matrix.top(query, limit)
+        else:  # safe off the loop: appends only ever write past this matrix's rows
+            best = await anyio.to_thread.run_sync(matrix.top, query, limit)
         if not best:
             return []
         wanted = [int(matrix.seqs[i]) for i, _ in best]
