@@ -303,7 +303,7 @@ async def semantic_scale(path: Path, per_principal: int, calls: int) -> None:
                         "FROM memories WHERE principal = ? AND scope = ? AND id = ?",
                         (
                             model.name,
-                            stored[:dimensions].tobytes(),
+                            unit_rows(rng, 1, dimensions).astype("<f4").tobytes(),
                             PRINCIPAL,
                             SCOPE,
                             f"bench-write-{run}-{i}",

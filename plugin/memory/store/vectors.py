@@ -47,16 +47,23 @@ _OFF_LOOP_FLOATS = 1_000_000
 def _decode(
     rows: list[Row], dimensions: int
 ) -> tuple[npt.NDArray[np.int64], list[str], npt.NDArray[np.float32]]:
-    """``(seq, id, vector blob)`` rows as ``(seqs, ids, vectors)``; malformed blobs dropped."""
+    """``(seq, id, vector blob)`` rows as ``(seqs, ids, vectors)``; malformed blobs dropped.
+
+    ``seqs`` and ``vectors`` have spare rows past ``len(ids)`` (an eighth more), so the first
+    appends to a freshly loaded matrix go in place instead of copying it.
+    """
     width = dimensions * 4
     rows = [row for row in rows if isinstance(row[2], bytes) and len(row[2]) == width]
-    vectors = np.frombuffer(b"".join(row[2] for row in rows), dtype="<f4")
-    return (
-        np.fromiter((row[0] for row in rows), dtype=np.int64, count=len(rows)),
-        [row[1] for row in rows],
-        # A copy: aligned, native-endian and writable, so later appends can go in place.
-        np.array(vectors.reshape(len(rows), dimensions), dtype=np.float32),
+    count = len(rows)
+    capacity = count + count // 8 + 16
+    seqs = np.empty(capacity, dtype=np.int64)
+    seqs[:count] = np.fromiter((row[0] for row in rows), dtype=np.int64, count=count)
+    # A copy out of the blobs: aligned, native-endian and writable, so appends can go in place.
+    vectors = np.empty((capacity, dimensions), dtype=np.float32)
+    vectors[:count] = np.frombuffer(b"".join(row[2] for row in rows), dtype="<f4").reshape(
+        count, dimensions
     )
+    return seqs, [row[1] for row in rows], vectors
 
 
 @attrs.define(eq=False)
@@ -93,6 +100,7 @@ class Matrix:
         generation: int,
         resets: int,
     ) -> Matrix:
+        """A matrix of ``ids``; ``seqs`` and ``vectors`` may have spare rows past them."""
         return cls(generation, resets, len(ids), _Rows(seqs, vectors, ids, len(ids)))
 
     @property
@@ -212,7 +220,10 @@ class VectorCache:
         )
         seqs, ids, vectors = await self._load(principal, scope, model, dimensions, after)
         if after >= 0 and cached is not None:
-            built = cached.extended(seqs, ids, vectors, generation=generation, resets=resets)
+            added = len(ids)
+            built = cached.extended(
+                seqs[:added], ids, vectors[:added], generation=generation, resets=resets
+            )
         else:
             built = Matrix.of(seqs, ids, vectors, generation=generation, resets=resets)
         if built.nbytes <= self.budget_bytes:
@@ -222,7 +233,7 @@ class VectorCache:
     async def _load(
         self, principal: str, scope: str, model: str, dimensions: int, after: int
     ) -> tuple[npt.NDArray[np.int64], list[str], npt.NDArray[np.float32]]:
-        """The cell's ``(seqs, ids, vectors)`` of memories past seq ``after`` (-1: all)."""
+        """The cell's memories past seq ``after`` (-1: all), as :func:`_decode` gives them."""
         # A full load walks the cell's index; an append walks the seq range past ``after``
         # (the unary ``+`` keeps SQLite off the cell's index, which would visit every row of
         # the cell to find the few new ones). Both filter by principal and scope.
