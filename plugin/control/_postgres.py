@@ -29,7 +29,7 @@ import psycopg
 import psycopg_pool
 import sniffio
 
-Params: TypeAlias = "Sequence[Any] | Mapping[str, Any] | None"
+Params: TypeAlias = "Sequence[Any] | Mapping[str, Any]"
 Row: TypeAlias = "tuple[Any, ...]"
 T = TypeVar("T")
 
@@ -37,7 +37,7 @@ T = TypeVar("T")
 class Session(Protocol):
     """A pooled connection, held by one task for one read or one transaction."""
 
-    async def fetchall(self, sql: str, params: Params = None) -> list[Row]:
+    async def fetchall(self, sql: str, params: Params | None = None) -> list[Row]:
         """Execute one statement and return its rows (none for a statement without rows)."""
         ...
 
@@ -75,7 +75,7 @@ class _AsyncSession:
     def __init__(self, conn: psycopg.AsyncConnection[Row]) -> None:
         self._conn = conn
 
-    async def fetchall(self, sql: str, params: Params = None) -> list[Row]:
+    async def fetchall(self, sql: str, params: Params | None = None) -> list[Row]:
         cur = await self._conn.execute(sql, params)
         return await cur.fetchall() if _rows(cur) else []
 
@@ -119,7 +119,7 @@ class _ThreadedSession:
     async def _run(self, fn: Callable[[], T]) -> T:
         return await anyio.to_thread.run_sync(fn, limiter=self._limiter)
 
-    async def fetchall(self, sql: str, params: Params = None) -> list[Row]:
+    async def fetchall(self, sql: str, params: Params | None = None) -> list[Row]:
         conn = self._conn
 
         def run() -> list[Row]:

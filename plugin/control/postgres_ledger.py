@@ -247,7 +247,9 @@ class PostgresLedger:
                 f"schema {schema!r} must be a lowercase identifier ([a-z_][a-z0-9_]*, <= 63)"
             )
         if time_source not in _NOW:
-            raise LedgerConfigError(f"time_source must be 'server' or 'caller', not {time_source!r}")
+            raise LedgerConfigError(
+                f"time_source must be 'server' or 'caller', not {time_source!r}"
+            )
         if not (isinstance(min_size, int) and isinstance(max_size, int)
                 and 0 <= min_size <= max_size and max_size >= 1):
             raise LedgerConfigError(f"need 0 <= min_size <= max_size, 1 <= max_size; "
