@@ -188,6 +188,8 @@ def make_driver(
     """A driver for the running async library (not yet opened)."""
     kwargs: dict[str, Any] = {
         "autocommit": True,
+        # Operators (and tests) find a ledger's connections in pg_stat_activity by this name.
+        "application_name": name,
         # libpq counts whole seconds, at least 2.
         "connect_timeout": max(2, round(connect_timeout)),
     }
