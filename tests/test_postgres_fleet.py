@@ -269,7 +269,7 @@ def test_a_server_restart_fails_the_permit_in_flight_and_loses_nothing(
         holder.close()
     assert blocked is not None
     blocked.wait_for(lambda ev: any(e["event"] == "granted" for e in ev), "a grant")
-    for child, seen in zip(streams, before):
+    for child, seen in zip(streams, before, strict=True):
         child.wait_for(lambda ev, seen=seen: sum(e["event"] == "granted" for e in ev) >= seen + 10,
                        "grants after the restart")
     stop.touch()
