@@ -1,4 +1,4 @@
-"""Run every benchmark module present: ``python -m bench [control|planning|store ...]``."""
+"""Run every benchmark module present: ``python -m bench [control|planning|store|postgres ...]``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import traceback
 
 import anyio
 
-MODULES = ("bench_control", "bench_planning", "bench_store", "bench_hooks")
+MODULES = ("bench_control", "bench_planning", "bench_store", "bench_hooks", "bench_postgres")
 
 
 def run(name: str) -> bool:
