@@ -14,6 +14,10 @@ reservations per second (above 1: PostgreSQL is faster).
   transactions are serialized by the ledger's lock, as in production).
 - PostgreSQL: one ``PostgresLedger`` (pool of ``POOL`` connections, ``synchronous_commit=on``,
   the server's clock), server on the same host.
+
+A second table is the driver choice on asyncio: psycopg's ``AsyncConnection`` (what asyncio
+uses) against sync connections through anyio worker threads (what trio must use, psycopg's
+async API not running there), same ledger, same SQL, batches alternating.
 """
 
 from __future__ import annotations
@@ -24,13 +28,14 @@ import secrets
 import statistics
 import tempfile
 import time
+import types
 from pathlib import Path
 from typing import Any
 
 import anyio
 
 from plugin import PostgresLedger
-from plugin.control import AllowancePolicy, RoundKind, SqliteLedger
+from plugin.control import AllowancePolicy, RoundKind, SqliteLedger, _postgres
 
 DSN = os.environ.get("RECALLBOUND_TEST_PG_DSN", "postgresql://root@127.0.0.1:5432/test")
 POOL = 16
@@ -76,6 +81,39 @@ async def measure(folder: Path, schema: str) -> list[tuple[int, float, float]]:
     return rows
 
 
+async def _threaded_on_asyncio(schema: str) -> PostgresLedger:
+    """A PostgresLedger opened with the threaded (trio) driver although asyncio runs."""
+    ledger = PostgresLedger(DSN, schema=schema, max_size=POOL, min_size=POOL)
+    real = _postgres.sniffio
+    _postgres.sniffio = types.SimpleNamespace(  # type: ignore[assignment]
+        current_async_library=lambda: "trio"
+    )
+    try:
+        await ledger.open()
+    finally:
+        _postgres.sniffio = real
+    return ledger
+
+
+async def measure_drivers(schema: str) -> list[tuple[int, float, float]]:
+    """(concurrency, AsyncConnection median ops/s, threaded median ops/s) on asyncio."""
+    rows = []
+    threaded = await _threaded_on_asyncio(schema)
+    try:
+        async with PostgresLedger(DSN, schema=schema, max_size=POOL, min_size=POOL) as native:
+            for concurrency in CONCURRENCY[:2]:
+                await _batch(native, concurrency)
+                await _batch(threaded, concurrency)
+                a, t = [], []
+                for _ in range(BATCHES):
+                    a.append(await _batch(native, concurrency))
+                    t.append(await _batch(threaded, concurrency))
+                rows.append((concurrency, statistics.median(a), statistics.median(t)))
+    finally:
+        await threaded.aclose()
+    return rows
+
+
 def _drop(schema: str) -> None:
     import psycopg
 
@@ -97,6 +135,11 @@ def main() -> None:
                 for concurrency, pg, lite in anyio.run(measure, folder, schema, backend=backend):
                     print(f"  {backend:<8} {concurrency:>15} {pg:>10.0f}/s {lite:>8.0f}/s "
                           f"{pg / lite:>11.2f}x")
+        print("\n  driver on asyncio: psycopg AsyncConnection vs sync connections in threads")
+        print(f"  {'concurrent runs':>15} {'async':>10} {'threads':>10} {'async / threads':>16}")
+        for concurrency, native, threaded in anyio.run(measure_drivers, schema):
+            print(f"  {concurrency:>15} {native:>8.0f}/s {threaded:>8.0f}/s "
+                  f"{native / threaded:>15.2f}x")
     finally:
         _drop(schema)
 
