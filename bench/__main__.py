@@ -1,4 +1,4 @@
-"""Run every benchmark module present: ``python -m bench [control|planning|store ...]``."""
+"""Run every benchmark module present: ``python -m bench [control|planning|store|postgres ...]``."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import anyio
 
 MODULES = (
     "bench_control", "bench_group_commit", "bench_planning", "bench_store", "bench_hooks",
+    "bench_postgres",
 )
 
 

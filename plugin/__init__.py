@@ -3,6 +3,10 @@
 The public surface is what this module re-exports; everything else may move.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from .control.allowance import RecallAllowance as RecallAllowance
 from .control.clock import Clock as Clock
 from .control.clock import ManualClock as ManualClock
@@ -28,10 +32,12 @@ from .errors import InvalidRunIdError as InvalidRunIdError
 from .errors import InvalidWorkingStateError as InvalidWorkingStateError
 from .errors import InvalidWorkingStateTypeError as InvalidWorkingStateTypeError
 from .errors import LedgerClosedError as LedgerClosedError
+from .errors import LedgerConfigError as LedgerConfigError
 from .errors import LedgerCorruptError as LedgerCorruptError
 from .errors import LedgerError as LedgerError
 from .errors import LedgerLockedError as LedgerLockedError
 from .errors import LedgerPathError as LedgerPathError
+from .errors import LedgerUnavailableError as LedgerUnavailableError
 from .errors import MemoryStoreError as MemoryStoreError
 from .errors import RecallboundError as RecallboundError
 from .memory.embedding import EmbeddingAdapter as EmbeddingAdapter
@@ -51,16 +57,35 @@ from .memory.state import Fact as Fact
 from .memory.state import Task as Task
 from .memory.state import WorkingState as WorkingState
 
+if TYPE_CHECKING:
+    from .control.postgres_ledger import PostgresLedger as PostgresLedger
+
 __all__ = [
     "AllowancePolicy", "AttemptKind", "AttemptOutcome", "AttemptTrace", "BaselineReason",
     "BoundedRecallNotice", "BudgetRefusal", "Clock", "EmbeddingAdapter", "Fact",
     "InvalidPolicyError", "InvalidRunIdError", "InvalidWorkingStateError",
-    "InvalidWorkingStateTypeError", "Ledger", "LedgerClosedError", "LedgerCorruptError",
-    "LedgerError", "LedgerLockedError", "LedgerPathError", "ManualClock", "MemoryStoreError",
-    "Permit", "PreparedRecall", "QueryPlanner", "QueryPreparation", "QueryStrategy",
-    "RecallAllowance", "RecallBudgetExceeded", "RecallPreparer", "RecallQuery",
-    "RecallboundError", "RefusalReason", "Reservation", "RoundKind", "SemanticPreparation",
-    "SqliteLedger", "SystemClock", "Task", "Usage", "WithheldReason", "WorkingState",
-    "bind_permits", "compose_baseline", "compose_search_call", "compose_task_context",
-    "current_permit",
+    "InvalidWorkingStateTypeError", "Ledger", "LedgerClosedError", "LedgerConfigError",
+    "LedgerCorruptError", "LedgerError", "LedgerLockedError", "LedgerPathError",
+    "LedgerUnavailableError", "ManualClock", "MemoryStoreError", "Permit", "PostgresLedger",
+    "PreparedRecall", "QueryPlanner", "QueryPreparation", "QueryStrategy", "RecallAllowance",
+    "RecallBudgetExceeded", "RecallPreparer", "RecallQuery", "RecallboundError", "RefusalReason",
+    "Reservation", "RoundKind", "SemanticPreparation", "SqliteLedger", "SystemClock", "Task",
+    "Usage", "WithheldReason", "WorkingState", "bind_permits", "compose_baseline",
+    "compose_search_call", "compose_task_context", "current_permit",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # PostgresLedger needs the `postgres` extra (psycopg): imported on first use only, so that
+    # importing this package never imports psycopg.
+    if name == "PostgresLedger":
+        try:
+            from .control.postgres_ledger import PostgresLedger
+        except ModuleNotFoundError as exc:
+            if exc.name is None or exc.name.split(".")[0] not in ("psycopg", "psycopg_pool"):
+                raise
+            raise ImportError(
+                "PostgresLedger needs the 'postgres' extra: pip install 'recallbound[postgres]'"
+            ) from exc
+        return PostgresLedger
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -64,6 +64,18 @@ class LedgerClosedError(LedgerError):
     """The ledger was used outside its ``async with`` block."""
 
 
+class LedgerUnavailableError(LedgerError):
+    """The ledger's database could not be reached, or was lost mid-operation (a restart).
+
+    Raised instead of a result: a reservation that fails this way issues no permit, and may or
+    may not have been committed (slots are never refunded, so a retry only costs a round).
+    """
+
+
+class LedgerConfigError(LedgerError, ValueError):
+    """A ledger was configured with an invalid value (schema name, time source, pool size)."""
+
+
 class InvalidWorkingStateError(RecallboundError, ValueError):
     """Working state handed to the planner is malformed (the message names the field)."""
 

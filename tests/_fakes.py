@@ -1,9 +1,15 @@
-"""Test doubles: an in-memory ledger (no threads, so trio's MockClock can autojump)."""
+"""Test doubles: an in-memory ledger (no threads, so trio's MockClock can autojump).
+
+:class:`MemoryLedger` runs through the ledger contract suite (tests/test_ledger_contract.py)
+like the real ledgers: several ledgers may share one :class:`MemoryStore` (reopening, another
+"connection"), and one made with :meth:`MemoryLedger.over` is closed until ``async with``.
+"""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from types import TracebackType
 
 import attrs
 
@@ -18,6 +24,7 @@ from plugin.control import (
     Usage,
 )
 from plugin.control.ledger import Validity, WallTime, read_time
+from plugin.errors import LedgerClosedError
 
 
 @attrs.define
@@ -33,16 +40,70 @@ class _Run:
         return sum(r.slots for r in self.rounds)
 
 
-@attrs.define
-class MemoryLedger:
-    """A pure-Python Ledger with the same rules as SqliteLedger (checked by the contract suite)."""
+@attrs.define(eq=False)
+class MemoryStore:
+    """What a MemoryLedger stores; shared by every ledger opened over it."""
 
     runs: dict[str, _Run] = attrs.Factory(dict)
     traces: dict[str, AttemptTrace] = attrs.Factory(dict)
     refused: list[RefusalRecord] = attrs.Factory(list)
-    fail_reserve: BaseException | None = None
     retained: dict[str, list[str]] = attrs.Factory(dict)
     validations_used: dict[str, int] = attrs.Factory(dict)
+
+
+@attrs.define(eq=False)
+class MemoryLedger:
+    """A pure-Python Ledger with the same rules as SqliteLedger (checked by the contract suite).
+
+    ``MemoryLedger()`` is open at once, over a store of its own (the convenient test double);
+    :meth:`over` makes one that is closed until ``async with``, like a real ledger.
+    """
+
+    store: MemoryStore = attrs.Factory(MemoryStore)
+    is_open: bool = True
+    fail_reserve: BaseException | None = None
+
+    @classmethod
+    def over(cls, store: MemoryStore) -> MemoryLedger:
+        """An unopened ledger over ``store``."""
+        return cls(store=store, is_open=False)
+
+    async def __aenter__(self) -> MemoryLedger:
+        self.is_open = True
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.is_open = False
+
+    def _open(self) -> MemoryStore:
+        if not self.is_open:
+            raise LedgerClosedError("MemoryLedger is not open: use `async with`")
+        return self.store
+
+    @property
+    def runs(self) -> dict[str, _Run]:
+        return self._open().runs
+
+    @property
+    def traces(self) -> dict[str, AttemptTrace]:
+        return self._open().traces
+
+    @property
+    def refused(self) -> list[RefusalRecord]:
+        return self._open().refused
+
+    @property
+    def retained(self) -> dict[str, list[str]]:
+        return self._open().retained
+
+    @property
+    def validations_used(self) -> dict[str, int]:
+        return self._open().validations_used
 
     def _executed(self, run_id: str) -> int:
         return sum(1 for t in self.traces.values() if t.run_id == run_id and not t.legacy)
@@ -53,6 +114,7 @@ class MemoryLedger:
         *,
         floor: WallTime = -math.inf,
     ) -> Reservation | BudgetRefusal:
+        self._open()
         if self.fail_reserve is not None:
             raise self.fail_reserve
         now_wall = max(read_time(now), read_time(floor))
@@ -89,6 +151,7 @@ class MemoryLedger:
     async def record(
         self, attempts: Sequence[AttemptTrace], refusals: Sequence[RefusalRecord]
     ) -> None:
+        self._open()
         for trace in attempts:
             self.traces[trace.attempt_id] = trace
         self.refused.extend(refusals)

@@ -46,6 +46,47 @@ def test_control_core_stands_alone() -> None:
     assert result.stdout.strip() == "imported"
 
 
+def test_control_core_stands_alone_without_psycopg() -> None:
+    result = _import_with_blocked("plugin.control", ["psycopg", "psycopg_pool"])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "imported"
+
+
+def test_importing_plugin_never_imports_psycopg() -> None:
+    code = (
+        "import sys, plugin, plugin.control, runtime_hooks\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('psycopg', 'psycopg_pool')))\n"
+        "from plugin import PostgresLedger\n"
+        "from plugin.control import PostgresLedger as P2\n"
+        "print(PostgresLedger is P2, 'PostgresLedger' in plugin.__all__, "
+        "'PostgresLedger' in plugin.control.__all__, 'psycopg' in sys.modules)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:2] == ["[]", "True True True True"]
+
+
+def test_postgres_ledger_without_the_extra_is_a_clear_import_error() -> None:
+    # As when the extra is not installed: ModuleNotFoundError naming the missing module.
+    blocker = _BLOCKER.replace(
+        'raise ImportError("blocked: " + name)', 'raise ModuleNotFoundError(name, name=name)'
+    ).replace("import {module}\nprint(\"imported\")", "")
+    code = blocker.format(blocked=["psycopg", "psycopg_pool"], root=str(ROOT)) + (
+        "import plugin.control\n"
+        "try:\n"
+        "    plugin.control.PostgresLedger\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert "pip install 'recallbound[postgres]'" in result.stdout
+
+
 def test_runtime_hooks_import_no_framework() -> None:
     code = (
         "import sys, runtime_hooks, plugin\n"
@@ -71,15 +112,26 @@ def _imports(path: Path) -> set[str]:
     return found
 
 
+POSTGRES_MODULES = {"postgres_ledger.py", "_postgres.py"}
+"""The only control modules that may import the optional PostgreSQL driver (psycopg)."""
+
+
 def test_control_imports_only_stdlib_attrs_anyio_and_sqlite_drivers() -> None:
     allowed_third_party = {"attrs", "anyio", "sniffio", "aiosqlite"}
+    seen_psycopg = set()
     for path in sorted((ROOT / "plugin" / "control").rglob("*.py")):
+        allowed = set(allowed_third_party)
+        if path.parent.name == "control" and path.name in POSTGRES_MODULES:
+            allowed |= {"psycopg", "psycopg_pool"}
         for name in _imports(path):
             top = name.split(".")[0]
             if top == "plugin":
                 assert name == "plugin.errors" or name.startswith("plugin.control"), (path, name)
             elif top not in sys.stdlib_module_names:
-                assert top in allowed_third_party, (path, name)
+                assert top in allowed, (path, name)
+                if top.startswith("psycopg"):
+                    seen_psycopg.add(path.name)
+    assert seen_psycopg == POSTGRES_MODULES  # the allowance is used, and only there
 
 
 def test_control_reads_no_ambient_clock() -> None:

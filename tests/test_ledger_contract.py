@@ -2,17 +2,19 @@
 
 One suite for the interface (STYLE.md, "one contract suite per interface"): every test that
 takes the ``ledger`` (an opened ledger) or ``open_ledger`` (a factory of unopened ledgers over
-one store) fixture runs against each kind in :data:`LEDGER_KINDS`. A PostgreSQL ledger is one
-more entry there and one more branch in :func:`_make_ledger`. The tests near the end that
-name ``SqliteLedger`` check failures only a file-backed ledger has (missing folder, foreign or
-damaged file, a lock held by another connection).
+one store) fixture runs against each kind in :data:`LEDGER_KINDS`: SQLite (a file),
+PostgreSQL (a schema of its own on the test server, dropped afterwards; judged by the caller's
+explicit times) and the in-memory test double. The tests near the end that name
+``SqliteLedger`` check failures only a file-backed ledger has (missing folder, foreign or
+damaged file, a lock held by another connection); tests/test_postgres_ledger.py has the
+PostgreSQL-only ones.
 """
 
 from __future__ import annotations
 
 import random
 import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,7 @@ from plugin.control import (
     AttemptTrace,
     Ledger,
     ManualClock,
+    PostgresLedger,
     RecallAllowance,
     RecallBudgetExceeded,
     RefusalReason,
@@ -44,8 +47,12 @@ from plugin.errors import (
     LedgerError,
     LedgerLockedError,
     LedgerPathError,
+    LedgerUnavailableError,
     RecallboundError,
 )
+
+from ._fakes import MemoryLedger, MemoryStore
+from ._pg import DSN, fresh_schema
 
 pytestmark = pytest.mark.anyio
 
@@ -53,15 +60,19 @@ WALL = 1_700_000_000.0
 POLICY = AllowancePolicy()  # 4 searches, 2 rounds, 10 s, 2 automatic slots
 AUTO, DELIB = RoundKind.AUTOMATIC, RoundKind.DELIBERATE
 
-LEDGER_KINDS = ["sqlite"]
+LEDGER_KINDS = ["sqlite", "postgres", "memory"]
 """Every ledger implementation the contract runs against."""
 
 
-
-def _make_ledger(kind: str, tmp_path: Path, **options: Any) -> Any:
+def _make_ledger(kind: str, store: Any, **options: Any) -> Any:
     """An unopened ledger of ``kind`` over the test's store (the same store on every call)."""
     if kind == "sqlite":
-        return SqliteLedger(tmp_path / "ledger.sqlite3", **options)
+        return SqliteLedger(store / "ledger.sqlite3", **options)
+    if kind == "postgres":
+        # The contract's explicit times are the caller's: judge by them, not the server clock.
+        return PostgresLedger(DSN, schema=store, time_source="caller", **options)
+    if kind == "memory":
+        return MemoryLedger.over(store)
     raise AssertionError(f"unknown ledger kind {kind!r}")
 
 
@@ -71,9 +82,21 @@ def ledger_kind(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def open_ledger(ledger_kind: str, tmp_path: Path) -> Callable[..., Any]:
+def store(ledger_kind: str, tmp_path: Path) -> Iterator[Any]:
+    """What the test's ledgers share: a folder, a PostgreSQL schema, or a MemoryStore."""
+    if ledger_kind == "postgres":
+        with fresh_schema("contract") as schema:
+            yield schema
+    elif ledger_kind == "memory":
+        yield MemoryStore()
+    else:
+        yield tmp_path
+
+
+@pytest.fixture
+def open_ledger(ledger_kind: str, store: Any) -> Callable[..., Any]:
     """Make unopened ledgers over one store: ``async with open_ledger() as ledger``."""
-    return lambda **options: _make_ledger(ledger_kind, tmp_path, **options)
+    return lambda **options: _make_ledger(ledger_kind, store, **options)
 
 
 @pytest.fixture
@@ -513,7 +536,8 @@ async def test_the_permit_matches_its_committed_reservation(ledger: Ledger) -> N
 
 
 def test_ledger_errors_share_one_root() -> None:
-    for error in (LedgerPathError, LedgerCorruptError, LedgerLockedError, LedgerClosedError):
+    for error in (LedgerPathError, LedgerCorruptError, LedgerLockedError, LedgerClosedError,
+                  LedgerUnavailableError):
         assert issubclass(error, LedgerError)
         assert issubclass(error, RecallboundError)
     assert issubclass(LedgerError, RecallboundError)

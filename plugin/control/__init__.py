@@ -4,6 +4,10 @@ Imports only the standard library, attrs, anyio (and the SQLite drivers); never 
 a framework, or an ambient clock.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from .allowance import Checkpoint as Checkpoint
 from .allowance import RecallAllowance as RecallAllowance
 from .allowance import Round as Round
@@ -34,11 +38,31 @@ from .refusal import RecallBudgetExceeded as RecallBudgetExceeded
 from .refusal import RefusalReason as RefusalReason
 from .sqlite_ledger import SqliteLedger as SqliteLedger
 
+if TYPE_CHECKING:
+    from .postgres_ledger import PostgresLedger as PostgresLedger
+
 __all__ = [
     "AllowancePolicy", "Attempt", "AttemptKind", "AttemptOutcome", "AttemptTrace",
     "BoundedRecallNotice", "BudgetRefusal", "Checkpoint", "Clock", "Ledger", "ManualClock",
-    "Permit", "PermitHolder", "RecallAllowance", "RecallBudgetExceeded", "RefusalReason",
-    "RefusalRecord", "Reservation", "Round", "RoundKind", "SqliteLedger", "SystemClock",
-    "Usage", "Validity", "WallTime", "bind_permits", "current_permit", "hide_permit",
+    "Permit", "PermitHolder", "PostgresLedger", "RecallAllowance", "RecallBudgetExceeded",
+    "RefusalReason", "RefusalRecord", "Reservation", "Round", "RoundKind", "SqliteLedger",
+    "SystemClock", "Usage", "Validity", "WallTime", "bind_permits", "current_permit",
+    "hide_permit",
     "validate_run_id",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # PostgresLedger needs the `postgres` extra (psycopg): imported on first use only, so that
+    # importing this package never imports psycopg.
+    if name == "PostgresLedger":
+        try:
+            from .postgres_ledger import PostgresLedger
+        except ModuleNotFoundError as exc:
+            if exc.name is None or exc.name.split(".")[0] not in ("psycopg", "psycopg_pool"):
+                raise
+            raise ImportError(
+                "PostgresLedger needs the 'postgres' extra: pip install 'recallbound[postgres]'"
+            ) from exc
+        return PostgresLedger
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

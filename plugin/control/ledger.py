@@ -2,7 +2,8 @@
 
 A ledger is the single source of truth for a run's allowance: rounds, reserved slots, the
 original deadline, and the trace of every attempt and refusal. :class:`SqliteLedger` is the
-default implementation; any other (PostgreSQL, say) must pass ``tests/test_ledger_contract.py``.
+default implementation, :class:`PostgresLedger` (extra ``postgres``) the one a fleet of workers
+shares; any other must pass ``tests/test_ledger_contract.py``, as those two do.
 """
 
 from __future__ import annotations

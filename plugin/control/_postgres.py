@@ -1,0 +1,217 @@
+"""One SQL code path over two PostgreSQL drivers, picked once by the running async library.
+
+psycopg's async API runs on asyncio only (under trio ``AsyncConnection.connect`` fails with
+"no running event loop": it waits on sockets through asyncio's loop), so, as for SQLite:
+
+- asyncio: :class:`psycopg_pool.AsyncConnectionPool` of ``AsyncConnection``;
+- trio (and any other loop): :class:`psycopg_pool.ConnectionPool` of plain connections, each
+  call one hop to an anyio worker thread. A semaphore in the event loop admits at most
+  ``max_size`` tasks to the pool, so a checkout never parks a worker thread for long, and the
+  statement limiter (``max_size`` threads) can never be starved by tasks waiting for a
+  connection.
+
+Connections are in autocommit mode: a read is one statement; a write is an explicit
+``BEGIN`` … ``COMMIT`` (see :mod:`plugin.control.postgres_ledger`). Every new connection is
+configured once: ``synchronous_commit = on`` (a commit returns only once its WAL is flushed,
+whatever the server's or the role's default), ``statement_timeout``, ``lock_timeout`` and
+``idle_in_transaction_session_timeout`` (a hung worker cannot hold a run's lock forever).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol, TypeAlias, TypeVar
+
+import anyio
+import anyio.to_thread
+import psycopg
+import psycopg_pool
+import sniffio
+
+Params: TypeAlias = "Sequence[Any] | Mapping[str, Any]"
+Row: TypeAlias = "tuple[Any, ...]"
+T = TypeVar("T")
+
+
+class Session(Protocol):
+    """A pooled connection, held by one task for one read or one transaction."""
+
+    async def fetchall(self, sql: str, params: Params | None = None) -> list[Row]:
+        """Execute one statement and return its rows (none for a statement without rows)."""
+        ...
+
+    async def executemany(self, sql: str, rows: Iterable[Params]) -> None:
+        """Execute one statement once per parameter set (pipelined by psycopg)."""
+        ...
+
+    @property
+    def broken(self) -> bool:
+        """Whether the connection is closed or lost (the pool discards it when given back)."""
+        ...
+
+
+class Driver(Protocol):
+    """A connection pool driven from the running event loop."""
+
+    async def open(self) -> None:
+        """Open the pool and wait until ``min_size`` connections are ready."""
+        ...
+
+    async def close(self) -> None:
+        """Close the pool and every connection; idempotent."""
+        ...
+
+    def session(self) -> contextlib.AbstractAsyncContextManager[Session]:
+        """Check a connection out of the pool for the block; always given back."""
+        ...
+
+
+def _rows(cur: psycopg.Cursor[Row] | psycopg.AsyncCursor[Row]) -> bool:
+    return cur.description is not None
+
+
+class _AsyncSession:
+    def __init__(self, conn: psycopg.AsyncConnection[Row]) -> None:
+        self._conn = conn
+
+    async def fetchall(self, sql: str, params: Params | None = None) -> list[Row]:
+        cur = await self._conn.execute(sql, params)
+        return await cur.fetchall() if _rows(cur) else []
+
+    async def executemany(self, sql: str, rows: Iterable[Params]) -> None:
+        async with self._conn.cursor() as cur:
+            await cur.executemany(sql, list(rows))
+
+    @property
+    def broken(self) -> bool:
+        return bool(self._conn.closed or self._conn.broken)
+
+
+class AsyncDriver:
+    """The asyncio driver: :class:`psycopg_pool.AsyncConnectionPool`."""
+
+    def __init__(self, pool: psycopg_pool.AsyncConnectionPool[Any], open_timeout: float) -> None:
+        self._pool = pool
+        self._open_timeout = open_timeout
+
+    async def open(self) -> None:
+        await self._pool.open(wait=True, timeout=self._open_timeout)
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+    @contextlib.asynccontextmanager
+    async def session(self) -> AsyncIterator[Session]:
+        conn = await self._pool.getconn()
+        try:
+            yield _AsyncSession(conn)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._pool.putconn(conn)
+
+
+class _ThreadedSession:
+    def __init__(self, conn: psycopg.Connection[Row], limiter: anyio.CapacityLimiter) -> None:
+        self._conn = conn
+        self._limiter = limiter
+
+    async def _run(self, fn: Callable[[], T]) -> T:
+        return await anyio.to_thread.run_sync(fn, limiter=self._limiter)
+
+    async def fetchall(self, sql: str, params: Params | None = None) -> list[Row]:
+        conn = self._conn
+
+        def run() -> list[Row]:
+            cur = conn.execute(sql, params)
+            return cur.fetchall() if _rows(cur) else []
+
+        return await self._run(run)
+
+    async def executemany(self, sql: str, rows: Iterable[Params]) -> None:
+        conn, materialized = self._conn, list(rows)
+
+        def run() -> None:
+            with conn.cursor() as cur:
+                cur.executemany(sql, materialized)
+
+        await self._run(run)
+
+    @property
+    def broken(self) -> bool:
+        return bool(self._conn.closed or self._conn.broken)
+
+
+class ThreadedDriver:
+    """The trio (any-loop) driver: :class:`psycopg_pool.ConnectionPool` through worker threads."""
+
+    def __init__(self, pool: psycopg_pool.ConnectionPool[Any], open_timeout: float) -> None:
+        self._pool = pool
+        self._open_timeout = open_timeout
+        size = pool.max_size
+        self._admitted = anyio.Semaphore(size)
+        # Statements of checked-out connections (at most one each) plus checkouts and returns.
+        self._limiter = anyio.CapacityLimiter(size)
+
+    async def open(self) -> None:
+        pool, timeout = self._pool, self._open_timeout
+        await anyio.to_thread.run_sync(lambda: pool.open(wait=True, timeout=timeout))
+
+    async def close(self) -> None:
+        await anyio.to_thread.run_sync(self._pool.close)
+
+    @contextlib.asynccontextmanager
+    async def session(self) -> AsyncIterator[Session]:
+        async with self._admitted:
+            # A worker thread is not abandoned on cancellation: the connection it checks out
+            # always reaches the ``finally`` below and goes back to the pool.
+            conn = await anyio.to_thread.run_sync(self._pool.getconn, limiter=self._limiter)
+            try:
+                yield _ThreadedSession(conn, self._limiter)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(
+                        self._pool.putconn, conn, limiter=self._limiter
+                    )
+
+
+def make_driver(
+    conninfo: str,
+    *,
+    min_size: int,
+    max_size: int,
+    settings: Mapping[str, str],
+    connect_timeout: float,
+    pool_timeout: float,
+    name: str,
+) -> Driver:
+    """A driver for the running async library (not yet opened)."""
+    kwargs: dict[str, Any] = {
+        "autocommit": True,
+        # Operators (and tests) find a ledger's connections in pg_stat_activity by this name.
+        "application_name": name,
+        # libpq counts whole seconds, at least 2.
+        "connect_timeout": max(2, round(connect_timeout)),
+    }
+    assignments = "; ".join(f"SET {key} = '{value}'" for key, value in settings.items())
+
+    common: dict[str, Any] = {
+        "min_size": min_size, "max_size": max_size, "kwargs": kwargs, "open": False,
+        "timeout": pool_timeout, "name": name,
+    }
+    if sniffio.current_async_library() == "asyncio":
+
+        async def configure_async(conn: psycopg.AsyncConnection[Any]) -> None:
+            await conn.execute(assignments.encode())
+
+        return AsyncDriver(
+            psycopg_pool.AsyncConnectionPool(conninfo, configure=configure_async, **common),
+            connect_timeout,
+        )
+
+    def configure(conn: psycopg.Connection[Any]) -> None:
+        conn.execute(assignments.encode())
+
+    return ThreadedDriver(
+        psycopg_pool.ConnectionPool(conninfo, configure=configure, **common), connect_timeout
+    )

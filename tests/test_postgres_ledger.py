@@ -1,0 +1,358 @@
+"""What only PostgresLedger has: the server's clock, a pool that loses connections, timeouts,
+schema creation and migration by many workers at once, its settings.
+
+The shared contract is tests/test_ledger_contract.py. Every test here runs on asyncio and trio
+against the test server (tests/_pg.py: its own schema, dropped afterwards; no skip). Tests of
+the server clock compare with this host's clock, which the local server shares, by bracketing
+(read before and after), never by sleeping.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import psycopg
+import pytest
+from psycopg import sql
+
+from plugin import PostgresLedger
+from plugin.control import (
+    AllowancePolicy,
+    ManualClock,
+    RecallAllowance,
+    RecallBudgetExceeded,
+    RefusalReason,
+    Reservation,
+    RoundKind,
+    current_permit,
+)
+from plugin.control.postgres_ledger import _MIGRATIONS, SCHEMA_VERSION
+from plugin.control.refusal import BudgetRefusal
+from plugin.errors import (
+    LedgerConfigError,
+    LedgerCorruptError,
+    LedgerError,
+    LedgerLockedError,
+    LedgerUnavailableError,
+)
+
+from . import _pg
+
+pytestmark = pytest.mark.anyio
+
+POLICY = AllowancePolicy()  # 4 searches, 2 rounds, 10 s
+AUTO, DELIB = RoundKind.AUTOMATIC, RoundKind.DELIBERATE
+
+
+@pytest.fixture
+def schema() -> Iterator[str]:
+    with _pg.fresh_schema("pg") as name:
+        yield name
+
+
+def _sql(statement: str, *params: Any) -> list[tuple[Any, ...]]:
+    with _pg.connect() as conn:
+        cur = conn.execute(statement.encode(), params or None)
+        return cur.fetchall() if cur.description else []
+
+
+def _backends(schema: str) -> list[tuple[int, str, str | None]]:
+    """(pid, state, wait_event) of the ledger's pooled connections."""
+    return [
+        (int(pid), str(state), wait)
+        for pid, state, wait in _sql(
+            "SELECT pid, state, wait_event FROM pg_stat_activity "
+            "WHERE application_name = %s", f"recallbound-{schema}")
+    ]
+
+
+async def _until(condition: Any) -> None:
+    """Poll for a state of the server (another connection's), not for a time."""
+    with anyio.fail_after(20):
+        while not await anyio.to_thread.run_sync(condition):
+            await anyio.sleep(0.01)
+
+
+def _granted(result: Reservation | BudgetRefusal) -> Reservation:
+    assert isinstance(result, Reservation), result
+    return result
+
+
+# -- whose clock: the server's ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("skew", [30.0, -30.0])
+async def test_a_worker_30s_off_neither_gains_nor_loses_deadline(
+    schema: str, skew: float
+) -> None:
+    async with PostgresLedger(_pg.DSN, schema=schema) as ledger:
+        honest = RecallAllowance(ledger, clock=ManualClock(wall=time.time()))
+        skewed = RecallAllowance(ledger, clock=ManualClock(wall=time.time() + skew))
+
+        # the skewed worker opens one run, the honest one another; then each resumes the
+        # other's run: every time is the server's, whoever asks
+        for opener, resumer, run_id in ((skewed, honest, "a"), (honest, skewed, "b")):
+            before = time.time()
+            async with opener.round(run_id, AUTO) as first:
+                pass
+            opened = time.time()
+            (committed,) = await ledger.reservations(run_id)
+            assert before <= committed.opened_wall <= opened
+            assert committed.reserved_wall == committed.opened_wall
+            assert committed.deadline_wall == committed.opened_wall + 10.0
+            assert first.deadline_wall == committed.deadline_wall
+            # what the permit got is the server's view: never more than deadline_s
+            assert first.seconds_left() == 10.0
+
+            async with resumer.round(run_id, DELIB, slots=2) as second:
+                later = time.time()
+                _, again = await ledger.reservations(run_id)
+                assert opened <= again.reserved_wall <= later
+                assert second.deadline_wall == committed.deadline_wall
+                # no gain: at most what really remained; no loss: the same real remainder
+                assert second.seconds_left() == committed.deadline_wall - again.reserved_wall
+                assert 10.0 - (later - before) <= second.seconds_left() <= 10.0
+
+
+async def test_by_the_callers_clock_a_worker_30s_ahead_loses_its_deadline(schema: str) -> None:
+    # Why the fleet default is the server's clock: under time_source="caller", a worker whose
+    # clock runs 30 s ahead finds a run another worker opened a moment ago already over.
+    async with PostgresLedger(_pg.DSN, schema=schema, time_source="caller") as ledger:
+        honest = RecallAllowance(ledger, clock=ManualClock(wall=time.time()))
+        ahead = RecallAllowance(ledger, clock=ManualClock(wall=time.time() + 30.0))
+        async with honest.round("run", AUTO):
+            pass
+        with pytest.raises(RecallBudgetExceeded) as caught:
+            async with ahead.round("run", DELIB, slots=1):
+                pytest.fail("refused: the caller's clock says the deadline passed")
+        assert caught.value.reason is RefusalReason.DEADLINE
+
+
+async def test_the_server_clock_never_judges_below_the_floor(schema: str) -> None:
+    async with PostgresLedger(_pg.DSN, schema=schema) as ledger:
+        assert ledger.time_source == "server"
+        floor = time.time() + 1000.0
+        first = _granted(await ledger.reserve("run", AUTO, 2, POLICY, 0.0, floor=floor))
+        assert first.reserved_wall == first.opened_wall == floor
+        assert first.deadline_wall == floor + 10.0
+        # `now` is not the judge here: a caller's time past the deadline does not refuse
+        second = _granted(await ledger.reserve("run", DELIB, 1, POLICY, floor + 99.0))
+        assert first.opened_wall == second.opened_wall
+        refused = await ledger.reserve("other", AUTO, 2, POLICY, 0.0, floor=lambda: floor)
+        assert isinstance(refused, Reservation)
+        late = await ledger.reserve("other", AUTO, 1, POLICY, 0.0, floor=floor + 10.0)
+        assert isinstance(late, BudgetRefusal)
+        assert late.reason is RefusalReason.DEADLINE
+        (record,) = await ledger.refusals("other")
+        assert record.at_wall == floor + 10.0
+
+
+# -- the server unreachable, lost, or slow: fail closed ---------------------------------------
+
+
+async def test_an_unreachable_server_fails_at_open(anyio_backend: object) -> None:
+    ledger = PostgresLedger("postgresql://root@127.0.0.1:1/test", connect_timeout=2.0)
+    with pytest.raises(LedgerUnavailableError) as caught:
+        await ledger.open()
+    assert isinstance(caught.value, LedgerError)
+    with pytest.raises(LedgerError):  # still closed: nothing can be reserved
+        await ledger.reserve("run", AUTO, 2, POLICY, 0.0)
+
+
+async def test_connections_lost_while_idle_are_replaced(schema: str) -> None:
+    # What a server restart looks like to an idle pool: every connection is gone.
+    async with PostgresLedger(_pg.DSN, schema=schema, min_size=2, max_size=2,
+                              time_source="caller") as ledger:
+        _granted(await ledger.reserve("run", AUTO, 2, POLICY, 100.0))
+        pids = [pid for pid, _, _ in _backends(schema)]
+        assert len(pids) == 2
+        _sql("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", pids)
+        await _until(lambda: not set(pids) & {p for p, _, _ in _backends(schema)})
+        second = _granted(await ledger.reserve("run", DELIB, 1, POLICY, 101.0))
+        assert (second.round_index, second.first_slot) == (2, 3)
+        assert (await ledger.usage("run")).rounds == 2
+
+
+async def test_a_connection_lost_mid_reservation_issues_no_permit(schema: str) -> None:
+    async with PostgresLedger(_pg.DSN, schema=schema, max_size=2) as ledger:
+        allowance = RecallAllowance(ledger, clock=ManualClock(wall=time.time()))
+        async with allowance.round("run", AUTO):
+            pass
+        failures: list[BaseException] = []
+
+        async def reserve() -> None:
+            try:
+                async with allowance.round("run", DELIB, slots=1):
+                    pytest.fail("no permit for a round whose commit was never confirmed")
+            except LedgerError as exc:
+                failures.append(exc)
+            assert current_permit() is None
+
+        with _pg.connect() as holder:
+            # the run's lock, held elsewhere: our reservation waits inside its transaction
+            holder.execute("SELECT pg_advisory_lock(%s::int4, hashtext('run'))",
+                           (ledger._space,))
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(reserve)
+                await _until(lambda: any(w == "advisory" for _, _, w in _backends(schema)))
+                (waiting,) = [pid for pid, _, w in _backends(schema) if w == "advisory"]
+                holder.execute("SELECT pg_terminate_backend(%s)", (waiting,))
+            holder.execute("SELECT pg_advisory_unlock_all()")
+        (failure,) = failures
+        assert isinstance(failure, LedgerUnavailableError)
+        usage = await ledger.usage("run")  # nothing of the lost round was committed
+        assert (usage.rounds, usage.reserved, usage.refused) == (1, 2, 0)
+        async with allowance.round("run", DELIB, slots=1) as permit:  # and the ledger goes on
+            assert (permit.round_index, permit.first_slot) == (2, 3)
+
+
+async def test_a_lock_held_beyond_lock_timeout_fails_closed(schema: str) -> None:
+    async with PostgresLedger(_pg.DSN, schema=schema, lock_timeout=0.2,
+                              time_source="caller") as ledger:
+        _granted(await ledger.reserve("run", AUTO, 2, POLICY, 100.0))
+        with _pg.connect() as holder:
+            holder.execute("SELECT pg_advisory_lock(%s::int4, hashtext('run'))",
+                           (ledger._space,))
+            with pytest.raises(LedgerLockedError):
+                await ledger.reserve("run", DELIB, 1, POLICY, 101.0)
+            allowance = RecallAllowance(ledger, clock=ManualClock(wall=101.0))
+            with pytest.raises(LedgerLockedError):
+                async with allowance.round("run", DELIB, slots=1):
+                    pytest.fail("no permit while the ledger cannot commit")
+            with pytest.raises(LedgerLockedError):
+                await ledger.retain("run", ["m1"], limit=4)
+            # another run is not held up
+            _granted(await ledger.reserve("free", AUTO, 2, POLICY, 101.0))
+        usage = await ledger.usage("run")
+        assert (usage.rounds, usage.reserved) == (1, 2)
+        assert not [b for b in _backends(schema) if b[1] == "idle in transaction"]
+
+
+async def test_a_cancelled_reservation_leaves_no_transaction_open(schema: str) -> None:
+    async with PostgresLedger(_pg.DSN, schema=schema, max_size=1,
+                              time_source="caller") as ledger:
+        _granted(await ledger.reserve("run", AUTO, 2, POLICY, 100.0))
+        with _pg.connect() as holder:
+            holder.execute("SELECT pg_advisory_lock(%s::int4, hashtext('run'))",
+                           (ledger._space,))
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(ledger.reserve, "run", DELIB, 1, POLICY, 101.0)
+                await _until(lambda: any(w == "advisory" for _, _, w in _backends(schema)))
+                tg.cancel_scope.cancel()  # the transaction is shielded: it runs to its end
+                holder.execute("SELECT pg_advisory_unlock_all()")
+        assert [state for _, state, _ in _backends(schema)] == ["idle"]
+        # the round was judged and committed whole (no refund), and the one connection is fine
+        history = await ledger.reservations("run")
+        assert [(r.round_index, r.first_slot, r.slots) for r in history] == [(1, 1, 2), (2, 3, 1)]
+
+
+# -- schema: versioned, created once by many, migrated, foreign schemas refused ------------------
+
+
+def _schema_tables(schema: str) -> list[str]:
+    return [r[0] for r in _sql(
+        "SELECT tablename FROM pg_tables WHERE schemaname = %s ORDER BY tablename", schema)]
+
+
+async def test_eight_workers_opening_at_once_create_one_schema(schema: str) -> None:
+    results: list[Reservation | BudgetRefusal] = []
+    policy = AllowancePolicy(max_searches=4, max_rounds=8)
+
+    async def worker() -> None:
+        async with PostgresLedger(_pg.DSN, schema=schema, time_source="caller") as ledger:
+            results.append(await ledger.reserve("run", DELIB, 1, policy, 100.0))
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(8):
+            tg.start_soon(worker)
+    assert sorted(r.first_slot for r in results if isinstance(r, Reservation)) == [1, 2, 3, 4]
+    assert sum(isinstance(r, BudgetRefusal) for r in results) == 4
+    assert _sql(f'SELECT application, version FROM "{schema}".recallbound_meta') == [
+        ("recallbound", SCHEMA_VERSION)
+    ]
+    assert _schema_tables(schema) == [
+        "attempts", "recallbound_meta", "refusals", "retained", "rounds", "runs", "validations"
+    ]
+
+
+async def test_a_version_1_schema_is_migrated_in_place(schema: str) -> None:
+    with _pg.connect() as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+        conn.execute(
+            f'CREATE TABLE "{schema}".recallbound_meta (singleton boolean PRIMARY KEY '
+            "DEFAULT true CHECK (singleton), application text NOT NULL, version integer "
+            "NOT NULL)".encode())
+        conn.execute(f"INSERT INTO \"{schema}\".recallbound_meta (application, version) "
+                     "VALUES ('recallbound', 1)".encode())
+        for statement in _MIGRATIONS[0]:
+            conn.execute(statement.format(s=f'"{schema}"').encode())
+        conn.execute(f"INSERT INTO \"{schema}\".runs VALUES ('old', 100, 110, 4, 2, 1, 2, 2)"
+                     .encode())
+    async with PostgresLedger(_pg.DSN, schema=schema, time_source="caller") as ledger:
+        second = _granted(await ledger.reserve("old", DELIB, 5, POLICY, 105.0))
+        assert (second.round_index, second.first_slot, second.slots) == (2, 3, 2)
+        assert second.deadline_wall == 110.0
+        await ledger.retain("old", ["m1"], limit=4)
+        assert (await ledger.take_validations("old", ["m1"], limit=1))["m1"].value == "granted"
+    assert _sql(f'SELECT version FROM "{schema}".recallbound_meta') == [(SCHEMA_VERSION,)]
+    async with PostgresLedger(_pg.DSN, schema=schema) as ledger:  # and reopening is a no-op
+        assert (await ledger.usage("old")).rounds == 2
+
+
+async def test_a_foreign_schema_is_refused_and_left_untouched(schema: str) -> None:
+    _sql(f'CREATE SCHEMA "{schema}"')
+    _sql(f'CREATE TABLE "{schema}".notes (body text)')
+    _sql(f"INSERT INTO \"{schema}\".notes VALUES ('keep me')")
+    with pytest.raises(LedgerCorruptError):
+        async with PostgresLedger(_pg.DSN, schema=schema):
+            pytest.fail("a foreign schema must not open")
+    assert _schema_tables(schema) == ["notes"]
+    assert _sql(f'SELECT body FROM "{schema}".notes') == [("keep me",)]
+
+
+async def test_a_newer_schema_version_is_refused(schema: str) -> None:
+    async with PostgresLedger(_pg.DSN, schema=schema):
+        pass
+    _sql(f'UPDATE "{schema}".recallbound_meta SET version = 99')
+    with pytest.raises(LedgerCorruptError, match="version 99"):
+        async with PostgresLedger(_pg.DSN, schema=schema):
+            pass
+
+
+# -- settings ---------------------------------------------------------------------------------
+
+
+async def test_commits_are_synchronous_whatever_the_connection_default(schema: str) -> None:
+    dsn = _pg.DSN + ("&" if "?" in _pg.DSN else "?") + "options=-c%20synchronous_commit%3Doff"
+    with psycopg.connect(dsn, autocommit=True) as plain:
+        assert plain.execute("SHOW synchronous_commit").fetchone() == ("off",)
+    async with PostgresLedger(dsn, schema=schema, max_size=1, statement_timeout=3.0,
+                              lock_timeout=0.5) as ledger:
+        _granted(await ledger.reserve("run", AUTO, 2, POLICY, 0.0))
+        shown = await ledger._session(
+            lambda s: s.fetchall(
+                "SELECT current_setting('synchronous_commit'), "
+                "current_setting('statement_timeout'), current_setting('lock_timeout')"),
+            "test", write=True,
+        )
+    assert shown == [("on", "3s", "500ms")]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"schema": "Public; DROP TABLE x"}, {"schema": ""}, {"schema": "a" * 64},
+        {"schema": 3}, {"time_source": "worker"}, {"min_size": 5, "max_size": 2},
+        {"max_size": 0}, {"lock_timeout": 0}, {"statement_timeout": float("nan")},
+        {"pool_timeout": -1.0},
+    ],
+)
+def test_invalid_settings_are_refused_at_construction(options: dict[str, Any]) -> None:
+    with pytest.raises(LedgerConfigError) as caught:
+        PostgresLedger(_pg.DSN, **options)
+    assert isinstance(caught.value, ValueError)
+    with pytest.raises(LedgerConfigError):
+        PostgresLedger("")
