@@ -19,6 +19,7 @@ import attrs
 
 from plugin.errors import InvalidRunIdError, LedgerError, RoundReusedError
 
+from . import observe
 from .clock import Clock, SystemClock
 from .ledger import Ledger, Usage
 from .permit import LEGACY_SLOTS, Permit, _Binding, _issue_permit
@@ -222,6 +223,7 @@ class Round:
 
     __slots__ = (
         "_allowance", "_binding", "_entered", "_kind", "_permit", "_requested", "_run_id",
+        "_watch",
     )
 
     def __init__(
@@ -234,6 +236,7 @@ class Round:
         self._permit: Permit | None = None
         self._binding: _Binding | None = None
         self._entered = False
+        self._watch: tuple[observe.Observer, object] | None = None
 
     def __copy__(self) -> Round:
         raise TypeError("a Round cannot be copied; call allowance.round() for a new one")
@@ -249,9 +252,20 @@ class Round:
         if self._entered:
             raise RoundReusedError("a round is entered once; reserve a new round instead")
         self._entered = True
-        permit = await self._allowance._issue(self._run_id, self._kind, self._requested)
+        observer = observe.active
+        if observer is not None:
+            self._watch = (observer, observer.round_started(
+                self._run_id, self._kind, self._requested))
+        try:
+            permit = await self._allowance._issue(self._run_id, self._kind, self._requested)
+        except BaseException as exc:
+            if self._watch is not None:
+                self._watch[0].round_ended(self._watch[1], None, exc)
+            raise
         self._permit = permit
         self._binding = _Binding.install(permit)
+        if self._watch is not None:
+            self._watch[0].round_granted(self._watch[1], permit)
         return permit
 
     async def __aexit__(
@@ -271,3 +285,5 @@ class Round:
             _add_note(exc, f"recallbound: the round's traces were not written: {failure!r}")
         finally:
             binding.uninstall(permit)
+            if self._watch is not None:
+                self._watch[0].round_ended(self._watch[1], permit, exc)
