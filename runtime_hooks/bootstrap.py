@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import enum
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 import attrs
 
-from plugin.control import AllowancePolicy, Clock, RecallAllowance, SqliteLedger, SystemClock
+from plugin.control import AllowancePolicy, Clock, RecallAllowance, SystemClock, observe
 from plugin.memory.embedding import EmbeddingAdapter
 from plugin.memory.pipeline import ContextCaps, MemoryRetriever
 from plugin.memory.planning import Admission, QueryPlanner, QueryStrategy
@@ -23,6 +24,10 @@ from plugin.memory.preparation import QueryPreparation
 from plugin.memory.store import MemoryStore
 
 from .hooks import RecallHooks
+from .ledgers import open_ledger
+
+if TYPE_CHECKING:
+    from .config import LoadedConfig
 
 
 class Semantic(enum.Enum):
@@ -35,6 +40,14 @@ class Semantic(enum.Enum):
     HASHING = "hashing"
     """A deterministic hashing embedding sized like WordLlama (tests and demos without the
     extra)."""
+
+
+class Telemetry(enum.Enum):
+    """Where the allowance reports rounds and attempts."""
+
+    NONE = "none"
+    OTEL = "otel"
+    """OpenTelemetry through the global providers (the ``otel`` extra)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -53,6 +66,36 @@ class RecallConfig:
     caps: ContextCaps = attrs.field(factory=ContextCaps)
     legacy: bool = False
     """The explicit legacy mode: no enforcement, every attempt traced as legacy."""
+    telemetry: Telemetry = attrs.field(default=Telemetry.NONE, converter=Telemetry)
+
+    @classmethod
+    def from_sources(
+        cls,
+        file: str | os.PathLike[str] | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+        overrides: Mapping[str, object] | None = None,
+        admission: Admission | None = None,
+    ) -> RecallConfig:
+        """Read ``recallbound.toml`` (or ``file``), ``RECALLBOUND_*`` and ``overrides``.
+
+        See :mod:`runtime_hooks.config` (explicit > environment > file > defaults); raises
+        :class:`~runtime_hooks.config.ConfigError` naming the key and its source.
+        """
+        return cls.load(file, env=env, overrides=overrides, admission=admission).recall_config()
+
+    @staticmethod
+    def load(
+        file: str | os.PathLike[str] | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+        overrides: Mapping[str, object] | None = None,
+        admission: Admission | None = None,
+    ) -> LoadedConfig:
+        """:meth:`from_sources`, keeping where each value came from."""
+        from .config import load_config
+
+        return load_config(file, env=env, overrides=overrides, admission=admission)
 
 
 def load_embedding(choice: Semantic) -> EmbeddingAdapter | None:
@@ -69,6 +112,26 @@ def load_embedding(choice: Semantic) -> EmbeddingAdapter | None:
 
 
 @asynccontextmanager
+async def _telemetry(choice: Telemetry) -> AsyncIterator[None]:
+    """Install the OpenTelemetry observer for the block unless one is installed already."""
+    if choice is not Telemetry.OTEL or observe.current_observer() is not None:
+        yield
+        return
+    try:
+        from . import telemetry  # the `otel` extra, imported only when configured
+    except ImportError as exc:
+        from .config import ConfigError
+
+        raise ConfigError(f"telemetry = 'otel' needs the otel extra "
+                          f"(pip install 'recallbound[otel]'): {exc}") from None
+    observer = telemetry.install()
+    try:
+        yield
+    finally:
+        telemetry.uninstall(observer)
+
+
+@asynccontextmanager
 async def open_hooks(
     config: RecallConfig,
     *,
@@ -79,9 +142,9 @@ async def open_hooks(
     clock = clock if clock is not None else SystemClock()
     if embedding is None:
         embedding = load_embedding(config.semantic)
-    async with SqliteLedger(config.ledger_path) as ledger, MemoryStore(
+    async with open_ledger(config.ledger_path) as ledger, MemoryStore(
         config.store_path, embedding=embedding, clock=clock
-    ) as store:
+    ) as store, _telemetry(config.telemetry):
         if config.legacy:
             allowance = RecallAllowance.legacy(ledger, clock=clock)
         else:
