@@ -286,7 +286,10 @@ def _read_file(path: Path) -> dict[str, tuple[object, str]]:
     def walk(table: Mapping[str, object], prefix: str) -> None:
         for name, value in table.items():
             key = prefix + name
-            if isinstance(value, dict) and key in ("policy", "caps"):
+            if key in ("policy", "caps"):
+                if not isinstance(value, dict):
+                    raise ConfigError(f"{path}: {key} must be a table ([{key}]), "
+                                      f"got {type(value).__name__}")
                 walk(value, key + ".")
             elif key in _BY_KEY:
                 found[key] = (value, f"{path}: {key}")

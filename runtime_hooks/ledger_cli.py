@@ -195,7 +195,8 @@ async def _show(args: argparse.Namespace, ledger: Ledger, admin: LedgerAdmin, ou
             f"  rounds {summary.rounds}/{summary.max_rounds}, reserved "
             f"{summary.reserved}/{summary.max_searches}, executed {summary.executed}, "
             f"refused {summary.refused}\n")
-    out.write("timeline (seconds from the first event):\n")
+    since = "the first event" if summary is None else "the run opened"
+    out.write(f"timeline (seconds since {since}):\n")
     for e in events:
         out.write(f"  {e['offset_s']:+10.3f}s  {_describe(e)}\n")
     return 0
