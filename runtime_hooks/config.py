@@ -248,8 +248,9 @@ class LoadedConfig:
         return rows
 
 
-def _relative_to(folder: Path, location: str) -> str:
+def _relative_to(folder: Path, location: object) -> object:
     """A path read from the file, taken relative to the file's folder (a DSN unchanged)."""
+    assert isinstance(location, str)  # checked by the field
     if "://" in location or location == ":memory:" or location.startswith("file:"):
         return location
     return str(folder / location)

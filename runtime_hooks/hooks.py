@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import json
+import logging
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Literal
@@ -40,6 +41,7 @@ from plugin.control import (
     bind_permits,
     validate_run_id,
 )
+from plugin.control.logs import log_event
 from plugin.errors import MemoryStoreError, RecallboundError
 from plugin.memory.pipeline import ContextCaps, Retriever, query_terms
 from plugin.memory.planning import RecallQuery
@@ -47,6 +49,8 @@ from plugin.memory.preparation import PreparedRecall, RecallPreparer
 from plugin.memory.recall import automatic_round
 from plugin.memory.state import WorkingState
 from plugin.memory.store import Evidence
+
+_log = logging.getLogger("recallbound.hooks")
 
 MAX_QUERY_BYTES = 4096
 """The longest search-call query accepted (UTF-8 bytes); longer calls are invalid."""
@@ -239,6 +243,9 @@ class RecallHooks:
         recall = await automatic_round(
             self.allowance, self.retriever, prepared, run_id=run_id, caps=self.caps
         )
+        if recall.refusal is not None:
+            log_event(_log, logging.INFO, "automatic.bounded", run_id=run_id,
+                      reason=recall.refusal.reason.value)
         return PreparedContext(
             run_id=run_id,
             query=prepared.query,
@@ -268,6 +275,8 @@ class RecallHooks:
             try:
                 valid.append((index, SearchCall.validate(call, scope=scope)))
             except InvalidSearchCallError as exc:
+                log_event(_log, logging.INFO, "search_call.invalid", run_id=run_id,
+                          call_id=call.call_id, error=str(exc))
                 results[index] = ToolResult(
                     call_id=call.call_id, status="invalid",
                     content=f"Search call rejected: {exc}. No search was run.",
@@ -317,6 +326,8 @@ class RecallHooks:
                     except RecallBudgetExceeded as exc:
                         results[index] = refused(call, exc.refusal)
                     except MemoryStoreError as exc:
+                        log_event(_log, logging.WARNING, "search.failed", run_id=run_id,
+                                  call_id=call.call_id, error=repr(exc))
                         results[index] = ToolResult(
                             call_id=call.call_id, status="failed",
                             content=f"Memory search failed: {exc}",
@@ -335,6 +346,8 @@ class RecallHooks:
                     for index, call in valid:
                         tg.start_soon(search_one, index, call)
         except RecallBudgetExceeded as exc:
+            log_event(_log, logging.INFO, "deliberate.refused", run_id=run_id,
+                      calls=len(valid), reason=exc.refusal.reason.value)
             for index, call in valid:
                 results[index] = refused(call, exc.refusal)
 

@@ -13,6 +13,8 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, cast
 
+import anyio
+
 from plugin.control import Ledger, SqliteLedger
 from plugin.control.ledger_admin import LedgerAdmin
 from plugin.control.sqlite_admin import SqliteAdmin
@@ -62,7 +64,7 @@ async def open_ledger(
             yield cast(Ledger, ledger)
         return
     path = os.fspath(location)
-    if must_exist and path != ":memory:" and not os.path.isfile(path):
+    if must_exist and path != ":memory:" and not await anyio.Path(path).is_file():
         raise LedgerPathError(f"no ledger file at {path!r}")
     async with SqliteLedger(path) as ledger:
         yield ledger

@@ -1,4 +1,4 @@
-"""Configuration: precedence, sources, strict validation, ``config show``, the bootstrap reads it."""
+"""Configuration: precedence, sources, strict validation, ``config show``; the bootstrap."""
 
 from __future__ import annotations
 
@@ -51,9 +51,9 @@ def test_defaults_with_no_file_and_no_environment(folder: Path) -> None:
     loaded = load_config(env={})
     assert loaded.file is None
     assert loaded.values["policy.max_searches"] == 4
-    assert set(s.kind for s in loaded.sources.values()) == {"default"}
-    with pytest.raises(ConfigError, match="ledger is not configured: set 'ledger' in "
-                                          "recallbound.toml or RECALLBOUND_LEDGER"):
+    assert {s.kind for s in loaded.sources.values()} == {"default"}
+    with pytest.raises(ConfigError, match=r"ledger is not configured: set 'ledger' in "
+                                          r"recallbound\.toml or RECALLBOUND_LEDGER"):
         loaded.recall_config()
 
 

@@ -29,11 +29,12 @@ _PRUNABLE = "SELECT run_id FROM runs WHERE deadline_wall < :before AND deadline_
 _INVARIANTS = (
     ("run {0}: {1} rounds recorded but the run counts {2}",
      "SELECT u.run_id, (SELECT count(*) FROM rounds r WHERE r.run_id = u.run_id), u.rounds "
-     "FROM runs u WHERE u.rounds != (SELECT count(*) FROM rounds r WHERE r.run_id = u.run_id)"),
+     "FROM runs u "
+     "WHERE u.rounds != (SELECT count(*) FROM rounds r WHERE r.run_id = u.run_id)"),
     ("run {0}: its rounds granted {1} slots but the run counts {2} reserved",
-     "SELECT u.run_id, (SELECT coalesce(sum(slots), 0) FROM rounds r WHERE r.run_id = u.run_id), "
-     "u.reserved FROM runs u "
-     "WHERE u.reserved != (SELECT coalesce(sum(slots), 0) FROM rounds r WHERE r.run_id = u.run_id)"),
+     "SELECT run_id, granted, reserved FROM (SELECT u.run_id, u.reserved, "
+     "(SELECT coalesce(sum(slots), 0) FROM rounds r WHERE r.run_id = u.run_id) AS granted "
+     "FROM runs u) WHERE granted != reserved"),
     ("run {0}: {1} slots reserved, over its limit of {2}",
      "SELECT run_id, reserved, max_searches FROM runs WHERE reserved > max_searches"),
     ("run {0}: {1} rounds, over its limit of {2}",
