@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import AsyncIterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -249,7 +249,7 @@ def test_config_show_reports_a_bad_value_without_a_traceback(
 
 
 @pytest.fixture
-def no_observer() -> AsyncIterator[None]:
+def no_observer() -> Iterator[None]:
     previous = observe.set_observer(None)
     yield
     observe.set_observer(previous)
@@ -268,3 +268,22 @@ async def test_open_hooks_opens_what_the_configuration_names(
         assert observe.current_observer() is not None  # installed for the block
     assert observe.current_observer() is None
     assert (folder / "data/ledger.db").exists()
+
+
+@pytest.mark.anyio
+async def test_otel_telemetry_without_the_extra_is_a_config_error(
+    folder: Path, no_observer: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    import runtime_hooks
+
+    # As if the `otel` extra were not installed: importing the OpenTelemetry module fails.
+    monkeypatch.setitem(sys.modules, "runtime_hooks.telemetry", None)
+    monkeypatch.delattr(runtime_hooks, "telemetry", raising=False)
+    config = RecallConfig(ledger_path=folder / "l.db", store_path=folder / "m.db",
+                          telemetry="otel")
+    with pytest.raises(ConfigError, match=r"telemetry = 'otel' needs the otel extra"):
+        async with open_hooks(config):
+            pass  # pragma: no cover
+    assert observe.current_observer() is None

@@ -288,3 +288,21 @@ def test_the_installed_command_never_prints_a_traceback(
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith(("recallbound: ",
                                                               "recallbound ledger prune: "))
+
+
+def test_show_a_legacy_only_run(tmp_path: Path) -> None:
+    path = tmp_path / "legacy.db"
+
+    async def fill() -> None:
+        async with SqliteLedger(path) as ledger:
+            allowance = RecallAllowance.legacy(ledger, clock=ManualClock(wall=WALL, monotonic=1))
+            async with allowance.round("old-style", RoundKind.AUTOMATIC) as permit:
+                async with permit.attempt(AttemptKind.BASE):
+                    pass
+
+    anyio.run(fill)
+    code, out, _ = cli("ledger", "--ledger", str(path), "show", "old-style")
+    assert code == 0
+    assert out.splitlines()[0] == "run old-style: legacy only (no reservation; not enforced)"
+    assert "attempt slot 1 (round 0, base): ok in 0.000s legacy" in out
+    assert cli("ledger", "--ledger", str(path), "runs")[1] == f"no runs in {path}\n"
