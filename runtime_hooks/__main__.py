@@ -1,4 +1,9 @@
-"""``recallbound demo`` and ``python -m runtime_hooks demo``."""
+"""The ``recallbound`` command: ``demo``, ``ledger runs|show|prune|check``, ``config show``.
+
+Bad input (a missing file, a foreign database, an unknown run, a bad setting) prints one
+``recallbound: ...`` line on stderr and exits 1; a usage error exits 2 (argparse). No
+traceback reaches the operator.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +11,19 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TextIO
 
 import anyio
 
+from plugin.control import Clock, SystemClock
+from plugin.errors import RecallboundError
+
+from . import config_cli, ledger_cli
 from .bootstrap import Semantic
 from .demo import run_demo
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="recallbound", description="Bounded, durable memory recall for agent runtimes."
     )
@@ -24,12 +34,43 @@ def main(argv: Sequence[str] | None = None) -> int:
                       help="keep the ledger and store here (default: a temporary folder)")
     demo.add_argument("--semantic", choices=[s.value for s in Semantic], default=None,
                       help="embedding for the semantic arm (default: wordllama if installed)")
-    args = parser.parse_args(argv)
-    if args.command is None:  # plain `python -m runtime_hooks` runs the demo
-        args = parser.parse_args(["demo", *(argv or [])])
-    semantic = Semantic(args.semantic) if args.semantic else None
-    anyio.run(lambda: run_demo(data_dir=args.data_dir, semantic=semantic), backend=args.backend)
-    return 0
+    ledger_cli.add_commands(commands)
+    config_cli.add_commands(commands)
+    return parser
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    clock: Clock | None = None,
+    stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
+) -> int:
+    """Run one command; return its exit status (``clock``/``stdout``/``stderr`` for tests)."""
+    out = sys.stdout if stdout is None else stdout
+    err = sys.stderr if stderr is None else stderr
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+        if args.command is None:  # plain `python -m runtime_hooks` runs the demo
+            args = parser.parse_args(["demo", *(argv or [])])
+    except SystemExit as exit_:  # usage errors: argparse printed them already
+        return exit_.code if isinstance(exit_.code, int) else 2
+    try:
+        if args.command == "ledger":
+            return ledger_cli.run(args, out, clock if clock is not None else SystemClock())
+        if args.command == "config":
+            return config_cli.run(args, out)
+        semantic = Semantic(args.semantic) if args.semantic else None
+        anyio.run(lambda: run_demo(data_dir=args.data_dir, semantic=semantic),
+                  backend=args.backend)
+        return 0
+    except (RecallboundError, OSError) as exc:
+        err.write(f"recallbound: {exc}\n")
+        return 1
+    except KeyboardInterrupt:
+        err.write("recallbound: interrupted\n")
+        return 130
 
 
 if __name__ == "__main__":

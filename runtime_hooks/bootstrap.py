@@ -11,13 +11,13 @@ from __future__ import annotations
 import enum
 import math
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 
-from plugin.control import AllowancePolicy, Clock, RecallAllowance, SqliteLedger, SystemClock
+from plugin.control import AllowancePolicy, Clock, RecallAllowance, SystemClock, observe
 from plugin.errors import InvalidConfigError, InvalidConfigTypeError
 from plugin.memory.embedding import EmbeddingAdapter
 from plugin.memory.pipeline import ContextCaps, MemoryRetriever
@@ -26,6 +26,10 @@ from plugin.memory.preparation import QueryPreparation
 from plugin.memory.store import MemoryStore
 
 from .hooks import RecallHooks
+from .ledgers import open_ledger
+
+if TYPE_CHECKING:
+    from .config import LoadedConfig
 
 
 class Semantic(enum.Enum):
@@ -38,6 +42,14 @@ class Semantic(enum.Enum):
     HASHING = "hashing"
     """A deterministic hashing embedding sized like WordLlama (tests and demos without the
     extra)."""
+
+
+class Telemetry(enum.Enum):
+    """Where the allowance reports rounds and attempts."""
+
+    NONE = "none"
+    OTEL = "otel"
+    """OpenTelemetry through the global providers (the ``otel`` extra)."""
 
 
 _E = TypeVar("_E", bound=enum.Enum)
@@ -109,6 +121,10 @@ def _legacy(instance: object, attribute: attrs.Attribute[Any], value: object) ->
         )
 
 
+def _telemetry_choice(value: object) -> Telemetry:
+    return _choice(Telemetry, "telemetry", value)
+
+
 @attrs.frozen(kw_only=True)
 class RecallConfig:
     """What the host decides; everything else has a default.
@@ -134,6 +150,36 @@ class RecallConfig:
     bool ``True`` turns it on."""
     preparation_budget_s: float = attrs.field(default=2.0, validator=_seconds)
     """How long one hook call may spend preparing its queries before the round."""
+    telemetry: Telemetry = attrs.field(default=Telemetry.NONE, converter=_telemetry_choice)
+
+    @classmethod
+    def from_sources(
+        cls,
+        file: str | os.PathLike[str] | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+        overrides: Mapping[str, object] | None = None,
+        admission: Admission | None = None,
+    ) -> RecallConfig:
+        """Read ``recallbound.toml`` (or ``file``), ``RECALLBOUND_*`` and ``overrides``.
+
+        See :mod:`runtime_hooks.config` (explicit > environment > file > defaults); raises
+        :class:`~runtime_hooks.config.ConfigError` naming the key and its source.
+        """
+        return cls.load(file, env=env, overrides=overrides, admission=admission).recall_config()
+
+    @staticmethod
+    def load(
+        file: str | os.PathLike[str] | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+        overrides: Mapping[str, object] | None = None,
+        admission: Admission | None = None,
+    ) -> LoadedConfig:
+        """:meth:`from_sources`, keeping where each value came from."""
+        from .config import load_config
+
+        return load_config(file, env=env, overrides=overrides, admission=admission)
 
 
 def load_embedding(choice: Semantic) -> EmbeddingAdapter | None:
@@ -150,6 +196,26 @@ def load_embedding(choice: Semantic) -> EmbeddingAdapter | None:
 
 
 @asynccontextmanager
+async def _telemetry(choice: Telemetry) -> AsyncIterator[None]:
+    """Install the OpenTelemetry observer for the block unless one is installed already."""
+    if choice is not Telemetry.OTEL or observe.current_observer() is not None:
+        yield
+        return
+    try:
+        from . import telemetry  # the `otel` extra, imported only when configured
+    except ImportError as exc:
+        from .config import ConfigError
+
+        raise ConfigError(f"telemetry = 'otel' needs the otel extra "
+                          f"(pip install 'recallbound[otel]'): {exc}") from None
+    observer = telemetry.install()
+    try:
+        yield
+    finally:
+        telemetry.uninstall(observer)
+
+
+@asynccontextmanager
 async def open_hooks(
     config: RecallConfig,
     *,
@@ -160,9 +226,9 @@ async def open_hooks(
     clock = clock if clock is not None else SystemClock()
     if embedding is None:
         embedding = load_embedding(config.semantic)
-    async with SqliteLedger(config.ledger_path) as ledger, MemoryStore(
+    async with open_ledger(config.ledger_path) as ledger, MemoryStore(
         config.store_path, embedding=embedding, clock=clock
-    ) as store:
+    ) as store, _telemetry(config.telemetry):
         if config.legacy is True:
             allowance = RecallAllowance.legacy(ledger, clock=clock)
         else:

@@ -35,6 +35,7 @@ bootstrap picks the concrete classes.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import sys
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
@@ -56,6 +57,7 @@ from plugin.control import (
     bind_permits,
     validate_run_id,
 )
+from plugin.control.logs import log_event
 from plugin.control.policy import MAX_COUNT
 from plugin.errors import (
     InvalidHookArgumentError,
@@ -72,6 +74,8 @@ from plugin.memory.recall import automatic_round
 from plugin.memory.safe_text import one_line
 from plugin.memory.state import WorkingState
 from plugin.memory.store import Evidence
+
+_log = logging.getLogger("recallbound.hooks")
 
 MAX_QUERY_BYTES = 4096
 """The longest search-call query accepted (UTF-8 bytes); longer calls are invalid."""
@@ -464,6 +468,9 @@ class RecallHooks:
         recall = await automatic_round(
             self.allowance, self.retriever, prepared, run_id=run_id, caps=caps
         )
+        if recall.refusal is not None:
+            log_event(_log, logging.INFO, "automatic.bounded", run_id=run_id,
+                      reason=recall.refusal.reason.value)
         bounded = recall.bounded
         if recall.slots:  # the search ran without what preparation withheld
             bounded = (*_preparation_bounded(prepared), *bounded)
@@ -537,6 +544,8 @@ class RecallHooks:
                 if checked.call_id in seen:
                     raise InvalidSearchCallError("duplicate call id in this turn")
             except InvalidSearchCallError as exc:
+                log_event(_log, logging.INFO, "search_call.invalid", run_id=run_id,
+                          call_id=call.call_id, error=str(exc))
                 results[index] = ToolResult(
                     call_id=call.call_id, status="invalid",
                     content=f"Search call rejected: {one_line(str(exc), limit=200)}. "
@@ -617,6 +626,8 @@ class RecallHooks:
                     except RecallBudgetExceeded as exc:
                         results[index] = refused(call, exc.refusal)
                     except MemoryStoreError as exc:
+                        log_event(_log, logging.WARNING, "search.failed", run_id=run_id,
+                                  call_id=call.call_id, error=repr(exc))
                         results[index] = ToolResult(
                             call_id=call.call_id, status="failed",
                             content=f"Memory search failed: {one_line(str(exc), limit=200)}",
@@ -638,6 +649,8 @@ class RecallHooks:
                     for position, (index, call) in enumerate(valid):
                         tg.start_soon(search_one, position, index, call)
         except RecallBudgetExceeded as exc:
+            log_event(_log, logging.INFO, "deliberate.refused", run_id=run_id,
+                      calls=len(valid), reason=exc.refusal.reason.value)
             for index, call in valid:
                 if results[index] is None:
                     results[index] = refused(call, exc.refusal)

@@ -40,7 +40,7 @@ def test_control_core_stands_alone() -> None:
     result = _import_with_blocked(
         "plugin.control",
         ["plugin.memory", "plugin.evaluation", "runtime_hooks", "numpy", "wordllama",
-         "pydantic_ai", "agents", "langgraph"],
+         "pydantic_ai", "agents", "langgraph", "opentelemetry"],
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "imported"
@@ -90,7 +90,9 @@ def test_postgres_ledger_without_the_extra_is_a_clear_import_error() -> None:
 def test_runtime_hooks_import_no_framework() -> None:
     code = (
         "import sys, runtime_hooks, plugin\n"
-        "bad = [m for m in ('pydantic_ai', 'agents', 'langgraph', 'openai', 'wordllama') "
+        "import runtime_hooks.bootstrap, runtime_hooks.config, runtime_hooks.__main__\n"
+        "bad = [m for m in ('pydantic_ai', 'agents', 'langgraph', 'openai', 'wordllama', "
+        "'opentelemetry', 'psycopg') "
         "if m in sys.modules]\n"
         "print(bad)"
     )

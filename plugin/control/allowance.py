@@ -8,6 +8,7 @@ issues a :class:`~plugin.control.permit.Permit`, bound to
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 from collections.abc import Awaitable, Callable
@@ -24,8 +25,10 @@ from plugin.errors import (
     RoundReusedError,
 )
 
+from . import observe
 from .clock import Clock, SystemClock
 from .ledger import Ledger, Usage
+from .logs import CONTROL, log_event
 from .permit import LEGACY_SLOTS, Permit, _Binding, _issue_permit
 from .policy import MAX_COUNT, AllowancePolicy, RoundKind
 from .refusal import BudgetRefusal, RecallBudgetExceeded
@@ -204,6 +207,17 @@ class RecallAllowance:
         )
 
 
+def _log_unissued(run_id: str, kind: RoundKind, exc: BaseException) -> None:
+    if isinstance(exc, RecallBudgetExceeded):
+        refusal = exc.refusal
+        log_event(CONTROL, logging.INFO, "round.refused", run_id=run_id, kind=kind.value,
+                  reason=refusal.reason.value, reserved=refusal.reserved,
+                  executed=refusal.executed)
+    elif isinstance(exc, Exception):
+        log_event(CONTROL, logging.WARNING, "round.failed", run_id=run_id, kind=kind.value,
+                  error=repr(exc))
+
+
 def _add_note(exc: BaseException, note: str) -> None:
     """``exc.add_note(note)``, also on Python 3.10."""
     notes = getattr(exc, "__notes__", None)
@@ -218,6 +232,7 @@ class Round:
 
     __slots__ = (
         "_allowance", "_binding", "_entered", "_kind", "_permit", "_requested", "_run_id",
+        "_watch",
     )
 
     def __init__(
@@ -230,6 +245,7 @@ class Round:
         self._permit: Permit | None = None
         self._binding: _Binding | None = None
         self._entered = False
+        self._watch: tuple[observe.Observer, object] | None = None
 
     def __copy__(self) -> Round:
         raise RoundReusedError("a Round cannot be copied; call allowance.round() for a new one")
@@ -245,9 +261,24 @@ class Round:
         if self._entered:
             raise RoundReusedError("a round is entered once; reserve a new round instead")
         self._entered = True
-        permit = await self._allowance._issue(self._run_id, self._kind, self._requested)
+        observer = observe.active
+        if observer is not None:
+            self._watch = (observer, observer.round_started(
+                self._run_id, self._kind, self._requested))
+        try:
+            permit = await self._allowance._issue(self._run_id, self._kind, self._requested)
+        except BaseException as exc:
+            if self._watch is not None:
+                self._watch[0].round_ended(self._watch[1], None, exc)
+            _log_unissued(self._run_id, self._kind, exc)
+            raise
+        log_event(CONTROL, logging.DEBUG, "round.granted", run_id=self._run_id,
+                  round=permit.round_index, kind=self._kind.value, slots=permit.slots,
+                  legacy=permit.legacy)
         self._permit = permit
         self._binding = _Binding.install(permit)
+        if self._watch is not None:
+            self._watch[0].round_granted(self._watch[1], permit)
         return permit
 
     async def __aexit__(
@@ -264,6 +295,10 @@ class Round:
             if exc is None:
                 raise
             # The body's own exception is what the caller must see; the ledger's rides along.
+            log_event(CONTROL, logging.WARNING, "round.traces_unwritten", run_id=self._run_id,
+                      round=permit.round_index, error=repr(failure))
             _add_note(exc, f"recallbound: the round's traces were not written: {failure!r}")
         finally:
             binding.uninstall(permit)
+            if self._watch is not None:
+                self._watch[0].round_ended(self._watch[1], permit, exc)

@@ -35,6 +35,7 @@ from plugin.errors import (
     PermitMisuseError,
 )
 
+from . import observe
 from .clock import Clock
 from .ledger import AttemptOutcome, AttemptTrace, RefusalRecord
 from .policy import AttemptKind, RoundKind
@@ -399,7 +400,7 @@ class Attempt:
 
     __slots__ = (
         "_fingerprint", "_id", "_kind", "_permit", "_scope", "_slot", "_started_mono",
-        "_started_wall", "_strategy", "_sync",
+        "_started_wall", "_strategy", "_sync", "_watch",
     )
 
     def __init__(
@@ -421,6 +422,7 @@ class Attempt:
         self._id = ""
         self._started_wall = 0.0
         self._started_mono = 0.0
+        self._watch: tuple[observe.Observer, object] | None = None
 
     @property
     def slot(self) -> int:
@@ -429,13 +431,28 @@ class Attempt:
     def _begin(self) -> int:
         permit = self._permit
         permit._check_issued()
-        self._slot = permit._take(self._kind)
+        observer = observe.active
+        try:
+            self._slot = permit._take(self._kind)
+        except RecallBudgetExceeded as exc:
+            if observer is not None:
+                observer.attempt_refused(permit, self._kind, exc.refusal)
+            raise
         self._id = uuid.uuid4().hex
         clock = permit._clock
         self._started_wall = clock.wall()
         self._started_mono = clock.monotonic()
-        permit._trace(self._record(AttemptOutcome.IN_FLIGHT))
+        trace = self._record(AttemptOutcome.IN_FLIGHT)
+        permit._trace(trace)
+        if observer is not None:
+            self._watch = (observer, observer.attempt_started(permit, trace))
         return self._slot
+
+    def _end(self, outcome: AttemptOutcome) -> None:
+        trace = self._record(outcome)
+        self._permit._trace(trace)
+        if self._watch is not None:
+            self._watch[0].attempt_ended(self._watch[1], trace)
 
     def _record(self, outcome: AttemptOutcome) -> AttemptTrace:
         permit = self._permit
@@ -492,7 +509,7 @@ class Attempt:
             outcome = AttemptOutcome.CANCELLED
         else:
             outcome = AttemptOutcome.ERROR
-        self._permit._trace(self._record(outcome))
+        self._end(outcome)
         if self._permit._flushed:
             await self._permit.flush()
         if outcome is AttemptOutcome.DEADLINE:
@@ -516,8 +533,7 @@ class Attempt:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        outcome = AttemptOutcome.OK if exc is None else AttemptOutcome.ERROR
-        self._permit._trace(self._record(outcome))
+        self._end(AttemptOutcome.OK if exc is None else AttemptOutcome.ERROR)
         self._permit._flush_from_thread()
 
 

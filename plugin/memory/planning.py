@@ -27,7 +27,7 @@ import attrs
 from plugin.errors import InvalidWorkingStateTypeError
 from plugin.memory.state import WorkingState
 
-_log = logging.getLogger(__name__)
+_log = logging.getLogger("recallbound.memory")
 
 Admission = Callable[[str], Awaitable[bool]]
 """Release admission: awaited with the experiment's name, answers ``True`` to admit it."""

@@ -20,7 +20,7 @@ from plugin.memory.embedding import EmbeddingAdapter, Vector
 from plugin.memory.planning import QueryPlanner, QueryStrategy, RecallQuery, compose_search_call
 from plugin.memory.state import WorkingState
 
-_log = logging.getLogger(__name__)
+_log = logging.getLogger("recallbound.memory")
 
 MAX_CHARS_PER_TOKEN = 64
 """No tokenizer we adapt has a token longer than this, so a query of more than

@@ -1,0 +1,111 @@
+"""Operating a ledger: list its runs, prune finished ones, check it. The admin protocol.
+
+:class:`~plugin.control.ledger.Ledger` is what the allowance needs; :class:`LedgerAdmin` is what
+an operator needs beside it (``recallbound ledger …``). A run's timeline (``ledger show``) needs
+nothing new: it is read through the ``Ledger`` protocol (reservations, attempts, refusals).
+Each ledger implementation provides one admin (``SqliteAdmin`` for ``SqliteLedger``) and passes
+``tests/test_ledger_admin_contract.py``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from typing import Protocol
+
+import attrs
+
+PRUNED_TABLES = ("runs", "rounds", "attempts", "refusals", "retained", "validations")
+"""What a run leaves in a ledger, by the name a :class:`PruneReport` counts it under."""
+
+
+class RunStatus(enum.Enum):
+    """Where a run stands at a given time."""
+
+    OPEN = "open"
+    """Its deadline has not passed and it may still reserve a round."""
+    EXHAUSTED = "exhausted"
+    """Its deadline has not passed, but it has no round or no slot left."""
+    FINISHED = "finished"
+    """Its deadline has passed: nothing more can be reserved; it may be pruned."""
+
+
+@attrs.frozen(kw_only=True)
+class RunSummary:
+    """One run's totals and limits as the ledger holds them."""
+
+    run_id: str
+    opened_wall: float
+    deadline_wall: float
+    rounds: int
+    max_rounds: int
+    reserved: int
+    max_searches: int
+    executed: int
+    refused: int
+
+    def status(self, now_wall: float) -> RunStatus:
+        """The run's status at ``now_wall`` (a round at or past the deadline is refused)."""
+        if now_wall >= self.deadline_wall:
+            return RunStatus.FINISHED
+        if self.rounds >= self.max_rounds or self.reserved >= self.max_searches:
+            return RunStatus.EXHAUSTED
+        return RunStatus.OPEN
+
+
+@attrs.frozen(kw_only=True)
+class PruneReport:
+    """What a prune removed (or, when ``dry_run``, would remove)."""
+
+    before_wall: float
+    now_wall: float
+    dry_run: bool
+    run_ids: tuple[str, ...]
+    rows: Mapping[str, int]
+    """Rows per table (every name of :data:`PRUNED_TABLES`)."""
+
+
+@attrs.frozen(kw_only=True)
+class LedgerCheck:
+    """The result of :meth:`LedgerAdmin.check`. ``problems`` is empty for a sound ledger."""
+
+    backend: str
+    location: str
+    schema_version: int
+    expected_version: int
+    problems: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and self.schema_version == self.expected_version
+
+
+class LedgerAdmin(Protocol):
+    """What ``recallbound ledger runs|show|prune|check`` needs beyond the Ledger protocol.
+
+    Every method works on an opened ledger and raises a :class:`~plugin.errors.LedgerError`
+    on failure.
+    """
+
+    async def runs(self, *, limit: int) -> list[RunSummary]:
+        """At most ``limit`` (>= 1) runs, the most recently opened first."""
+        ...
+
+    async def run(self, run_id: str) -> RunSummary | None:
+        """One run's summary; ``None`` when the ledger never opened it."""
+        ...
+
+    async def prune(self, *, before_wall: float, now_wall: float, dry_run: bool) -> PruneReport:
+        """Remove every trace of the runs whose deadline is before ``before_wall`` and has
+        passed at ``now_wall``, in one transaction; with ``dry_run``, only count them.
+
+        A run whose deadline has not passed (at ``now_wall``, and at the ledger's own clock
+        if it has one) is never removed, whatever ``before_wall`` says. Removes the run's rows
+        of every table in :data:`PRUNED_TABLES`.
+        """
+        ...
+
+    async def check(self) -> LedgerCheck:
+        """Verify storage integrity, the schema version and the ledger's own invariants
+        (each run's rounds and slots add up; no trace belongs to an unknown run)."""
+        ...

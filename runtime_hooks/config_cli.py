@@ -1,0 +1,39 @@
+"""``recallbound config show``: the effective configuration and where each value came from."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any, TextIO
+
+from .config import PRECEDENCE, load_config
+
+
+def add_commands(commands: Any) -> None:
+    """Register ``config show`` on the top-level subparsers."""
+    config = commands.add_parser("config", help="the effective configuration")
+    sub = config.add_subparsers(dest="config_command", required=True, metavar="COMMAND")
+    show = sub.add_parser("show", help="print every setting and its source")
+    show.add_argument("--config", metavar="FILE", default=None,
+                      help="configuration file (default: $RECALLBOUND_CONFIG, then "
+                           "recallbound.toml if present)")
+    show.add_argument("--json", action="store_true", help="print JSON")
+
+
+def run(args: argparse.Namespace, out: TextIO) -> int:
+    """Print the effective configuration; a bad value is a ConfigError (exit 1)."""
+    loaded = load_config(args.config)
+    rows = loaded.describe()
+    file = None if loaded.file is None else str(loaded.file)
+    if args.json:
+        out.write(json.dumps({"file": file, "precedence": list(PRECEDENCE),
+                              "settings": rows}, indent=2) + "\n")
+        return 0
+    out.write(f"configuration file: {file or '(none)'}\n"
+              f"precedence: {' > '.join(PRECEDENCE)}\n")
+    width = max(len(row["key"]) for row in rows)
+    for row in rows:
+        value = "(unset)" if row["value"] is None else json.dumps(row["value"])
+        where = f"  [{row['where']}]" if row["where"] else ""
+        out.write(f"  {row['key']:<{width}}  {value:<24} {row['source']}{where}\n")
+    return 0

@@ -1,0 +1,257 @@
+"""``recallbound ledger runs|show|prune|check``: what the allowance did, and keeping it small.
+
+Works on any ledger with a :class:`~plugin.control.ledger_admin.LedgerAdmin` (SQLite now,
+PostgreSQL through the same protocol). Each command prints a readable report, or JSON with
+``--json``. The ledger is ``--ledger LOCATION`` or the configured ``ledger``; a missing file is
+an error, never a new empty ledger.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+from collections.abc import Callable, Coroutine
+from datetime import datetime, timezone
+from typing import Any, TextIO
+
+import anyio
+
+from plugin.control import Clock, Ledger
+from plugin.control.ledger_admin import LedgerAdmin, RunSummary
+from plugin.errors import RecallboundError
+
+from .ledgers import admin_for, open_ledger, redact_location
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0, "w": 604_800.0}
+_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhdw])")
+
+
+class UnknownRunError(RecallboundError, LookupError):
+    """``ledger show`` was given a run id the ledger has no trace of."""
+
+
+def parse_duration(text: str) -> float:
+    """``"30d"`` -> seconds. Units: s, m, h, d, w; a non-negative number before them."""
+    match = _DURATION.fullmatch(text.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"invalid duration {text!r}: use a number and a unit, e.g. 30d, 12h, 90m, 45s, 2w")
+    seconds = float(match.group(1)) * _UNITS[match.group(2)]
+    if not math.isfinite(seconds):
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r}: too large")
+    return seconds
+
+
+def _positive(text: str) -> int:
+    if not re.fullmatch(r"[0-9]+", text) or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
+
+
+def add_commands(commands: Any) -> None:
+    """Register ``ledger`` and its subcommands on the top-level subparsers."""
+    ledger = commands.add_parser("ledger", help="inspect, prune and check the durable ledger")
+    ledger.add_argument("--ledger", metavar="LOCATION", default=None,
+                        help="SQLite file or postgresql:// DSN (default: the configured ledger)")
+    ledger.add_argument("--config", metavar="FILE", default=None,
+                        help="configuration file (default: recallbound.toml if present)")
+    sub = ledger.add_subparsers(dest="ledger_command", required=True, metavar="COMMAND")
+
+    runs = sub.add_parser("runs", help="recent runs and their totals")
+    runs.add_argument("--limit", type=_positive, default=20, help="most runs listed (20)")
+    show = sub.add_parser("show", help="one run's timeline of rounds, attempts and refusals")
+    show.add_argument("run_id", metavar="RUN_ID")
+    prune = sub.add_parser("prune", help="remove the traces of finished runs")
+    prune.add_argument("--older-than", type=parse_duration, required=True, metavar="DURATION",
+                       help="remove runs whose deadline passed at least this long ago (30d)")
+    prune.add_argument("--dry-run", action="store_true", help="say what would be removed")
+    sub.add_parser("check", help="verify integrity and the schema version")
+    for parser in (runs, show, prune, sub.choices["check"]):
+        parser.add_argument("--json", action="store_true", help="print JSON")
+
+
+def run(args: argparse.Namespace, out: TextIO, clock: Clock) -> int:
+    """Run the parsed ``ledger`` command; return the exit status."""
+    location = args.ledger
+    if location is None:
+        from .config import load_config
+
+        location = load_config(args.config).values["ledger"]
+        if location is None:
+            raise RecallboundError(
+                "no ledger given: pass --ledger LOCATION, or set `ledger` in recallbound.toml "
+                "or RECALLBOUND_LEDGER")
+    command: Callable[..., Coroutine[Any, Any, int]] = {
+        "runs": _runs, "show": _show, "prune": _prune, "check": _check,
+    }[args.ledger_command]
+
+    async def main() -> int:
+        async with open_ledger(location, must_exist=True) as ledger:
+            return await command(args, ledger, admin_for(ledger), out, clock.wall(),
+                                 redact_location(location))
+
+    return anyio.run(main)
+
+
+# -- formatting --------------------------------------------------------------------------------
+
+
+def _stamp(wall: float, *, ms: bool = False) -> str:
+    moment = datetime.fromtimestamp(wall, tz=timezone.utc)
+    return moment.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] if ms else moment.strftime(
+        "%Y-%m-%d %H:%M:%S")
+
+
+def _iso(wall: float) -> str:
+    return datetime.fromtimestamp(wall, tz=timezone.utc).isoformat()
+
+
+def _summary_json(summary: RunSummary, now: float) -> dict[str, Any]:
+    return {
+        "run_id": summary.run_id, "status": summary.status(now).value,
+        "rounds": summary.rounds, "max_rounds": summary.max_rounds,
+        "reserved": summary.reserved, "max_searches": summary.max_searches,
+        "executed": summary.executed, "refused": summary.refused,
+        "opened_wall": summary.opened_wall, "opened": _iso(summary.opened_wall),
+        "deadline_wall": summary.deadline_wall, "deadline": _iso(summary.deadline_wall),
+    }
+
+
+def _dump(out: TextIO, document: object) -> None:
+    out.write(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
+
+
+# -- commands ----------------------------------------------------------------------------------
+
+
+async def _runs(args: argparse.Namespace, ledger: Ledger, admin: LedgerAdmin, out: TextIO,
+                now: float, location: str) -> int:
+    runs = await admin.runs(limit=args.limit)
+    if args.json:
+        _dump(out, {"ledger": location, "now": now,
+                    "runs": [_summary_json(r, now) for r in runs]})
+        return 0
+    if not runs:
+        out.write(f"no runs in {location}\n")
+        return 0
+    width = max(6, *(len(r.run_id) for r in runs))
+    out.write(f"{'RUN':<{width}}  {'OPENED (UTC)':<19}  ROUNDS  RESERVED  EXECUTED  REFUSED  "
+              f"{'DEADLINE (UTC)':<19}  STATUS\n")
+    for r in runs:
+        out.write(
+            f"{r.run_id:<{width}}  {_stamp(r.opened_wall)}  "
+            f"{f'{r.rounds}/{r.max_rounds}':>6}  {f'{r.reserved}/{r.max_searches}':>8}  "
+            f"{r.executed:>8}  {r.refused:>7}  {_stamp(r.deadline_wall)}  "
+            f"{r.status(now).value}\n")
+    return 0
+
+
+async def _show(args: argparse.Namespace, ledger: Ledger, admin: LedgerAdmin, out: TextIO,
+                now: float, location: str) -> int:
+    run_id = args.run_id
+    summary = await admin.run(run_id)
+    rounds = await ledger.reservations(run_id)
+    attempts = await ledger.attempts(run_id)
+    refusals = await ledger.refusals(run_id)
+    if summary is None and not attempts and not refusals:
+        raise UnknownRunError(f"no run {run_id!r} in {location}")
+    origin = summary.opened_wall if summary is not None else min(
+        [a.started_wall for a in attempts] + [f.at_wall for f in refusals])
+    events: list[dict[str, Any]] = []
+    for r in rounds:
+        events.append({
+            "at_wall": r.reserved_wall, "event": "round", "round": r.round_index,
+            "kind": r.kind.value, "requested": r.requested, "slots": r.slots,
+            "first_slot": r.first_slot, "executed_before": r.executed})
+    for a in attempts:
+        events.append({
+            "at_wall": a.started_wall, "event": "attempt", "round": a.round_index,
+            "slot": a.slot, "kind": a.kind, "outcome": a.outcome.value,
+            "elapsed_s": a.elapsed_s, "strategy": a.strategy, "fingerprint": a.fingerprint,
+            "legacy": a.legacy})
+    for f in refusals:
+        events.append({
+            "at_wall": f.at_wall, "event": "refusal", "what": f.what, "round": f.round_index,
+            "kind": f.kind, "reason": f.reason.value})
+    order = {"round": 0, "attempt": 1, "refusal": 2}
+    events.sort(key=lambda e: (e["at_wall"], order[e["event"]], e.get("slot") or 0))
+    for event in events:
+        event["offset_s"] = event["at_wall"] - origin
+    if args.json:
+        _dump(out, {"ledger": location, "now": now, "run_id": run_id,
+                    "run": None if summary is None else _summary_json(summary, now),
+                    "timeline": events})
+        return 0
+    if summary is None:
+        out.write(f"run {run_id}: legacy only (no reservation; not enforced)\n")
+    else:
+        out.write(
+            f"run {run_id}: {summary.status(now).value}\n"
+            f"  opened   {_stamp(summary.opened_wall, ms=True)} UTC\n"
+            f"  deadline {_stamp(summary.deadline_wall, ms=True)} UTC "
+            f"(+{summary.deadline_wall - summary.opened_wall:.3f}s)\n"
+            f"  rounds {summary.rounds}/{summary.max_rounds}, reserved "
+            f"{summary.reserved}/{summary.max_searches}, executed {summary.executed}, "
+            f"refused {summary.refused}\n")
+    since = "the first event" if summary is None else "the run opened"
+    out.write(f"timeline (seconds since {since}):\n")
+    for e in events:
+        out.write(f"  {e['offset_s']:+10.3f}s  {_describe(e)}\n")
+    return 0
+
+
+def _describe(e: dict[str, Any]) -> str:
+    if e["event"] == "round":
+        last = e["first_slot"] + e["slots"] - 1
+        return (f"round {e['round']} {e['kind']}: requested {e['requested']}, "
+                f"granted {e['slots']} (slots {e['first_slot']}-{last})")
+    if e["event"] == "attempt":
+        took = "still running" if e["elapsed_s"] is None else f"{e['elapsed_s']:.3f}s"
+        extra = "".join([
+            f" strategy={e['strategy']}" if e["strategy"] else "",
+            f" query={e['fingerprint'][:12]}" if e["fingerprint"] else "",
+            " legacy" if e["legacy"] else ""])
+        return (f"attempt slot {e['slot']} (round {e['round']}, {e['kind']}): "
+                f"{e['outcome']} in {took}{extra}")
+    where = "" if e["round"] is None else f" in round {e['round']}"
+    return f"refused {e['what']} ({e['kind']}){where}: {e['reason']}"
+
+
+async def _prune(args: argparse.Namespace, ledger: Ledger, admin: LedgerAdmin, out: TextIO,
+                 now: float, location: str) -> int:
+    before = now - args.older_than
+    report = await admin.prune(before_wall=before, now_wall=now, dry_run=args.dry_run)
+    if args.json:
+        _dump(out, {"ledger": location, "dry_run": report.dry_run, "now": now,
+                    "before_wall": report.before_wall, "before": _iso(report.before_wall),
+                    "run_ids": list(report.run_ids), "rows": dict(report.rows)})
+        return 0
+    verb = "would remove" if report.dry_run else "removed"
+    rows = ", ".join(f"{table} {count}" for table, count in report.rows.items())
+    out.write(f"{verb} {len(report.run_ids)} finished run(s) whose deadline passed before "
+              f"{_stamp(report.before_wall)} UTC ({rows})\n")
+    shown = report.run_ids[:20]
+    for run_id in shown:
+        out.write(f"  {run_id}\n")
+    if len(report.run_ids) > len(shown):
+        out.write(f"  ... and {len(report.run_ids) - len(shown)} more (--json lists all)\n")
+    return 0
+
+
+async def _check(args: argparse.Namespace, ledger: Ledger, admin: LedgerAdmin, out: TextIO,
+                 now: float, location: str) -> int:
+    result = await admin.check()
+    if args.json:
+        _dump(out, {"ledger": location, "backend": result.backend, "ok": result.ok,
+                    "schema_version": result.schema_version,
+                    "expected_version": result.expected_version,
+                    "problems": list(result.problems)})
+    else:
+        verdict = "ok" if result.ok else f"{len(result.problems)} problem(s)"
+        out.write(f"{location} ({result.backend}): schema version {result.schema_version} "
+                  f"(expected {result.expected_version}): {verdict}\n")
+        for problem in result.problems:
+            out.write(f"  - {problem}\n")
+    return 0 if result.ok else 1

@@ -1,0 +1,289 @@
+"""Configuration: precedence, sources, strict validation, ``config show``; the bootstrap."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from plugin.control import AllowancePolicy, observe
+from plugin.memory.pipeline import ContextCaps
+from plugin.memory.planning import QueryStrategy
+from runtime_hooks.__main__ import main
+from runtime_hooks.bootstrap import RecallConfig, Semantic, Telemetry, open_hooks
+from runtime_hooks.config import ConfigError, Source, load_config
+
+TOML = """\
+ledger = "data/ledger.db"
+store = "data/store.db"
+query_planning = "task_context"
+legacy = false
+
+[policy]
+max_searches = 6
+deadline_s = 20
+
+[caps]
+max_items = 5
+"""
+
+
+@pytest.fixture
+def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty working directory with no RECALLBOUND_* variable set."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _write(folder: Path, text: str, name: str = "recallbound.toml") -> Path:
+    path = folder / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+# -- sources and precedence --------------------------------------------------------------------
+
+
+def test_defaults_with_no_file_and_no_environment(folder: Path) -> None:
+    loaded = load_config(env={})
+    assert loaded.file is None
+    assert loaded.values["policy.max_searches"] == 4
+    assert {s.kind for s in loaded.sources.values()} == {"default"}
+    with pytest.raises(ConfigError, match=r"ledger is not configured: set 'ledger' in "
+                                          r"recallbound\.toml or RECALLBOUND_LEDGER"):
+        loaded.recall_config()
+
+
+def test_the_file_in_the_working_directory_is_read(folder: Path) -> None:
+    path = _write(folder, TOML)
+    config = RecallConfig.from_sources(env={})
+    assert config == RecallConfig(
+        ledger_path=str(folder / "data/ledger.db"), store_path=str(folder / "data/store.db"),
+        policy=AllowancePolicy(max_searches=6, deadline_s=20.0),
+        query_planning=QueryStrategy.TASK_CONTEXT, caps=ContextCaps(max_items=5),
+    )
+    loaded = load_config(env={})
+    assert loaded.file == path
+    assert loaded.sources["policy.max_searches"] == Source(
+        "file", f"{path}: policy.max_searches")
+    assert loaded.sources["policy.max_rounds"] == Source("default")
+
+
+def test_precedence_explicit_over_env_over_file_over_default(folder: Path) -> None:
+    _write(folder, TOML)
+    env = {"RECALLBOUND_POLICY_MAX_SEARCHES": "8", "RECALLBOUND_POLICY_MAX_ROUNDS": "3",
+           "RECALLBOUND_SEMANTIC": "hashing"}
+    loaded = load_config(env=env, overrides={"policy.max_searches": 9})
+    v, s = loaded.values, loaded.sources
+    assert (v["policy.max_searches"], s["policy.max_searches"].kind) == (9, "explicit")
+    assert (v["policy.max_rounds"], s["policy.max_rounds"]) == (
+        3, Source("env", "RECALLBOUND_POLICY_MAX_ROUNDS"))
+    assert (v["policy.deadline_s"], s["policy.deadline_s"].kind) == (20.0, "file")
+    assert (v["policy.automatic_slots"], s["policy.automatic_slots"].kind) == (2, "default")
+    assert v["semantic"] is Semantic.HASHING
+    config = loaded.recall_config()
+    assert config.policy == AllowancePolicy(max_searches=9, max_rounds=3, deadline_s=20.0)
+
+
+def test_an_explicit_file_and_recallbound_config(folder: Path) -> None:
+    _write(folder, 'ledger = "from-default.db"\n')
+    other = _write(folder, 'ledger = "/abs/from-named.db"\n', name="other.toml")
+    assert load_config(other, env={}).values["ledger"] == "/abs/from-named.db"
+    named = load_config(env={"RECALLBOUND_CONFIG": str(other)})
+    assert (named.file, named.values["ledger"]) == (other, "/abs/from-named.db")
+    with pytest.raises(ConfigError, match=r"'.*missing.toml' \(given explicitly\) does not"):
+        load_config(folder / "missing.toml", env={})
+    with pytest.raises(ConfigError, match=r"'nope.toml' \(from RECALLBOUND_CONFIG\) does not"):
+        load_config(env={"RECALLBOUND_CONFIG": "nope.toml"})
+
+
+def test_paths_in_the_environment_are_relative_to_the_working_directory(folder: Path) -> None:
+    _write(folder, TOML)
+    loaded = load_config(env={"RECALLBOUND_LEDGER": "here.db"})
+    assert loaded.values["ledger"] == "here.db"
+    dsn = load_config(env={"RECALLBOUND_LEDGER": "postgresql://u:pw@db/recall"})
+    assert dsn.values["ledger"] == "postgresql://u:pw@db/recall"
+
+
+def test_a_dsn_in_the_file_is_kept_as_written(folder: Path) -> None:
+    _write(folder, 'ledger = "postgresql://db/recall"\n')
+    assert load_config(env={}).values["ledger"] == "postgresql://db/recall"
+
+
+# -- validation: field and source named, nothing coerced ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('legacy = "false"\n', r"legacy from .*recallbound.toml: legacy: must be a boolean "
+                               r"\(true or false\), got str 'false'"),
+        ("legacy = 1\n", r"legacy from .*: legacy: must be a boolean"),
+        ("[policy]\nmax_searches = 4.0\n", r"policy.max_searches from .*recallbound.toml: "
+                                           r"policy.max_searches: must be an integer"),
+        ("[policy]\nmax_searches = true\n", r"policy.max_searches .* must be an integer, "
+                                            r"got bool True"),
+        ('[policy]\ndeadline_s = "10"\n', r"policy.deadline_s .* must be a number"),
+        ('query_planning = "smart"\n', r"query_planning .* must be one of 'baseline', "
+                                       r"'task_context', got 'smart'"),
+        ("ledger = 3\n", r"ledger from .*: ledger: must be a string"),
+        ('ledger = ""\n', r"ledger .* must be a non-empty string"),
+        ("[policy]\nmax_search = 4\n", r"recallbound.toml: unknown key 'policy.max_search'"),
+        ("polcy = 1\n", r"unknown key 'polcy'"),
+        ("policy = 4\n", r"recallbound.toml: policy must be a table \(\[policy\]\), got int"),
+        ("[policy]\nmax_searches = 0\n",
+         r"policy.max_searches from file \(.*recallbound.toml: policy.max_searches\): "),
+        ("[policy]\nmax_searches = 2\nautomatic_slots = 3\n",
+         r"policy.max_searches from file .*; policy.automatic_slots from file"),
+        ("[policy]\ndeadline_s = nan\n", r"policy.deadline_s from file"),
+        ("[caps]\nmax_bytes = -1\n", r"caps.max_bytes from file"),
+        ("admission_timeout_s = 0\n", r"admission_timeout_s from file .* finite and > 0"),
+        ("ledger = [\n", r"recallbound.toml: not valid TOML"),
+    ],
+)
+def test_bad_file_values_name_the_key_and_the_file(folder: Path, text: str,
+                                                   message: str) -> None:
+    _write(folder, text)
+    with pytest.raises(ConfigError, match=message):
+        load_config(env={})
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("RECALLBOUND_LEGACY", "1", "legacy from RECALLBOUND_LEGACY: must be exactly 'true' or "
+                                    "'false', got '1'"),
+        ("RECALLBOUND_LEGACY", "True", "must be exactly 'true' or 'false', got 'True'"),
+        ("RECALLBOUND_LEGACY", "yes", "got 'yes'"),
+        ("RECALLBOUND_LEGACY", "", "got ''"),
+        ("RECALLBOUND_POLICY_MAX_SEARCHES", "4.0",
+         "policy.max_searches from RECALLBOUND_POLICY_MAX_SEARCHES: must be a decimal integer"),
+        ("RECALLBOUND_POLICY_MAX_SEARCHES", "1_000", "must be a decimal integer"),
+        ("RECALLBOUND_POLICY_MAX_SEARCHES", " 4", "must be a decimal integer"),
+        ("RECALLBOUND_POLICY_DEADLINE_S", "inf", "policy.deadline_s from "
+                                                 "RECALLBOUND_POLICY_DEADLINE_S: must be a "
+                                                 "decimal number"),
+        ("RECALLBOUND_POLICY_DEADLINE_S", "-5", r"policy.deadline_s from env"),
+        ("RECALLBOUND_SEMANTIC", "WordLlama", "semantic from RECALLBOUND_SEMANTIC: must be one "
+                                              "of"),
+        ("RECALLBOUND_TELEMETRY", "on", "telemetry from RECALLBOUND_TELEMETRY"),
+        ("RECALLBOUND_LEDGER", "", "ledger from RECALLBOUND_LEDGER: must be a non-empty"),
+        ("RECALLBOUND_POLICY_MAX_SEARCH", "4", "unknown environment variable "
+                                               "RECALLBOUND_POLICY_MAX_SEARCH"),
+    ],
+)
+def test_bad_environment_values_name_the_key_and_the_variable(
+    folder: Path, name: str, value: str, message: str
+) -> None:
+    with pytest.raises(ConfigError) as raised:
+        load_config(env={name: value})
+    assert message in str(raised.value) or __import__("re").search(message, str(raised.value))
+
+
+def test_environment_booleans_parse_exactly(folder: Path) -> None:
+    assert load_config(env={"RECALLBOUND_LEGACY": "true"}).values["legacy"] is True
+    assert load_config(env={"RECALLBOUND_LEGACY": "false"}).values["legacy"] is False
+
+
+def test_explicit_values_are_checked_too(folder: Path) -> None:
+    with pytest.raises(ConfigError, match="legacy from argument legacy: must be a boolean"):
+        load_config(env={}, overrides={"legacy": "false"})
+    with pytest.raises(ConfigError, match="unknown configuration key 'polcy'"):
+        load_config(env={}, overrides={"polcy": 1})
+
+
+def test_config_error_is_a_recallbound_value_error() -> None:
+    from plugin.errors import RecallboundError
+
+    assert issubclass(ConfigError, RecallboundError) and issubclass(ConfigError, ValueError)
+
+
+# -- config show -------------------------------------------------------------------------------
+
+
+def _show(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    return main(["config", "show", *argv], stdout=out, stderr=err), out.getvalue(), err.getvalue()
+
+
+def test_config_show_names_every_source(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = _write(folder, TOML)
+    monkeypatch.setenv("RECALLBOUND_POLICY_MAX_ROUNDS", "3")
+    code, out, err = _show()
+    assert (code, err) == (0, "")
+    lines = {line.split()[0]: line for line in out.splitlines()[2:]}
+    assert out.splitlines()[:2] == [f"configuration file: {path}",
+                                    "precedence: explicit > env > file > default"]
+    assert lines["policy.max_rounds"].split()[1:] == ["3", "env",
+                                                      "[RECALLBOUND_POLICY_MAX_ROUNDS]"]
+    assert lines["policy.max_searches"].split()[1:3] == ["6", "file"]
+    assert lines["policy.automatic_slots"].split()[1:] == ["2", "default"]
+    assert lines["query_planning"].split()[1] == '"task_context"'
+
+
+def test_config_show_json_hides_a_dsn_password(folder: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RECALLBOUND_LEDGER", "postgresql://alice:s3cret@db:5432/recall")
+    code, out, _ = _show("--json")
+    assert code == 0 and "s3cret" not in out
+    settings = {row["key"]: row for row in json.loads(out)["settings"]}
+    assert settings["ledger"] == {"key": "ledger", "value": "postgresql://alice:***@db:5432/recall",
+                                  "source": "env", "where": "RECALLBOUND_LEDGER",
+                                  "env": "RECALLBOUND_LEDGER"}
+    assert settings["store"]["value"] is None
+
+
+def test_config_show_reports_a_bad_value_without_a_traceback(
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RECALLBOUND_LEGACY", "1")
+    code, out, err = _show()
+    assert (code, out) == (1, "")
+    assert err.startswith("recallbound: legacy from RECALLBOUND_LEGACY: ")
+
+
+# -- the bootstrap reads it --------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_observer() -> Iterator[None]:
+    previous = observe.set_observer(None)
+    yield
+    observe.set_observer(previous)
+
+
+@pytest.mark.anyio
+async def test_open_hooks_opens_what_the_configuration_names(
+    folder: Path, no_observer: None
+) -> None:
+    _write(folder, 'telemetry = "otel"\nsemantic = "none"\n' + TOML)
+    (folder / "data").mkdir()
+    config = RecallConfig.from_sources(env={})
+    assert config.telemetry is Telemetry.OTEL
+    async with open_hooks(config) as hooks:
+        assert hooks.allowance.policy.max_searches == 6
+        assert observe.current_observer() is not None  # installed for the block
+    assert observe.current_observer() is None
+    assert (folder / "data/ledger.db").exists()
+
+
+@pytest.mark.anyio
+async def test_otel_telemetry_without_the_extra_is_a_config_error(
+    folder: Path, no_observer: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    import runtime_hooks
+
+    # As if the `otel` extra were not installed: importing the OpenTelemetry module fails.
+    monkeypatch.setitem(sys.modules, "runtime_hooks.telemetry", None)
+    monkeypatch.delattr(runtime_hooks, "telemetry", raising=False)
+    config = RecallConfig(ledger_path=folder / "l.db", store_path=folder / "m.db",
+                          telemetry="otel")
+    with pytest.raises(ConfigError, match=r"telemetry = 'otel' needs the otel extra"):
+        async with open_hooks(config):
+            pass  # pragma: no cover
+    assert observe.current_observer() is None

@@ -1,0 +1,223 @@
+"""The contract of :class:`~plugin.control.ledger_admin.LedgerAdmin`, on asyncio and trio.
+
+Every test takes ``pair`` (an opened ledger and its admin) and runs against each kind in
+:data:`ADMIN_KINDS`. A PostgreSQL ledger is one more entry there and one more branch in
+:func:`_open` (its ledger opened over a fresh database, its admin from ``admin_for``). Times are
+explicit wall values (``WALL``), as in the ledger contract.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import attrs
+import pytest
+
+from plugin.control import (
+    AllowancePolicy,
+    AttemptOutcome,
+    AttemptTrace,
+    Ledger,
+    RefusalReason,
+    Reservation,
+    RoundKind,
+    SqliteLedger,
+    Usage,
+    Validity,
+)
+from plugin.control.ledger_admin import (
+    PRUNED_TABLES,
+    LedgerAdmin,
+    PruneReport,
+    RunStatus,
+    RunSummary,
+)
+from runtime_hooks.ledgers import admin_for
+
+pytestmark = pytest.mark.anyio
+
+WALL = 1_700_000_000.0
+POLICY = AllowancePolicy()  # 4 searches, 2 rounds, 10 s
+AUTO, DELIB = RoundKind.AUTOMATIC, RoundKind.DELIBERATE
+
+ADMIN_KINDS = ["sqlite"]
+"""Every ledger whose admin the contract runs against."""
+
+
+@attrs.frozen
+class Pair:
+    ledger: Ledger
+    admin: LedgerAdmin
+
+
+@asynccontextmanager
+async def _open(kind: str, tmp_path: Path) -> AsyncIterator[Pair]:
+    if kind == "sqlite":
+        async with SqliteLedger(tmp_path / "ledger.sqlite3") as ledger:
+            yield Pair(ledger, admin_for(ledger))
+        return
+    raise AssertionError(f"unknown ledger kind {kind!r}")
+
+
+@pytest.fixture(params=ADMIN_KINDS)
+async def pair(anyio_backend: object, request: pytest.FixtureRequest,
+               tmp_path: Path) -> AsyncIterator[Pair]:
+    async with _open(str(request.param), tmp_path) as opened:
+        yield opened
+
+
+def _trace(run_id: str, slot: int, *, at: float, round_index: int = 1,
+           legacy: bool = False) -> AttemptTrace:
+    return AttemptTrace(
+        attempt_id=f"{run_id}-{slot}-{legacy}", run_id=run_id, round_index=round_index,
+        slot=slot, kind="deliberate", outcome=AttemptOutcome.OK, started_wall=at,
+        elapsed_s=0.5, strategy="baseline", fingerprint="f" * 64, legacy=legacy,
+    )
+
+
+async def _run(ledger: Ledger, run_id: str, opened: float, *, attempts: int = 1,
+               policy: AllowancePolicy = POLICY) -> None:
+    """A run opened at ``opened`` with one automatic round and ``attempts`` attempts."""
+    result = await ledger.reserve(run_id, AUTO, 2, policy, opened)
+    assert isinstance(result, Reservation)
+    await ledger.record([_trace(run_id, s, at=opened + s / 10) for s in range(1, attempts + 1)],
+                        [])
+
+
+# -- runs and run ------------------------------------------------------------------------------
+
+
+async def test_runs_lists_the_most_recently_opened_first_with_totals(pair: Pair) -> None:
+    await _run(pair.ledger, "a", WALL)
+    await _run(pair.ledger, "b", WALL + 100, attempts=2)
+    assert isinstance(await pair.ledger.reserve("b", DELIB, 5, POLICY, WALL + 101), Reservation)
+    refused = await pair.ledger.reserve("b", DELIB, 1, POLICY, WALL + 102)  # 3rd round
+    assert not isinstance(refused, Reservation)
+    runs = await pair.admin.runs(limit=10)
+    assert runs == [
+        RunSummary(run_id="b", opened_wall=WALL + 100, deadline_wall=WALL + 110, rounds=2,
+                   max_rounds=2, reserved=4, max_searches=4, executed=2, refused=1),
+        RunSummary(run_id="a", opened_wall=WALL, deadline_wall=WALL + 10, rounds=1,
+                   max_rounds=2, reserved=2, max_searches=4, executed=1, refused=0),
+    ]
+    assert [r.run_id for r in await pair.admin.runs(limit=1)] == ["b"]
+
+
+async def test_legacy_attempts_are_not_counted_as_executed(pair: Pair) -> None:
+    await _run(pair.ledger, "a", WALL)
+    await pair.ledger.record([_trace("a", 1, at=WALL, round_index=0, legacy=True)], [])
+    (summary,) = await pair.admin.runs(limit=5)
+    assert summary.executed == 1
+
+
+async def test_runs_rejects_a_limit_below_one(pair: Pair) -> None:
+    with pytest.raises(ValueError, match="limit"):
+        await pair.admin.runs(limit=0)
+
+
+async def test_run_is_none_for_an_unknown_run(pair: Pair) -> None:
+    await _run(pair.ledger, "a", WALL)
+    assert await pair.admin.run("nope") is None
+    summary = await pair.admin.run("a")
+    assert summary is not None and (summary.run_id, summary.rounds) == ("a", 1)
+
+
+async def test_status_follows_deadline_and_limits(pair: Pair) -> None:
+    await _run(pair.ledger, "a", WALL)
+    summary = await pair.admin.run("a")
+    assert summary is not None
+    assert summary.status(WALL + 1) is RunStatus.OPEN
+    assert summary.status(WALL + 10) is RunStatus.FINISHED  # a round at the deadline is refused
+    assert isinstance(await pair.ledger.reserve("a", DELIB, 2, POLICY, WALL + 2), Reservation)
+    spent = await pair.admin.run("a")
+    assert spent is not None and spent.status(WALL + 3) is RunStatus.EXHAUSTED
+
+
+# -- prune -------------------------------------------------------------------------------------
+
+
+async def _populate(ledger: Ledger) -> None:
+    """old (deadline WALL+10), mid (WALL+1000+10), live (deadline WALL+5000+3600)."""
+    await _run(ledger, "old", WALL, attempts=2)
+    await ledger.retain("old", ["m1", "m2"], limit=4)
+    assert (await ledger.take_validations("old", ["m1"], limit=2)) == {"m1": Validity.GRANTED}
+    refused = await ledger.reserve("old", DELIB, 1, POLICY, WALL + 50)  # past the deadline
+    assert not isinstance(refused, Reservation) and refused.reason is RefusalReason.DEADLINE
+    await _run(ledger, "mid", WALL + 1000)
+    await _run(ledger, "live", WALL + 5000, policy=attrs.evolve(POLICY, deadline_s=3600.0))
+    await ledger.retain("live", ["m3"], limit=4)
+
+
+async def test_prune_removes_every_trace_of_finished_runs_older_than_the_cutoff(
+    pair: Pair,
+) -> None:
+    await _populate(pair.ledger)
+    report = await pair.admin.prune(before_wall=WALL + 500, now_wall=WALL + 5001,
+                                    dry_run=False)
+    assert report == PruneReport(
+        before_wall=WALL + 500, now_wall=WALL + 5001, dry_run=False, run_ids=("old",),
+        rows={"runs": 1, "rounds": 1, "attempts": 2, "refusals": 1, "retained": 2,
+              "validations": 1},
+    )
+    assert tuple(report.rows) == PRUNED_TABLES
+    assert await pair.ledger.usage("old") == Usage(run_id="old")
+    assert await pair.ledger.reservations("old") == []
+    assert await pair.ledger.attempts("old") == []
+    assert await pair.ledger.refusals("old") == []
+    # Retained evidence went with the run: a re-check finds nothing retained.
+    assert await pair.ledger.take_validations("old", ["m1"], limit=2) == {
+        "m1": Validity.NOT_RETAINED}
+    assert [r.run_id for r in await pair.admin.runs(limit=10)] == ["live", "mid"]
+    assert (await pair.ledger.usage("mid")).executed == 1
+    assert await pair.ledger.take_validations("live", ["m3"], limit=2) == {
+        "m3": Validity.GRANTED}
+
+
+async def test_prune_never_removes_a_run_whose_deadline_has_not_passed(pair: Pair) -> None:
+    await _populate(pair.ledger)
+    # A cutoff in the future asks for everything; "live" (deadline WALL+8600) must stay.
+    report = await pair.admin.prune(before_wall=WALL + 10**6, now_wall=WALL + 5001,
+                                    dry_run=False)
+    assert report.run_ids == ("old", "mid")
+    assert [r.run_id for r in await pair.admin.runs(limit=10)] == ["live"]
+    # At the deadline exactly, the run is finished (a round then is refused): prunable.
+    report = await pair.admin.prune(before_wall=WALL + 10**6, now_wall=WALL + 8600,
+                                    dry_run=False)
+    assert report.run_ids == ("live",)
+
+
+async def test_prune_dry_run_reports_and_removes_nothing(pair: Pair) -> None:
+    await _populate(pair.ledger)
+    before = await pair.admin.runs(limit=10)
+    dry = await pair.admin.prune(before_wall=WALL + 2000, now_wall=WALL + 5001, dry_run=True)
+    assert dry.dry_run and dry.run_ids == ("old", "mid")
+    assert dry.rows == {"runs": 2, "rounds": 2, "attempts": 3, "refusals": 1, "retained": 2,
+                        "validations": 1}
+    assert await pair.admin.runs(limit=10) == before
+    real = await pair.admin.prune(before_wall=WALL + 2000, now_wall=WALL + 5001, dry_run=False)
+    assert (real.run_ids, dict(real.rows)) == (dry.run_ids, dict(dry.rows))
+
+
+async def test_prune_with_nothing_to_remove(pair: Pair) -> None:
+    report = await pair.admin.prune(before_wall=WALL, now_wall=WALL, dry_run=False)
+    assert report.run_ids == () and set(report.rows.values()) == {0}
+
+
+async def test_a_pruned_run_id_opens_afresh(pair: Pair) -> None:
+    # Documented consequence: the ledger forgets a pruned run entirely.
+    await _run(pair.ledger, "a", WALL)
+    await pair.admin.prune(before_wall=WALL + 20, now_wall=WALL + 20, dry_run=False)
+    again = await pair.ledger.reserve("a", AUTO, 2, POLICY, WALL + 30)
+    assert isinstance(again, Reservation) and again.round_index == 1
+
+
+# -- check -------------------------------------------------------------------------------------
+
+
+async def test_check_passes_on_a_sound_ledger(pair: Pair) -> None:
+    await _populate(pair.ledger)
+    result = await pair.admin.check()
+    assert result.problems == ()
+    assert result.ok and result.schema_version == result.expected_version
