@@ -8,6 +8,8 @@ beside the ledger's counts. Queries are about the demo's seeded memories.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -498,3 +500,31 @@ async def test_no_user_text_means_no_automatic_round(hooks: RecallHooks) -> None
     await agent.run(message_history=[ModelRequest.user_text_prompt("   ")], deps=IDENTITY)
     assert model.instructions == [None, None]
     assert await _usage(hooks) == (1, 4, 4, 2)  # the batch's round only
+
+
+def test_the_example_runs_offline_and_shows_what_the_model_saw() -> None:
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run(
+        [sys.executable, str(root / "examples" / "pydantic_ai_agent.py")],
+        capture_output=True, text=True, cwd=root, check=False, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "--- model request 2 ---" in out
+    assert out.count('"status": "refused"') == 4 and out.count('"status": "ok"') == 2
+    assert "rounds=2 reserved=4 executed=3 refused=5" in out
+    assert "slot 3: deliberate (ok)" in out and "slot 4: deliberate (ok)" in out
+
+
+def test_only_the_adapter_module_imports_pydantic_ai() -> None:
+    code = (
+        "import sys, runtime_hooks, runtime_hooks.adapters\n"
+        "print('pydantic_ai' in sys.modules)\n"
+        "import runtime_hooks.adapters.pydantic_ai\n"
+        "print('pydantic_ai' in sys.modules)"
+    )
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            cwd=root, check=False, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["False", "True"]
