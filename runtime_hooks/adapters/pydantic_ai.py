@@ -1,0 +1,296 @@
+"""The pydantic-ai adapter: bounded memory recall as one capability (asyncio only).
+
+``Agent(model, deps_type=..., capabilities=[RecallCapability(hooks)])`` gives the agent the
+``search_memory`` tool (rendered from :data:`~runtime_hooks.adapters.SEARCH_TOOL`) and four
+hooks, each a thin translation to :class:`~runtime_hooks.adapters.RunRecall`:
+
+* ``wrap_run`` binds the run-scoped permit holder (the other hooks and the tools run in copied
+  contexts, so a permit bound inside one of them would not reach the tools);
+* ``before_model_request`` runs the automatic round and appends its rendered context to that
+  request's instructions (``InstructionPart(..., dynamic=True)``);
+* ``before_node_run`` on a ``CallToolsNode`` sees every tool call of the model response before
+  any runs, under ``run``, ``iter``, ``run_stream`` and event-stream handlers alike, and
+  reserves ONE deliberate round for all its search calls. (``wrap_node_run`` would not do:
+  under ``run_stream`` the tools run before it is entered.) Calls already answered
+  (``node.tool_call_results``, as on an approval resume) are left out, so a resume never
+  reserves them again;
+* ``before_tool_execute`` raises ``SkipToolExecution`` with the typed refusal for a call that
+  got no slot; a call that did returns its stored result from the tool.
+
+The key of a run is the HOST's run id (from deps, through ``identity``): pydantic-ai's
+``ctx.run_id`` is new on each resume. When the run has a deadline (``run(timeout=)``), recall
+ends at the earlier of the two deadlines: the allowance's permit keeps its own, and the adapter
+runs each round inside a cancel scope ending at the framework's; neither is ever extended.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import attrs
+from pydantic_ai import CallToolsNode, RunContext
+from pydantic_ai.capabilities import AbstractCapability
+from pydantic_ai.capabilities.abstract import AgentNode, ValidatedToolArgs, WrapRunHandler
+from pydantic_ai.exceptions import SkipToolExecution
+from pydantic_ai.messages import InstructionPart, ModelRequest, ToolCallPart, UserPromptPart
+from pydantic_ai.models import ModelRequestContext
+from pydantic_ai.run import AgentRunResult
+from pydantic_ai.tools import DeferredToolResult, Tool, ToolApproved, ToolDefinition
+from pydantic_ai.toolsets import FunctionToolset
+
+from plugin.control import BoundedRecallNotice, BudgetRefusal, RefusalReason
+from plugin.errors import RecallboundError
+from plugin.memory.state import WorkingState
+from runtime_hooks.hooks import PreparedContext, RecallHooks, ToolCall, ToolResult
+
+from .batch import RunRecall
+from .tool import SEARCH_TOOL
+
+__all__ = ["RecallCapability", "RunIdentity", "RunIdentityError", "latest_user_request"]
+
+
+class RunIdentityError(RecallboundError, TypeError):
+    """The host gave no usable run identity (run id, scope, principal) for this run."""
+
+
+@attrs.frozen(kw_only=True)
+class RunIdentity:
+    """Who a run recalls for, as the host knows it: never taken from the model or its text.
+
+    ``run_id`` is the host's id of the logical run; it stays the same across pydantic-ai
+    resumes (whose ``ctx.run_id`` changes), so a resumed run keeps its allowance.
+    """
+
+    run_id: str
+    scope: str
+    principal: str
+
+
+def identity_from_deps(ctx: RunContext[Any]) -> RunIdentity:
+    """The default ``identity``: ``deps`` is a :class:`RunIdentity` or has one as ``.recall``."""
+    deps = ctx.deps
+    found = deps if isinstance(deps, RunIdentity) else getattr(deps, "recall", None)
+    if not isinstance(found, RunIdentity):
+        raise RunIdentityError(
+            "RecallCapability needs the run's identity: pass deps=RunIdentity(...) (or deps "
+            "with a .recall RunIdentity), or give RecallCapability an identity= callable; "
+            f"got deps of type {type(deps).__name__}"
+        )
+    return found
+
+
+def latest_user_request(ctx: RunContext[Any]) -> WorkingState | None:
+    """The default working state: the latest user message as ``current_request``.
+
+    None (no automatic round) when the conversation has no user text yet.
+    """
+    for message in reversed(ctx.messages):
+        if not isinstance(message, ModelRequest):
+            continue
+        for part in reversed(message.parts):
+            if isinstance(part, UserPromptPart):
+                content = part.content
+                text = content if isinstance(content, str) else "\n".join(
+                    item for item in content if isinstance(item, str)
+                )
+                if text.strip():
+                    return WorkingState(text)
+    return None
+
+
+def _pending(part: ToolCallPart, answered: Mapping[str, DeferredToolResult | str] | None) -> bool:
+    """Whether a call of the response still runs in this node (an approved one does)."""
+    if answered is None or part.tool_call_id not in answered:
+        return True
+    return isinstance(answered[part.tool_call_id], ToolApproved)
+
+
+def _arguments(arguments: str | dict[str, Any] | None) -> Mapping[str, object] | str:
+    return {} if arguments is None else arguments
+
+
+@contextmanager
+def _until_framework_deadline(ctx: RunContext[Any]) -> Iterator[anyio.CancelScope]:
+    """A cancel scope ending at the run's own deadline (``run(timeout=)``), if it has one.
+
+    The permit's attempts open their own scopes at the allowance's deadline inside this one,
+    so recall ends at whichever comes first; neither deadline is moved.
+    """
+    left = ctx.remaining_time()
+    deadline = math.inf if left is None else anyio.current_time() + left
+    with anyio.CancelScope(deadline=deadline) as scope:
+        yield scope
+
+
+def _framework_deadline_passed(ctx: RunContext[Any]) -> bool:
+    left = ctx.remaining_time()
+    return left is not None and left <= 0
+
+
+@dataclass
+class RecallCapability(AbstractCapability[Any]):
+    """Bounded memory recall for a pydantic-ai agent: the search tool and its hooks.
+
+    ``identity`` gives the host's run id, scope and principal from the run context (default:
+    :func:`identity_from_deps`); ``working_state`` gives the state the automatic round plans
+    from (default: :func:`latest_user_request`; return None for no automatic round on a
+    request); ``automatic=False`` turns the automatic round off.
+    """
+
+    hooks: RecallHooks
+    identity: Callable[[RunContext[Any]], RunIdentity] = identity_from_deps
+    working_state: Callable[[RunContext[Any]], WorkingState | None] = latest_user_request
+    automatic: bool = True
+    max_runs: int = 4096
+    """Runs whose batches are remembered (oldest forgotten first), like the hooks' own bound."""
+    _runs: collections.OrderedDict[str, RunRecall] = field(
+        default_factory=collections.OrderedDict, init=False, repr=False
+    )
+
+    # -- the tool ---------------------------------------------------------------------------
+
+    def get_toolset(self) -> FunctionToolset[Any]:
+        tool = Tool[Any].from_schema(
+            self._search_memory,
+            name=SEARCH_TOOL.name,
+            description=SEARCH_TOOL.description,
+            json_schema=SEARCH_TOOL.json_schema(),
+            takes_ctx=True,
+        )
+        return FunctionToolset[Any]([tool])
+
+    async def _search_memory(self, ctx: RunContext[Any], **arguments: Any) -> dict[str, object]:
+        """The tool body: the call's stored result (dispatched with its batch)."""
+        call_id = ctx.tool_call_id or ""
+        result = await self._result(ctx, ToolCall(call_id=call_id, arguments=arguments))
+        return result.as_dict()
+
+    # -- the run ----------------------------------------------------------------------------
+
+    def recall(self, identity: RunIdentity) -> RunRecall:
+        """The batches of the host's run ``identity.run_id`` (one object across resumes)."""
+        recall = self._runs.get(identity.run_id)
+        if recall is None:
+            recall = self._runs[identity.run_id] = RunRecall(
+                self.hooks, identity.run_id, identity.scope, identity.principal
+            )
+            while len(self._runs) > self.max_runs:
+                self._runs.popitem(last=False)
+        elif (recall.scope, recall.principal) != (identity.scope, identity.principal):
+            raise RunIdentityError(
+                f"run {identity.run_id!r} was started for another scope or principal"
+            )
+        else:
+            self._runs.move_to_end(identity.run_id)
+        return recall
+
+    def _run_recall(self, ctx: RunContext[Any]) -> RunRecall:
+        identity = self.identity(ctx)
+        if not isinstance(identity, RunIdentity):
+            raise RunIdentityError(
+                f"identity must return a RunIdentity, got {type(identity).__name__}"
+            )
+        return self.recall(identity)
+
+    async def wrap_run(
+        self, ctx: RunContext[Any], *, handler: WrapRunHandler
+    ) -> AgentRunResult[Any]:
+        with self.hooks.bind_run():
+            return await handler()
+
+    # -- preparation: the automatic round ---------------------------------------------------
+
+    async def before_model_request(
+        self, ctx: RunContext[Any], request_context: ModelRequestContext
+    ) -> ModelRequestContext:
+        if not self.automatic:
+            return request_context
+        state = self.working_state(ctx)
+        if state is None:
+            return request_context
+        recall = self._run_recall(ctx)
+        context: PreparedContext | None = None
+        if not _framework_deadline_passed(ctx):
+            with _until_framework_deadline(ctx):
+                context = await recall.prepare(state)
+        if context is not None:
+            text = context.render()
+        else:  # the framework's deadline came first
+            refusal = await self._deadline_refusal(recall)
+            text = f"Note: {BoundedRecallNotice.from_refusal(refusal).message}"
+        if not text:
+            return request_context
+        parameters = request_context.model_request_parameters
+        parts = [*(parameters.instruction_parts or ()), InstructionPart(text, dynamic=True)]
+        request_context.model_request_parameters = dataclasses.replace(
+            parameters, instruction_parts=InstructionPart.sorted(parts)
+        )
+        return request_context
+
+    # -- tool dispatch: the deliberate round ------------------------------------------------
+
+    async def before_node_run(
+        self, ctx: RunContext[Any], *, node: AgentNode[Any]
+    ) -> AgentNode[Any]:
+        if isinstance(node, CallToolsNode):
+            answered = node.tool_call_results
+            calls = [
+                ToolCall(call_id=part.tool_call_id, arguments=_arguments(part.args))
+                for part in node.model_response.tool_calls
+                if part.tool_name == SEARCH_TOOL.name and _pending(part, answered)
+            ]
+            if calls:
+                await self._dispatch(ctx, self._run_recall(ctx), calls)
+        return node
+
+    async def before_tool_execute(
+        self,
+        ctx: RunContext[Any],
+        *,
+        call: ToolCallPart,
+        tool_def: ToolDefinition,
+        args: ValidatedToolArgs,
+    ) -> ValidatedToolArgs:
+        if call.tool_name == SEARCH_TOOL.name:
+            result = await self._result(
+                ctx, ToolCall(call_id=call.tool_call_id, arguments=_arguments(call.args))
+            )
+            if result.status != "ok":
+                raise SkipToolExecution(result.as_dict())
+        return args
+
+    async def _result(self, ctx: RunContext[Any], call: ToolCall) -> ToolResult:
+        recall = self._run_recall(ctx)
+        stored = recall.result(call.call_id)
+        if stored is not None:
+            return stored
+        # Not dispatched with a batch (the framework's deadline cut the batch short, or the
+        # call reached the tool on a path without a CallToolsNode): a round of its own.
+        return (await self._dispatch(ctx, recall, [call]))[0]
+
+    async def _dispatch(
+        self, ctx: RunContext[Any], recall: RunRecall, calls: Sequence[ToolCall]
+    ) -> list[ToolResult]:
+        if not _framework_deadline_passed(ctx):
+            with _until_framework_deadline(ctx):
+                return await recall.dispatch_batch(calls)
+        refusal = await self._deadline_refusal(recall)
+        return [
+            recall.result(call.call_id)
+            or ToolResult(call_id=call.call_id, status="refused", content=refusal.message,
+                          refusal=refusal)
+            for call in calls
+        ]
+
+    async def _deadline_refusal(self, recall: RunRecall) -> BudgetRefusal:
+        """Recall bounded by the framework's deadline, with the run's totals from the ledger."""
+        usage = await self.hooks.allowance.usage(recall.run_id)
+        return BudgetRefusal(reason=RefusalReason.DEADLINE, run_id=recall.run_id,
+                             reserved=usage.reserved, executed=usage.executed)

@@ -1,0 +1,530 @@
+"""The pydantic-ai adapter in pydantic-ai's real agent loop, offline (FunctionModel; asyncio).
+
+The fake model answers the first request with six parallel ``search_memory`` calls and every
+later one with text, and records what it was sent, so each test asserts what the model saw
+beside the ledger's counts. Queries are about the demo's seeded memories.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import anyio
+import attrs
+import pytest
+from pydantic_ai import Agent, DeferredToolRequests, DeferredToolResults, RunContext
+from pydantic_ai.capabilities import AbstractCapability
+from pydantic_ai.capabilities.abstract import AgentNode, WrapNodeRunHandler
+from pydantic_ai.exceptions import RunCancelled
+from pydantic_ai.messages import (
+    AgentStreamEvent,
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+)
+from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls, FunctionModel
+
+from plugin import AllowancePolicy, ManualClock, Permit, WorkingState, compose_baseline
+from plugin.control import AttemptKind, AttemptOutcome
+from plugin.memory.pipeline import MemoryRetriever
+from plugin.memory.preparation import PreparedRecall
+from runtime_hooks import RecallHooks
+from runtime_hooks.adapters import SEARCH_TOOL
+from runtime_hooks.adapters.pydantic_ai import (
+    RecallCapability,
+    RunIdentity,
+    RunIdentityError,
+)
+from runtime_hooks.bootstrap import RecallConfig, open_hooks
+from runtime_hooks.demo import PRINCIPAL, SCOPE, STATE, seed
+
+pytestmark = [pytest.mark.anyio]
+
+QUERIES = (
+    "invoice backfill dry-run",
+    "currency rounding rule",
+    "cutover date",
+    "deploy window",
+    "rollback runbook",
+    "billing migration kickoff",
+)
+IDENTITY = RunIdentity(run_id="host-run-1", scope=SCOPE, principal=PRINCIPAL)
+START_WALL = 1_800_000_000.0
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"  # pydantic-ai does not run under trio
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(wall=START_WALL, monotonic=10.0)
+
+
+async def _open(tmp_path: Path, clock: ManualClock, policy: AllowancePolicy) -> Any:
+    config = RecallConfig(ledger_path=tmp_path / "ledger.db", store_path=tmp_path / "memory.db",
+                          policy=policy)
+    return open_hooks(config, clock=clock)
+
+
+@pytest.fixture
+async def hooks(tmp_path: Path, clock: ManualClock) -> AsyncIterator[RecallHooks]:
+    async with await _open(tmp_path, clock, AllowancePolicy()) as hooks:
+        await seed(_store(hooks))
+        yield hooks
+
+
+def _store(hooks: RecallHooks) -> Any:
+    assert isinstance(hooks.retriever, MemoryRetriever)
+    return hooks.retriever.store
+
+
+@attrs.define
+class SixSearches:
+    """A FunctionModel script: six parallel searches (plus ``extra``), then "done"."""
+
+    extra: tuple[ToolCallPart, ...] = ()
+    on_calls: Callable[[], None] | None = None
+    """Runs as the model emits its calls: between the automatic round and the tools."""
+    requests: list[list[ModelMessage]] = attrs.Factory(list)
+    instructions: list[str | None] = attrs.Factory(list)
+    tool_names: list[list[str]] = attrs.Factory(list)
+
+    def _calls(self) -> list[ToolCallPart]:
+        if self.on_calls is not None:
+            self.on_calls()
+        searches = [
+            ToolCallPart(SEARCH_TOOL.name, {"query": query}, tool_call_id=f"c{i}")
+            for i, query in enumerate(QUERIES)
+        ]
+        return [*searches, *self.extra]
+
+    def _record(self, messages: list[ModelMessage], info: AgentInfo) -> bool:
+        self.requests.append(list(messages))
+        self.instructions.append(info.instructions)
+        self.tool_names.append([tool.name for tool in info.function_tools])
+        return len(self.requests) == 1
+
+    async def respond(self, messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if self._record(messages, info):
+            return ModelResponse(parts=self._calls())
+        return ModelResponse(parts=[TextPart("done")])
+
+    async def stream(
+        self, messages: list[ModelMessage], info: AgentInfo
+    ) -> AsyncIterator[str | DeltaToolCalls]:
+        if self._record(messages, info):
+            yield {
+                i: DeltaToolCall(part.tool_name, json.dumps(part.args),
+                                 tool_call_id=part.tool_call_id)
+                for i, part in enumerate(self._calls())
+            }
+        else:
+            yield "done"
+
+    def model(self) -> FunctionModel:
+        return FunctionModel(self.respond, stream_function=self.stream)
+
+
+def _returns(messages: Sequence[ModelMessage]) -> dict[str, Any]:
+    """The tool results of the last request, by call id."""
+    last = messages[-1]
+    assert isinstance(last, ModelRequest)
+    return {p.tool_call_id: p.content for p in last.parts if isinstance(p, ToolReturnPart)}
+
+
+def _agent(model: SixSearches, capability: AbstractCapability[Any], **kwargs: Any) -> Agent[Any]:
+    return Agent(model.model(), deps_type=RunIdentity, capabilities=[capability], **kwargs)
+
+
+async def _drain(ctx: RunContext[Any], events: AsyncIterable[AgentStreamEvent]) -> None:
+    async for _ in events:
+        pass
+
+
+async def _drive(agent: Agent[Any], mode: str, **kwargs: Any) -> None:
+    if mode == "run":
+        await agent.run("Continue", deps=IDENTITY, **kwargs)
+    elif mode == "iter":
+        async with agent.iter("Continue", deps=IDENTITY, **kwargs) as run:
+            async for _ in run:
+                pass
+    elif mode == "run_stream":
+        async with agent.run_stream("Continue", deps=IDENTITY, **kwargs) as stream:
+            await stream.get_output()
+    else:
+        assert mode == "events"
+        await agent.run("Continue", deps=IDENTITY, event_stream_handler=_drain, **kwargs)
+
+
+async def _usage(hooks: RecallHooks, run_id: str = IDENTITY.run_id) -> tuple[int, int, int, int]:
+    usage = await hooks.allowance.ledger.usage(run_id)
+    return usage.rounds, usage.reserved, usage.executed, usage.refused
+
+
+async def _slots(hooks: RecallHooks, kind: AttemptKind) -> list[int]:
+    return sorted(
+        trace.slot for trace in await hooks.allowance.ledger.attempts(IDENTITY.run_id)
+        if trace.kind == kind.value
+    )
+
+
+def _by_status(returns: dict[str, Any]) -> dict[str, list[str]]:
+    grouped: dict[str, list[str]] = {}
+    for call_id, content in sorted(returns.items()):
+        grouped.setdefault(content["status"], []).append(call_id)
+    return grouped
+
+
+# -- the required offline runs ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["run", "iter", "run_stream", "events"])
+async def test_automatic_round_then_one_batch_two_slots_four_typed_refusals(
+    hooks: RecallHooks, mode: str
+) -> None:
+    model = SixSearches()
+    capability = RecallCapability(hooks, working_state=lambda ctx: STATE)
+    await _drive(_agent(model, capability), mode)
+
+    assert len(model.requests) == 2
+    # The automatic round's evidence reached the first request's instructions.
+    assert model.instructions[0] is not None
+    assert "Recalled memory:" in model.instructions[0]
+    assert "[correction c-snapshot]" in model.instructions[0]
+    returns = _returns(model.requests[1])
+    assert sorted(returns) == [f"c{i}" for i in range(6)]
+    grouped = _by_status(returns)
+    assert len(grouped["ok"]) == 2 and len(grouped["refused"]) == 4
+    for call_id in grouped["refused"]:
+        refusal = returns[call_id]["refusal"]
+        assert refusal["status"] == "recall_bounded" and refusal["reason"] == "slots"
+        assert "not evidence" in refusal["message"]
+    # The automatic round took slots 1-2 (base ran; no people, so no delta), the batch 3 and 4.
+    assert await _slots(hooks, AttemptKind.BASE) == [1]
+    assert await _slots(hooks, AttemptKind.DELIBERATE) == [3, 4]
+    # The next request's automatic round is refused (no round left): the bounded notice.
+    assert model.instructions[1] is not None
+    assert "Memory recall was bounded" in model.instructions[1]
+    # rounds, reserved, executed, refused: 2 rounds of 2 slots; base + 2 searches ran;
+    # 4 attempts without a slot and the third (automatic) round were refused.
+    assert await _usage(hooks) == (2, 4, 3, 5)
+
+
+async def test_automatic_off_four_calls_on_distinct_slots_two_refused(
+    hooks: RecallHooks,
+) -> None:
+    model = SixSearches()
+    await _drive(_agent(model, RecallCapability(hooks, automatic=False)), "run")
+
+    assert model.instructions == [None, None]
+    returns = _returns(model.requests[1])
+    grouped = _by_status(returns)
+    assert len(grouped["ok"]) == 4 and len(grouped["refused"]) == 2
+    assert {returns[c]["refusal"]["reason"] for c in grouped["refused"]} == {"slots"}
+    assert await _slots(hooks, AttemptKind.DELIBERATE) == [1, 2, 3, 4]
+    assert await _usage(hooks) == (1, 4, 4, 2)
+
+
+@pytest.mark.parametrize("framework_timeout", [None, 30.0])
+async def test_automatic_round_and_tool_calls_share_one_deadline(
+    hooks: RecallHooks, clock: ManualClock, framework_timeout: float | None
+) -> None:
+    """Past the allowance's 10 s between the model request and the tools: every call is
+    refused with reason deadline; a later framework deadline does not extend it."""
+    model = SixSearches(on_calls=lambda: clock.advance(10.5))
+    kwargs = {} if framework_timeout is None else {"timeout": framework_timeout}
+    await _drive(_agent(model, RecallCapability(hooks)), "run", **kwargs)
+
+    returns = _returns(model.requests[1])
+    assert _by_status(returns) == {"refused": [f"c{i}" for i in range(6)]}
+    assert {content["refusal"]["reason"] for content in returns.values()} == {"deadline"}
+    usage = await hooks.allowance.ledger.usage(IDENTITY.run_id)
+    assert usage.deadline_wall == START_WALL + 10.0
+    # Only the automatic round was reserved; the batch's round was refused at its deadline.
+    assert (usage.rounds, usage.reserved, usage.executed) == (1, 2, 1)
+
+
+@attrs.define
+class _ManualRunClock(AbstractCapability[Any]):
+    """Measures pydantic-ai's ``run(timeout=)`` against the test's ManualClock."""
+
+    clock: ManualClock
+
+    def get_run_clock(self) -> Callable[[], datetime]:
+        return lambda: datetime.fromtimestamp(self.clock.wall(), tz=timezone.utc)
+
+
+async def test_the_framework_deadline_when_earlier_bounds_recall_too(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    """``run(timeout=30)`` under a 60 s allowance: at 40 s the batch is refused (deadline)
+    without reserving, although the permit would still have 20 s."""
+    async with await _open(tmp_path, clock, AllowancePolicy(deadline_s=60.0)) as hooks:
+        await seed(_store(hooks))
+        model = SixSearches(on_calls=lambda: clock.advance(40.0))
+        agent = Agent(model.model(), deps_type=RunIdentity,
+                      capabilities=[_ManualRunClock(clock), RecallCapability(hooks)])
+        await agent.run("Continue", deps=IDENTITY, timeout=30.0)
+
+        returns = _returns(model.requests[1])
+        assert _by_status(returns) == {"refused": [f"c{i}" for i in range(6)]}
+        assert {content["refusal"]["reason"] for content in returns.values()} == {"deadline"}
+        # The next request's automatic round is not run either: the notice says deadline.
+        assert model.instructions[1] is not None
+        assert "recall deadline has passed" in model.instructions[1]
+        usage = await hooks.allowance.ledger.usage(IDENTITY.run_id)
+        assert usage.deadline_wall == START_WALL + 60.0  # the allowance's own, unchanged
+        assert (usage.rounds, usage.reserved, usage.executed) == (1, 2, 1)
+
+
+@attrs.define
+class _CancelInFlight:
+    """A retriever that takes its slot, then has the framework cancel the run mid-search."""
+
+    inner: MemoryRetriever
+    ctxs: list[RunContext[Any]]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def search(self, prepared: PreparedRecall, permit: Permit, *, kind: AttemptKind,
+                     **kwargs: Any) -> Any:
+        if kind is not AttemptKind.DELIBERATE:
+            return await self.inner.search(prepared, permit, kind=kind, **kwargs)
+        async with permit.attempt(kind):
+            self.ctxs[-1].cancel()  # what pydantic-ai's deadline timer does (expiry = cancel)
+            await anyio.sleep_forever()
+        raise AssertionError("the run was cancelled inside the attempt")
+
+
+@attrs.define
+class _KeepContext(AbstractCapability[Any]):
+    ctxs: list[RunContext[Any]]
+
+    async def before_node_run(self, ctx: RunContext[Any], *, node: AgentNode[Any]) -> Any:
+        self.ctxs.append(ctx)
+        return node
+
+
+async def test_the_frameworks_cancellation_ends_in_flight_searches(hooks: RecallHooks) -> None:
+    """The run's end (its deadline or a cancel) reaches searches in flight: they stop, and
+    their slots stay consumed; the permit never outlives the framework's run."""
+    ctxs: list[RunContext[Any]] = []
+    assert isinstance(hooks.retriever, MemoryRetriever)
+    hooks = attrs.evolve(hooks, retriever=_CancelInFlight(hooks.retriever, ctxs))
+    model = SixSearches()
+    agent = Agent(model.model(), deps_type=RunIdentity,
+                  capabilities=[_KeepContext(ctxs), RecallCapability(hooks)])
+    with anyio.fail_after(10), pytest.raises(RunCancelled):
+        await agent.run("Continue", deps=IDENTITY)
+
+    traces = await hooks.allowance.ledger.attempts(IDENTITY.run_id)
+    deliberate = [t for t in traces if t.kind == AttemptKind.DELIBERATE.value]
+    assert sorted(t.slot for t in deliberate) == [3, 4]
+    assert {t.outcome for t in deliberate} == {AttemptOutcome.CANCELLED}
+    assert await _usage(hooks) == (2, 4, 3, 4)
+    assert len(model.requests) == 1  # no tool result ever reached a model
+
+
+# -- resume, and the designs that lose calls --------------------------------------------------
+
+
+async def test_approval_resume_skips_answered_calls_and_never_reserves_again(
+    hooks: RecallHooks,
+) -> None:
+    """Six searches and one tool needing approval: the first run ends deferred; the resume
+    (a new pydantic-ai run id, and here a fresh capability, as after a restart) sees the
+    answered calls again and must not open a round for them."""
+    model = SixSearches(extra=(ToolCallPart("deploy", {}, tool_call_id="d1"),))
+    run_ids: list[str] = []
+
+    def agent(capability: RecallCapability) -> Agent[Any]:
+        built = _agent(model, capability, output_type=[str, DeferredToolRequests])
+
+        @built.tool(requires_approval=True)
+        async def deploy(ctx: RunContext[Any]) -> str:
+            run_ids.append(str(ctx.run_id))
+            return "deployed"
+
+        return built
+
+    first = await agent(RecallCapability(hooks, automatic=False)).run("Continue",
+                                                                      deps=IDENTITY)
+    assert isinstance(first.output, DeferredToolRequests)
+    assert [call.tool_call_id for call in first.output.approvals] == ["d1"]
+    after_first = await _usage(hooks)
+    assert after_first == (1, 4, 4, 2)
+
+    second = await agent(RecallCapability(hooks, automatic=False)).run(
+        message_history=first.all_messages(), deps=IDENTITY,
+        deferred_tool_results=DeferredToolResults(approvals={"d1": True}),
+    )
+    assert second.output == "done"
+    assert run_ids and run_ids[0] != first.run_id  # pydantic-ai's run id is new on resume
+    assert await _usage(hooks) == after_first
+    returns = _returns(model.requests[-1])
+    assert returns["d1"] == "deployed"
+    assert len(_by_status({k: v for k, v in returns.items() if k != "d1"})["ok"]) == 4
+
+
+async def test_a_batch_seen_twice_by_one_capability_reserves_once(hooks: RecallHooks) -> None:
+    """The same host run on the same capability (a resume in one process) reuses stored
+    results: a second run replaying the response with all calls unanswered opens no round."""
+    capability = RecallCapability(hooks, automatic=False)
+    model = SixSearches()
+    await _drive(_agent(model, capability), "run")
+    assert await _usage(hooks) == (1, 4, 4, 2)
+    again = SixSearches()
+    await _drive(_agent(again, capability), "run")
+    assert await _usage(hooks) == (1, 4, 4, 2)
+    assert _returns(again.requests[1]) == _returns(model.requests[1])
+
+
+class _PerCall(RecallCapability):
+    """The losing design: no batch hook, so each tool call opens its own round."""
+
+    async def before_node_run(self, ctx: RunContext[Any], *, node: AgentNode[Any]) -> Any:
+        return node
+
+
+async def test_regression_per_call_dispatch_loses_calls(hooks: RecallHooks) -> None:
+    model = SixSearches()
+    await _drive(_agent(model, _PerCall(hooks)), "run")
+
+    returns = _returns(model.requests[1])
+    grouped = _by_status(returns)
+    assert len(grouped["ok"]) == 1  # the batch design runs 2 (see above)
+    assert {returns[c]["refusal"]["reason"] for c in grouped["refused"]} == {"rounds"}
+    rounds, reserved, _, _ = await _usage(hooks)
+    # Refused for rounds while slot 4 was never reserved.
+    assert (rounds, reserved) == (2, 3)
+
+
+class _WrapNodeRun(RecallCapability):
+    """The wrong hook: the batch dispatched in ``wrap_node_run`` instead of before_node_run."""
+
+    async def before_node_run(self, ctx: RunContext[Any], *, node: AgentNode[Any]) -> Any:
+        return node
+
+    async def wrap_node_run(self, ctx: RunContext[Any], *, node: AgentNode[Any],
+                            handler: WrapNodeRunHandler[Any]) -> Any:
+        await RecallCapability.before_node_run(self, ctx, node=node)
+        return await handler(node)
+
+
+@pytest.mark.parametrize(("mode", "ran"), [("run", 2), ("run_stream", 1)])
+async def test_regression_wrap_node_run_loses_calls_under_run_stream(
+    hooks: RecallHooks, mode: str, ran: int
+) -> None:
+    model = SixSearches()
+    await _drive(_agent(model, _WrapNodeRun(hooks)), mode)
+    grouped = _by_status(_returns(model.requests[1]))
+    assert len(grouped["ok"]) == ran
+    rounds, reserved, _, _ = await _usage(hooks)
+    assert (rounds, reserved) == (2, 4 if ran == 2 else 3)
+
+
+# -- the edge itself --------------------------------------------------------------------------
+
+
+async def test_the_tool_is_rendered_from_search_tool(hooks: RecallHooks) -> None:
+    model = SixSearches()
+    agent = _agent(model, RecallCapability(hooks))
+    await agent.run("Continue", deps=IDENTITY)
+    assert model.tool_names[0] == [SEARCH_TOOL.name]
+    toolset = RecallCapability(hooks).get_toolset()
+    tool = toolset.tools[SEARCH_TOOL.name]
+    assert tool.description == SEARCH_TOOL.description
+    assert tool.function_schema.json_schema == SEARCH_TOOL.json_schema()
+
+
+async def test_an_invalid_call_gets_no_slot_and_says_why(hooks: RecallHooks) -> None:
+    model = SixSearches(extra=(
+        ToolCallPart(SEARCH_TOOL.name, {"query": "backfill", "scope": "personal"},
+                     tool_call_id="bad"),
+    ))
+    await _drive(_agent(model, RecallCapability(hooks, automatic=False)), "run")
+    bad = _returns(model.requests[1])["bad"]
+    assert bad["status"] == "invalid" and "scope" in bad["content"]
+    assert await _usage(hooks) == (1, 4, 4, 2)  # six valid calls: one round, as before
+
+
+async def test_the_run_identity_comes_from_the_host(hooks: RecallHooks) -> None:
+    agent = _agent(SixSearches(), RecallCapability(hooks))
+    with pytest.raises(RunIdentityError, match="RunIdentity"):
+        await agent.run("Continue", deps=None)
+    capability = RecallCapability(hooks)
+    capability.recall(IDENTITY)
+    with pytest.raises(RunIdentityError, match="another scope"):
+        capability.recall(attrs.evolve(IDENTITY, scope="personal"))
+    assert await _usage(hooks) == (0, 0, 0, 0)
+
+
+async def test_each_host_run_has_its_own_allowance(hooks: RecallHooks) -> None:
+    capability = RecallCapability(hooks, automatic=False)
+    for run_id in ("host-a", "host-b"):
+        model = SixSearches()
+        agent = _agent(model, capability)
+        await agent.run("Continue", deps=attrs.evolve(IDENTITY, run_id=run_id))
+        assert len(_by_status(_returns(model.requests[1]))["ok"]) == 4
+        assert await _usage(hooks, run_id) == (1, 4, 4, 2)
+
+
+async def test_the_default_state_is_the_latest_user_message(hooks: RecallHooks) -> None:
+    model = SixSearches()
+    await _drive(_agent(model, RecallCapability(hooks)), "run")
+    expected = compose_baseline(WorkingState("Continue"), scope=SCOPE, principal=PRINCIPAL)
+    traces = await hooks.allowance.ledger.attempts(IDENTITY.run_id)
+    assert [t.fingerprint for t in traces if t.kind == AttemptKind.BASE.value] == [
+        expected.fingerprint
+    ]
+    # A bare "Continue" finds no evidence under the baseline query; corrections still show.
+    assert model.instructions[0] is not None
+    assert model.instructions[0].startswith("Current corrections:")
+
+
+async def test_no_user_text_means_no_automatic_round(hooks: RecallHooks) -> None:
+    model = SixSearches()
+    agent = _agent(model, RecallCapability(hooks))
+    await agent.run(message_history=[ModelRequest.user_text_prompt("   ")], deps=IDENTITY)
+    assert model.instructions == [None, None]
+    assert await _usage(hooks) == (1, 4, 4, 2)  # the batch's round only
+
+
+def test_the_example_runs_offline_and_shows_what_the_model_saw() -> None:
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run(
+        [sys.executable, str(root / "examples" / "pydantic_ai_agent.py")],
+        capture_output=True, text=True, cwd=root, check=False, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "--- model request 2 ---" in out
+    assert out.count('"status": "refused"') == 4 and out.count('"status": "ok"') == 2
+    assert "rounds=2 reserved=4 executed=3 refused=5" in out
+    assert "slot 3: deliberate (ok)" in out and "slot 4: deliberate (ok)" in out
+
+
+def test_only_the_adapter_module_imports_pydantic_ai() -> None:
+    code = (
+        "import sys, runtime_hooks, runtime_hooks.adapters\n"
+        "print('pydantic_ai' in sys.modules)\n"
+        "import runtime_hooks.adapters.pydantic_ai\n"
+        "print('pydantic_ai' in sys.modules)"
+    )
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            cwd=root, check=False, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["False", "True"]
