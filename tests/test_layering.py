@@ -49,7 +49,8 @@ def test_control_core_stands_alone() -> None:
 def test_runtime_hooks_import_no_framework() -> None:
     code = (
         "import sys, runtime_hooks, plugin\n"
-        "bad = [m for m in ('pydantic_ai', 'agents', 'langgraph', 'openai', 'wordllama') "
+        "bad = [m for m in ('pydantic_ai', 'agents', 'langgraph', 'langchain', 'langchain_core', "
+        "'openai', 'wordllama') "
         "if m in sys.modules]\n"
         "print(bad)"
     )
