@@ -206,7 +206,8 @@ class LangChainRecall:
         )
 
 
-def _with_context(system: SystemMessage | None, block: str) -> SystemMessage:
+def system_with_context(system: SystemMessage | None, block: str) -> SystemMessage:
+    """The system message with the rendered recall block appended (or made of it)."""
     if system is None:
         return SystemMessage(content=block)
     if isinstance(system.content, str):
@@ -246,8 +247,8 @@ class RecallMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         if self.automatic:
             block = await self.recall.automatic_context(request.messages, request.runtime.context)
             if block:
-                request = request.override(system_message=_with_context(request.system_message,
-                                                                         block))
+                system = system_with_context(request.system_message, block)
+                request = request.override(system_message=system)
         return await handler(request)
 
     async def aafter_model(
