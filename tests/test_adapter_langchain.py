@@ -51,6 +51,7 @@ from runtime_hooks.adapters.langchain import (
     RecallMiddleware,
     RecallToolNode,
     latest_request,
+    system_with_context,
 )
 from runtime_hooks.bootstrap import RecallConfig, open_hooks
 from runtime_hooks.demo import PRINCIPAL, SCOPE, STATE, seed
@@ -495,3 +496,55 @@ async def test_hand_built_graph_sync_invoke_on_the_loop_thread_is_a_typed_error(
     with pytest.raises(NotDispatchedError):
         _graph(node.invoke).invoke(_batch(), context=CONTEXT)
     assert await _usage(hooks) == (0, 0, 0)
+
+
+async def test_hand_built_graph_with_the_automatic_round_in_its_model_node(
+    hooks: RecallHooks,
+) -> None:
+    recall = LangChainRecall(hooks, working_state=work_in_progress)
+    seen: list[str] = []
+
+    async def model(state: dict[str, Any], runtime: Runtime[Any]) -> dict[str, Any]:
+        seen.append(await recall.automatic_context(state["messages"], runtime.context))
+        return {"messages": [AIMessage(content="", tool_calls=search_calls())]}
+
+    graph = StateGraph(MessagesState, context_schema=RecallContext)
+    graph.add_node("model", model)
+    graph.add_node("tools", RecallToolNode.with_tools(recall).ainvoke)
+    graph.add_edge(START, "model")
+    graph.add_edge("model", "tools")
+    graph.add_edge("tools", END)
+    out = await graph.compile().ainvoke({"messages": [HumanMessage("Continue")]},
+                                        context=CONTEXT)
+    (block,) = seen
+    assert "m-backfill" in block
+    assert len(_ok_slots(out["messages"])) == 2
+    assert await _slots(hooks) == [(1, "base"), (2, "delta"), (3, "deliberate"),
+                                   (4, "deliberate")]
+    assert await _usage(hooks) == (2, 4, 4)
+
+
+@dataclasses.dataclass(frozen=True)
+class HostContext:
+    """A host's own runtime context, carrying the recall identity among its fields."""
+
+    user_name: str
+    recall: RecallContext
+
+
+async def test_a_host_context_may_carry_the_recall_identity(hooks: RecallHooks) -> None:
+    model = fake_model(*search_calls(QUERIES[:1]))
+    agent = create_agent(model, middleware=[RecallMiddleware(hooks, automatic=False)],
+                         context_schema=HostContext)
+    await agent.ainvoke({"messages": [HumanMessage("Continue")]},
+                        context=HostContext(user_name="Ana", recall=CONTEXT))
+    assert [a["status"] for a in _answers(model.seen[1]).values()] == ["ok"]
+    assert await _usage(hooks) == (1, 1, 1)
+
+
+def test_the_recall_block_is_appended_to_any_system_message() -> None:
+    assert system_with_context(None, "B").content == "B"
+    assert system_with_context(SystemMessage(content="S"), "B").content == "S\n\nB"
+    blocks = SystemMessage(content=[{"type": "text", "text": "S"}])
+    assert system_with_context(blocks, "B").content == [{"type": "text", "text": "S"},
+                                                        {"type": "text", "text": "B"}]
