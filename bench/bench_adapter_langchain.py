@@ -11,12 +11,14 @@ then a final answer) is timed four ways, alternating, with fresh run ids:
 * ``adapter``: the agent with :class:`RecallMiddleware` (automatic round on each model request,
   the batch in ``after_model``) over the real hooks, SQLite ledger on a temporary file;
 * ``hooks``: the same hooks calls the adapter makes (two ``prepare``, one 6-call ``dispatch``),
-  called directly, without any agent.
+  called directly, without any agent;
+* ``node``: those hooks calls inside the one node of a bare LangGraph graph.
 
 ``adapter / bare`` is what bounded recall costs the whole run, the hooks' durable commits and
-searches included. ``adapter - shape - hooks`` is what is left for the adapter, but on a busy
-machine it also holds the hooks' thread hand-offs (aiosqlite, fsync) being slower inside the
-graph's loop; so the adapter's own code is also timed directly (``glue``: reading the batch
+searches included. ``adapter - shape - hooks`` is what is left for the adapter, but it also
+holds the hooks' thread hand-offs (aiosqlite, fsync) being slower inside a LangGraph run
+(``node - hooks`` shows that part with no adapter at all); so the adapter's own code is also
+timed directly (``glue``: reading the batch
 from the messages, the working state, the system message, one ``ToolMessage`` per result, the
 run lookup) on the messages of a real adapted run.
 
@@ -48,6 +50,7 @@ from langchain_core.messages import (
 )
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import tool
+from langgraph.graph import END, START, MessagesState, StateGraph
 
 from plugin.memory.state import WorkingState
 from runtime_hooks.adapters import SEARCH_TOOL
@@ -181,8 +184,22 @@ async def main() -> None:
                                       for c in CALLS], **run)
                 await hooks.prepare(_state(None), **run)
 
+            async def hooks_node(state: Any) -> dict[str, Any]:
+                await run_hooks()
+                return {}
+
+            graph = StateGraph(MessagesState)
+            graph.add_node("recall", hooks_node)
+            graph.add_edge(START, "recall")
+            graph.add_edge("recall", END)
+            one_node = graph.compile()
+
+            async def run_node() -> None:
+                await one_node.ainvoke({"messages": []})
+
             medians = await _median({"bare": run_bare, "shape": run_shape,
-                                     "adapter": run_adapter, "hooks": run_hooks})
+                                     "adapter": run_adapter, "hooks": run_hooks,
+                                     "node": run_node})
             middleware = RecallMiddleware(hooks, working_state=_state)
             context = RecallContext(run_id="g", scope=SCOPE, principal=PRINCIPAL)
             final = await create_agent(model, middleware=[middleware],
@@ -200,6 +217,7 @@ async def main() -> None:
     print(f"  agent + RecallMiddleware         {adapter_ms:8.2f} ms   "
           f"{adapter_ms / bare_ms:5.2f}x bare")
     print(f"  the same hooks calls, no agent   {hooks_ms:8.2f} ms")
+    print(f"  the same hooks calls, in a node  {medians['node']:8.2f} ms")
     print(f"  left over (adapter-shape-hooks)  {left:8.2f} ms   "
           f"{left / adapter_ms:6.1%} of the adapted run")
     print(f"  adapter glue, timed directly     {glue:8.3f} ms   "
