@@ -280,12 +280,14 @@ class RecallToolNode:
         return cls(recall, ToolNode([recall.tool, *tools]))
 
     async def ainvoke(self, state: dict[str, Any], runtime: Runtime[Any]) -> Any:
+        """The async node: one round for the batch, then the ToolNode."""
         await self.recall.run(runtime.context).dispatch_batch(
             pending_search_calls(state["messages"])
         )
         return await self.tools.ainvoke(state)
 
     def invoke(self, state: dict[str, Any], runtime: Runtime[Any]) -> Any:
+        """The sync node: the batch dispatched on the hooks' loop, then the ToolNode."""
         calls = pending_search_calls(state["messages"])
         run = self.recall.run(runtime.context)
         if calls:
