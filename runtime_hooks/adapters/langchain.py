@@ -1,0 +1,311 @@
+"""LangChain ``create_agent`` middleware and a LangGraph tool node for bounded recall.
+
+``create_agent`` sends each tool call to the tools node as its own ``Send("tools", [call])``,
+so a tool (or ``wrap_tool_call``) only ever sees one call. The hook that sees the whole batch
+is ``after_model``: :class:`RecallMiddleware` reads the last ``AIMessage``'s search calls
+there, reserves ONE deliberate round for all of them (:meth:`RunRecall.dispatch_batch`) and
+returns one ``ToolMessage`` per call; the framework then skips every call that already has an
+answer, so the tool never runs for them. A refusal is a ``ToolMessage(status="error")`` whose
+content is the typed refusal as JSON. ``awrap_model_call`` runs the automatic round before each
+model request and adds the rendered context to the system message.
+
+The run id, scope and principal come from the host's runtime context
+(``create_agent(context_schema=RecallContext)``, ``ainvoke(..., context=RecallContext(...))``),
+never from the state the model writes. A call that already has a ``ToolMessage`` in the state
+(another middleware's answer, or one checkpointed before a restart) is never dispatched, and a
+hook re-run in the same process reuses the stored results: a batch reserves at most once.
+
+For a hand-built LangGraph graph, :class:`RecallToolNode` dispatches the batch and then runs a
+``ToolNode``; its sync form drives the async hooks on the host's event loop. Asyncio only.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import anyio.from_thread
+import anyio.lowlevel
+import attrs
+import sniffio
+from langchain.agents.middleware import AgentMiddleware, AgentState, ModelRequest
+from langchain.agents.middleware.types import ModelResponse
+from langchain.tools import ToolRuntime
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.tools import BaseTool, StructuredTool
+from langgraph.prebuilt import ToolNode
+from langgraph.runtime import Runtime
+
+from plugin.errors import RecallboundError
+from plugin.memory.state import WorkingState
+from runtime_hooks.hooks import RecallHooks, ToolCall, ToolResult
+
+from .batch import RunRecall
+from .tool import SEARCH_TOOL
+
+
+class MissingRecallContextError(RecallboundError, TypeError):
+    """The run's context does not carry the host's run id, scope and principal."""
+
+
+class RecallContextMismatchError(RecallboundError, ValueError):
+    """One run id was given with a different scope or principal than before."""
+
+
+class NotDispatchedError(RecallboundError, RuntimeError):
+    """A hand-built graph's sync node cannot reach the event loop the hooks run on."""
+
+
+# A frozen dataclass, not attrs: LangGraph types ``context_schema`` as a dataclass, a
+# TypedDict or a pydantic model.
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RecallContext:
+    """The host's trusted identity of one agent run; pass it as the runtime context."""
+
+    run_id: str
+    scope: str
+    principal: str
+
+
+def context_of(context: object) -> RecallContext:
+    """The default ``identify``: the runtime context itself, or its ``recall`` attribute."""
+    for candidate in (context, getattr(context, "recall", None)):
+        if isinstance(candidate, RecallContext):
+            return candidate
+    raise MissingRecallContextError(
+        "the run's context must be a RecallContext (or carry one as .recall); pass "
+        f"context=RecallContext(run_id=..., scope=..., principal=...), got {type(context)!r}"
+    )
+
+
+def latest_request(messages: Sequence[AnyMessage]) -> WorkingState | None:
+    """The default working state: the latest user message as ``current_request``."""
+    for message in reversed(messages):
+        if isinstance(message, HumanMessage):
+            text = str(message.text).strip()
+            return WorkingState(text) if text else None
+    return None
+
+
+def tool_message(result: ToolResult) -> ToolMessage:
+    """A search call's result as the model reads it; anything but ``ok`` is an error."""
+    return ToolMessage(
+        content=json.dumps(result.as_dict(), ensure_ascii=False),
+        tool_call_id=result.call_id,
+        name=SEARCH_TOOL.name,
+        status="success" if result.status == "ok" else "error",
+    )
+
+
+def _not_dispatched(call_id: str) -> ToolResult:
+    return ToolResult(
+        call_id=call_id, status="failed",
+        content="This search call was not dispatched by the recall hook, so no search was run "
+        "(install RecallMiddleware, or run the tools through RecallToolNode).",
+    )
+
+
+def pending_search_calls(messages: Sequence[AnyMessage]) -> list[ToolCall]:
+    """The last ``AIMessage``'s search calls that have no ``ToolMessage`` after it yet."""
+    for index in range(len(messages) - 1, -1, -1):
+        message = messages[index]
+        if isinstance(message, AIMessage):
+            answered = {m.tool_call_id for m in messages[index + 1:]
+                        if isinstance(m, ToolMessage)}
+            return [
+                ToolCall(call_id=call["id"], arguments=call["args"])
+                for call in message.tool_calls
+                if call["name"] == SEARCH_TOOL.name and call["id"] is not None
+                and call["id"] not in answered
+            ]
+    return []
+
+
+Identify = Callable[[object], RecallContext]
+StateOf = Callable[[Sequence[AnyMessage]], WorkingState | None]
+
+
+@attrs.define(eq=False)
+class LangChainRecall:
+    """What the middleware and the tool node share: the hooks, the runs and the tool.
+
+    One :class:`RunRecall` per run id (the most recent ``max_runs`` are kept), so the
+    results a batch stored are found by the tool and by a re-run of the same hook.
+    """
+
+    hooks: RecallHooks
+    identify: Identify = context_of
+    working_state: StateOf = latest_request
+    max_runs: int = 1024
+    _runs: collections.OrderedDict[str, RunRecall] = attrs.field(
+        factory=collections.OrderedDict, init=False, repr=False
+    )
+    tool: BaseTool = attrs.field(init=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.tool = self._search_tool()
+
+    def run(self, context: object) -> RunRecall:
+        """The run's recall, keyed by the host's run id (checked against scope and principal)."""
+        trusted = self.identify(context)
+        run = self._runs.get(trusted.run_id)
+        if run is None:
+            run = self._runs[trusted.run_id] = RunRecall(
+                self.hooks, trusted.run_id, trusted.scope, trusted.principal
+            )
+            while len(self._runs) > self.max_runs:
+                self._runs.popitem(last=False)
+        elif (run.scope, run.principal) != (trusted.scope, trusted.principal):
+            raise RecallContextMismatchError(
+                f"run {trusted.run_id!r} was opened for another scope or principal"
+            )
+        else:
+            self._runs.move_to_end(trusted.run_id)
+        return run
+
+    async def automatic_context(self, messages: Sequence[AnyMessage], context: object) -> str:
+        """The automatic round for one model request; the rendered block ("" if none)."""
+        run = self.run(context)
+        state = self.working_state(messages)
+        if state is None:
+            return ""
+        return (await run.prepare(state)).render()
+
+    async def answer_batch(
+        self, messages: Sequence[AnyMessage], context: object
+    ) -> list[ToolMessage]:
+        """One deliberate round for the last model response's unanswered search calls."""
+        calls = pending_search_calls(messages)
+        if not calls:
+            return []
+        return [tool_message(r) for r in await self.run(context).dispatch_batch(calls)]
+
+    def stored(self, runtime: ToolRuntime[Any, Any]) -> ToolMessage:
+        """The tool's answer: the result its batch stored (never a search of its own)."""
+        call_id = runtime.tool_call_id or ""
+        result = self.run(runtime.context).result(call_id)
+        return tool_message(result if result is not None else _not_dispatched(call_id))
+
+    def _search_tool(self) -> BaseTool:
+        """``search_memory`` rendered from :data:`SEARCH_TOOL` (its schema, unchanged)."""
+
+        # The arguments are not validated here: the hooks validate them when the batch is
+        # dispatched, and an invalid call gets its typed answer there.
+        def search(*, runtime: ToolRuntime[Any, Any], **arguments: Any) -> ToolMessage:
+            return self.stored(runtime)
+
+        async def asearch(*, runtime: ToolRuntime[Any, Any], **arguments: Any) -> ToolMessage:
+            return self.stored(runtime)
+
+        return StructuredTool(
+            name=SEARCH_TOOL.name, description=SEARCH_TOOL.description,
+            args_schema=SEARCH_TOOL.json_schema(), func=search, coroutine=asearch,
+        )
+
+
+def system_with_context(system: SystemMessage | None, block: str) -> SystemMessage:
+    """The system message with the rendered recall block appended (or made of it)."""
+    if system is None:
+        return SystemMessage(content=block)
+    if isinstance(system.content, str):
+        return SystemMessage(content=f"{system.content}\n\n{block}" if system.content else block)
+    return SystemMessage(content=[*system.content, {"type": "text", "text": block}])
+
+
+class RecallMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
+    """Bounded recall for ``create_agent``; registers the ``search_memory`` tool itself.
+
+    ``create_agent(model, tools=[...], middleware=[RecallMiddleware(hooks), ...],
+    context_schema=RecallContext)``, then ``await agent.ainvoke(..., context=RecallContext(...))``.
+    List it BEFORE ``ToolCallLimitMiddleware``: ``after_model`` hooks run in reverse list
+    order, so the limit answers its blocked calls first and this middleware reserves slots only
+    for the calls that remain. Async only (``ainvoke``/``astream``).
+    """
+
+    def __init__(
+        self,
+        hooks: RecallHooks,
+        *,
+        automatic: bool = True,
+        identify: Identify = context_of,
+        working_state: StateOf = latest_request,
+    ) -> None:
+        super().__init__()
+        self.recall = LangChainRecall(hooks, identify=identify, working_state=working_state)
+        self.automatic = automatic
+        self.tools = [self.recall.tool]
+
+    async def awrap_model_call(
+        self,
+        request: ModelRequest[Any],
+        handler: Callable[[ModelRequest[Any]], Awaitable[ModelResponse[Any]]],
+    ) -> ModelResponse[Any]:
+        """The automatic round, its rendered block added to this request's system message."""
+        if self.automatic:
+            block = await self.recall.automatic_context(request.messages, request.runtime.context)
+            if block:
+                system = system_with_context(request.system_message, block)
+                request = request.override(system_message=system)
+        return await handler(request)
+
+    async def aafter_model(
+        self, state: AgentState[Any], runtime: Runtime[Any]
+    ) -> dict[str, Any] | None:
+        """The whole batch of search calls: one round, one ``ToolMessage`` per call."""
+        answers = await self.recall.answer_batch(state["messages"], runtime.context)
+        return {"messages": answers} if answers else None
+
+
+@attrs.define(eq=False)
+class RecallToolNode:
+    """A hand-built LangGraph graph's tools node: dispatch the batch, then run the ToolNode.
+
+    ``ainvoke`` is the async node. ``invoke`` is the node for a sync ``graph.invoke`` run from
+    a worker thread of the loop the hooks were opened on (``await anyio.to_thread.run_sync(
+    graph.invoke, ...)``): it dispatches on that loop (``token``, taken when the node is built
+    inside the loop) and then lets the ToolNode run its tools in pool threads, where each tool
+    only reads its stored result. Build it inside the running loop.
+    """
+
+    recall: LangChainRecall
+    tools: ToolNode
+    token: anyio.lowlevel.EventLoopToken = attrs.field(factory=anyio.lowlevel.current_token)
+
+    @classmethod
+    def with_tools(cls, recall: LangChainRecall, tools: Sequence[BaseTool] = ()) -> RecallToolNode:
+        """A node whose ToolNode holds ``search_memory`` and ``tools``."""
+        return cls(recall, ToolNode([recall.tool, *tools]))
+
+    async def ainvoke(self, state: dict[str, Any], runtime: Runtime[Any]) -> Any:
+        """The async node: one round for the batch, then the ToolNode."""
+        await self.recall.run(runtime.context).dispatch_batch(
+            pending_search_calls(state["messages"])
+        )
+        return await self.tools.ainvoke(state)
+
+    def invoke(self, state: dict[str, Any], runtime: Runtime[Any]) -> Any:
+        """The sync node: the batch dispatched on the hooks' loop, then the ToolNode."""
+        calls = pending_search_calls(state["messages"])
+        run = self.recall.run(runtime.context)
+        if calls:
+            if _on_event_loop_thread():
+                # The loop that must run the dispatch is blocked in this very call: waiting
+                # for it would deadlock.
+                raise NotDispatchedError(
+                    "a sync graph.invoke with RecallToolNode must run in a worker thread of "
+                    "the hooks' event loop (await anyio.to_thread.run_sync(graph.invoke, ...)),"
+                    " not on the loop's own thread"
+                )
+            anyio.from_thread.run(run.dispatch_batch, calls, token=self.token)
+        return self.tools.invoke(state)
+
+
+def _on_event_loop_thread() -> bool:
+    try:
+        sniffio.current_async_library()
+    except sniffio.AsyncLibraryNotFoundError:
+        return False
+    return True

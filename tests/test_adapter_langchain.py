@@ -1,0 +1,550 @@
+"""The LangChain/LangGraph adapter in the real agent loop, offline, with a fake chat model.
+
+Asyncio only: LangChain and LangGraph do not run under trio. Every test uses the real
+``open_hooks()`` on a temporary ledger and store and a ManualClock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import attrs
+import pytest
+from langchain.agents import create_agent
+from langchain.agents.middleware import AgentMiddleware, ToolCallLimitMiddleware
+from langchain.tools import ToolRuntime
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import (
+    AIMessage,
+    AnyMessage,
+    BaseMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+)
+from langchain_core.outputs import ChatResult
+from langchain_core.tools import tool
+from langchain_core.utils.function_calling import convert_to_openai_tool
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.runtime import Runtime
+from langgraph.types import Command, interrupt
+from pydantic import Field
+
+from plugin import ManualClock, WorkingState, current_permit
+from plugin.memory.pipeline import MemoryRetriever
+from runtime_hooks import RecallHooks
+from runtime_hooks.adapters import SEARCH_TOOL
+from runtime_hooks.adapters.langchain import (
+    LangChainRecall,
+    MissingRecallContextError,
+    NotDispatchedError,
+    RecallContext,
+    RecallContextMismatchError,
+    RecallMiddleware,
+    RecallToolNode,
+    latest_request,
+    system_with_context,
+)
+from runtime_hooks.bootstrap import RecallConfig, open_hooks
+from runtime_hooks.demo import PRINCIPAL, SCOPE, STATE, seed
+from runtime_hooks.hooks import ToolCall
+
+pytestmark = [pytest.mark.anyio]
+
+RUN = "run-lc"
+CONTEXT = RecallContext(run_id=RUN, scope=SCOPE, principal=PRINCIPAL)
+QUERIES = ("invoice backfill", "rounding rule", "cutover date", "deploy window",
+           "rollback runbook", "kickoff notes")
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(wall=1_800_000_000.0, monotonic=10.0)
+
+
+async def _admit(experiment: str) -> bool:
+    return experiment == "task_context"
+
+
+def _config(tmp_path: Path) -> RecallConfig:
+    return RecallConfig(ledger_path=tmp_path / "ledger.db", store_path=tmp_path / "memory.db",
+                        admission=_admit, query_planning="task_context")
+
+
+@pytest.fixture
+async def hooks(tmp_path: Path, clock: ManualClock) -> AsyncIterator[RecallHooks]:
+    async with open_hooks(_config(tmp_path), clock=clock) as hooks:
+        retriever = hooks.retriever
+        assert isinstance(retriever, MemoryRetriever)
+        await seed(retriever.store)
+        yield hooks
+
+
+def work_in_progress(messages: Sequence[AnyMessage]) -> WorkingState | None:
+    """The host's working state: the demo's work in progress, with the latest user message."""
+    request = latest_request(messages)
+    return None if request is None else attrs.evolve(STATE,
+                                                      current_request=request.current_request)
+
+
+class FakeModel(GenericFakeChatModel):
+    """The fake chat model, accepting ``bind_tools`` and recording what it was sent."""
+
+    seen: list[list[BaseMessage]] = Field(default_factory=list)
+    on_call: Callable[[int], None] | None = None
+
+    def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
+        return self
+
+    async def _agenerate(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                         run_manager: Any = None, **kwargs: Any) -> ChatResult:
+        self.seen.append(list(messages))
+        if self.on_call is not None:
+            self.on_call(len(self.seen))
+        return self._generate(messages, stop=stop, **kwargs)
+
+
+def search_calls(queries: Sequence[str] = QUERIES, prefix: str = "c") -> list[dict[str, Any]]:
+    return [{"name": SEARCH_TOOL.name, "args": {"query": q}, "id": f"{prefix}{i}",
+             "type": "tool_call"} for i, q in enumerate(queries)]
+
+
+def fake_model(*calls: dict[str, Any], on_call: Callable[[int], None] | None = None
+               ) -> FakeModel:
+    script: Iterator[AIMessage] = iter([AIMessage(content="", tool_calls=list(calls)),
+                                        AIMessage(content="Done.")])
+    return FakeModel(messages=script, seen=[], on_call=on_call)
+
+
+def _answers(messages: Sequence[BaseMessage]) -> dict[str, dict[str, Any]]:
+    return {m.tool_call_id: json.loads(str(m.content)) for m in messages
+            if isinstance(m, ToolMessage) and m.name == SEARCH_TOOL.name}
+
+
+def _system(messages: Sequence[BaseMessage]) -> str:
+    system = [m for m in messages if isinstance(m, SystemMessage)]
+    return str(system[0].content) if system else ""
+
+
+async def _usage(hooks: RecallHooks, run_id: str = RUN) -> tuple[int, int, int]:
+    usage = await hooks.allowance.ledger.usage(run_id)
+    return usage.rounds, usage.reserved, usage.executed
+
+
+async def _slots(hooks: RecallHooks, run_id: str = RUN) -> list[tuple[int, str]]:
+    return [(t.slot, t.kind) for t in await hooks.allowance.ledger.attempts(run_id)]
+
+
+def _agent(model: FakeModel, *middleware: AgentMiddleware[Any, Any, Any],
+           tools: Sequence[Any] = (), **kw: Any) -> Any:
+    return create_agent(model, tools=list(tools), middleware=list(middleware),
+                        context_schema=RecallContext, **kw)
+
+
+async def test_search_tool_is_rendered_from_the_one_definition(hooks: RecallHooks) -> None:
+    middleware = RecallMiddleware(hooks)
+    (registered,) = middleware.tools
+    assert convert_to_openai_tool(registered) == SEARCH_TOOL.openai_function()
+
+
+async def test_automatic_round_then_two_of_six_calls_run_on_slots_3_and_4(
+    hooks: RecallHooks,
+) -> None:
+    model = fake_model(*search_calls())
+    agent = _agent(model, RecallMiddleware(hooks, working_state=work_in_progress))
+    out = await agent.ainvoke({"messages": [HumanMessage("Continue")]}, context=CONTEXT)
+
+    first, second = model.seen
+    assert "m-backfill" in _system(first)  # "Continue" recalled the work in progress
+    answers = _answers(second)
+    assert list(answers) == [f"c{i}" for i in range(6)]  # every call answered, in order
+    ok = [cid for cid, a in answers.items() if a["status"] == "ok"]
+    refused = [a for a in answers.values() if a["status"] == "refused"]
+    assert len(ok) == 2 and len(refused) == 4
+    for answer in refused:  # the typed refusal, visible in the NEXT model request
+        assert answer["refusal"]["status"] == "recall_bounded"
+        assert answer["refusal"]["reason"] == "slots"
+        assert "bounded" in answer["content"] and "not evidence" in answer["content"]
+    tool_status = {m.tool_call_id: m.status for m in second if isinstance(m, ToolMessage)}
+    assert sorted(tool_status.values()) == ["error"] * 4 + ["success"] * 2
+    # The next request's automatic round is refused (rounds): the model is told, in words.
+    assert "bounded" in _system(second) and "not evidence" in _system(second)
+    assert out["messages"][-1].content == "Done."
+
+    assert await _slots(hooks) == [(1, "base"), (2, "delta"), (3, "deliberate"),
+                                   (4, "deliberate")]
+    assert await _usage(hooks) == (2, 4, 4)
+    refusals = await hooks.allowance.ledger.refusals(RUN)
+    # Four calls without a slot, then the second request's automatic round (rounds).
+    assert sorted(r.reason.value for r in refusals) == ["rounds"] + ["slots"] * 4
+    assert (await hooks.allowance.ledger.usage(RUN)).refused == 5
+
+
+async def test_without_automatic_recall_four_calls_run_on_distinct_slots(
+    hooks: RecallHooks,
+) -> None:
+    model = fake_model(*search_calls())
+    agent = _agent(model, RecallMiddleware(hooks, automatic=False))
+    await agent.ainvoke({"messages": [HumanMessage("Continue")]}, context=CONTEXT)
+
+    answers = _answers(model.seen[1])
+    assert [a["status"] for a in answers.values()].count("ok") == 4
+    assert [a["refusal"]["reason"] for a in answers.values() if a["status"] == "refused"] == [
+        "slots", "slots"]
+    assert _system(model.seen[0]) == _system(model.seen[1]) == ""
+    slots = await _slots(hooks)
+    assert sorted(s for s, kind in slots if kind == "deliberate") == [1, 2, 3, 4]
+    assert len(slots) == 4  # four deliberate attempts, no nested read got a slot
+    assert await _usage(hooks) == (1, 4, 4)
+
+
+async def test_automatic_recall_and_tool_calls_share_one_deadline(
+    hooks: RecallHooks, clock: ManualClock
+) -> None:
+    # The first model request opens the run (deadline 10 s); the model then "thinks" for 11 s.
+    model = fake_model(*search_calls(), on_call=lambda n: clock.advance(11.0) if n == 1 else None)
+    agent = _agent(model, RecallMiddleware(hooks, working_state=work_in_progress))
+    await agent.ainvoke({"messages": [HumanMessage("Continue")]}, context=CONTEXT)
+
+    answers = _answers(model.seen[1])
+    assert len(answers) == 6
+    assert {a["status"] for a in answers.values()} == {"refused"}
+    assert {a["refusal"]["reason"] for a in answers.values()} == {"deadline"}
+    rounds, reserved, _ = await _usage(hooks)
+    assert (rounds, reserved) == (1, 2)  # only the automatic round was ever reserved
+
+
+async def test_a_call_answered_by_another_middleware_is_not_dispatched(
+    hooks: RecallHooks,
+) -> None:
+    class AnswerFirst(AgentMiddleware[Any, Any, Any]):
+        async def aafter_model(self, state: Any, runtime: Runtime[Any]) -> dict[str, Any]:
+            return {"messages": [ToolMessage(content="answered elsewhere", tool_call_id="c0")]}
+
+    model = fake_model(*search_calls(QUERIES[:2]))
+    # after_model hooks run in reverse list order: AnswerFirst runs before the recall hook.
+    agent = _agent(model, RecallMiddleware(hooks, automatic=False), AnswerFirst())
+    await agent.ainvoke({"messages": [HumanMessage("Continue")]}, context=CONTEXT)
+    contents = {m.tool_call_id: m.content for m in model.seen[1] if isinstance(m, ToolMessage)}
+    assert contents["c0"] == "answered elsewhere"
+    assert json.loads(str(contents["c1"]))["status"] == "ok"
+    assert await _usage(hooks) == (1, 1, 1)  # one slot, for the one unanswered call
+
+
+async def test_listed_before_the_tool_call_limit_only_the_allowed_calls_reserve(
+    hooks: RecallHooks,
+) -> None:
+    model = fake_model(*search_calls())
+    limit = ToolCallLimitMiddleware(run_limit=3, exit_behavior="continue")
+    agent = _agent(model, RecallMiddleware(hooks, automatic=False), limit)
+    await agent.ainvoke({"messages": [HumanMessage("Continue")]}, context=CONTEXT)
+
+    per_call: dict[str, list[str]] = {}
+    for m in model.seen[1]:
+        if isinstance(m, ToolMessage):
+            per_call.setdefault(m.tool_call_id, []).append(str(m.content))
+    assert all(len(v) == 1 for v in per_call.values())  # one answer per call
+    ran = [cid for cid, (c,) in per_call.items() if c.startswith("{")
+           and json.loads(c)["status"] == "ok"]
+    assert ran == ["c0", "c1", "c2"]  # the limit blocked c3..c5 before any slot was reserved
+    assert await _usage(hooks) == (1, 3, 3)
+
+
+async def test_listed_after_the_tool_call_limit_every_call_reserves_and_gets_two_answers(
+    hooks: RecallHooks,
+) -> None:
+    """The documented wrong order: the recall hook runs first and reserves for all calls."""
+    model = fake_model(*search_calls())
+    limit = ToolCallLimitMiddleware(run_limit=3, exit_behavior="continue")
+    agent = _agent(model, limit, RecallMiddleware(hooks, automatic=False))
+    await agent.ainvoke({"messages": [HumanMessage("Continue")]}, context=CONTEXT)
+
+    counts: dict[str, int] = {}
+    for m in model.seen[1]:
+        if isinstance(m, ToolMessage):
+            counts[m.tool_call_id] = counts.get(m.tool_call_id, 0) + 1
+    assert counts == {"c0": 1, "c1": 1, "c2": 1, "c3": 2, "c4": 2, "c5": 2}
+    assert await _usage(hooks) == (1, 4, 4)  # still bounded, but slots went to blocked calls
+
+
+async def test_per_call_dispatch_loses_calls(hooks: RecallHooks) -> None:
+    """Regression: one dispatch per tool call (wrap_tool_call) opens one round per call."""
+
+    class PerCall(AgentMiddleware[Any, Any, Any]):
+        async def awrap_tool_call(self, request: Any, handler: Any) -> ToolMessage:
+            call = request.tool_call
+            (result,) = await hooks.dispatch(
+                [ToolCall(call_id=call["id"], arguments=call["args"])],
+                run_id=RUN, scope=SCOPE, principal=PRINCIPAL)
+            return ToolMessage(content=json.dumps(result.as_dict()), tool_call_id=call["id"],
+                               name=SEARCH_TOOL.name)
+
+    recall = LangChainRecall(hooks, working_state=work_in_progress)
+    model = fake_model(*search_calls(QUERIES[:2]))
+
+    class AutomaticOnly(AgentMiddleware[Any, Any, Any]):
+        async def awrap_model_call(self, request: Any, handler: Any) -> Any:
+            await recall.automatic_context(request.messages, request.runtime.context)
+            return await handler(request)
+
+    agent = _agent(model, AutomaticOnly(), PerCall(), tools=[recall.tool])
+    await agent.ainvoke({"messages": [HumanMessage("Continue")]}, context=CONTEXT)
+    answers = _answers(model.seen[1])
+    statuses = sorted(a["status"] for a in answers.values())
+    assert statuses == ["ok", "refused"]
+    (lost,) = [a for a in answers.values() if a["status"] == "refused"]
+    assert lost["refusal"]["reason"] == "rounds"
+    rounds, reserved, _ = await _usage(hooks)
+    assert (rounds, reserved) == (2, 3)  # a fourth slot was never reserved, yet a call was lost
+
+
+async def test_an_interrupt_in_a_sibling_tool_resumes_without_reserving_again(
+    hooks: RecallHooks,
+) -> None:
+    approvals: list[object] = []
+
+    @tool
+    def approve() -> str:
+        """Ask the user for approval."""
+        approvals.append(interrupt("approve?"))
+        return "approved"
+
+    calls = [*search_calls(QUERIES[:3]), {"name": "approve", "args": {}, "id": "a1",
+                                          "type": "tool_call"}]
+    model = fake_model(*calls)
+    agent = _agent(model, RecallMiddleware(hooks, automatic=False), tools=[approve],
+                   checkpointer=InMemorySaver())
+    config: Any = {"configurable": {"thread_id": "t1"}}
+    first = await agent.ainvoke({"messages": [HumanMessage("Continue")]}, config,
+                                context=CONTEXT)
+    assert first["__interrupt__"]
+    assert await _usage(hooks) == (1, 3, 3)
+    await agent.ainvoke(Command(resume="yes"), config, context=CONTEXT)
+    assert approvals == ["yes"]
+    answers = _answers(model.seen[1])
+    assert [answers[f"c{i}"]["status"] for i in range(3)] == ["ok"] * 3
+    assert await _usage(hooks) == (1, 3, 3)  # the resume reserved nothing
+
+
+class ApproveAfterRecall(RecallMiddleware):
+    """An ``interrupt()`` inside the same ``aafter_model``: the whole hook re-runs on resume."""
+
+    entered = 0
+
+    async def aafter_model(self, state: Any, runtime: Runtime[Any]) -> dict[str, Any] | None:
+        ApproveAfterRecall.entered += 1
+        update = await super().aafter_model(state, runtime)
+        if update is not None:
+            interrupt("approve the recall?")
+        return update
+
+
+async def test_a_hook_re_run_reuses_the_stored_answers(hooks: RecallHooks) -> None:
+    ApproveAfterRecall.entered = 0
+    model = fake_model(*search_calls())
+    agent = _agent(model, ApproveAfterRecall(hooks, automatic=False),
+                   checkpointer=InMemorySaver())
+    config: Any = {"configurable": {"thread_id": "t2"}}
+    await agent.ainvoke({"messages": [HumanMessage("Continue")]}, config, context=CONTEXT)
+    before = await hooks.allowance.ledger.attempts(RUN)
+    await agent.ainvoke(Command(resume="ok"), config, context=CONTEXT)
+    assert ApproveAfterRecall.entered == 3  # dispatch, re-run on resume, after the final answer
+    answers = _answers(model.seen[1])
+    assert [a["status"] for a in answers.values()].count("ok") == 4
+    assert await _usage(hooks) == (1, 4, 4)  # one round: the re-run reserved nothing
+    assert await hooks.allowance.ledger.attempts(RUN) == before
+
+
+async def test_a_hook_re_run_in_a_fresh_process_is_refused_honestly(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    """A new process (new hooks, new middleware) re-runs the hook: nothing in memory survives,
+    so it reserves a new round of the same run, which the durable allowance refuses."""
+    saver = InMemorySaver()  # stands in for a durable checkpointer
+    config: Any = {"configurable": {"thread_id": "t3"}}
+    async with open_hooks(_config(tmp_path), clock=clock) as hooks:
+        retriever = hooks.retriever
+        assert isinstance(retriever, MemoryRetriever)
+        await seed(retriever.store)
+        model = fake_model(*search_calls())
+        agent = _agent(model, ApproveAfterRecall(hooks, working_state=work_in_progress),
+                       checkpointer=saver)
+        await agent.ainvoke({"messages": [HumanMessage("Continue")]}, config, context=CONTEXT)
+        assert await _usage(hooks) == (2, 4, 4)  # automatic 1-2, then slots 3-4, interrupted
+    async with open_hooks(_config(tmp_path), clock=clock) as hooks:
+        model = fake_model()  # only the final answer is left to say
+        model.messages = iter([AIMessage(content="Done.")])
+        agent = _agent(model, ApproveAfterRecall(hooks, working_state=work_in_progress),
+                       checkpointer=saver)
+        await agent.ainvoke(Command(resume="ok"), config, context=CONTEXT)
+        answers = _answers(model.seen[0])
+        assert len(answers) == 6
+        assert {a["refusal"]["reason"] for a in answers.values()} == {"rounds"}
+        rounds, reserved, _ = await _usage(hooks)
+        assert (rounds, reserved) == (2, 4)  # never more than the run's allowance
+
+
+async def test_the_run_identity_comes_from_the_context_only(hooks: RecallHooks) -> None:
+    model = fake_model(*search_calls(QUERIES[:1]))
+    agent = _agent(model, RecallMiddleware(hooks))
+    with pytest.raises(MissingRecallContextError):
+        await agent.ainvoke({"messages": [HumanMessage("Continue")]})
+    recall = LangChainRecall(hooks)
+    recall.run(CONTEXT)
+    with pytest.raises(RecallContextMismatchError):
+        recall.run(dataclasses.replace(CONTEXT, principal="bo"))
+    assert await _usage(hooks) == (0, 0, 0)
+
+
+async def test_an_out_of_scope_call_gets_its_typed_answer_and_no_slot(
+    hooks: RecallHooks,
+) -> None:
+    bad = {"name": SEARCH_TOOL.name, "args": {"query": "deploy window", "scope": "personal"},
+           "id": "bad", "type": "tool_call"}
+    model = fake_model(bad, *search_calls(QUERIES[:1]))
+    agent = _agent(model, RecallMiddleware(hooks, automatic=False))
+    await agent.ainvoke({"messages": [HumanMessage("Continue")]}, context=CONTEXT)
+    answers = _answers(model.seen[1])
+    assert answers["bad"]["status"] == "invalid" and answers["c0"]["status"] == "ok"
+    assert await _usage(hooks) == (1, 1, 1)
+
+
+async def test_the_tool_without_its_hook_searches_nothing(hooks: RecallHooks) -> None:
+    recall = LangChainRecall(hooks)
+    model = fake_model(*search_calls(QUERIES[:1]))
+    agent = _agent(model, tools=[recall.tool])
+    await agent.ainvoke({"messages": [HumanMessage("Continue")]}, context=CONTEXT)
+    (answer,) = _answers(model.seen[1]).values()
+    assert answer["status"] == "failed" and "not dispatched" in answer["content"]
+    assert await _usage(hooks) == (0, 0, 0)
+
+
+# -- a hand-built LangGraph graph ----------------------------------------------------------
+
+
+def _graph(node: Callable[..., Any]) -> Any:
+    graph = StateGraph(MessagesState, context_schema=RecallContext)
+    graph.add_node("tools", node)
+    graph.add_edge(START, "tools")
+    graph.add_edge("tools", END)
+    return graph.compile()
+
+
+def _batch() -> dict[str, Any]:
+    return {"messages": [HumanMessage("Continue"), AIMessage(content="",
+                                                             tool_calls=search_calls())]}
+
+
+def _ok_slots(messages: Sequence[BaseMessage]) -> list[str]:
+    return [cid for cid, a in _answers(messages).items() if a["status"] == "ok"]
+
+
+async def test_hand_built_graph_async_node_runs_four_calls_on_distinct_slots(
+    hooks: RecallHooks,
+) -> None:
+    node = RecallToolNode.with_tools(LangChainRecall(hooks))
+    out = await _graph(node.ainvoke).ainvoke(_batch(), context=CONTEXT)
+    assert len(_ok_slots(out["messages"])) == 4
+    assert sorted(s for s, _ in await _slots(hooks)) == [1, 2, 3, 4]
+    assert await _usage(hooks) == (1, 4, 4)
+
+
+async def test_hand_built_graph_sync_invoke_dispatches_on_the_loop_and_reads_in_threads(
+    hooks: RecallHooks,
+) -> None:
+    threads: list[tuple[str, object]] = []
+
+    @tool
+    def where(runtime: ToolRuntime[Any, Any]) -> str:
+        """Report the thread and the permit a tool sees."""
+        threads.append((threading.current_thread().name, current_permit()))
+        return "here"
+
+    node = RecallToolNode.with_tools(LangChainRecall(hooks), [where])
+    batch = _batch()
+    batch["messages"][-1].tool_calls.append({"name": "where", "args": {}, "id": "w",
+                                             "type": "tool_call"})
+    graph = _graph(node.invoke)
+    out = await anyio.to_thread.run_sync(functools.partial(graph.invoke, batch,
+                                                           context=CONTEXT))
+    assert len(_ok_slots(out["messages"])) == 4
+    assert sorted(s for s, _ in await _slots(hooks)) == [1, 2, 3, 4]
+    assert await _usage(hooks) == (1, 4, 4)
+    # The tools ran in the ToolNode's pool threads; the round was already closed, and no
+    # permit reached them: they only read the stored results.
+    ((name, permit),) = threads
+    assert name != threading.current_thread().name and permit is None
+
+
+async def test_hand_built_graph_sync_invoke_on_the_loop_thread_is_a_typed_error(
+    hooks: RecallHooks,
+) -> None:
+    node = RecallToolNode.with_tools(LangChainRecall(hooks))
+    with pytest.raises(NotDispatchedError):
+        _graph(node.invoke).invoke(_batch(), context=CONTEXT)
+    assert await _usage(hooks) == (0, 0, 0)
+
+
+async def test_hand_built_graph_with_the_automatic_round_in_its_model_node(
+    hooks: RecallHooks,
+) -> None:
+    recall = LangChainRecall(hooks, working_state=work_in_progress)
+    seen: list[str] = []
+
+    async def model(state: dict[str, Any], runtime: Runtime[Any]) -> dict[str, Any]:
+        seen.append(await recall.automatic_context(state["messages"], runtime.context))
+        return {"messages": [AIMessage(content="", tool_calls=search_calls())]}
+
+    graph = StateGraph(MessagesState, context_schema=RecallContext)
+    graph.add_node("model", model)
+    graph.add_node("tools", RecallToolNode.with_tools(recall).ainvoke)
+    graph.add_edge(START, "model")
+    graph.add_edge("model", "tools")
+    graph.add_edge("tools", END)
+    out = await graph.compile().ainvoke({"messages": [HumanMessage("Continue")]},
+                                        context=CONTEXT)
+    (block,) = seen
+    assert "m-backfill" in block
+    assert len(_ok_slots(out["messages"])) == 2
+    assert await _slots(hooks) == [(1, "base"), (2, "delta"), (3, "deliberate"),
+                                   (4, "deliberate")]
+    assert await _usage(hooks) == (2, 4, 4)
+
+
+@dataclasses.dataclass(frozen=True)
+class HostContext:
+    """A host's own runtime context, carrying the recall identity among its fields."""
+
+    user_name: str
+    recall: RecallContext
+
+
+async def test_a_host_context_may_carry_the_recall_identity(hooks: RecallHooks) -> None:
+    model = fake_model(*search_calls(QUERIES[:1]))
+    agent = create_agent(model, middleware=[RecallMiddleware(hooks, automatic=False)],
+                         context_schema=HostContext)
+    await agent.ainvoke({"messages": [HumanMessage("Continue")]},
+                        context=HostContext(user_name="Ana", recall=CONTEXT))
+    assert [a["status"] for a in _answers(model.seen[1]).values()] == ["ok"]
+    assert await _usage(hooks) == (1, 1, 1)
+
+
+def test_the_recall_block_is_appended_to_any_system_message() -> None:
+    assert system_with_context(None, "B").content == "B"
+    assert system_with_context(SystemMessage(content="S"), "B").content == "S\n\nB"
+    blocks = SystemMessage(content=[{"type": "text", "text": "S"}])
+    assert system_with_context(blocks, "B").content == [{"type": "text", "text": "S"},
+                                                        {"type": "text", "text": "B"}]
