@@ -7,6 +7,7 @@ any test that tries the network.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import socket
@@ -480,3 +481,28 @@ async def test_working_state_comes_from_the_host(hooks: RecallHooks) -> None:
     instructions = model.calls[0].system_instructions
     assert instructions is not None
     assert "m-backfill" in instructions or "backfill" in instructions
+
+
+async def test_concurrent_runs_share_the_tool_but_not_their_allowance(
+    hooks: RecallHooks,
+) -> None:
+    recall = agents_recall(hooks, automatic=False)
+    models = {run_id: script() for run_id in ("run-a", "run-b")}
+
+    async def one(run_id: str) -> None:
+        await recall.run(agent(models[run_id], recall), "Continue", run_id=run_id,
+                         scope=SCOPE, principal=PRINCIPAL, run_config=config())
+
+    await asyncio.gather(one("run-a"), one("run-b"))
+    for run_id, model in models.items():
+        u = await hooks.allowance.ledger.usage(run_id)
+        assert (u.rounds, u.reserved, u.executed, u.refused) == (1, 4, 4, 2)
+        assert [v["status"] for v in outputs(model.calls[1]).values()].count("ok") == 4
+
+
+async def test_installing_the_pieces_twice_never_doubles_a_round(hooks: RecallHooks) -> None:
+    recall = agents_recall(hooks, state=host_state)
+    model = script()
+    # A host that installed the filter and the hooks itself, then used recall.run anyway.
+    await run(recall, model, hooks=recall.run_hooks(), run_config=recall.run_config(config()))
+    assert await usage(hooks) == (2, 4, 4, 5)

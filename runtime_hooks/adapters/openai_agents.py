@@ -362,6 +362,8 @@ class AgentsRecall:
 
     def run_hooks(self, inner: RunHooks[Any] | None = None) -> RecallRunHooks:
         """Run hooks for one run, passing every event on to the host's ``inner`` hooks."""
+        if isinstance(inner, RecallRunHooks):
+            return inner  # already installed: one batch per response is enough
         return RecallRunHooks(inner)
 
     def run_config(self, base: RunConfig | None = None) -> RunConfig:
@@ -370,8 +372,10 @@ class AgentsRecall:
         The host's own ``call_model_input_filter`` runs first, then the automatic round.
         """
         base = base if base is not None else RunConfig()
-        if self.input_filter is None:
-            return base
+        if self.input_filter is None or isinstance(
+            base.call_model_input_filter, RecallInputFilter
+        ):
+            return base  # off, or already installed: never two automatic rounds a request
         return dataclasses.replace(
             base,
             call_model_input_filter=attrs.evolve(
