@@ -356,10 +356,9 @@ def per_call_tool(runner: RecallRunner) -> FunctionTool:
     """The wrong design: one dispatch per tool call, from the tool's own guardrail."""
 
     async def guard(data: ToolInputGuardrailData) -> ToolGuardrailFunctionOutput:
-        from runtime_hooks.adapters.openai_agents import _bound_run
-
         context = data.context
-        (result,) = await _bound_run("per-call").dispatch_batch(
+        run_recall = runner.recall_for(RUN, scope=SCOPE, principal=PRINCIPAL)
+        (result,) = await run_recall.dispatch_batch(
             [ToolCall(call_id=context.tool_call_id, arguments=context.tool_arguments)]
         )
         if result.status == "ok":
@@ -428,14 +427,22 @@ async def test_identity_comes_from_the_host_and_cannot_change(hooks: RecallHooks
         recall.runner.recall_for(RUN, scope="personal", principal=PRINCIPAL)
 
 
-async def test_an_unbound_run_fails_with_a_typed_error(hooks: RecallHooks) -> None:
+@pytest.mark.parametrize("piece", ["hooks", "filter", "tool"])
+async def test_an_unbound_run_fails_with_a_typed_error(hooks: RecallHooks, piece: str) -> None:
     from agents import Runner
 
     recall = agents_recall(hooks)
     model = script()
-    with pytest.raises(RunNotBoundError, match="bound run"):
-        await Runner.run(agent(model, recall), "Continue", hooks=recall.run_hooks(),
-                         run_config=recall.run_config(config()))
+    kwargs: dict[str, Any] = {"run_config": config()}
+    if piece == "hooks":
+        kwargs["hooks"] = recall.run_hooks()
+    elif piece == "filter":
+        kwargs["run_config"] = recall.run_config(config())
+    with pytest.raises(Exception, match="outside a bound run") as caught:
+        await Runner.run(agent(model, recall), "Continue", **kwargs)
+    # The SDK wraps an error raised in a tool guardrail in its UserError, with ours as cause.
+    error = caught.value if piece != "tool" else caught.value.__cause__
+    assert isinstance(error, RunNotBoundError)
     assert await usage(hooks) == (0, 0, 0, 0)
 
 
@@ -506,3 +513,27 @@ async def test_installing_the_pieces_twice_never_doubles_a_round(hooks: RecallHo
     # A host that installed the filter and the hooks itself, then used recall.run anyway.
     await run(recall, model, hooks=recall.run_hooks(), run_config=recall.run_config(config()))
     assert await usage(hooks) == (2, 4, 4, 5)
+
+
+def test_the_default_state_is_the_latest_user_message() -> None:
+    def data(*items: Any) -> CallModelData[Any]:
+        return CallModelData(model_data=ModelInputData(input=list(items), instructions=None),
+                             agent=Agent(name="a"), context=None)
+
+    parts = {"role": "user", "content": [{"type": "input_text", "text": "Continue"},
+                                         {"type": "input_image", "image_url": "x"},
+                                         {"type": "input_text", "text": "the backfill"}]}
+    assert latest_user_request(data(
+        {"role": "user", "content": "old"}, {"role": "assistant", "content": "hi"}, parts,
+        {"type": "function_call_output", "call_id": "c", "output": "{}"},
+    )).current_request == "Continue\nthe backfill"
+    assert latest_user_request(data({"role": "assistant", "content": "hi"})).current_request == ""
+
+
+async def test_a_run_without_user_text_still_runs(hooks: RecallHooks) -> None:
+    recall = agents_recall(hooks)
+    model = ScriptedModel([[assistant_message("Done.")]])
+    result = await run(recall, model, input=[{"role": "assistant", "content": "Hello."}])
+    assert result.final_output == "Done."
+    rounds, reserved, _, _ = await usage(hooks)
+    assert (rounds, reserved) == (1, 2)  # the automatic round ran on the empty request
