@@ -237,9 +237,11 @@ class RecallRunHooks(RunHooks[Any]):
 async def _stored(run: RunRecall, call_id: str) -> ToolResult:
     """The stored result of a call; a call this run never dispatched is refused, not searched.
 
-    The only way to reach a tool without its batch is a run resumed in a new process (a
-    ``RunState`` restored from JSON): its slot was reserved where the batch ran, and that
-    round's permit is gone. Dispatching it again would reserve it twice.
+    With :class:`RecallRunHooks` installed, a call reaches its tool without a stored result
+    only in a run resumed in a new process (a ``RunState`` restored from JSON): its slot was
+    reserved where the batch ran, and that round's permit is gone. Dispatching it again would
+    reserve it twice. (Without the hooks, e.g. ``RecallRunner.run`` instead of
+    ``AgentsRecall.run``, every call lands here: nothing is searched, and the model is told so.)
     """
     result = run.result(call_id)
     if result is not None:
