@@ -1,0 +1,94 @@
+"""Bounded recall in an OpenAI Agents SDK agent, offline (asyncio only).
+
+The SDK's own ScriptedModel stands in for the LLM: the user says "Continue", the model emits
+six parallel ``search_memory`` calls, then answers. No API key, no network, tracing off. The
+script prints what the model saw: the automatic context in its first request, each call's
+answer (two searches on slots 3 and 4, four typed refusals) and the bounded notice in its
+second request, then the ledger's counts.
+
+    python examples/openai_agents_agent.py
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+import textwrap
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+from agents import Agent, RunConfig
+from agents.run_config import CallModelData
+from agents.testing import ScriptedModel, assistant_message, function_call
+
+from plugin import QueryStrategy, WorkingState
+from runtime_hooks.adapters import SEARCH_TOOL
+from runtime_hooks.adapters.openai_agents import agents_recall, latest_user_request
+from runtime_hooks.bootstrap import RecallConfig, open_hooks
+from runtime_hooks.demo import PRINCIPAL, SCOPE, STATE, seed
+
+QUERIES = ("invoice backfill", "rounding rule", "cutover date", "deploy window",
+           "rollback runbook", "kickoff notes")
+
+
+async def admit(experiment: str) -> bool:
+    return experiment == "task_context"
+
+
+def working_state(data: CallModelData[Any]) -> WorkingState:
+    """The host's working state: its task in progress, and what the user just said."""
+    return attrs.evolve(STATE, current_request=latest_user_request(data).current_request)
+
+
+def show(title: str, text: str) -> None:
+    print(f"--- {title}")
+    print(textwrap.indent(text, "    "))
+
+
+async def main() -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        config = RecallConfig(ledger_path=Path(folder) / "ledger.db",
+                              store_path=Path(folder) / "memory.db",
+                              query_planning=QueryStrategy.TASK_CONTEXT, admission=admit)
+        async with open_hooks(config) as hooks:
+            await seed(hooks.retriever.store)  # type: ignore[attr-defined]
+
+            # The few lines a user adds: build the adapter, give the agent its tool, run.
+            recall = agents_recall(hooks, state=working_state)
+            model = ScriptedModel([
+                [function_call(SEARCH_TOOL.name, {"query": q}, call_id=f"call_{i}")
+                 for i, q in enumerate(QUERIES)],
+                [assistant_message("Next: the invoice backfill dry-run on Monday's snapshot.")],
+            ])
+            agent = Agent(name="assistant", instructions="You are Ana's assistant.",
+                          model=model, tools=[recall.tool])
+            result = await recall.run(agent, "Continue", run_id="example-run", scope=SCOPE,
+                                      principal=PRINCIPAL,
+                                      run_config=RunConfig(tracing_disabled=True))
+
+            first, second = model.calls
+            show("request 1: instructions (automatic recall added)",
+                 first.system_instructions or "")
+            print("--- request 2: the six search calls' answers")
+            for item in second.input:
+                if isinstance(item, Mapping) and item.get("type") == "function_call_output":
+                    answer = json.loads(item["output"])
+                    result_of = recall.runner.recall_for(
+                        "example-run", scope=SCOPE, principal=PRINCIPAL
+                    ).result(item["call_id"])
+                    slot = f"slot {result_of.slot}" if result_of and result_of.slot else "no slot"
+                    reason = answer.get("refusal", {}).get("reason", "")
+                    print(f"    {item['call_id']}: {answer['status']:8} {slot:8} {reason}")
+            show("request 2: instructions (the next automatic round was bounded)",
+                 second.system_instructions or "")
+            show("final answer", str(result.final_output))
+            usage = await hooks.allowance.ledger.usage("example-run")
+            print(f"--- ledger: {usage.rounds} rounds, {usage.reserved} slots reserved, "
+                  f"{usage.executed} searches executed, {usage.refused} refused")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
