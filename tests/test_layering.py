@@ -90,10 +90,8 @@ def test_postgres_ledger_without_the_extra_is_a_clear_import_error() -> None:
 def test_runtime_hooks_import_no_framework() -> None:
     code = (
         "import sys, runtime_hooks, plugin\n"
-        "import runtime_hooks.bootstrap, runtime_hooks.config, runtime_hooks.__main__
-"
-        "import runtime_hooks.adapters
-"
+        "import runtime_hooks.bootstrap, runtime_hooks.config, runtime_hooks.__main__\n"
+        "import runtime_hooks.adapters\n"
         "bad = [m for m in ('pydantic_ai', 'agents', 'langgraph', 'langchain', 'langchain_core', "
         "'openai', 'wordllama', 'opentelemetry', 'psycopg') "
         "if m in sys.modules]\n"
