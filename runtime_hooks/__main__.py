@@ -1,4 +1,4 @@
-"""``recallbound demo`` and ``python -m runtime_hooks demo``."""
+"""``recallbound demo`` and ``python -m runtime_hooks demo``; ``recallbound evaluate``."""
 
 from __future__ import annotations
 
@@ -24,7 +24,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                       help="keep the ledger and store here (default: a temporary folder)")
     demo.add_argument("--semantic", choices=[s.value for s in Semantic], default=None,
                       help="embedding for the semantic arm (default: wordllama if installed)")
+    from plugin.evaluation import command as evaluation
+
+    evaluation.configure(commands.add_parser(
+        "evaluate", help="evaluate query planning and ranking on a scenario file"))
     args = parser.parse_args(argv)
+    if args.command == "evaluate":
+        return evaluation.main(args)
     if args.command is None:  # plain `python -m runtime_hooks` runs the demo
         args = parser.parse_args(["demo", *(argv or [])])
     semantic = Semantic(args.semantic) if args.semantic else None
