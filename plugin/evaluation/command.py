@@ -14,6 +14,7 @@ or a determinism check that failed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import sys
@@ -148,10 +149,11 @@ def run(
     )
     check: dict[str, Any] = {"checked": 0, "identical": None}
     if determinism > 0:
-        again = anyio.run(
-            lambda: evaluator.evaluate(itertools.islice(stream_scenarios(path), determinism)),
-            backend=backend,
-        )
+        with contextlib.closing(stream_scenarios(path)) as stream:
+            again = anyio.run(
+                lambda: evaluator.evaluate(itertools.islice(stream, determinism)),
+                backend=backend,
+            )
         first = report.rows[: len(again.rows)]
         check = {
             "checked": len({row.scenario_id for row in again.rows}),
