@@ -160,7 +160,7 @@ def test_paired_bootstrap_is_seeded_and_brackets_the_mean() -> None:
     d = [0.5, 0.0, 1.0, -0.5, 0.5, 0.0, 1.0, 0.5]
     mean, lo, hi, p = paired_bootstrap(d)
     assert mean == pytest.approx(0.375)
-    assert lo < mean < hi and -0.5 <= lo and hi <= 1.0
+    assert lo < mean < hi and lo >= -0.5 and hi <= 1.0
     assert paired_bootstrap(d) == (mean, lo, hi, p)
     assert paired_bootstrap([0.0] * 5) == (0.0, 0.0, 0.0, 1.0)
     assert paired_bootstrap([1.0] * 5)[1:] == (1.0, 1.0, 0.0)
@@ -175,13 +175,14 @@ def test_holm_adjusts_in_order_and_stays_monotone() -> None:
 
 
 def _row(ranked: tuple[str, ...], strategy: str = "baseline", **kw: Any) -> ScenarioResult:
-    values: dict[str, Any] = dict(
-        scenario_id="s1", family="continuation", strategy=strategy, arm="sparse",
-        query_strategy=strategy, baseline_reason=None, query="q", query_bytes=1,
-        fingerprint="f", semantic_withheld=None, people=(), retrieved=ranked,
-        recall_at_k=None, ndcg_at_k=None, mrr=None, must_not=0, foreign=0, reserved=2,
-        executed=1, rounds=1, refused=0, bounded=False, ranked=ranked,
-    )
+    values: dict[str, Any] = {
+        "scenario_id": "s1", "family": "continuation", "strategy": strategy, "arm": "sparse",
+        "query_strategy": strategy, "baseline_reason": None, "query": "q", "query_bytes": 1,
+        "fingerprint": "f", "semantic_withheld": None, "people": (), "retrieved": ranked,
+        "recall_at_k": None, "ndcg_at_k": None, "mrr": None, "must_not": 0, "foreign": 0,
+        "reserved": 2, "executed": 1, "rounds": 1, "refused": 0, "bounded": False,
+        "ranked": ranked,
+    }
     values.update(kw)
     return ScenarioResult(**values)
 

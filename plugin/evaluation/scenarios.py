@@ -22,7 +22,7 @@ import json
 import math
 import os
 import types
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Generator, Iterable, Iterator, Mapping
 from typing import Any
 
 import attrs
@@ -249,7 +249,7 @@ def load_scenarios(path: str | os.PathLike[str]) -> list[Scenario]:
     return list(stream_scenarios(path))
 
 
-def stream_scenarios(path: str | os.PathLike[str]) -> Iterator[Scenario]:
+def stream_scenarios(path: str | os.PathLike[str]) -> Generator[Scenario, None, None]:
     """Read a scenario file line by line (see :func:`iter_scenarios`); the file stays open
     while the iterator is consumed."""
     with open(path, "rb") as file:
