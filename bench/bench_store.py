@@ -20,8 +20,8 @@ from typing import Any
 import anyio
 
 from plugin.memory.embedding import EmbeddingAdapter
+from plugin.memory.hashing import HashingEmbedding
 from plugin.memory.store import MemoryRecord, MemoryStore
-from plugin.memory.testing import HashingEmbedding
 
 PRINCIPALS = 10
 PER_PRINCIPAL = 1_000

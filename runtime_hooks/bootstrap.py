@@ -62,7 +62,7 @@ def load_embedding(choice: Semantic) -> EmbeddingAdapter | None:
 
         return WordLlamaAdapter.load()
     if choice is Semantic.HASHING:
-        from plugin.memory.testing import HashingEmbedding
+        from plugin.memory.hashing import HashingEmbedding
 
         return HashingEmbedding.like_wordllama()
     return None

@@ -25,7 +25,7 @@ from plugin.evaluation import (
     parse_scenarios,
 )
 from plugin.evaluation.evaluator import ndcg_at_k, recall_at_k, reciprocal_rank
-from plugin.memory.testing import HashingEmbedding
+from plugin.memory.hashing import HashingEmbedding
 
 pytestmark = pytest.mark.anyio
 

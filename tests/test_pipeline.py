@@ -21,10 +21,10 @@ from plugin import (
     compose_task_context,
 )
 from plugin.memory import ContextCaps, MemoryRecord, MemoryRetriever, MemoryStore
+from plugin.memory.hashing import HashingEmbedding
 from plugin.memory.pipeline import fuse, render
 from plugin.memory.preparation import PreparedRecall, SemanticPreparation, WithheldReason
 from plugin.memory.store import Evidence
-from plugin.memory.testing import HashingEmbedding
 
 pytestmark = pytest.mark.anyio
 

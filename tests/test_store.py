@@ -16,6 +16,7 @@ import pytest
 from plugin.control.clock import ManualClock
 from plugin.errors import MemoryStoreError
 from plugin.memory.fts import fts5_match_expression
+from plugin.memory.hashing import HashingEmbedding
 from plugin.memory.store import (
     Evidence,
     InvalidMemoryError,
@@ -28,7 +29,6 @@ from plugin.memory.store import (
     MemoryStorePathError,
     Person,
 )
-from plugin.memory.testing import HashingEmbedding
 
 from ._hostile import HOSTILE_TEXT
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from plugin.memory.embedding import EmbeddingAdapter
+from plugin.memory.hashing import HashingEmbedding
 from plugin.memory.store import MemoryStore
-from plugin.memory.testing import HashingEmbedding
 from plugin.memory.wordllama_adapter import WORDLLAMA_TOKEN_LIMIT, WordLlamaAdapter
 
 wordllama = pytest.importorskip("wordllama")

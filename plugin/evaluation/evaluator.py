@@ -128,7 +128,7 @@ def default_embedding() -> EmbeddingAdapter:
 
 def hashing_embedding() -> EmbeddingAdapter:
     """The deterministic hashing adapter, sized like WordLlama (256 dimensions, 256 tokens)."""
-    from plugin.memory.testing import HashingEmbedding
+    from plugin.memory.hashing import HashingEmbedding
 
     return HashingEmbedding.like_wordllama()
 

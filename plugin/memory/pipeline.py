@@ -12,8 +12,6 @@ one over the reference :class:`~plugin.memory.store.MemoryStore`, chosen by the 
 
 from __future__ import annotations
 
-import re
-import unicodedata
 from collections.abc import Iterable, Sequence
 from typing import Protocol, runtime_checkable
 
@@ -21,10 +19,12 @@ import attrs
 
 from plugin.control import AttemptKind, Permit, RecallBudgetExceeded
 
-from .fts import remove_lone_surrogates
 from .planning import QueryStrategy
 from .preparation import PreparedRecall
 from .store import Evidence, MemoryStore
+from .terms import STOPWORDS as STOPWORDS
+from .terms import content_terms as content_terms
+from .terms import query_terms as query_terms
 
 ARMS = frozenset({"sparse", "semantic", "recent"})
 """The candidate arms of an attempt."""
@@ -120,38 +120,6 @@ class Retriever(Protocol):
     ) -> tuple[Evidence, ...]:
         """Re-read retained evidence by id (no search, no slot); the missing ones are gone."""
         ...
-
-
-_WORD = re.compile(r"\w+")
-
-STOPWORDS = frozenset(
-    """a about after again all am an and any are as at be been before being between both but by
-    can could did do does doing down during each few for from further had has have having he
-    her here hers him his how i if in into is it its itself just me more most my no nor not
-    now of off on once only or other our out over own same she should so some such than that
-    the their them then there these they this those through to too under until up very was
-    we were what when where which while who whom why will with would you your""".split()  # noqa: SIM905
-)
-"""English function words left out of the sparse and recent arms' terms (unless a query has
-nothing else): they match nearly every memory and drown the words that carry the need."""
-
-
-def query_terms(text: str, *, limit: int = 64) -> tuple[str, ...]:
-    """The case-folded word terms of ``text`` in order, deduplicated, at most ``limit``."""
-    cleaned = unicodedata.normalize("NFKC", remove_lone_surrogates(text[:65_536]))
-    terms: dict[str, None] = {}
-    for match in _WORD.finditer(cleaned):
-        terms[match.group().casefold()] = None
-        if len(terms) >= limit:
-            break
-    return tuple(terms)
-
-
-def content_terms(text: str) -> tuple[str, ...]:
-    """:func:`query_terms` without function words; all terms when nothing else is left."""
-    terms = query_terms(text)
-    content = tuple(term for term in terms if term not in STOPWORDS)
-    return content or terms
 
 
 def fuse(arms: Iterable[Sequence[Evidence]], *, k: int = RRF_K) -> list[Evidence]:

@@ -1,21 +1,21 @@
-"""A deterministic embedding adapter for tests: no model, no download, the same vector every run."""
+"""A deterministic embedding adapter: no model, no download, the same vector every run.
+
+The fallback semantic arm of the bootstrap and the evaluator when no packaged model is
+installed, and the adapter tests and benchmarks use.
+"""
 
 from __future__ import annotations
 
 import hashlib
-import re
-import unicodedata
 from collections.abc import Sequence
 
 import attrs
 import numpy as np
 import numpy.typing as npt
 
-from .fts import remove_lone_surrogates
+from .terms import word_terms
 
 __all__ = ["HashingEmbedding"]
-
-_WORD = re.compile(r"\w+", re.UNICODE)
 
 
 def _positive(_instance: object, attribute: attrs.Attribute[int], value: int) -> None:
@@ -48,8 +48,8 @@ class HashingEmbedding:
 
     @staticmethod
     def _tokens(text: str) -> list[str]:
-        normalised = unicodedata.normalize("NFKC", remove_lone_surrogates(text))
-        return [token.casefold() for token in _WORD.findall(normalised)]
+        # Every occurrence counts (no dedup, no cap): a repeated word weighs more.
+        return list(word_terms(text, limit=None, scan=None, unique=False))
 
     def count_tokens(self, text: str) -> int:
         return len(self._tokens(text))

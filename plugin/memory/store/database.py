@@ -1,0 +1,138 @@
+"""How the store opens, talks to SQLite and closes.
+
+One SQL code path over :mod:`plugin.control._sqlite` (aiosqlite on asyncio, a thread-confined
+``sqlite3`` connection on trio). Opening refuses a file that is not an empty database or a
+memory store of this schema version before changing anything in it; every driver error comes
+out as a typed :class:`~plugin.errors.MemoryStoreError`. Writes run in one ``BEGIN IMMEDIATE``
+transaction each, shielded from cancellation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Sequence
+
+import anyio
+import attrs
+
+from ...control._sqlite import Connection, Params, Row, connect, immediate, path_problem
+from ...errors import MemoryStoreError
+from .errors import MemoryStoreClosedError, MemoryStoreCorruptError, MemoryStorePathError, translate
+from .schema import SCHEMA, SCHEMA_VERSION
+
+__all__ = ["Database", "Statement"]
+
+#: One SQL statement and the parameter sets it runs with (``executemany``).
+Statement = tuple[str, Sequence[Params]]
+
+
+@attrs.define(eq=False)
+class Database:
+    """The store's one connection: open with :meth:`open`, close with :meth:`close`."""
+
+    path: str
+    timeout: float
+    _conn: Connection | None = attrs.field(default=None, init=False)
+    _write_lock: anyio.Lock | None = attrs.field(default=None, init=False)
+
+    async def open(self) -> None:
+        """Connect, check the file is empty or ours, switch to WAL and create the schema."""
+        if self._conn is not None:
+            raise MemoryStoreError(f"memory store {self.path!r} is already open")
+        problem = await path_problem(self.path)
+        if problem is not None:
+            raise MemoryStorePathError(f"memory store {self.path!r}: {problem}")
+        try:
+            conn = await connect(self.path, timeout=self.timeout)
+        except sqlite3.Error as exc:
+            raise self._error(exc) from exc
+        try:
+            await self._prepare(conn)
+        except BaseException as exc:
+            with anyio.CancelScope(shield=True):
+                await conn.close()
+            if isinstance(exc, sqlite3.Error):
+                raise self._error(exc) from exc
+            raise
+        self._conn = conn
+        self._write_lock = anyio.Lock()
+
+    async def _prepare(self, conn: Connection) -> None:
+        """Check that the file is empty or ours, then switch to WAL and create the schema.
+
+        A database that is not a memory store (other tables, no store metadata, another
+        schema version) is refused before anything in it changes, journal mode included.
+        """
+        tables = {
+            row[0]
+            for row in await conn.fetchall("SELECT name FROM sqlite_master WHERE type = 'table'")
+        }
+        if tables:
+            await self._check_version(conn, tables)
+        await conn.fetchall("PRAGMA journal_mode=WAL")
+        await conn.fetchall("PRAGMA foreign_keys=ON")
+        with anyio.CancelScope(shield=True):  # never leave the write lock held
+            try:
+                await conn.executescript(SCHEMA)
+            except BaseException:
+                await self._rollback(conn)
+                raise
+        await self._check_version(conn, {"memory_store_meta"})
+
+    async def _check_version(self, conn: Connection, tables: set[str]) -> None:
+        rows = (
+            await conn.fetchall("SELECT value FROM memory_store_meta WHERE key = 'schema_version'")
+            if "memory_store_meta" in tables
+            else []
+        )
+        if rows != [(str(SCHEMA_VERSION),)]:
+            found = f"schema version {rows[0][0]!r}" if rows else "no store metadata"
+            raise MemoryStoreCorruptError(
+                f"{self.path!r} is not a recallbound memory store of schema version "
+                f"{SCHEMA_VERSION} ({found})"
+            )
+
+    async def close(self) -> None:
+        """Close the connection; idempotent."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with anyio.CancelScope(shield=True):
+                await conn.close()
+
+    def _error(self, exc: sqlite3.Error) -> MemoryStoreError:
+        return translate(exc, path=self.path, timeout=self.timeout)
+
+    def connection(self) -> Connection:
+        """The open connection, else :class:`MemoryStoreClosedError`."""
+        if self._conn is None:
+            raise MemoryStoreClosedError(
+                f"memory store {self.path!r} is used outside its `async with` block"
+            )
+        return self._conn
+
+    @staticmethod
+    async def _rollback(conn: Connection) -> None:
+        # No transaction may be open (BEGIN failed), or the connection is gone: nothing to undo.
+        with contextlib.suppress(sqlite3.Error):
+            await conn.fetchall("ROLLBACK")
+
+    async def fetch(self, sql: str, params: Params = ()) -> list[Row]:
+        """Run one read and return its rows."""
+        conn = self.connection()
+        try:
+            return await conn.fetchall(sql, params)
+        except sqlite3.Error as exc:
+            raise self._error(exc) from exc
+
+    async def write(self, statements: Sequence[Statement]) -> None:
+        """Run ``statements`` (each with its parameter sets) in one shielded transaction."""
+        conn = self.connection()
+        assert self._write_lock is not None
+        try:
+            async with immediate(conn, self._write_lock):
+                for sql, rows in statements:
+                    if rows:
+                        await conn.executemany(sql, rows)
+        except sqlite3.Error as exc:
+            raise self._error(exc) from exc

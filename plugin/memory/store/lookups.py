@@ -1,0 +1,124 @@
+"""How the store answers reads by key or by time: recent memories, memories by id, known
+People, beliefs, current corrections and sources. Every read filters by the trusted principal
+and scope in SQL."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+
+import attrs
+
+from ..terms import MAX_SCAN_CHARS
+from .database import Database
+from .schema import MEMORY_COLUMNS, memory_evidence, plain_evidence
+from .values import Evidence, Person, check_limit, encodable, person_key, visible
+
+__all__ = ["Lookups"]
+
+
+@attrs.define(eq=False)
+class Lookups:
+    """The store's non-search reads (see :class:`~plugin.memory.store.MemoryStore`)."""
+
+    db: Database
+
+    async def recent_candidates(self, *, principal: str, scope: str, limit: int) -> list[Evidence]:
+        limit = check_limit(limit)
+        if limit == 0 or not visible(principal, scope):
+            return []
+        rows = await self.db.fetch(
+            f"SELECT {MEMORY_COLUMNS} FROM memories AS m "
+            "WHERE m.principal = ? AND m.scope = ? ORDER BY m.created_at DESC, m.id LIMIT ?",
+            (principal, scope, limit),
+        )
+        return [memory_evidence(row, score=float(row[4]), arm="recent") for row in rows]
+
+    async def get_memories(
+        self, ids: Iterable[str], *, principal: str, scope: str
+    ) -> list[Evidence]:
+        if isinstance(ids, str):
+            raise TypeError("ids must be an iterable of memory ids, not a str")
+        wanted: dict[str, None] = {}
+        for memory_id in ids:
+            if not isinstance(memory_id, str):
+                raise TypeError(f"memory ids must be str, got {type(memory_id).__name__}")
+            if encodable(memory_id):
+                wanted.setdefault(memory_id)
+        if not wanted or not visible(principal, scope):
+            return []
+        rows = await self.db.fetch(
+            f"SELECT {MEMORY_COLUMNS} FROM memories AS m "
+            "WHERE m.principal = ? AND m.scope = ? "
+            "AND m.id IN (SELECT value FROM json_each(?))",
+            (principal, scope, json.dumps(list(wanted))),
+        )
+        by_id = {row[0]: row for row in rows}
+        return [
+            memory_evidence(by_id[memory_id], score=float(by_id[memory_id][4]), arm="lookup")
+            for memory_id in wanted
+            if memory_id in by_id
+        ]
+
+    async def discover_people(self, text: str, *, principal: str, scope: str) -> list[Person]:
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        if not visible(principal, scope):
+            return []
+        haystack = person_key(text[:MAX_SCAN_CHARS])
+        if not haystack:
+            return []
+        rows = await self.db.fetch(
+            "SELECT key, name FROM people WHERE principal = ? AND scope = ?",
+            (principal, scope),
+        )
+        found: list[tuple[int, str, str]] = []
+        for key, name in rows:
+            match = re.search(r"(?<!\w)" + re.escape(key) + r"(?!\w)", haystack)
+            if match is not None:
+                found.append((match.start(), key, name))
+        found.sort()
+        return [Person(name=name, principal=principal, scope=scope) for _, _, name in found]
+
+    async def beliefs_of(
+        self, person: str, *, principal: str, scope: str, limit: int
+    ) -> list[Evidence]:
+        limit = check_limit(limit)
+        if not isinstance(person, str):
+            raise TypeError(f"person must be a str, got {type(person).__name__}")
+        if limit == 0 or not visible(principal, scope):
+            return []
+        rows = await self.db.fetch(
+            "SELECT id, text, principal, scope, created_at FROM beliefs "
+            "WHERE principal = ? AND scope = ? AND person_key = ? "
+            "ORDER BY created_at DESC, id LIMIT ?",
+            (principal, scope, person_key(person), limit),
+        )
+        return [plain_evidence(row, kind="belief", arm="belief") for row in rows]
+
+    async def current_corrections(
+        self, *, principal: str, scope: str, limit: int | None = None
+    ) -> list[Evidence]:
+        bound = -1 if limit is None else check_limit(limit)
+        if bound == 0 or not visible(principal, scope):
+            return []
+        rows = await self.db.fetch(
+            "SELECT id, text, principal, scope, created_at FROM corrections "
+            "WHERE principal = ? AND scope = ? AND active = 1 "
+            "ORDER BY created_at DESC, id LIMIT ?",
+            (principal, scope, bound),
+        )
+        return [plain_evidence(row, kind="correction", arm="correction") for row in rows]
+
+    async def read_source(self, source_id: str, *, principal: str, scope: str) -> Evidence | None:
+        if not isinstance(source_id, str):
+            raise TypeError(f"source_id must be a str, got {type(source_id).__name__}")
+        if not visible(principal, scope) or not encodable(source_id):
+            return None
+        rows = await self.db.fetch(
+            "SELECT id, text, principal, scope, created_at FROM sources "
+            "WHERE principal = ? AND scope = ? AND id = ?",
+            (principal, scope, source_id),
+        )
+        return plain_evidence(rows[0], kind="source", arm="source") if rows else None

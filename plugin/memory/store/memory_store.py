@@ -1,0 +1,245 @@
+"""The store as its callers see it: one object that opens, writes and reads.
+
+:class:`MemoryStore` holds no SQL of its own: it owns the connection's lifetime and hands each
+call to the part that answers it (:mod:`.database`, :mod:`.writes`, :mod:`.lookups`,
+:mod:`.search`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from types import TracebackType
+
+import numpy.typing as npt
+
+from ...control.clock import Clock
+from ..embedding import EmbeddingAdapter
+from .database import Database
+from .lookups import Lookups
+from .search import Search
+from .values import Evidence, MemoryRecord, Person
+from .writes import Writer
+
+__all__ = ["MemoryStore"]
+
+
+class MemoryStore:
+    """An embedded memory store: ``async with MemoryStore(path) as store``.
+
+    ``embedding`` enables the semantic arm (vectors are computed on write, in a worker thread);
+    ``clock`` supplies ``created_at`` when a write does not give one (without a clock, writes
+    must give it). ``timeout`` is SQLite's busy timeout in seconds. Opening creates the schema
+    and switches the file to WAL; ``":memory:"`` gives a private in-memory store.
+
+    Failures raise :class:`~plugin.errors.MemoryStoreError` subclasses: a missing folder
+    :class:`MemoryStorePathError`, a damaged or foreign file :class:`MemoryStoreCorruptError`,
+    a lock held too long :class:`MemoryStoreLockedError`. Hostile text in a read never raises.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        embedding: EmbeddingAdapter | None = None,
+        clock: Clock | None = None,
+        timeout: float = 5.0,
+    ) -> None:
+        self._db = Database(os.fspath(path), timeout)
+        self._embedding = embedding
+        self._writer = Writer(self._db, embedding, clock)
+        self._lookups = Lookups(self._db)
+        self._search = Search(self._db, embedding)
+
+    @property
+    def path(self) -> str:
+        return self._db.path
+
+    @property
+    def embedding(self) -> EmbeddingAdapter | None:
+        """The adapter of the semantic arm, or None when the store has none."""
+        return self._embedding
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> MemoryStore:
+        await self._db.open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connection; idempotent."""
+        await self._db.close()
+
+    # -- writes ---------------------------------------------------------------------------------
+
+    async def add_memory(
+        self,
+        id: str,
+        text: str,
+        *,
+        principal: str,
+        scope: str,
+        created_at: float | None = None,
+        cites: Iterable[str] = (),
+    ) -> None:
+        """Store one memory (see :meth:`add_memories`)."""
+        await self.add_memories(
+            [
+                MemoryRecord(
+                    id=id,
+                    text=text,
+                    principal=principal,
+                    scope=scope,
+                    created_at=created_at,
+                    cites=tuple(cites),
+                )
+            ]
+        )
+
+    async def add_memories(self, memories: Iterable[MemoryRecord]) -> int:
+        """Store ``memories`` in one transaction and return how many were stored.
+
+        With an embedding adapter, their vectors are computed first, in a worker thread. An id
+        already stored for the same principal and scope (or repeated in the batch) raises
+        :class:`MemoryConflictError` and stores nothing.
+        """
+        return await self._writer.add_memories(memories)
+
+    async def embed_missing(self, *, batch: int = 256) -> int:
+        """Compute vectors for stored memories that have none for this store's adapter.
+
+        For a store filled before an adapter was configured. Returns how many were embedded
+        (0 without an adapter).
+        """
+        return await self._writer.embed_missing(batch=batch)
+
+    async def add_person(self, name: str, *, principal: str, scope: str) -> None:
+        """Make ``name`` a known person for this principal and scope; idempotent."""
+        await self._writer.add_person(name, principal=principal, scope=scope)
+
+    async def add_belief(
+        self,
+        id: str,
+        person: str,
+        text: str,
+        *,
+        principal: str,
+        scope: str,
+        created_at: float | None = None,
+    ) -> None:
+        """Store a belief held by ``person`` (who becomes a known person if not one yet)."""
+        await self._writer.add_belief(
+            id, person, text, principal=principal, scope=scope, created_at=created_at
+        )
+
+    async def add_correction(
+        self,
+        id: str,
+        text: str,
+        *,
+        principal: str,
+        scope: str,
+        created_at: float | None = None,
+        supersedes: Iterable[str] = (),
+    ) -> None:
+        """Store an active correction notice; those it ``supersedes`` stop being current."""
+        await self._writer.add_correction(
+            id,
+            text,
+            principal=principal,
+            scope=scope,
+            created_at=created_at,
+            supersedes=supersedes,
+        )
+
+    async def add_source(
+        self,
+        id: str,
+        text: str,
+        *,
+        principal: str,
+        scope: str,
+        created_at: float | None = None,
+    ) -> None:
+        """Store a source document that memories may cite."""
+        await self._writer.add_source(
+            id, text, principal=principal, scope=scope, created_at=created_at
+        )
+
+    # -- search ---------------------------------------------------------------------------------
+
+    async def sparse_candidates(
+        self, query: str, *, principal: str, scope: str, limit: int
+    ) -> list[Evidence]:
+        """Memories matching any word of ``query`` by bm25, best first (ties: oldest row first).
+
+        ``query`` is user text, never FTS5 syntax: it goes through
+        :func:`~plugin.memory.fts.fts5_match_expression`. When that leaves no term the arm does
+        not run and the result is empty (callers that must report "reserved, not executed"
+        check ``fts5_match_expression(query) is None`` first). Never raises on any ``str``.
+        """
+        return await self._search.sparse_candidates(
+            query, principal=principal, scope=scope, limit=limit
+        )
+
+    async def semantic_candidates(
+        self, vector: npt.ArrayLike, *, principal: str, scope: str, limit: int
+    ) -> list[Evidence]:
+        """Memories by cosine similarity to ``vector`` (best first, ties by id).
+
+        ``vector`` is a query embedding from this store's adapter (L2-normalised, of its
+        dimensions; else ``ValueError``). Without an adapter the result is empty.
+        """
+        return await self._search.semantic_candidates(
+            vector, principal=principal, scope=scope, limit=limit
+        )
+
+    # -- lookups --------------------------------------------------------------------------------
+
+    async def recent_candidates(self, *, principal: str, scope: str, limit: int) -> list[Evidence]:
+        """The newest memories first (ties by id)."""
+        return await self._lookups.recent_candidates(principal=principal, scope=scope, limit=limit)
+
+    async def get_memories(
+        self, ids: Iterable[str], *, principal: str, scope: str
+    ) -> list[Evidence]:
+        """The memories with these ids that this principal may see in this scope.
+
+        In the order of ``ids`` (repeats once); unknown, foreign and unencodable ids are left
+        out. Used to re-validate evidence a run already retained.
+        """
+        return await self._lookups.get_memories(ids, principal=principal, scope=scope)
+
+    async def discover_people(self, text: str, *, principal: str, scope: str) -> list[Person]:
+        """Known people whose name occurs in ``text`` as a whole word, in order of appearance.
+
+        Case-insensitive (NFKC and case folding on both sides); only the first
+        :data:`~plugin.memory.terms.MAX_SCAN_CHARS` characters of ``text`` are scanned.
+        """
+        return await self._lookups.discover_people(text, principal=principal, scope=scope)
+
+    async def beliefs_of(
+        self, person: str, *, principal: str, scope: str, limit: int
+    ) -> list[Evidence]:
+        """The beliefs held by ``person`` (matched case-insensitively), newest first."""
+        return await self._lookups.beliefs_of(person, principal=principal, scope=scope, limit=limit)
+
+    async def current_corrections(
+        self, *, principal: str, scope: str, limit: int | None = None
+    ) -> list[Evidence]:
+        """Active (not superseded) correction notices, newest first (ties by id)."""
+        return await self._lookups.current_corrections(
+            principal=principal, scope=scope, limit=limit
+        )
+
+    async def read_source(self, source_id: str, *, principal: str, scope: str) -> Evidence | None:
+        """The source ``source_id`` if this principal may see it in this scope, else None."""
+        return await self._lookups.read_source(source_id, principal=principal, scope=scope)

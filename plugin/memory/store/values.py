@@ -1,0 +1,157 @@
+"""What the store holds and hands back, and how every value is checked at its boundary.
+
+Write values are validated here (:class:`InvalidMemoryError` names the field); read arguments
+are checked by :func:`check_limit` and :func:`visible`, which never let a malformed principal
+or scope reach SQL.
+"""
+
+from __future__ import annotations
+
+import math
+import unicodedata
+from collections.abc import Iterable
+from typing import Any, Literal
+
+import attrs
+
+from ..terms import remove_lone_surrogates
+from .errors import InvalidMemoryError
+
+__all__ = [
+    "Arm",
+    "Evidence",
+    "EvidenceKind",
+    "MemoryRecord",
+    "Person",
+    "check_ids",
+    "check_key",
+    "check_limit",
+    "check_text",
+    "check_time",
+    "encodable",
+    "person_key",
+    "visible",
+]
+
+EvidenceKind = Literal["memory", "belief", "source", "correction"]
+#: Which read produced a piece of evidence.
+Arm = Literal["sparse", "semantic", "recent", "lookup", "belief", "correction", "source"]
+
+
+@attrs.frozen(kw_only=True)
+class Evidence:
+    """One retrieved item. ``score`` is higher-is-better within its ``arm`` only.
+
+    sparse: minus the bm25 rank; semantic: cosine similarity; recent, lookup, belief,
+    correction, source: ``created_at``. ``cites`` are the ids of the sources a memory cites.
+    """
+
+    id: str
+    kind: EvidenceKind
+    text: str
+    score: float
+    arm: Arm
+    principal: str
+    scope: str
+    created_at: float
+    cites: tuple[str, ...] = ()
+
+
+@attrs.frozen(kw_only=True)
+class Person:
+    """A person known to one principal in one scope."""
+
+    name: str
+    principal: str
+    scope: str
+
+
+def encodable(value: str) -> bool:
+    """Whether ``value`` encodes as UTF-8 (no lone surrogates), so SQLite can store it."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_key(value: object, name: str) -> str:
+    """Validate an identifier: a non-empty, UTF-8-encodable ``str``."""
+    if not isinstance(value, str):
+        raise InvalidMemoryError(f"{name} must be a str, got {type(value).__name__}")
+    if not value.strip():
+        raise InvalidMemoryError(f"{name} must not be empty")
+    if not encodable(value):
+        raise InvalidMemoryError(f"{name} must not contain lone surrogates")
+    return value
+
+
+def _validate_key(_instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    check_key(value, attribute.name)
+
+
+def check_ids(value: object, name: str) -> tuple[str, ...]:
+    """Validate an iterable of identifiers (a bare ``str`` is refused, not split)."""
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        raise InvalidMemoryError(f"{name} must be an iterable of ids (not a str)")
+    return tuple(check_key(item, name) for item in value)
+
+
+def check_text(value: object) -> str:
+    """A stored text: a ``str``, with lone surrogates replaced by U+FFFD."""
+    if not isinstance(value, str):
+        raise InvalidMemoryError(f"text must be a str, got {type(value).__name__}")
+    return remove_lone_surrogates(value)
+
+
+def check_time(value: object) -> float | None:
+    """An optional ``created_at``: None or a finite number."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidMemoryError(f"created_at must be a number, got {type(value).__name__}")
+    if not math.isfinite(value):
+        raise InvalidMemoryError(f"created_at must be finite, got {value!r}")
+    return float(value)
+
+
+def _cites(value: object) -> tuple[str, ...]:
+    return check_ids(value, "cites")
+
+
+@attrs.frozen(kw_only=True)
+class MemoryRecord:
+    """A memory to store: the input of :meth:`MemoryStore.add_memories`.
+
+    Lone surrogates in ``text`` are replaced by U+FFFD; ids, principal and scope must be
+    non-empty and encodable, else :class:`InvalidMemoryError`. ``created_at`` defaults to the
+    store's clock.
+    """
+
+    id: str = attrs.field(validator=_validate_key)
+    text: str = attrs.field(converter=check_text)
+    principal: str = attrs.field(validator=_validate_key)
+    scope: str = attrs.field(validator=_validate_key)
+    created_at: float | None = attrs.field(default=None, converter=check_time)
+    cites: tuple[str, ...] = attrs.field(default=(), converter=_cites)
+
+
+def person_key(name: str) -> str:
+    """How a person's name is matched: NFKC, case-folded, stripped."""
+    return unicodedata.normalize("NFKC", remove_lone_surrogates(name)).casefold().strip()
+
+
+def check_limit(limit: object) -> int:
+    """A read's ``limit``: an int >= 0."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise ValueError(f"limit must be an int >= 0, got {limit!r}")
+    return limit
+
+
+def visible(principal: object, scope: object) -> bool:
+    """Whether a trusted principal/scope pair can name any stored row at all."""
+    if not isinstance(principal, str):
+        raise TypeError(f"principal must be a str, got {type(principal).__name__}")
+    if not isinstance(scope, str):
+        raise TypeError(f"scope must be a str, got {type(scope).__name__}")
+    return encodable(principal) and encodable(scope)
