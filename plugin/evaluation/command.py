@@ -44,7 +44,7 @@ from .scenarios import InvalidScenarioError, Scenario, stream_scenarios
 
 __all__ = ["configure", "main", "run"]
 
-SEMANTIC_CHOICES = ("wordllama", "hashing")
+SEMANTIC_CHOICES = ("wordllama", "minilm", "hashing")
 
 
 def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -84,6 +84,10 @@ def embedding_for(choice: str | None) -> EmbeddingAdapter:
         from plugin.memory.wordllama_adapter import WordLlamaAdapter
 
         return WordLlamaAdapter.load()
+    if choice == "minilm":
+        from plugin.memory.minilm_adapter import MiniLMAdapter
+
+        return MiniLMAdapter.load()
     return default_embedding()
 
 
@@ -274,7 +278,7 @@ def main(args: argparse.Namespace) -> int:
     path: Path = args.scenarios
     try:
         embedding = embedding_for(args.semantic)
-    except (ImportError, FileNotFoundError) as exc:
+    except (ImportError, FileNotFoundError, ValueError) as exc:
         print(f"the {args.semantic} model is not available: {exc}", file=sys.stderr)
         return 2
     try:

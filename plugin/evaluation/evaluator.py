@@ -45,6 +45,7 @@ from plugin.memory.embedding import EmbeddingAdapter
 from plugin.memory.pipeline import ContextCaps, MemoryRetriever
 from plugin.memory.planning import QueryPlanner, QueryStrategy
 from plugin.memory.preparation import QueryPreparation
+from plugin.memory.ranking import RankingPolicy
 from plugin.memory.recall import automatic_round
 from plugin.memory.store import MemoryRecord, MemoryStore
 
@@ -404,6 +405,12 @@ class Evaluator:
         factory=ContextCaps, validator=attrs.validators.instance_of(ContextCaps)
     )
     cells: tuple[Cell, ...] = attrs.field(default=DEFAULT_CELLS, converter=_cells)
+    ranking: RankingPolicy = attrs.field(
+        factory=RankingPolicy, validator=attrs.validators.instance_of(RankingPolicy)
+    )
+    """The retriever's ranking policy (the evaluator compares variants of it)."""
+    min_similarity: float = 0.25
+    """The retriever's semantic floor."""
 
     @property
     def k(self) -> int:
@@ -461,7 +468,8 @@ class Evaluator:
         preparation = QueryPreparation(
             QueryPlanner(cell.strategy, admission=_admit_always), self.embedding
         )
-        retriever = MemoryRetriever(store, arms=cell.arm.arms)
+        retriever = MemoryRetriever(store, arms=cell.arm.arms, ranking=self.ranking,
+                                    min_similarity=self.min_similarity)
         async with SqliteLedger(ledger_path) as ledger:
             started = time.perf_counter()
             prepared = await preparation.prepare(
