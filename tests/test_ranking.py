@@ -36,6 +36,7 @@ from plugin.memory.ranking import (
     is_content_free,
     term_chunks,
     weighted_fuse,
+    with_beliefs,
 )
 from plugin.memory.store import Evidence
 
@@ -298,3 +299,26 @@ async def test_the_relative_floor_keeps_a_combined_vector_from_running_short(
     relative, _ = await _ranked(env, prepared, {"semantic"}, min_similarity=0.9,
                                 ranking=RankingPolicy(relative_floor=0.5))
     assert strict == [] and len(relative) == 6
+
+
+# -- pointers and beliefs ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("request_text", ["Do the next one", "Can you pick that up again?",
+                                          "Let's do that now, the one Priya raised"])
+def test_a_request_that_points_back_keeps_a_weight_but_does_not_lead(request_text: str) -> None:
+    state = WorkingState(request_text, next_action="Run the invoice backfill",
+                         tasks=(Task("Rotate the keys"),))
+    weights = fragment_weights(compose_task_context(state), RankingPolicy(lead=4.0, decay=0.5))
+    assert weights == (1.0, 4.0, 1.0)
+
+
+def test_beliefs_join_after_the_best_evidence_and_alternate() -> None:
+    memories = [_ev(i) for i in range(1, 9)]
+    beliefs = [attrs.evolve(_ev(90 + i), kind="belief") for i in range(3)]
+    merged = with_beliefs(memories, beliefs, after=5)
+    assert [e.id for e in merged[:5]] == ["e1", "e2", "e3", "e4", "e5"]
+    assert [e.id for e in merged[5:]] == ["e90", "e6", "e91", "e7", "e92", "e8"]
+    assert [e.id for e in with_beliefs(memories[:2], beliefs, after=5)] == [
+        "e1", "e2", "e90", "e91", "e92"]
+    assert with_beliefs(memories, [], after=5) == memories

@@ -29,6 +29,7 @@ from .ranking import (
     uses_fragments,
     weighted_fuse,
     weighted_score_fuse,
+    with_beliefs,
 )
 from .store import Evidence, MemoryStore
 from .terms import STOPWORDS as STOPWORDS
@@ -222,7 +223,7 @@ class MemoryRetriever:
                 except RecallBudgetExceeded as exc:
                     notes.append(f"belief read refused: {exc.refusal.reason.value}")
                 else:
-                    evidence = fuse([evidence, list(beliefs)])
+                    evidence = with_beliefs(evidence, beliefs)
             rendered = render(evidence, caps)
             sources = await self._recover_sources(rendered.items, permit, slot, principal, scope,
                                                   notes)

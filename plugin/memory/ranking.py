@@ -7,7 +7,9 @@ arms keep that structure instead of flattening it:
 - **Weights.** The first fragment that carries information gets ``lead``, the next 1, every
   later one ``decay`` times the one before. A request with no information of its own
   ("Continue", "go on", "do that", "yes", "ok, next") stays in the query text, in ADR order,
-  but weighs 0, so the next action leads.
+  but weighs 0, so the next action leads. A request that points back ("do that one Priya
+  raised", "pick that up again": an anaphor and at most three words of its own) keeps a weight
+  but does not lead: what it points at does.
 - **Sparse.** Each weighted fragment is searched on its own (its terms never crowd out another
   fragment's under the FTS term cap), and the lists are fused by weighted reciprocal rank.
 - **Semantic.** The fragment vectors were prepared once, with the query. Since every vector is
@@ -35,14 +37,18 @@ from .store import Evidence
 from .terms import STOPWORDS, word_terms
 
 __all__ = [
+    "ANAPHORS",
     "CONTENT_FREE_WORDS",
     "FTS_TERM_CAP",
     "MAX_TERM_CHUNKS",
     "RRF_K",
     "RankingPolicy",
+    "BELIEFS_AFTER",
     "combined_vector",
+    "with_beliefs",
     "fragment_weights",
     "is_content_free",
+    "is_pointer",
     "search_terms",
     "term_chunks",
     "weighted_fuse",
@@ -64,6 +70,25 @@ CONTENT_FREE_WORDS = frozenset(
     cool alright right thanks thank perfect sounds done and so""".split()  # noqa: SIM905
 )
 """Words that say "go on" without saying what about (with :data:`STOPWORDS`)."""
+
+
+ANAPHORS = frozenset(
+    """that it this those these one ones same again thing things above earlier before
+    previous last said mentioned discussed""".split()  # noqa: SIM905
+)
+"""Words that point back at something said before."""
+MAX_POINTER_TERMS = 3
+
+
+def is_pointer(fragment: str) -> bool:
+    """Whether ``fragment`` points back at earlier work rather than naming it: it has an
+    anaphor and at most :data:`MAX_POINTER_TERMS` words of its own."""
+    terms = word_terms(fragment, limit=64)
+    if not any(term in ANAPHORS for term in terms):
+        return False
+    own = [t for t in terms
+           if t not in STOPWORDS and t not in CONTENT_FREE_WORDS and t not in ANAPHORS]
+    return len(own) <= MAX_POINTER_TERMS
 
 
 def is_content_free(fragment: str) -> bool:
@@ -101,12 +126,16 @@ class RankingPolicy:
 
 def fragment_weights(query: RecallQuery, policy: RankingPolicy) -> tuple[float, ...]:
     """One weight per fragment: 0 for a content-free fragment, ``lead`` for the first that
-    carries information, 1 for the next, then ``decay`` times the previous weight."""
+    carries information (a leading pointer such as "do that one" weighs 1 and lets the next
+    lead), 1 for the next, then ``decay`` times the previous weight."""
     weights: list[float] = []
     current: float | None = None
-    for fragment in query.fragments:
+    for index, fragment in enumerate(query.fragments):
         if is_content_free(fragment):
             weights.append(0.0)
+            continue
+        if index == 0 and is_pointer(fragment):
+            weights.append(1.0)  # kept, but what it points at leads
             continue
         if current is None:
             weights.append(policy.lead)
@@ -172,6 +201,36 @@ def weighted_fuse(
     last = len(tie)
     order = sorted(scores, key=lambda key: (-scores[key], tie.get(key, last), key))
     return [attrs.evolve(first[key], score=scores[key]) for key in order]
+
+
+BELIEFS_AFTER = 5
+"""Beliefs read for the people a query names enter the ranking after this many items."""
+
+
+def with_beliefs(
+    ranked: Sequence[Evidence], beliefs: Sequence[Evidence], *, after: int = BELIEFS_AFTER
+) -> list[Evidence]:
+    """``ranked`` with ``beliefs`` merged in: the first ``after`` items keep their places, then
+    beliefs and the rest alternate (a belief first), so a belief read that was paid for stays
+    within a small context cap without pushing the best evidence down. Repeats are dropped."""
+    seen: set[tuple[str, str]] = set()
+    merged: list[Evidence] = []
+
+    def take(item: Evidence) -> None:
+        key = (item.kind, item.id)
+        if key not in seen:
+            seen.add(key)
+            merged.append(item)
+
+    for item in ranked[:after]:
+        take(item)
+    rest, pending = list(ranked[after:]), list(beliefs)
+    while rest or pending:
+        if pending:
+            take(pending.pop(0))
+        if rest:
+            take(rest.pop(0))
+    return merged
 
 
 def weighted_score_fuse(lists: Sequence[tuple[float, Sequence[Evidence]]]) -> list[Evidence]:

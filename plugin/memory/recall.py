@@ -2,8 +2,8 @@
 
 The round reserves ``automatic_slots``; the base search runs on one slot; the delta — a
 People-to-belief read — runs on another only when the base discovered people (a need it left
-unmet). Beliefs are fused into the ranking before the context caps apply, so a belief read
-that was paid for is not crowded out by the base's evidence.
+unmet). Beliefs join the ranking before the context caps apply (after the base's best few), so
+a belief read that was paid for is not crowded out by the base's evidence.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from plugin.control import (
     RoundKind,
 )
 
-from .pipeline import ContextCaps, Rendered, Retriever, fuse, render
+from .pipeline import ContextCaps, Rendered, Retriever, render
 from .preparation import PreparedRecall
+from .ranking import with_beliefs
 from .store import Evidence
 
 NOTHING_TO_SEARCH = (
@@ -92,7 +93,7 @@ async def automatic_round(
                         notes.append(f"delta refused: {exc.refusal.reason.value}")
                     else:
                         slots.append(slot)
-                        ranked = fuse([ranked, list(beliefs)])
+                        ranked = with_beliefs(ranked, beliefs)
     except RecallBudgetExceeded as exc:
         refusal = exc.refusal
     return AutomaticRecall(
