@@ -38,6 +38,8 @@ ALL = "all"
 """The family name of the whole file."""
 BOOTSTRAP_RESAMPLES = 10_000
 BOOTSTRAP_SEED = 20_261_130
+SHORT_RANKING = 8
+"""A ranking with fewer items than this is "short" (it cannot fill the default context cap)."""
 DIFFERENCE_METRICS = ("recall@5", "hit@5", "recall@10", "mrr", "ndcg@10", "harm@5")
 """The metrics compared between strategies (and Holm-corrected together)."""
 
@@ -87,6 +89,7 @@ def score_row(row: ScenarioResult, scenario: Scenario, ks: Sequence[int]) -> Sco
     scored["latency_s"] = row.latency_s
     scored["reserved"] = row.reserved
     scored["executed"] = row.executed
+    scored["short"] = len(ranked) < SHORT_RANKING
     scored["ranked"] = ranked
     return scored
 
@@ -185,6 +188,7 @@ def summarise(
                 costs.setdefault(arm, {}).setdefault(strategy, {})[family] = {
                     "query_bytes": _mean(float(r["query_bytes"]) for r in rows),
                     "baseline_fallback_rate": _mean(float(r["fallback"]) for r in rows),
+                    "short_ranking_rate": _mean(float(r["short"]) for r in rows),
                     "latency_ms_p50": _percentile(latencies, 50),
                     "latency_ms_p95": _percentile(latencies, 95),
                     "reserved": sum(r["reserved"] for r in rows),

@@ -192,8 +192,8 @@ def tables(report: dict[str, Any], *, markdown: bool) -> str:
     ks = report["ks"]
     quality = [f"recall@{k}" for k in ks] + [f"hit@{k}" for k in ks] + ["mrr", "ndcg@10",
                                                                         "harm@5"]
-    head = ["arm", "strategy", "family", "n", *quality, "bytes", "fallback", "p50 ms",
-            "p95 ms", "reserved", "executed"]
+    head = ["arm", "strategy", "family", "n", *quality, "bytes", "fallback", "short",
+            "p50 ms", "p95 ms", "reserved", "executed"]
     rows: list[list[str]] = []
     for arm, strategies in report["results"].items():
         for strategy, families in strategies.items():
@@ -202,6 +202,7 @@ def tables(report: dict[str, Any], *, markdown: bool) -> str:
                 rows.append([arm, strategy, family, str(cell["n"]),
                              *(_f(cell[m]) for m in quality),
                              _f(cost["query_bytes"], 0), _f(cost["baseline_fallback_rate"], 2),
+                             _f(cost["short_ranking_rate"], 2),
                              _f(cost["latency_ms_p50"], 1), _f(cost["latency_ms_p95"], 1),
                              str(cost["reserved"]), str(cost["executed"])])
     diff_head = ["arm", "family", "metric", "mean", "95% CI", "W/T/L", "p (Holm)"]

@@ -109,7 +109,7 @@ def _unit(instance: object, attribute: attrs.Attribute[float], value: float) -> 
 class RankingPolicy:
     """The ranking's tunables (defaults chosen on the development set only)."""
 
-    lead: float = attrs.field(default=3.0, validator=_unit)
+    lead: float = attrs.field(default=6.0, validator=_unit)
     """Weight of the first fragment that carries information (the next one weighs 1)."""
     decay: float = attrs.field(default=0.6, validator=_unit)
     """Each later fragment's weight relative to the one before (from the second on)."""
@@ -119,7 +119,7 @@ class RankingPolicy:
     """Fusion weight of the sparse arm."""
     semantic: float = attrs.field(default=1.0, validator=_unit)
     """Fusion weight of the semantic arm."""
-    relative_floor: float = attrs.field(default=0.0, validator=_unit)
+    relative_floor: float = attrs.field(default=0.5, validator=_unit)
     """Semantic: also keep candidates scoring at least this share of the best one, so a
     combined vector's lower cosines do not leave the arm short (0: the absolute floor only)."""
 
