@@ -16,9 +16,11 @@ import numpy.typing as npt
 from ...control.clock import Clock
 from ..embedding import EmbeddingAdapter
 from .database import Database
+from .errors import InvalidMemoryError
 from .lookups import Lookups
 from .search import Search
 from .values import Evidence, MemoryRecord, Person
+from .vectors import DEFAULT_CACHE_BYTES, VectorCache
 from .writes import Writer
 
 __all__ = ["MemoryStore"]
@@ -29,8 +31,10 @@ class MemoryStore:
 
     ``embedding`` enables the semantic arm (vectors are computed on write, in a worker thread);
     ``clock`` supplies ``created_at`` when a write does not give one (without a clock, writes
-    must give it). ``timeout`` is SQLite's busy timeout in seconds. Opening creates the schema
-    and switches the file to WAL; ``":memory:"`` gives a private in-memory store.
+    must give it). ``timeout`` is SQLite's busy timeout in seconds. ``vector_cache_bytes``
+    bounds the memory of the semantic arm's cached matrices (0: never cache; see
+    :mod:`.vectors`). Opening creates the schema and switches the file to WAL;
+    ``":memory:"`` gives a private in-memory store.
 
     Failures raise :class:`~plugin.errors.MemoryStoreError` subclasses: a missing folder
     :class:`MemoryStorePathError`, a damaged or foreign file :class:`MemoryStoreCorruptError`,
@@ -44,12 +48,22 @@ class MemoryStore:
         embedding: EmbeddingAdapter | None = None,
         clock: Clock | None = None,
         timeout: float = 5.0,
+        vector_cache_bytes: int = DEFAULT_CACHE_BYTES,
     ) -> None:
+        if (
+            isinstance(vector_cache_bytes, bool)
+            or not isinstance(vector_cache_bytes, int)
+            or vector_cache_bytes < 0
+        ):
+            raise InvalidMemoryError(
+                f"vector_cache_bytes must be an int >= 0, got {vector_cache_bytes!r}"
+            )
         self._db = Database(os.fspath(path), timeout)
+        self._vectors = VectorCache(self._db, vector_cache_bytes)
         self._embedding = embedding
         self._writer = Writer(self._db, embedding, clock)
         self._lookups = Lookups(self._db)
-        self._search = Search(self._db, embedding)
+        self._search = Search(self._db, embedding, self._vectors)
 
     @property
     def path(self) -> str:
@@ -59,6 +73,11 @@ class MemoryStore:
     def embedding(self) -> EmbeddingAdapter | None:
         """The adapter of the semantic arm, or None when the store has none."""
         return self._embedding
+
+    @property
+    def cached_vector_bytes(self) -> int:
+        """Bytes the semantic arm's cached matrices hold now (at most ``vector_cache_bytes``)."""
+        return self._vectors.held_bytes
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -76,6 +95,7 @@ class MemoryStore:
 
     async def aclose(self) -> None:
         """Close the connection; idempotent."""
+        self._vectors.clear()
         await self._db.close()
 
     # -- writes ---------------------------------------------------------------------------------

@@ -89,6 +89,53 @@ CREATE TABLE IF NOT EXISTS sources (
     created_at REAL NOT NULL,
     PRIMARY KEY (principal, scope, id)
 ) WITHOUT ROWID;
+-- The semantic arm's cache key (see vectors.py), moved in the same transaction as the change,
+-- whichever connection or process made it: ``generation`` on any change to a cell's memories
+-- or vectors, ``resets`` on any change but a vector appended past ``watermark`` (the highest
+-- memory seq given a vector so far). A cached matrix whose resets still hold only needs the
+-- rows past its own highest seq.
+CREATE TABLE IF NOT EXISTS vector_generations (
+    principal TEXT NOT NULL,
+    scope TEXT NOT NULL,
+    generation INTEGER NOT NULL,
+    resets INTEGER NOT NULL,
+    watermark INTEGER NOT NULL,
+    PRIMARY KEY (principal, scope)
+) WITHOUT ROWID;
+CREATE TRIGGER IF NOT EXISTS embeddings_generation_insert AFTER INSERT ON embeddings BEGIN
+    INSERT INTO vector_generations (principal, scope, generation, resets, watermark)
+        SELECT principal, scope, 1, 0, seq FROM memories WHERE seq = new.memory_seq
+        ON CONFLICT (principal, scope) DO UPDATE SET
+            generation = generation + 1,
+            resets = resets + (excluded.watermark <= watermark),
+            watermark = max(watermark, excluded.watermark);
+END;
+CREATE TRIGGER IF NOT EXISTS embeddings_generation_change AFTER UPDATE ON embeddings BEGIN
+    INSERT INTO vector_generations (principal, scope, generation, resets, watermark)
+        SELECT principal, scope, 1, 1, seq FROM memories
+        WHERE seq IN (old.memory_seq, new.memory_seq)
+        ON CONFLICT (principal, scope) DO UPDATE SET
+            generation = generation + 1, resets = resets + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS embeddings_generation_delete AFTER DELETE ON embeddings BEGIN
+    INSERT INTO vector_generations (principal, scope, generation, resets, watermark)
+        SELECT principal, scope, 1, 1, seq FROM memories WHERE seq = old.memory_seq
+        ON CONFLICT (principal, scope) DO UPDATE SET
+            generation = generation + 1, resets = resets + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS memories_generation_delete AFTER DELETE ON memories BEGIN
+    INSERT INTO vector_generations (principal, scope, generation, resets, watermark)
+        VALUES (old.principal, old.scope, 1, 1, old.seq)
+        ON CONFLICT (principal, scope) DO UPDATE SET
+            generation = generation + 1, resets = resets + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS memories_generation_move
+    AFTER UPDATE OF principal, scope, id, seq ON memories BEGIN
+    INSERT INTO vector_generations (principal, scope, generation, resets, watermark)
+        VALUES (old.principal, old.scope, 1, 1, old.seq), (new.principal, new.scope, 1, 1, new.seq)
+        ON CONFLICT (principal, scope) DO UPDATE SET
+            generation = generation + 1, resets = resets + 1;
+END;
 COMMIT;
 """
 

@@ -1,6 +1,7 @@
 """How the store searches: the sparse arm (FTS5 bm25 over safe, quoted terms) and the semantic
-arm (cosine over stored float32 vectors). Both filter by the trusted principal and scope inside
-the query, so no query text can reach another principal's or another scope's rows."""
+arm (cosine over stored float32 vectors, scored from a cached per-cell matrix: :mod:`.vectors`).
+Both filter by the trusted principal and scope inside the query, so no query text can reach
+another principal's or another scope's rows."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from ..fts import fts5_match_expression
 from .database import Database
 from .schema import MEMORY_COLUMNS, memory_evidence
 from .values import Evidence, check_limit, visible
+from .vectors import VectorCache
 
 __all__ = ["Search"]
 
@@ -23,6 +25,7 @@ class Search:
 
     db: Database
     embedding: EmbeddingAdapter | None
+    vectors: VectorCache
 
     async def sparse_candidates(
         self, query: str, *, principal: str, scope: str, limit: int
@@ -54,21 +57,11 @@ class Search:
             )
         if not np.isfinite(query).all():
             raise ValueError("vector must be finite")
-        rows = await self.db.fetch(
-            f"SELECT {MEMORY_COLUMNS}, e.vector "
-            "FROM memories AS m JOIN embeddings AS e ON e.memory_seq = m.seq "
-            "WHERE m.principal = ? AND m.scope = ? AND e.model = ?",
-            (principal, scope, adapter.name),
+        return await self.vectors.search(
+            query,
+            principal=principal,
+            scope=scope,
+            model=adapter.name,
+            dimensions=adapter.dimensions,
+            limit=limit,
         )
-        width = adapter.dimensions * 4
-        rows = [row for row in rows if isinstance(row[6], bytes) and len(row[6]) == width]
-        if not rows:
-            return []
-        matrix = np.frombuffer(b"".join(row[6] for row in rows), dtype="<f4").reshape(
-            len(rows), adapter.dimensions
-        )
-        scores = matrix @ query
-        order = sorted(range(len(rows)), key=lambda i: (-float(scores[i]), rows[i][0]))
-        return [
-            memory_evidence(rows[i], score=float(scores[i]), arm="semantic") for i in order[:limit]
-        ]
