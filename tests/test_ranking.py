@@ -186,6 +186,12 @@ async def test_fragment_vectors_are_prepared_once_with_the_query() -> None:
     ).prepare(_IN_FLIGHT, scope=S, principal=P)
     assert withheld.semantic.vector is None and withheld.semantic.fragment_vectors == ()
     assert tight.calls == []
+    # The baseline (the frozen control) is ranked as a whole: its text alone is embedded.
+    plain = _Spy(HashingEmbedding(dimensions=256, token_limit=256))
+    baseline = await QueryPreparation(QueryPlanner(QueryStrategy.BASELINE), plain).prepare(
+        _IN_FLIGHT, scope=S, principal=P)
+    assert len(baseline.query.fragments) > 1 and baseline.semantic.fragment_vectors == ()
+    assert plain.calls == [[baseline.query.text]]
 
 
 async def test_a_self_contained_request_leads_the_semantic_arm_despite_work_in_flight(

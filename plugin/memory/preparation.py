@@ -57,8 +57,8 @@ class SemanticPreparation:
     model: str | None = None
     fragment_vectors: tuple[Vector, ...] = attrs.field(default=(), eq=False, repr=False)
     """One vector per query fragment, embedded in the same call as ``vector`` (so under the
-    same token count: every fragment is part of the counted text); empty when withheld, or
-    when the query has a single fragment (then ``vector`` is that fragment's)."""
+    same token count: every fragment is part of the counted text); empty when withheld, for a
+    baseline query (ranked as a whole) and for a single fragment (``vector`` is that one)."""
 
     def __attrs_post_init__(self) -> None:
         if (self.vector is None) is (self.withheld_reason is None):
@@ -170,7 +170,9 @@ class QueryPreparation:
                 withheld_reason=WithheldReason.EMPTY_QUERY,
                 model=adapter.name,
             )
-        fragments = query.fragments if len(query.fragments) > 1 else ()
+        # Only task-context ranking weighs fragments (the baseline is the frozen control).
+        weighed = query.strategy is QueryStrategy.TASK_CONTEXT and len(query.fragments) > 1
+        fragments = query.fragments if weighed else ()
         tokens, vectors, reason = await anyio.to_thread.run_sync(
             _embed, adapter, query.text, fragments
         )
