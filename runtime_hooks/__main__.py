@@ -1,4 +1,5 @@
-"""The ``recallbound`` command: ``demo``, ``ledger runs|show|prune|check``, ``config show``.
+"""The ``recallbound`` command: ``demo``, ``evaluate``, ``ledger runs|show|prune|check``,
+``config show``.
 
 Bad input (a missing file, a foreign database, an unknown run, a bad setting) prints one
 ``recallbound: ...`` line on stderr and exits 1; a usage error exits 2 (argparse). No
@@ -34,6 +35,10 @@ def _parser() -> argparse.ArgumentParser:
                       help="keep the ledger and store here (default: a temporary folder)")
     demo.add_argument("--semantic", choices=[s.value for s in Semantic], default=None,
                       help="embedding for the semantic arm (default: wordllama if installed)")
+    from plugin.evaluation import command as evaluation
+
+    evaluation.configure(commands.add_parser(
+        "evaluate", help="evaluate query planning and ranking on a scenario file"))
     ledger_cli.add_commands(commands)
     config_cli.add_commands(commands)
     return parser
@@ -61,6 +66,10 @@ def main(
             return ledger_cli.run(args, out, clock if clock is not None else SystemClock())
         if args.command == "config":
             return config_cli.run(args, out)
+        if args.command == "evaluate":
+            from plugin.evaluation import command as evaluation
+
+            return evaluation.main(args)
         semantic = Semantic(args.semantic) if args.semantic else None
         anyio.run(lambda: run_demo(data_dir=args.data_dir, semantic=semantic),
                   backend=args.backend)

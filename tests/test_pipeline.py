@@ -151,35 +151,3 @@ async def test_ledger_is_wal_with_full_sync(tmp_path: Path) -> None:
             assert other.execute("PRAGMA journal_mode").fetchone() == ("wal",)
         finally:
             other.close()
-
-
-def test_fragment_priority_orders_by_the_earliest_fragment_matched() -> None:
-    from plugin.memory.pipeline import by_fragment_priority
-
-    items = [_evidence(1, "the lunch menu"), _evidence(2, "cutover plan"),
-             _evidence(3, "deploy window"), _evidence(4, "deploy and cutover")]
-    ordered = by_fragment_priority(items, ["deploy it", "the cutover", "nothing here"])
-    assert [e.id for e in ordered] == ["e3", "e4", "e2", "e1"]  # stable within a fragment
-
-
-async def test_baseline_ranking_ignores_fragment_order(
-    env: tuple[MemoryStore, RecallAllowance], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import plugin.memory.pipeline as pipeline
-
-    store, allowance = env
-    await store.add_memory("m", "cutover plan", principal=P, scope=S)
-    calls: list[object] = []
-    original = pipeline.by_fragment_priority
-    monkeypatch.setattr(pipeline, "by_fragment_priority",
-                        lambda *a: calls.append(a) or original(*a))
-    baseline = compose_baseline(WorkingState("cutover", objective="plan"), scope=S, principal=P)
-    prepared = PreparedRecall(query=baseline, recent_query=baseline, semantic=SemanticPreparation(
-        fingerprint=baseline.fingerprint, withheld_reason=WithheldReason.NO_ADAPTER))
-    async with allowance.round("r", RoundKind.DELIBERATE, slots=2) as permit:
-        await search_attempt(permit, MemoryRetriever(store), prepared, kind=AttemptKind.BASE,
-                             caps=ContextCaps(), nested_beliefs=False)
-        assert calls == []  # the frozen control's ranking is unchanged
-        await search_attempt(permit, MemoryRetriever(store), _prepared("cutover plan"),
-                             kind=AttemptKind.BASE, caps=ContextCaps(), nested_beliefs=False)
-        assert len(calls) == 1

@@ -123,8 +123,11 @@ async def test_prepare_plans_once_and_embeds_that_query() -> None:
     assert admission.calls == 1
     assert prepared.query == compose_task_context(STATE, scope="proj", principal="u1")
     assert prepared.fingerprint == prepared.query.fingerprint == prepared.semantic.fingerprint
-    assert adapter.embedded == [prepared.query.text]
+    # The query and its fragments, in one call (the fragments are parts of the counted text).
+    assert adapter.embedded == [prepared.query.text, *prepared.query.fragments]
     semantic = prepared.semantic
+    assert len(semantic.fragment_vectors) == len(prepared.query.fragments)
+    assert all(not v.flags.writeable for v in semantic.fragment_vectors)
     assert semantic.withheld_reason is None
     assert semantic.tokens == len(prepared.query.text.split())
     assert semantic.model == "hashing-64"

@@ -17,14 +17,18 @@ from .evaluator import hashing_embedding as hashing_embedding
 from .scenarios import InvalidScenarioError as InvalidScenarioError
 from .scenarios import Scenario as Scenario
 from .scenarios import ScenarioBelief as ScenarioBelief
+from .scenarios import ScenarioCorpus as ScenarioCorpus
 from .scenarios import ScenarioMemory as ScenarioMemory
 from .scenarios import ScenarioPerson as ScenarioPerson
+from .scenarios import iter_scenarios as iter_scenarios
 from .scenarios import load_scenarios as load_scenarios
 from .scenarios import parse_scenarios as parse_scenarios
+from .scenarios import stream_scenarios as stream_scenarios
 
 __all__ = [
     "DEFAULT_CELLS", "Arm", "Cell", "CellMetrics", "Evaluator", "InvalidScenarioError", "Report",
-    "Scenario", "ScenarioBelief", "ScenarioMemory", "ScenarioPerson", "ScenarioResult",
-    "default_embedding", "evaluate_file", "hashing_embedding", "load_scenarios",
-    "parse_scenarios",
+    "Scenario", "ScenarioBelief", "ScenarioCorpus", "ScenarioMemory", "ScenarioPerson",
+    "ScenarioResult",
+    "default_embedding", "evaluate_file", "hashing_embedding", "iter_scenarios",
+    "load_scenarios", "parse_scenarios", "stream_scenarios",
 ]

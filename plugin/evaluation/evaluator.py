@@ -26,7 +26,8 @@ import math
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ from plugin.memory.embedding import EmbeddingAdapter
 from plugin.memory.pipeline import ContextCaps, MemoryRetriever
 from plugin.memory.planning import QueryPlanner, QueryStrategy
 from plugin.memory.preparation import QueryPreparation
+from plugin.memory.ranking import RankingPolicy
 from plugin.memory.recall import automatic_round
 from plugin.memory.store import MemoryRecord, MemoryStore
 
@@ -67,6 +69,10 @@ SEED_EPOCH = 1_750_000_000.0
 """Memories and beliefs without ``created_at`` are stamped from here, a minute apart, in file
 order (later in the file is newer)."""
 SEED_STEP_S = 60.0
+RANKED = 20
+"""How many ids of each round's ranking a result keeps (enough for recall@10 and nDCG@10)."""
+
+ScenarioCallback = Callable[["Scenario", "list[ScenarioResult]"], None]
 
 
 class Arm(enum.Enum):
@@ -168,6 +174,10 @@ class ScenarioResult:
     bounded: bool
     """Whether the round ended with a bounded-recall notice."""
     notes: tuple[str, ...] = ()
+    ranked: tuple[str, ...] = ()
+    """Ids of the round's whole ranking before the context caps (at most :data:`RANKED`)."""
+    latency_s: float = attrs.field(default=0.0, eq=False)
+    """Real seconds the automatic round took (not part of the report's equality or JSON)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -276,7 +286,10 @@ class Report:
             "cells": [cell.name for cell in self.cells],
             "overall": [attrs.asdict(m) for m in self.overall],
             "by_family": [attrs.asdict(m) for m in self.by_family],
-            "scenarios": [attrs.asdict(row) for row in self.rows],
+            "scenarios": [
+                attrs.asdict(row, filter=lambda field, _: field.name != "latency_s")
+                for row in self.rows
+            ],
         }
 
     def to_json(self, *, indent: int | None = 2) -> str:
@@ -392,56 +405,58 @@ class Evaluator:
         factory=ContextCaps, validator=attrs.validators.instance_of(ContextCaps)
     )
     cells: tuple[Cell, ...] = attrs.field(default=DEFAULT_CELLS, converter=_cells)
+    ranking: RankingPolicy = attrs.field(
+        factory=RankingPolicy, validator=attrs.validators.instance_of(RankingPolicy)
+    )
+    """The retriever's ranking policy (the evaluator compares variants of it)."""
+    min_similarity: float = 0.25
+    """The retriever's semantic floor."""
 
     @property
     def k(self) -> int:
         return self.caps.max_items
 
     async def evaluate(
-        self, scenarios: Sequence[Scenario], *, workdir: str | os.PathLike[str] | None = None
+        self,
+        scenarios: Iterable[Scenario],
+        *,
+        workdir: str | os.PathLike[str] | None = None,
+        on_scenario: ScenarioCallback | None = None,
     ) -> Report:
-        """Evaluate ``scenarios`` in order, one fresh environment each.
+        """Evaluate ``scenarios`` in order (any iterable: a file is streamed, never loaded).
 
-        The environments live in a new temporary folder (inside ``workdir`` when given), which
-        is removed afterwards. Raises :class:`~plugin.errors.MemoryStoreError` or
+        Every scenario gets a fresh environment, except that consecutive scenarios reading the
+        same corpus (and adding nothing of their own) share its seeded store, which every cell
+        only reads. The environments live in a new temporary folder (inside ``workdir`` when
+        given), removed afterwards. ``on_scenario`` is called with each scenario and its rows
+        (a progress bar). Raises :class:`~plugin.errors.MemoryStoreError` or
         :class:`~plugin.errors.LedgerError` when an environment cannot be built.
         """
-        scenarios = list(scenarios)
-        if not all(isinstance(s, Scenario) for s in scenarios):
-            raise TypeError("scenarios must be Scenario values (see load_scenarios)")
         root = Path(
             await anyio.to_thread.run_sync(
                 lambda: tempfile.mkdtemp(prefix="recallbound-eval-", dir=workdir)
             )
         )
         rows: list[ScenarioResult] = []
+        stores = _Stores(self.embedding, root)
         try:
             for index, scenario in enumerate(scenarios):
-                folder = root / f"scenario-{index:04d}"
-                await anyio.Path(folder).mkdir()
-                try:
-                    rows.extend(await self._scenario(scenario, index, folder))
-                finally:
-                    with anyio.CancelScope(shield=True):
-                        await anyio.to_thread.run_sync(shutil.rmtree, folder, True)
+                if not isinstance(scenario, Scenario):
+                    raise TypeError("scenarios must be Scenario values (see load_scenarios)")
+                store, folder = await stores.for_scenario(scenario, index)
+                results = [
+                    await self._cell(scenario, cell, store, folder / f"ledger-{index}-{pos}.db",
+                                     run_id=f"evaluation-{index:04d}-{cell.name}")
+                    for pos, cell in enumerate(self.cells)
+                ]
+                rows.extend(results)
+                if on_scenario is not None:
+                    on_scenario(scenario, results)
         finally:
             with anyio.CancelScope(shield=True):
+                await stores.aclose()
                 await anyio.to_thread.run_sync(shutil.rmtree, root, True)
         return self._report(rows)
-
-    async def _scenario(
-        self, scenario: Scenario, index: int, folder: Path
-    ) -> list[ScenarioResult]:
-        clock = ManualClock(wall=WALL_EPOCH, monotonic=0.0)
-        async with MemoryStore(
-            folder / "memory.db", embedding=self.embedding, clock=clock
-        ) as store:
-            await _seed(store, scenario)
-            return [
-                await self._cell(scenario, cell, store, folder / f"ledger-{position}.db",
-                                 run_id=f"evaluation-{index:04d}-{cell.name}")
-                for position, cell in enumerate(self.cells)
-            ]
 
     async def _cell(
         self, scenario: Scenario, cell: Cell, store: MemoryStore, ledger_path: Path, *,
@@ -453,13 +468,19 @@ class Evaluator:
         preparation = QueryPreparation(
             QueryPlanner(cell.strategy, admission=_admit_always), self.embedding
         )
-        retriever = MemoryRetriever(store, arms=cell.arm.arms)
-        prepared = await preparation.prepare(scenario.state, scope=scope, principal=principal)
+        retriever = MemoryRetriever(store, arms=cell.arm.arms, ranking=self.ranking,
+                                    min_similarity=self.min_similarity)
         async with SqliteLedger(ledger_path) as ledger:
+            started = time.perf_counter()
+            prepared = await preparation.prepare(
+                scenario.state, scope=scope, principal=principal
+            )
             allowance = RecallAllowance(ledger, policy=self.policy, clock=clock)
             recall = await automatic_round(allowance, retriever, prepared, run_id=run_id,
                                            caps=caps)
+            latency = time.perf_counter() - started
             usage = await ledger.usage(run_id)
+        await anyio.Path(ledger_path).unlink(missing_ok=True)
         notes = list(recall.notes)
         people = recall.people
         bounded = recall.refusal is not None
@@ -503,6 +524,8 @@ class Evaluator:
             refused=usage.refused,
             bounded=bounded,
             notes=tuple(notes),
+            ranked=tuple(item.id for item in recall.candidates[:RANKED]),
+            latency_s=latency,
         )
 
     def _report(self, rows: list[ScenarioResult]) -> Report:
@@ -533,6 +556,46 @@ class Evaluator:
 
 def _key(cell: Cell) -> tuple[str, str]:
     return cell.strategy.value, cell.arm.value
+
+
+@attrs.define(eq=False)
+class _Stores:
+    """The seeded store of the current scenario, kept while its corpus is read unchanged."""
+
+    embedding: EmbeddingAdapter
+    root: Path
+    _key: tuple[str, int] | None = None
+    _store: MemoryStore | None = None
+    _folder: Path | None = None
+
+    async def for_scenario(self, scenario: Scenario, index: int) -> tuple[MemoryStore, Path]:
+        key = (scenario.corpus, 0) if scenario.corpus and not scenario.own_items else None
+        if key is not None and key == self._key and self._store is not None:
+            assert self._folder is not None
+            return self._store, self._folder
+        await self.aclose()
+        folder = self.root / f"scenario-{index:04d}"
+        await anyio.Path(folder).mkdir()
+        clock = ManualClock(wall=WALL_EPOCH, monotonic=0.0)
+        store = MemoryStore(folder / "memory.db", embedding=self.embedding, clock=clock)
+        await store.__aenter__()
+        self._store, self._folder = store, folder
+        try:
+            await _seed(store, scenario)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self.aclose()
+            raise
+        self._key = key
+        return store, folder
+
+    async def aclose(self) -> None:
+        store, folder = self._store, self._folder
+        self._store = self._folder = self._key = None
+        if store is not None:
+            await store.aclose()
+        if folder is not None:
+            await anyio.to_thread.run_sync(shutil.rmtree, folder, True)
 
 
 async def _seed(store: MemoryStore, scenario: Scenario) -> None:

@@ -7,6 +7,13 @@ skipped. Everything is checked when read, so a malformed file fails here with an
 Beyond the JSON shape, a scenario must be coherent: ids unique within it, every ``relevant``
 and ``must_not`` id naming one of its items, no relevant item that the scenario's principal
 could never see, no item both relevant and forbidden.
+
+A file may define a corpus once and reference it from many scenarios: a line
+``{"corpus": "c1", "memories": [...], "people": [...]}`` defines corpus ``c1``, and a scenario
+line with ``"corpus": "c1"`` (and no ``memories`` of its own, or only extra ones) uses its
+memories and people. A corpus is defined before the lines that use it, so
+:func:`iter_scenarios` reads a file line by line and never holds more than its corpora and
+the current scenario. The old form (every scenario carrying its memories) stays readable.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ import json
 import math
 import os
 import types
-from collections.abc import Mapping
+from collections.abc import Generator, Iterable, Iterator, Mapping
 from typing import Any
 
 import attrs
@@ -26,11 +33,14 @@ from plugin.memory.state import WorkingState
 __all__ = [
     "InvalidScenarioError",
     "Scenario",
+    "ScenarioCorpus",
     "ScenarioBelief",
     "ScenarioMemory",
     "ScenarioPerson",
+    "iter_scenarios",
     "load_scenarios",
     "parse_scenarios",
+    "stream_scenarios",
 ]
 
 GRADES = (1, 2)
@@ -114,6 +124,10 @@ class Scenario:
     relevant: Mapping[str, int] = attrs.field(converter=_frozen_grades, hash=False)
     people: tuple[ScenarioPerson, ...] = ()
     must_not: tuple[str, ...] = ()
+    corpus: str | None = None
+    """The corpus the memories and people came from (None: the scenario's own only)."""
+    own_items: bool = True
+    """Whether the scenario adds memories or people of its own (beyond its corpus)."""
 
     @property
     def foreign_ids(self) -> frozenset[str]:
@@ -129,13 +143,18 @@ class Scenario:
 
     @classmethod
     def from_json(
-        cls, line_or_mapping: str | bytes | Mapping[str, Any], *, line: int | None = None
+        cls,
+        line_or_mapping: str | bytes | Mapping[str, Any],
+        *,
+        line: int | None = None,
+        corpora: Mapping[str, ScenarioCorpus] | None = None,
     ) -> Scenario:
         """Parse one scenario from a JSON line (``str`` or UTF-8 ``bytes``) or a mapping.
 
-        Raises :class:`InvalidScenarioError` (naming ``line`` when given, and the field) for
-        text that is not UTF-8 or not JSON, duplicate or unknown keys, missing or mistyped
-        fields, non-finite numbers, grades other than 1 and 2, and incoherent ids.
+        ``corpora`` are the corpora a ``"corpus"`` reference may name. Raises
+        :class:`InvalidScenarioError` (naming ``line`` when given, and the field) for text that
+        is not UTF-8 or not JSON, duplicate or unknown keys, missing or mistyped fields,
+        non-finite numbers, grades other than 1 and 2, an undefined corpus, and incoherent ids.
         """
         try:
             if isinstance(line_or_mapping, Mapping):
@@ -146,32 +165,71 @@ class Scenario:
                 raise InvalidScenarioError(
                     f"a scenario is a JSON line or a mapping, got {type(line_or_mapping).__name__}"
                 )
-            return _scenario(data)
+            return _scenario(data, corpora or {})
         except InvalidScenarioError as exc:
             if line is None or exc.line is not None:
                 raise
             raise exc.at_line(line) from None
 
 
+@attrs.frozen(kw_only=True)
+class ScenarioCorpus:
+    """Memories and people defined once in a file and shared by the scenarios naming it."""
+
+    id: str
+    memories: tuple[ScenarioMemory, ...]
+    people: tuple[ScenarioPerson, ...] = ()
+
+
 def parse_scenarios(text: bytes | str, *, first_line: int = 1) -> list[Scenario]:
-    """Parse JSONL text: one scenario a non-blank line; scenario ids unique across it.
+    """Parse JSONL text: one scenario (or corpus) a non-blank line; see :func:`iter_scenarios`.
 
     ``bytes`` are decoded line by line, so bytes that are not UTF-8 are reported with their
     line number. A UTF-8 byte-order mark at the start is ignored.
     """
     raw_lines: list[bytes | str]
     if isinstance(text, (bytes, bytearray)):
-        raw_lines = list(bytes(text).removeprefix(b"\xef\xbb\xbf").split(b"\n"))
+        raw_lines = list(bytes(text).split(b"\n"))
     elif isinstance(text, str):
-        raw_lines = list(text.removeprefix("\ufeff").split("\n"))
+        raw_lines = list(text.split("\n"))
     else:
         raise TypeError(f"text must be bytes or str, got {type(text).__name__}")
-    scenarios: list[Scenario] = []
+    return list(iter_scenarios(raw_lines, first_line=first_line))
+
+
+def iter_scenarios(
+    lines: Iterable[bytes | str], *, first_line: int = 1
+) -> Iterator[Scenario]:
+    """Scenarios from JSONL lines, one at a time, resolving corpus references.
+
+    Scenario ids are unique across the lines, corpus ids too; a corpus is defined before the
+    scenarios that name it. A byte-order mark on the first line is ignored. Raises
+    :class:`InvalidScenarioError` naming the line for anything malformed.
+    """
+    corpora: dict[str, ScenarioCorpus] = {}
     seen: dict[str, int] = {}
-    for number, raw in enumerate(raw_lines, start=first_line):
+    for number, raw in enumerate(lines, start=first_line):
+        if number == first_line:
+            raw = (
+                raw.removeprefix(b"\xef\xbb\xbf")
+                if isinstance(raw, bytes)
+                else raw.removeprefix("\ufeff")
+            )
         if not raw.strip():
             continue
-        scenario = Scenario.from_json(raw, line=number)
+        try:
+            data = _decode(raw)
+            if isinstance(data, Mapping) and "corpus" in data and "id" not in data:
+                corpus = _corpus(data)
+                if corpus.id in corpora:
+                    raise InvalidScenarioError(
+                        f"corpus {corpus.id!r} is already defined", field="corpus"
+                    )
+                corpora[corpus.id] = corpus
+                continue
+            scenario = _scenario(data, corpora)
+        except InvalidScenarioError as exc:
+            raise exc.at_line(number) from None
         if scenario.id in seen:
             raise InvalidScenarioError(
                 f"scenario id {scenario.id!r} was already used on line {seen[scenario.id]}",
@@ -179,24 +237,31 @@ def parse_scenarios(text: bytes | str, *, first_line: int = 1) -> list[Scenario]
                 line=number,
             )
         seen[scenario.id] = number
-        scenarios.append(scenario)
-    return scenarios
+        yield scenario
 
 
 def load_scenarios(path: str | os.PathLike[str]) -> list[Scenario]:
-    """Read a scenario file (JSONL, UTF-8); see :func:`parse_scenarios`.
+    """Read a whole scenario file (JSONL, UTF-8); see :func:`stream_scenarios` for large ones.
 
     Raises :class:`InvalidScenarioError` for a malformed line and ``OSError`` when the file
     cannot be read.
     """
+    return list(stream_scenarios(path))
+
+
+def stream_scenarios(path: str | os.PathLike[str]) -> Generator[Scenario, None, None]:
+    """Read a scenario file line by line (see :func:`iter_scenarios`); the file stays open
+    while the iterator is consumed."""
     with open(path, "rb") as file:
-        return parse_scenarios(file.read())
+        yield from iter_scenarios(file)
 
 
 # -- parsing --------------------------------------------------------------------------------------
 
-_SCENARIO_KEYS = ("id", "family", "principal", "scope", "memories", "state", "relevant")
-_SCENARIO_OPTIONAL = ("people", "must_not")
+_SCENARIO_KEYS = ("id", "family", "principal", "scope", "state", "relevant")
+_SCENARIO_OPTIONAL = ("memories", "people", "must_not", "corpus")
+_CORPUS_KEYS = ("corpus", "memories")
+_CORPUS_OPTIONAL = ("people",)
 _MEMORY_KEYS = ("id", "text", "principal", "scope")
 _MEMORY_OPTIONAL = ("created_at", "cites")
 _PERSON_KEYS = ("name",)
@@ -366,20 +431,50 @@ def _state(data: object) -> WorkingState:
         raise InvalidScenarioError(str(exc), field="state") from None
 
 
-def _scenario(data: object) -> Scenario:
+def _corpus(data: object) -> ScenarioCorpus:
+    top = _object(data, "", _CORPUS_KEYS, _CORPUS_OPTIONAL)
+    return ScenarioCorpus(
+        id=_text(top["corpus"], "corpus", key=True),
+        memories=_memories(top),
+        people=_people(top),
+    )
+
+
+def _memories(top: Mapping[str, Any]) -> tuple[ScenarioMemory, ...]:
+    return tuple(
+        _memory(item, f"memories[{i}]")
+        for i, item in enumerate(_array(top.get("memories", []), "memories"))
+    )
+
+
+def _people(top: Mapping[str, Any]) -> tuple[ScenarioPerson, ...]:
+    return tuple(
+        _person(item, f"people[{i}]")
+        for i, item in enumerate(_array(top.get("people", []), "people"))
+    )
+
+
+def _scenario(data: object, corpora: Mapping[str, ScenarioCorpus]) -> Scenario:
     top = _object(data, "", _SCENARIO_KEYS, _SCENARIO_OPTIONAL)
     scenario_id = _text(top["id"], "id", key=True)
     family = _text(top["family"], "family", key=True)
     principal = _text(top["principal"], "principal", key=True)
     scope = _text(top["scope"], "scope", key=True)
-    memories = tuple(
-        _memory(item, f"memories[{i}]")
-        for i, item in enumerate(_array(top["memories"], "memories"))
-    )
-    people = tuple(
-        _person(item, f"people[{i}]")
-        for i, item in enumerate(_array(top.get("people", []), "people"))
-    )
+    corpus_id: str | None = None
+    if "corpus" in top:
+        corpus_id = _text(top["corpus"], "corpus", key=True)
+        if corpus_id not in corpora:
+            raise InvalidScenarioError(
+                f"corpus {corpus_id!r} is not defined on an earlier line", field="corpus"
+            )
+    elif "memories" not in top:
+        raise InvalidScenarioError("missing required key(s) 'memories' (or a 'corpus')")
+    memories, people = _memories(top), _people(top)
+    own_items = bool(memories or people)
+    if corpus_id is not None:
+        corpus = corpora[corpus_id]
+        memories = corpus.memories + memories if memories else corpus.memories
+        people = corpus.people + people if people else corpus.people
     state = _state(top["state"])
     relevant = _grades(top["relevant"])
     must_not = tuple(
@@ -397,6 +492,8 @@ def _scenario(data: object) -> Scenario:
         relevant=relevant,
         people=people,
         must_not=must_not,
+        corpus=corpus_id,
+        own_items=own_items or corpus_id is None,
     )
 
 

@@ -21,8 +21,18 @@ import attrs
 from plugin.control import RecallBudgetExceeded
 
 from .enforce import AttemptHandle, Found
-from .planning import QueryStrategy
 from .preparation import PreparedRecall
+from .ranking import (
+    RankingPolicy,
+    combined_vector,
+    fragment_weights,
+    search_terms,
+    term_chunks,
+    uses_fragments,
+    weighted_fuse,
+    weighted_score_fuse,
+    with_beliefs,
+)
 from .safe_text import one_line
 from .store import Evidence, MemoryStore
 from .terms import STOPWORDS as STOPWORDS
@@ -140,26 +150,6 @@ def fuse(arms: Iterable[Sequence[Evidence]], *, k: int = RRF_K) -> list[Evidence
     return [attrs.evolve(first[key], score=scores[key]) for key in order]
 
 
-def by_fragment_priority(
-    evidence: Sequence[Evidence], fragments: Sequence[str]
-) -> list[Evidence]:
-    """``evidence`` reordered by the earliest query fragment each item shares a word with.
-
-    The planner orders fragments by priority (the request first, then the next action, ...);
-    this ranking lets that order count without forming a second query. Items that share no
-    word with any fragment keep their order at the end.
-    """
-    fragment_terms = [frozenset(content_terms(fragment)) for fragment in fragments]
-
-    def first_hit(item: Evidence) -> int:
-        words = frozenset(query_terms(item.text))
-        return next(
-            (i for i, terms in enumerate(fragment_terms) if terms & words), len(fragment_terms)
-        )
-
-    return sorted(evidence, key=first_hit)  # stable: ties keep the fused order
-
-
 def render(evidence: Sequence[Evidence], caps: ContextCaps) -> Rendered:
     """Render whole evidence lines within ``caps``; an item that does not fit is left out."""
     lines: list[str] = []
@@ -195,6 +185,10 @@ class MemoryRetriever:
     """Semantic candidates below this cosine are not evidence (calibrated on WordLlama)."""
     arms: frozenset[str] = attrs.field(default=ARMS, converter=_arms)
     """The candidate arms that run (an evaluator's ablation runs one at a time)."""
+    ranking: RankingPolicy = attrs.field(
+        factory=RankingPolicy, validator=attrs.validators.instance_of(RankingPolicy)
+    )
+    """How fragments are weighted and arms fused (:mod:`plugin.memory.ranking`)."""
 
     def __attrs_post_init__(self) -> None:
         unknown = self.arms - ARMS
@@ -225,46 +219,112 @@ class MemoryRetriever:
         notes: list[str] = []
         arms: list[str] = []
         people = await store.discover_people(query.text, principal=principal, scope=scope)
-        ranked: list[list[Evidence]] = []
-        terms = content_terms(query.text) if "sparse" in self.arms else ()
-        if terms:
-            ranked.append(await store.sparse_candidates(
-                " ".join(terms), principal=principal, scope=scope,
-                limit=caps.candidates_per_arm,
-            ))
-            arms.append("sparse")
-        elif "sparse" in self.arms:
-            notes.append("sparse arm skipped: the query has no searchable terms")
-        vector = prepared.semantic.vector if "semantic" in self.arms else None
-        if vector is not None:
-            similar = await store.semantic_candidates(
-                vector, principal=principal, scope=scope, limit=caps.candidates_per_arm
-            )
-            ranked.append([item for item in similar if item.score >= self.min_similarity])
-            arms.append("semantic")
-        elif "semantic" in self.arms and prepared.semantic.withheld_reason is not None:
-            notes.append(f"semantic arm withheld: {prepared.semantic.withheld_reason.value}")
-        if "recent" in self.arms:
-            recent = await self._recent(prepared, principal, scope, caps)
-            if recent:
-                ranked.append(recent)
-            arms.append("recent")
-        evidence = fuse(ranked)
-        if query.strategy is QueryStrategy.TASK_CONTEXT and evidence:
-            # Its fragments are in priority order; the baseline's ranking stays unchanged.
-            evidence = fuse([evidence, by_fragment_priority(evidence, query.fragments)])
+        evidence = await self._rank(prepared, principal, scope, caps, arms, notes)
         if nested_beliefs and people and handle.offers_nested:
             read = await handle.nested([p.name for p in people])
             if read.refusal is not None:
                 notes.append(f"belief read refused: {read.refusal.reason.value}")
             else:
-                evidence = fuse([evidence, list(read.beliefs)])
+                evidence = with_beliefs(evidence, read.beliefs)
         rendered = render(evidence, caps)
         sources = await self._recover_sources(rendered.items, handle, principal, scope, notes)
         if sources:
             evidence = [*rendered.items, *sources]
         return Found(evidence=tuple(evidence), people=tuple(p.name for p in people),
                      arms=tuple(arms), notes=tuple(notes))
+
+    async def _rank(
+        self, prepared: PreparedRecall, principal: str, scope: str, caps: ContextCaps,
+        arms: list[str], notes: list[str],
+    ) -> list[Evidence]:
+        """Every arm's candidates, fused: weighted arms, recency as the tie-breaker."""
+        query, policy = prepared.query, self.ranking
+        weights = fragment_weights(query, policy) if uses_fragments(query) else ()
+        if not any(weights):
+            weights = ()  # nothing but content-free fragments: search the whole query
+        lists: list[tuple[float, Sequence[Evidence]]] = []
+        if "sparse" in self.arms:
+            sparse = await self._sparse(query.text, query.fragments, weights, principal, scope,
+                                        caps, notes)
+            if sparse is None:
+                notes.append("sparse arm skipped: the query has no searchable terms")
+            else:
+                lists.append((policy.sparse, sparse))
+                arms.append("sparse")
+        if "semantic" in self.arms:
+            semantic = await self._semantic(prepared, weights, principal, scope, caps)
+            if semantic is not None:
+                lists.append((policy.semantic, semantic))
+                arms.append("semantic")
+            elif prepared.semantic.withheld_reason is not None:
+                notes.append(
+                    f"semantic arm withheld: {prepared.semantic.withheld_reason.value}"
+                )
+        recent: list[Evidence] = []
+        if "recent" in self.arms:
+            recent = await self._recent(prepared, principal, scope, caps)
+            arms.append("recent")
+            if not lists:  # the recent arm alone: its order is the ranking
+                lists.append((1.0, recent))
+        return weighted_fuse(lists, tie_breaker=recent)
+
+    async def _sparse(
+        self, text: str, fragments: Sequence[str], weights: Sequence[float], principal: str,
+        scope: str, caps: ContextCaps, notes: list[str],
+    ) -> list[Evidence] | None:
+        """bm25 candidates: the whole query's terms, or each weighted fragment's on its own.
+
+        Terms are split into FTS-sized expressions, so no fragment's terms fall silently
+        under the FTS term cap. None when there is no term to search.
+        """
+        parts = [(1.0, text)] if not weights else [
+            (weight, fragment) for weight, fragment in zip(weights, fragments, strict=True)
+            if weight > 0
+        ]
+        if weights and self.ranking.whole_query > 0:
+            searched = [f for w, f in zip(weights, fragments, strict=True) if w > 0]
+            parts.append((self.ranking.whole_query, "\n".join(searched)))
+        lists: list[tuple[float, Sequence[Evidence]]] = []
+        dropped = 0
+        for weight, part in parts:
+            terms = search_terms(part)
+            chunks, lost = term_chunks(terms)
+            dropped += lost
+            for chunk in chunks:
+                lists.append((weight, await self.store.sparse_candidates(
+                    chunk, principal=principal, scope=scope, limit=caps.candidates_per_arm,
+                )))
+        if dropped:
+            notes.append(f"sparse arm: {dropped} query terms beyond the FTS term cap left out")
+        if not lists:
+            return None
+        if len(lists) == 1:
+            return list(lists[0][1])
+        return weighted_score_fuse(lists)[: caps.candidates_per_arm * 2]
+
+    async def _semantic(
+        self, prepared: PreparedRecall, weights: Sequence[float], principal: str, scope: str,
+        caps: ContextCaps,
+    ) -> list[Evidence] | None:
+        """Cosine candidates for the query's vector, or for its fragments' weighted vector.
+
+        Candidates below ``min_similarity`` are not evidence, unless they score at least
+        ``relative_floor`` of the best candidate (a combined vector's cosines run lower).
+        None when the query has no vector.
+        """
+        semantic = prepared.semantic
+        vector = semantic.vector
+        if weights and len(semantic.fragment_vectors) == len(weights):
+            vector = combined_vector(semantic.fragment_vectors, weights)
+        if vector is None:
+            return None
+        similar = await self.store.semantic_candidates(
+            vector, principal=principal, scope=scope, limit=caps.candidates_per_arm
+        )
+        best = similar[0].score if similar else 0.0
+        floor = min(self.min_similarity, best * self.ranking.relative_floor) if (
+            self.ranking.relative_floor > 0) else self.min_similarity
+        return [item for item in similar if item.score >= floor and item.score > 0]
 
     async def _recent(
         self, prepared: PreparedRecall, principal: str, scope: str, caps: ContextCaps

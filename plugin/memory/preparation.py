@@ -59,6 +59,10 @@ class SemanticPreparation:
     withheld_reason: WithheldReason | None = None
     tokens: int | None = None
     model: str | None = None
+    fragment_vectors: tuple[Vector, ...] = attrs.field(default=(), eq=False, repr=False)
+    """One vector per query fragment, embedded in the same call as ``vector`` (so under the
+    same token count: every fragment is part of the counted text); empty when withheld, for a
+    baseline query (ranked as a whole) and for a single fragment (``vector`` is that one)."""
 
     def __attrs_post_init__(self) -> None:
         if (self.vector is None) is (self.withheld_reason is None):
@@ -200,43 +204,53 @@ class QueryPreparation:
                 withheld_reason=WithheldReason.EMPTY_QUERY,
                 model=adapter.name,
             )
+        # Only task-context ranking weighs fragments (the baseline is the frozen control).
+        weighed = query.strategy is QueryStrategy.TASK_CONTEXT and len(query.fragments) > 1
+        fragments = query.fragments if weighed else ()
         # Abandoned, not awaited, when the hooks' preparation bound cancels it: a hung model
         # cannot hold the turn (the thread finishes on its own; its answer is dropped).
-        tokens, vector, reason = await anyio.to_thread.run_sync(
-            _embed, adapter, query.text, abandon_on_cancel=True
+        tokens, vectors, reason = await anyio.to_thread.run_sync(
+            _embed, adapter, query.text, fragments, abandon_on_cancel=True
         )
         return SemanticPreparation(
             fingerprint=query.fingerprint,
-            vector=vector,
+            vector=vectors[0] if vectors else None,
             withheld_reason=reason,
             tokens=tokens,
             model=adapter.name,
+            fragment_vectors=vectors[1:],
         )
 
 
 def _embed(
-    adapter: EmbeddingAdapter, text: str
-) -> tuple[int | None, Vector | None, WithheldReason | None]:
-    """Count, then embed unless over the limit (runs in a worker thread)."""
+    adapter: EmbeddingAdapter, text: str, fragments: tuple[str, ...] = ()
+) -> tuple[int | None, tuple[Vector, ...], WithheldReason | None]:
+    """Count ``text``, then embed it and its ``fragments`` in one call unless it is over the
+    limit (runs in a worker thread). The fragments are parts of ``text``, so the one count
+    bounds them all."""
     if len(text) > adapter.token_limit * MAX_CHARS_PER_TOKEN:
-        return None, None, WithheldReason.TOKEN_LIMIT  # cannot fit; not worth tokenizing
+        return None, (), WithheldReason.TOKEN_LIMIT  # cannot fit; not worth tokenizing
     try:
         tokens = adapter.count_tokens(text)
         if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
             _log.warning("embedding adapter %r counted %r tokens", adapter.name, tokens)
-            return None, None, WithheldReason.ADAPTER_FAILED
+            return None, (), WithheldReason.ADAPTER_FAILED
         if tokens > adapter.token_limit:
-            return tokens, None, WithheldReason.TOKEN_LIMIT
-        vectors = adapter.embed([text])
+            return tokens, (), WithheldReason.TOKEN_LIMIT
+        vectors = adapter.embed([text, *fragments])
     except Exception:
         _log.warning(
             "embedding adapter %r failed; semantic arm withheld", adapter.name, exc_info=True
         )
-        return None, None, WithheldReason.ADAPTER_FAILED
-    shape = (1, adapter.dimensions)
-    if not isinstance(vectors, np.ndarray) or vectors.shape != shape:
-        _log.warning("embedding adapter %r returned no %s array", adapter.name, shape)
-        return tokens, None, WithheldReason.ADAPTER_FAILED
-    vector = np.array(vectors[0], dtype=np.float32)  # a private copy, then frozen
-    vector.setflags(write=False)
-    return tokens, vector, None
+        return None, (), WithheldReason.ADAPTER_FAILED
+    shape = (1 + len(fragments), adapter.dimensions)
+    if (not isinstance(vectors, np.ndarray) or vectors.shape != shape
+            or not np.isfinite(vectors).all()):
+        _log.warning("embedding adapter %r returned no finite %s array", adapter.name, shape)
+        return tokens, (), WithheldReason.ADAPTER_FAILED
+    frozen = []
+    for row in vectors:
+        vector = np.array(row, dtype=np.float32)  # a private copy, then frozen
+        vector.setflags(write=False)
+        frozen.append(vector)
+    return tokens, tuple(frozen), None

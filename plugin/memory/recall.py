@@ -3,8 +3,8 @@
 The round reserves ``automatic_slots``; the base search runs on one slot; the delta — a
 People-to-belief read — runs on another only when the base discovered people (a need it left
 unmet). Both attempts are opened here, not by the retriever (:mod:`plugin.memory.enforce`).
-Beliefs are fused into the ranking before the context caps apply, so a belief read that was
-paid for is not crowded out by the base's evidence.
+Beliefs join the ranking before the context caps apply (after the base's best few), so a
+belief read that was paid for is not crowded out by the base's evidence.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from plugin.control import (
 )
 
 from .enforce import Bounded, beliefs_attempt, search_attempt
-from .pipeline import ContextCaps, Rendered, Retriever, fuse, render
+from .pipeline import ContextCaps, Rendered, Retriever, render
 from .preparation import PreparedRecall
+from .ranking import with_beliefs
 from .store import Evidence
 
 NOTHING_TO_SEARCH = (
@@ -84,7 +85,7 @@ async def automatic_round(
                     nested_beliefs=False,
                 )
                 slots.append(base.slot)
-                ranked = list(render(base.found.evidence, caps).items)
+                ranked = list(base.found.evidence)  # the whole ranking; capped when rendered
                 notes.extend(base.found.notes)
                 bounded = base.bounded
                 people = base.found.people
@@ -99,7 +100,7 @@ async def automatic_round(
                         notes.append(f"delta refused: {exc.refusal.reason.value}")
                     else:
                         slots.append(slot)
-                        ranked = fuse([ranked, list(beliefs)])
+                        ranked = with_beliefs(ranked, beliefs)
     except RecallBudgetExceeded as exc:
         refusal = exc.refusal
     return AutomaticRecall(

@@ -1,0 +1,82 @@
+"""Ranking variants on the development set: ``python -m bench.tune_ranking [--semantic ...]``.
+
+Runs ``examples/devset.jsonl`` (never a held-out set) once per named variant of
+:class:`~plugin.memory.ranking.RankingPolicy` and prints recall@5 per arm, strategy and family,
+plus task_context - baseline per family. ``--only NAME`` runs one variant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import anyio
+
+from plugin.evaluation import Evaluator, stream_scenarios
+from plugin.evaluation.analysis import score_row, summarise
+from plugin.evaluation.command import embedding_for
+from plugin.memory.ranking import RankingPolicy
+
+DEVSET = Path(__file__).resolve().parents[1] / "examples" / "devset.jsonl"
+
+VARIANTS: dict[str, tuple[RankingPolicy, float]] = {
+    "default": (RankingPolicy(), 0.25),
+    "lead3": (RankingPolicy(lead=3.0, decay=0.6), 0.25),
+    "lead6": (RankingPolicy(lead=6.0, decay=0.6), 0.25),
+    "lead6-decay0.8": (RankingPolicy(lead=6.0, decay=0.8), 0.25),
+    "lead6-whole1": (RankingPolicy(lead=6.0, decay=0.6, whole_query=1.0), 0.25),
+    "lead6-semantic2": (RankingPolicy(lead=6.0, decay=0.6, semantic=2.0), 0.25),
+    "lead6-sparse2": (RankingPolicy(lead=6.0, decay=0.6, sparse=2.0), 0.25),
+    "lead6-relfloor0.5": (RankingPolicy(lead=6.0, decay=0.6, relative_floor=0.5), 0.25),
+}
+
+
+def run(name: str, policy: RankingPolicy, floor: float, semantic: str | None,
+        path: Path, limit: int | None) -> None:
+    evaluator = Evaluator(embedding=embedding_for(semantic), ranking=policy,
+                          min_similarity=floor)
+    scored = []
+
+    def collect(scenario, rows):  # type: ignore[no-untyped-def]
+        scored.extend(score_row(row, scenario, (5, 10)) for row in rows)
+
+    started = time.monotonic()
+    scenarios = stream_scenarios(path)
+    if limit:
+        import itertools
+        scenarios = itertools.islice(scenarios, limit)  # type: ignore[assignment]
+    anyio.run(lambda: evaluator.evaluate(scenarios, on_scenario=collect))
+    summary = summarise(scored, (5, 10), resamples=1000)
+    results, diffs = summary["results"], summary["differences"]
+    families = list(results["sparse"]["baseline"])
+    print(f"== {name}: {policy}, floor {floor} ({time.monotonic() - started:.0f}s)")
+    print(f"{'arm':<9}{'strategy':<13}" + "".join(f"{f[:14]:>15}" for f in families))
+    for arm in results:
+        for strategy in results[arm]:
+            cells = results[arm][strategy]
+            print(f"{arm:<9}{strategy:<13}" + "".join(
+                f"{cells[f]['recall@5']:>15.3f}" for f in families))
+        print(f"{arm:<9}{'difference':<13}" + "".join(
+            f"{diffs[arm][f]['recall@5']['mean']:>+8.3f}"
+            f"[{diffs[arm][f]['recall@5']['ci95'][0]:+.2f}]" for f in families))
+    sys.stdout.flush()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--semantic", default=None)
+    parser.add_argument("--only", action="append")
+    parser.add_argument("--scenarios", type=Path, default=DEVSET)
+    parser.add_argument("--limit", type=int, default=None)
+    args = parser.parse_args()
+    for name, (policy, floor) in VARIANTS.items():
+        if args.only and name not in args.only:
+            continue
+        run(name, policy, floor, args.semantic, args.scenarios, args.limit)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

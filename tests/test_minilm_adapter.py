@@ -1,0 +1,85 @@
+"""The MiniLM ONNX adapter (the ``minilm`` extra, installed by the ``test`` extra, so CI runs
+these): offline loading from the installed packages, the pinned model, the token limit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from plugin import QueryPlanner, QueryPreparation, QueryStrategy, WorkingState
+from plugin.memory import minilm_adapter
+from plugin.memory.embedding import EmbeddingAdapter
+from plugin.memory.minilm_adapter import MINILM_TOKEN_LIMIT, MiniLMAdapter
+from plugin.memory.preparation import WithheldReason
+
+_ADAPTER: list[MiniLMAdapter] = []
+
+
+def _adapter() -> MiniLMAdapter:
+    if not _ADAPTER:
+        _ADAPTER.append(MiniLMAdapter.load())
+    return _ADAPTER[0]
+
+
+def test_it_loads_offline_from_the_installed_packages() -> None:
+    assert minilm_adapter.available()
+    model, tokenizer = minilm_adapter.model_files()
+    assert model.name == "model.onnx" and tokenizer.name == "tokenizer.json"
+    adapter = _adapter()
+    assert isinstance(adapter, EmbeddingAdapter)
+    assert (adapter.dimensions, adapter.token_limit) == (384, MINILM_TOKEN_LIMIT)
+    assert adapter.name == "all-minilm-l6-v2-onnx-int8"
+
+
+def test_vectors_are_unit_deterministic_and_mean_something() -> None:
+    adapter = _adapter()
+    texts = ["How do we roll over the secrets of the billing service?",
+             "Secret rollover for the billing service: issue new keys, revoke the old pair.",
+             "The team lunch is on Thursday at the noodle place."]
+    vectors = adapter.embed(texts)
+    assert vectors.shape == (3, 384) and vectors.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    # The same text gives the same vector alone or in a batch.
+    np.testing.assert_array_equal(adapter.embed(texts[:1])[0], vectors[0])
+    cos = vectors @ vectors.T
+    assert cos[0, 1] > 0.5 > cos[0, 2] + 0.3  # the paraphrase is close, lunch is not
+    assert adapter.embed([]).shape == (0, 384)
+    assert np.isfinite(adapter.embed(["\ud800 lone surrogate", ""])).all()
+
+
+def test_a_modified_model_file_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, tokenizer = minilm_adapter.model_files()
+    fake = tmp_path / "model.onnx"
+    fake.write_bytes(b"not the pinned model")
+    monkeypatch.setattr(minilm_adapter, "model_files", lambda: (fake, tokenizer))
+    with pytest.raises(ValueError, match="not the pinned"):
+        MiniLMAdapter.load()
+
+
+def test_missing_packages_say_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(minilm_adapter, "_package_dir", lambda name: None)
+    with pytest.raises(FileNotFoundError, match="minilm extra"):
+        minilm_adapter.model_files()
+
+
+async def _admit(experiment: str) -> bool:
+    return True
+
+
+@pytest.mark.anyio
+async def test_a_query_over_256_word_pieces_is_withheld_not_truncated() -> None:
+    adapter = _adapter()
+    preparation = QueryPreparation(QueryPlanner(QueryStrategy.TASK_CONTEXT, admission=_admit),
+                                   adapter)
+    short = await preparation.prepare(WorkingState("rotate the billing keys"), scope="s",
+                                      principal="p")
+    assert short.semantic.vector is not None
+    assert short.semantic.tokens == adapter.count_tokens("rotate the billing keys") == 6
+    long_request = " ".join(["antidisestablishmentarianism"] * 60)  # one word, many pieces
+    prepared = await preparation.prepare(WorkingState(long_request), scope="s", principal="p")
+    assert adapter.count_tokens(prepared.query.text) > MINILM_TOKEN_LIMIT
+    assert prepared.semantic.withheld_reason is WithheldReason.TOKEN_LIMIT
