@@ -451,3 +451,20 @@ class TestSqlite:
         with pytest.raises(LedgerFullError, match="full"):
             async with SqliteLedger(tmp_path / "ledger.db"):
                 pass
+
+
+def test_the_process_wide_anchors_stay_within_their_cap() -> None:
+    from plugin.control.allowance import _Anchors
+
+    anchors = _Anchors()
+    anchors.limit = 100
+    clock = ManualClock(wall=WALL, monotonic=0.0)
+    for i in range(1000):
+        anchors.observe(clock, f"run-{i}", WALL + i, 0.0)
+    assert len(anchors) == 100
+    assert anchors.floor(clock, "run-0") == -math.inf  # the oldest are forgotten first
+    assert anchors.floor(clock, "run-999") == WALL + 999
+    clock.advance(5.0)
+    assert anchors.floor(clock, "run-999") == WALL + 1004  # the monotonic time that passed
+    anchors.observe(clock, "run-999", WALL + 900, 5.0)  # an older judgement never lowers it
+    assert anchors.floor(clock, "run-999") == WALL + 1004
