@@ -55,7 +55,8 @@ class Driver(Protocol):
     """A connection pool driven from the running event loop."""
 
     async def open(self) -> None:
-        """Open the pool and wait until ``min_size`` connections are ready."""
+        """Connect once directly (an unreachable server fails here, with libpq's reason), then
+        open the pool and wait until ``min_size`` connections are ready."""
         ...
 
     async def close(self) -> None:
@@ -96,6 +97,10 @@ class AsyncDriver:
         self._open_timeout = open_timeout
 
     async def open(self) -> None:
+        # One direct connection first: an unreachable server fails fast with libpq's own
+        # reason, instead of the pool retrying (and logging) until its timeout.
+        probe = await psycopg.AsyncConnection.connect(self._pool.conninfo, **self._pool.kwargs)
+        await probe.close()
         await self._pool.open(wait=True, timeout=self._open_timeout)
 
     async def close(self) -> None:
@@ -155,7 +160,13 @@ class ThreadedDriver:
 
     async def open(self) -> None:
         pool, timeout = self._pool, self._open_timeout
-        await anyio.to_thread.run_sync(lambda: pool.open(wait=True, timeout=timeout))
+
+        def open_pool() -> None:
+            # As AsyncDriver.open: one direct connection first, to fail fast and say why.
+            psycopg.Connection.connect(pool.conninfo, **pool.kwargs).close()
+            pool.open(wait=True, timeout=timeout)
+
+        await anyio.to_thread.run_sync(open_pool)
 
     async def close(self) -> None:
         await anyio.to_thread.run_sync(self._pool.close)
