@@ -401,7 +401,8 @@ class PostgresLedger:
                 f"schema {self._schema!r} holds other tables and is not a recallbound ledger"
             )
         elif not self._create:
-            raise LedgerPathError(f"no ledger schema {self._schema!r} in this database")
+            raise LedgerPathError(
+                f"no recallbound ledger in schema {self._schema!r} of this database")
         else:
             version = 0
             await s.fetchall(f"CREATE SCHEMA IF NOT EXISTS {self._q}")
