@@ -198,7 +198,7 @@ def test_the_password_is_never_printed(location: str, schema: str) -> None:
     for command in (["runs", "--json"], ["show", "old", "--json"], ["check"],
                     ["check", "--json"], ["show", "nope"],
                     ["prune", "--older-than", "90d", "--json"]):
-        code, out, err = cli("ledger", "--ledger", dsn, *command)
+        _, out, err = cli("ledger", "--ledger", dsn, *command)
         assert "hunter2" not in out + err, command
         assert ":***@" in out + err, command  # each names the ledger, redacted
 
