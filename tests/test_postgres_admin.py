@@ -26,7 +26,12 @@ from plugin.errors import (
     LedgerPathError,
     LedgerUnavailableError,
 )
-from runtime_hooks.ledgers import admin_for, open_ledger, split_postgres_location
+from runtime_hooks.ledgers import (
+    admin_for,
+    open_ledger,
+    redact_location,
+    split_postgres_location,
+)
 
 from . import _pg
 
@@ -245,6 +250,8 @@ def test_the_schema_parameter_is_taken_out_of_the_dsn() -> None:
         "postgresql://h/db", "fleet")
     assert split_postgres_location("postgres://h/db?sslmode=require&schema=a&connect_timeout=3"
                                    ) == ("postgres://h/db?sslmode=require&connect_timeout=3", "a")
+    assert redact_location("postgresql://u:pw@h/db?schema=a&password=x&sslmode=require") == (
+        "postgresql://u:***@h/db?schema=a&password=***&sslmode=require")
     for bad in ("postgresql://h/db?schema=a&schema=b", "postgresql://h/db?schema="):
         with pytest.raises(LedgerConfigError, match="schema"):
             split_postgres_location(bad)
