@@ -33,7 +33,8 @@ class LedgerError(RecallboundError):
 
 
 class LedgerPathError(LedgerError, FileNotFoundError):
-    """The ledger's folder does not exist or the file cannot be opened."""
+    """The ledger's folder does not exist or the file cannot be opened (or, opened for an
+    operator's tool, the file or the PostgreSQL schema does not exist yet)."""
 
 
 class LedgerLockedError(LedgerError):

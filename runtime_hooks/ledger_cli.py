@@ -1,9 +1,10 @@
 """``recallbound ledger runs|show|prune|check``: what the allowance did, and keeping it small.
 
-Works on any ledger with a :class:`~plugin.control.ledger_admin.LedgerAdmin` (SQLite now,
-PostgreSQL through the same protocol). Each command prints a readable report, or JSON with
-``--json``. The ledger is ``--ledger LOCATION`` or the configured ``ledger``; a missing file is
-an error, never a new empty ledger.
+Works on any ledger with a :class:`~plugin.control.ledger_admin.LedgerAdmin` (SQLite and
+PostgreSQL). Each command prints a readable report, or JSON with ``--json``. The ledger is
+``--ledger LOCATION`` or the configured ``ledger``: a SQLite file, or a ``postgresql://`` DSN
+whose ``schema`` query parameter names the ledger's schema (default ``recallbound``). A missing
+file or schema is an error, never a new empty ledger; a DSN's password is never printed.
 """
 
 from __future__ import annotations
@@ -52,9 +53,16 @@ def _positive(text: str) -> int:
 
 def add_commands(commands: Any) -> None:
     """Register ``ledger`` and its subcommands on the top-level subparsers."""
-    ledger = commands.add_parser("ledger", help="inspect, prune and check the durable ledger")
+    ledger = commands.add_parser(
+        "ledger", help="inspect, prune and check the durable ledger",
+        description="Inspect, prune and check the durable ledger (SQLite or PostgreSQL).",
+        epilog="A PostgreSQL ledger is a DSN; its schema is the DSN's `schema` parameter "
+               "(default recallbound), e.g. postgresql://user@db.internal/app?schema=fleet. "
+               "The password is never printed; prefer PGPASSWORD or ~/.pgpass to putting it "
+               "in the DSN.")
     ledger.add_argument("--ledger", metavar="LOCATION", default=None,
-                        help="SQLite file or postgresql:// DSN (default: the configured ledger)")
+                        help="SQLite file, or postgresql:// DSN with an optional "
+                             "?schema=NAME (default: the configured ledger)")
     ledger.add_argument("--config", metavar="FILE", default=None,
                         help="configuration file (default: recallbound.toml if present)")
     sub = ledger.add_subparsers(dest="ledger_command", required=True, metavar="COMMAND")

@@ -1,7 +1,13 @@
 """Opening a ledger by its location, and finding its admin.
 
-A location is a SQLite file path or a ``postgresql://`` DSN. This is the one place that maps a
-location to a ledger class; the CLI and the bootstrap both go through it.
+A location is a SQLite file path or a ``postgresql://`` (``postgres://``) DSN. This is the one
+place that maps a location to a ledger class; the CLI, the configuration and the bootstrap all
+go through it.
+
+A DSN may name the ledger's PostgreSQL schema in one query parameter of its own, ``schema``
+(``postgresql://db.internal/app?schema=recall_fleet``; default ``recallbound``). It is taken
+out before the DSN reaches libpq (which knows no such parameter); every other parameter
+(``sslmode``, ``connect_timeout``, …) is passed on unchanged.
 """
 
 from __future__ import annotations
@@ -9,6 +15,7 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import urllib.parse
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, cast
@@ -18,13 +25,17 @@ import anyio
 from plugin.control import Ledger, SqliteLedger
 from plugin.control.ledger_admin import LedgerAdmin
 from plugin.control.sqlite_admin import SqliteAdmin
-from plugin.errors import LedgerError, LedgerPathError
+from plugin.errors import LedgerConfigError, LedgerError, LedgerPathError
 
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 POSTGRES_LEDGER = ("plugin.control.postgres_ledger", "PostgresLedger")
 """Where the PostgreSQL ledger lives (module, class); imported only for a DSN."""
 
+SCHEMA_PARAMETER = "schema"
+"""The DSN query parameter that names the ledger's schema (recallbound's, not libpq's)."""
+
 _PASSWORD = re.compile(r"(://[^:/@]*:)[^@]*@")
+_PASSWORD_PARAMETER = re.compile(r"([?&]password=)[^&#]*")
 
 
 def is_postgres(location: str | os.PathLike[str]) -> bool:
@@ -34,14 +45,44 @@ def is_postgres(location: str | os.PathLike[str]) -> bool:
 def redact_location(location: str | os.PathLike[str]) -> str:
     """The location for display: a DSN's password replaced by ``***``."""
     text = os.fspath(location)
-    return _PASSWORD.sub(r"\1***@", text) if is_postgres(text) else text
+    if not is_postgres(text):
+        return text
+    return _PASSWORD_PARAMETER.sub(r"\1***", _PASSWORD.sub(r"\1***@", text))
 
 
-def _postgres_class() -> Callable[[str], AbstractAsyncContextManager[Any]]:
+def split_postgres_location(dsn: str) -> tuple[str, str | None]:
+    """``(dsn for libpq, schema or None)``: the ``schema`` query parameter taken out.
+
+    Raises :class:`~plugin.errors.LedgerConfigError` when it is given twice or empty (the
+    schema name itself is validated by the ledger).
+    """
+    base, mark, rest = dsn.partition("?")
+    if not mark:
+        return dsn, None
+    query, hash_, fragment = rest.partition("#")
+    kept: list[str] = []
+    schemas: list[str] = []
+    for item in query.split("&"):
+        key, _, value = item.partition("=")
+        if urllib.parse.unquote_plus(key) == SCHEMA_PARAMETER:
+            schemas.append(urllib.parse.unquote_plus(value))
+        elif item:
+            kept.append(item)
+    if len(schemas) > 1:
+        raise LedgerConfigError(f"the ledger DSN names the {SCHEMA_PARAMETER!r} parameter "
+                                f"{len(schemas)} times; give it once")
+    if schemas and not schemas[0]:
+        raise LedgerConfigError(f"the ledger DSN's {SCHEMA_PARAMETER!r} parameter is empty")
+    query = "&".join(kept)
+    rebuilt = base + ("?" + query if query else "") + hash_ + fragment
+    return rebuilt, schemas[0] if schemas else None
+
+
+def _postgres_class() -> Callable[..., AbstractAsyncContextManager[Any]]:
     module_name, class_name = POSTGRES_LEDGER
     try:
         module = importlib.import_module(module_name)
-        return cast(Callable[[str], AbstractAsyncContextManager[Any]],
+        return cast(Callable[..., AbstractAsyncContextManager[Any]],
                     getattr(module, class_name))
     except (ImportError, AttributeError) as exc:
         raise LedgerError(
@@ -54,13 +95,17 @@ def _postgres_class() -> Callable[[str], AbstractAsyncContextManager[Any]]:
 async def open_ledger(
     location: str | os.PathLike[str], *, must_exist: bool = False
 ) -> AsyncIterator[Ledger]:
-    """Open the ledger at ``location`` for the block; ``must_exist`` refuses to create a file.
+    """Open the ledger at ``location`` for the block; ``must_exist`` refuses to create one.
 
-    Raises :class:`~plugin.errors.LedgerError` subclasses (a missing file with ``must_exist``
-    is :class:`~plugin.errors.LedgerPathError`).
+    Raises :class:`~plugin.errors.LedgerError` subclasses (with ``must_exist``, a missing file
+    or a missing PostgreSQL schema is :class:`~plugin.errors.LedgerPathError`).
     """
     if is_postgres(location):
-        async with _postgres_class()(os.fspath(location)) as ledger:
+        dsn, schema = split_postgres_location(os.fspath(location))
+        options: dict[str, Any] = {"create": not must_exist}
+        if schema is not None:
+            options["schema"] = schema
+        async with _postgres_class()(dsn, **options) as ledger:
             yield cast(Ledger, ledger)
         return
     path = os.fspath(location)

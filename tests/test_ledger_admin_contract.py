@@ -1,14 +1,16 @@
 """The contract of :class:`~plugin.control.ledger_admin.LedgerAdmin`, on asyncio and trio.
 
 Every test takes ``pair`` (an opened ledger and its admin) and runs against each kind in
-:data:`ADMIN_KINDS`. A PostgreSQL ledger is one more entry there and one more branch in
-:func:`_open` (its ledger opened over a fresh database, its admin from ``admin_for``). Times are
-explicit wall values (``WALL``), as in the ledger contract.
+:data:`ADMIN_KINDS`: SQLite (a file) and PostgreSQL (a schema of its own on the test server,
+dropped afterwards; judged by the caller's explicit times), each admin from ``admin_for``.
+Times are explicit wall values (``WALL``), as in the ledger contract.
+tests/test_postgres_admin.py has the PostgreSQL-only admin tests (the server's clock, locks).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import sqlite3
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from plugin.control import (
     AttemptOutcome,
     AttemptTrace,
     Ledger,
+    PostgresLedger,
     RefusalReason,
     Reservation,
     RoundKind,
@@ -36,13 +39,15 @@ from plugin.control.ledger_admin import (
 )
 from runtime_hooks.ledgers import admin_for
 
+from ._pg import DSN, connect, fresh_schema
+
 pytestmark = pytest.mark.anyio
 
 WALL = 1_700_000_000.0
 POLICY = AllowancePolicy()  # 4 searches, 2 rounds, 10 s
 AUTO, DELIB = RoundKind.AUTOMATIC, RoundKind.DELIBERATE
 
-ADMIN_KINDS = ["sqlite"]
+ADMIN_KINDS = ["sqlite", "postgres"]
 """Every ledger whose admin the contract runs against."""
 
 
@@ -50,13 +55,40 @@ ADMIN_KINDS = ["sqlite"]
 class Pair:
     ledger: Ledger
     admin: LedgerAdmin
+    raw: Callable[[str], None]
+    """Run one SQL statement on the ledger's tables behind its back (to damage it)."""
+
+
+def _raw_sqlite(path: Path) -> Callable[[str], None]:
+    def run(statement: str) -> None:
+        with sqlite3.connect(path) as conn:
+            conn.execute(statement)
+        conn.close()
+
+    return run
+
+
+def _raw_postgres(schema: str) -> Callable[[str], None]:
+    def run(statement: str) -> None:
+        with connect() as conn:
+            conn.execute(f"SET search_path TO {schema}")
+            conn.execute(statement.encode())
+
+    return run
 
 
 @asynccontextmanager
 async def _open(kind: str, tmp_path: Path) -> AsyncIterator[Pair]:
     if kind == "sqlite":
-        async with SqliteLedger(tmp_path / "ledger.sqlite3") as ledger:
-            yield Pair(ledger, admin_for(ledger))
+        path = tmp_path / "ledger.sqlite3"
+        async with SqliteLedger(path) as ledger:
+            yield Pair(ledger, admin_for(ledger), _raw_sqlite(path))
+        return
+    if kind == "postgres":
+        with fresh_schema("admin") as schema:
+            # The contract's explicit times are the caller's: judge by them.
+            async with PostgresLedger(DSN, schema=schema, time_source="caller") as ledger:
+                yield Pair(ledger, admin_for(ledger), _raw_postgres(schema))
         return
     raise AssertionError(f"unknown ledger kind {kind!r}")
 
@@ -221,3 +253,41 @@ async def test_check_passes_on_a_sound_ledger(pair: Pair) -> None:
     result = await pair.admin.check()
     assert result.problems == ()
     assert result.ok and result.schema_version == result.expected_version
+
+
+async def test_check_reports_each_broken_invariant(pair: Pair) -> None:
+    await _populate(pair.ledger)
+    pair.raw("UPDATE runs SET reserved = 9 WHERE run_id = 'old'")
+    pair.raw("UPDATE runs SET rounds = 3 WHERE run_id = 'mid'")
+    pair.raw("DELETE FROM runs WHERE run_id = 'live'")
+    pair.raw("INSERT INTO validations VALUES ('ghost', 1)")
+    result = await pair.admin.check()
+    assert not result.ok and result.schema_version == result.expected_version
+    assert set(result.problems) == {
+        "run old: its rounds granted 2 slots but the run counts 9 reserved",
+        "run old: 9 slots reserved, over its limit of 4",
+        "run mid: 1 rounds recorded but the run counts 3",
+        "run mid: 3 rounds, over its limit of 2",
+        "run live: attempt live-1-False holds slot 1, which the run never reserved",
+        "run live: 1 round rows but no run",
+        "run live: 1 retained evidence rows but no run",
+        "run ghost: a validation count (1) but no run",
+    }
+
+
+async def test_check_reports_a_slot_the_run_never_reserved(pair: Pair) -> None:
+    await _run(pair.ledger, "a", WALL)
+    await pair.ledger.record([_trace("a", 3, at=WALL + 1)], [])  # reserved: slots 1-2
+    (problem,) = (await pair.admin.check()).problems
+    assert problem == "run a: attempt a-3-False holds slot 3, which the run never reserved"
+
+
+async def test_check_reports_the_schema_version(pair: Pair) -> None:
+    await _run(pair.ledger, "a", WALL)
+    assert (await pair.admin.check()).schema_version == 2
+    if isinstance(pair.ledger, SqliteLedger):
+        pair.raw("PRAGMA user_version = 1")
+    else:
+        pair.raw("UPDATE recallbound_meta SET version = 1")
+    result = await pair.admin.check()
+    assert (result.schema_version, result.expected_version, result.ok) == (1, 2, False)

@@ -15,6 +15,7 @@ import pytest
 from plugin.control import (
     AllowancePolicy,
     AttemptKind,
+    Ledger,
     ManualClock,
     RecallAllowance,
     RecallBudgetExceeded,
@@ -33,29 +34,34 @@ def _populate(path: Path) -> None:
 
     async def fill() -> None:
         async with SqliteLedger(path) as ledger:
-            clock = ManualClock(wall=WALL, monotonic=1.0)
-            allowance = RecallAllowance(ledger, clock=clock)
-            async with allowance.round("old", RoundKind.AUTOMATIC) as permit:
-                clock.advance(0.25)
-                async with permit.attempt(AttemptKind.BASE, strategy="task_context",
-                                          fingerprint=FINGERPRINT):
-                    clock.advance(0.5)
-            async with allowance.round("old", RoundKind.DELIBERATE, slots=3) as permit:
-                for _ in range(3):
-                    try:
-                        async with permit.attempt():
-                            clock.advance(0.125)
-                    except RecallBudgetExceeded:
-                        pass
-            await ledger.retain("old", ["m1"], limit=4)
-            live = RecallAllowance(
-                ledger, policy=AllowancePolicy(deadline_s=3600.0),
-                clock=ManualClock(wall=NOW - 60, monotonic=1.0))
-            async with live.round("live", RoundKind.AUTOMATIC) as permit:
-                async with permit.attempt(AttemptKind.BASE):
-                    pass
+            await fill_ledger(ledger)
 
     anyio.run(fill)
+
+
+async def fill_ledger(ledger: Ledger) -> None:
+    """What ``_populate`` writes, into any opened ledger judged by the caller's times."""
+    clock = ManualClock(wall=WALL, monotonic=1.0)
+    allowance = RecallAllowance(ledger, clock=clock)
+    async with allowance.round("old", RoundKind.AUTOMATIC) as permit:
+        clock.advance(0.25)
+        async with permit.attempt(AttemptKind.BASE, strategy="task_context",
+                                  fingerprint=FINGERPRINT):
+            clock.advance(0.5)
+    async with allowance.round("old", RoundKind.DELIBERATE, slots=3) as permit:
+        for _ in range(3):
+            try:
+                async with permit.attempt():
+                    clock.advance(0.125)
+            except RecallBudgetExceeded:
+                pass
+    await ledger.retain("old", ["m1"], limit=4)
+    live = RecallAllowance(
+        ledger, policy=AllowancePolicy(deadline_s=3600.0),
+        clock=ManualClock(wall=NOW - 60, monotonic=1.0))
+    async with live.round("live", RoundKind.AUTOMATIC) as permit:
+        async with permit.attempt(AttemptKind.BASE):
+            pass
 
 
 @pytest.fixture

@@ -55,7 +55,8 @@ class Driver(Protocol):
     """A connection pool driven from the running event loop."""
 
     async def open(self) -> None:
-        """Open the pool and wait until ``min_size`` connections are ready."""
+        """Connect once directly (an unreachable server fails here, with libpq's reason), then
+        open the pool and wait until ``min_size`` connections are ready."""
         ...
 
     async def close(self) -> None:
@@ -91,11 +92,18 @@ class _AsyncSession:
 class AsyncDriver:
     """The asyncio driver: :class:`psycopg_pool.AsyncConnectionPool`."""
 
-    def __init__(self, pool: psycopg_pool.AsyncConnectionPool[Any], open_timeout: float) -> None:
+    def __init__(self, pool: psycopg_pool.AsyncConnectionPool[Any], open_timeout: float,
+                 conninfo: str, kwargs: Mapping[str, Any]) -> None:
         self._pool = pool
         self._open_timeout = open_timeout
+        self._probe = conninfo, dict(kwargs)
 
     async def open(self) -> None:
+        # One direct connection first: an unreachable server fails fast with libpq's own
+        # reason, instead of the pool retrying (and logging) until its timeout.
+        conninfo, kwargs = self._probe
+        probe = await psycopg.AsyncConnection.connect(conninfo, **kwargs)
+        await probe.close()
         await self._pool.open(wait=True, timeout=self._open_timeout)
 
     async def close(self) -> None:
@@ -145,9 +153,11 @@ class _ThreadedSession:
 class ThreadedDriver:
     """The trio (any-loop) driver: :class:`psycopg_pool.ConnectionPool` through worker threads."""
 
-    def __init__(self, pool: psycopg_pool.ConnectionPool[Any], open_timeout: float) -> None:
+    def __init__(self, pool: psycopg_pool.ConnectionPool[Any], open_timeout: float,
+                 conninfo: str, kwargs: Mapping[str, Any]) -> None:
         self._pool = pool
         self._open_timeout = open_timeout
+        self._probe = conninfo, dict(kwargs)
         size = pool.max_size
         self._admitted = anyio.Semaphore(size)
         # Statements of checked-out connections (at most one each) plus checkouts and returns.
@@ -155,7 +165,14 @@ class ThreadedDriver:
 
     async def open(self) -> None:
         pool, timeout = self._pool, self._open_timeout
-        await anyio.to_thread.run_sync(lambda: pool.open(wait=True, timeout=timeout))
+        conninfo, kwargs = self._probe
+
+        def open_pool() -> None:
+            # As AsyncDriver.open: one direct connection first, to fail fast and say why.
+            psycopg.Connection.connect(conninfo, **kwargs).close()
+            pool.open(wait=True, timeout=timeout)
+
+        await anyio.to_thread.run_sync(open_pool)
 
     async def close(self) -> None:
         await anyio.to_thread.run_sync(self._pool.close)
@@ -206,12 +223,13 @@ def make_driver(
 
         return AsyncDriver(
             psycopg_pool.AsyncConnectionPool(conninfo, configure=configure_async, **common),
-            connect_timeout,
+            connect_timeout, conninfo, kwargs,
         )
 
     def configure(conn: psycopg.Connection[Any]) -> None:
         conn.execute(assignments.encode())
 
     return ThreadedDriver(
-        psycopg_pool.ConnectionPool(conninfo, configure=configure, **common), connect_timeout
+        psycopg_pool.ConnectionPool(conninfo, configure=configure, **common), connect_timeout,
+        conninfo, kwargs,
     )

@@ -3,7 +3,8 @@
 :class:`~plugin.control.ledger.Ledger` is what the allowance needs; :class:`LedgerAdmin` is what
 an operator needs beside it (``recallbound ledger …``). A run's timeline (``ledger show``) needs
 nothing new: it is read through the ``Ledger`` protocol (reservations, attempts, refusals).
-Each ledger implementation provides one admin (``SqliteAdmin`` for ``SqliteLedger``) and passes
+Each ledger implementation provides one admin (``SqliteAdmin`` for ``SqliteLedger``,
+``PostgresLedger.admin()``, a ``PostgresAdmin``) and passes
 ``tests/test_ledger_admin_contract.py``.
 """
 

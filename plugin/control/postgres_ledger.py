@@ -33,6 +33,7 @@ from typing import Any, Literal, TypeVar
 
 import anyio
 import psycopg
+import psycopg.conninfo
 import psycopg.errors
 import psycopg_pool
 
@@ -42,6 +43,7 @@ from plugin.errors import (
     LedgerCorruptError,
     LedgerError,
     LedgerLockedError,
+    LedgerPathError,
     LedgerUnavailableError,
 )
 
@@ -56,6 +58,7 @@ from .ledger import (
     WallTime,
     read_time,
 )
+from .ledger_admin import LedgerAdmin
 from .policy import AllowancePolicy, RoundKind
 from .refusal import BudgetRefusal, RefusalReason
 
@@ -186,7 +189,35 @@ FROM (SELECT) AS one LEFT JOIN {s}.runs u ON u.run_id = %(r)s
 """
 
 
-def _translate(exc: BaseException, where: str) -> LedgerError:
+_URL_PASSWORD = re.compile(r"(://[^:/@?#]*:)[^@/?#]*@")
+_PARAM_PASSWORD = re.compile(r"(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]*)")
+
+
+def redact_dsn(dsn: str) -> str:
+    """``dsn`` for display: a password (URL userinfo, ``password=`` parameter) as ``***``."""
+    return _PARAM_PASSWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", dsn))
+
+
+def _password(dsn: str) -> str | None:
+    try:
+        value = psycopg.conninfo.conninfo_to_dict(dsn).get("password")
+    except psycopg.Error:
+        return None
+    return value if isinstance(value, str) and value else None
+
+
+def _one_line(text: str, secret: str | None) -> str:
+    """An error text on one line (libpq's span several), never holding the password."""
+    line = " ".join(text.split())
+    return line.replace(secret, "***") if secret else line
+
+
+def _translate(exc: BaseException, where: str, secret: str | None = None) -> LedgerError:
+    translated = _translate_type(exc, where)
+    return type(translated)(_one_line(str(translated), secret))
+
+
+def _translate_type(exc: BaseException, where: str) -> LedgerError:
     if isinstance(exc, psycopg.errors.LockNotAvailable):
         return LedgerLockedError(f"{where}: a lock stayed held beyond lock_timeout: {exc}")
     if isinstance(exc, psycopg_pool.PoolTimeout):
@@ -217,7 +248,9 @@ class PostgresLedger:
     ``"server"`` (default, one clock for the fleet) or ``"caller"`` (the ``now`` passed in).
     The pool keeps ``min_size`` to ``max_size`` connections; a checkout waits at most
     ``pool_timeout`` seconds, a connection attempt ``connect_timeout``, a statement
-    ``statement_timeout`` and a lock ``lock_timeout``.
+    ``statement_timeout`` and a lock ``lock_timeout``. With ``create=False`` a schema that
+    does not exist yet is an error (:class:`~plugin.errors.LedgerPathError`) instead of a new,
+    empty ledger: operators' tools open that way.
 
     Raises :class:`~plugin.errors.LedgerUnavailableError` when the server cannot be reached (at
     open or later) or is lost mid-operation, :class:`~plugin.errors.LedgerLockedError` for a
@@ -239,6 +272,7 @@ class PostgresLedger:
         pool_timeout: float = 10.0,
         statement_timeout: float = 10.0,
         lock_timeout: float = 5.0,
+        create: bool = True,
     ) -> None:
         if not isinstance(dsn, str) or not dsn:
             raise LedgerConfigError(f"PostgresLedger dsn must be a non-empty str, got {dsn!r}")
@@ -260,8 +294,12 @@ class PostgresLedger:
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise LedgerConfigError(f"{name} must be a positive number of seconds, "
                                         f"not {value!r}")
+        if not isinstance(create, bool):
+            raise LedgerConfigError(f"create must be a bool, not {create!r}")
         self._dsn = dsn
+        self._secret = _password(dsn)
         self._schema = schema
+        self._create = create
         self._time_source: TimeSource = time_source
         self._min_size, self._max_size = min_size, max_size
         self._connect_timeout = float(connect_timeout)
@@ -291,6 +329,18 @@ class PostgresLedger:
     @property
     def time_source(self) -> TimeSource:
         return self._time_source
+
+    @property
+    def location(self) -> str:
+        """Where the ledger is, for display: the DSN without its password, and the schema."""
+        return f"{redact_dsn(self._dsn)} (schema {self._schema})"
+
+    def admin(self) -> LedgerAdmin:
+        """The operator's view of this ledger (``recallbound ledger …``): a
+        :class:`~plugin.control.postgres_admin.PostgresAdmin`."""
+        from .postgres_admin import PostgresAdmin  # it builds on this module
+
+        return PostgresAdmin(self)
 
     async def __aenter__(self) -> PostgresLedger:
         await self.open()
@@ -323,7 +373,8 @@ class PostgresLedger:
             with anyio.CancelScope(shield=True):
                 await driver.close()
             if isinstance(exc, psycopg.Error):
-                raise _translate(exc, f"opening ledger schema {self._schema!r}") from exc
+                raise _translate(exc, f"opening ledger schema {self._schema!r}",
+                                 self._secret) from exc
             raise
 
     async def _setup(self, s: _postgres.Session) -> None:
@@ -349,6 +400,9 @@ class PostgresLedger:
             raise LedgerCorruptError(
                 f"schema {self._schema!r} holds other tables and is not a recallbound ledger"
             )
+        elif not self._create:
+            raise LedgerPathError(
+                f"no recallbound ledger in schema {self._schema!r} of this database")
         else:
             version = 0
             await s.fetchall(f"CREATE SCHEMA IF NOT EXISTS {self._q}")
@@ -402,7 +456,7 @@ class PostgresLedger:
                     continue
             raise LedgerUnavailableError(f"{where}: every pooled connection was lost")
         except psycopg.Error as exc:
-            raise _translate(exc, where) from exc
+            raise _translate(exc, where, self._secret) from exc
 
     @staticmethod
     async def _transaction(
