@@ -39,7 +39,10 @@ def test_it_is_an_embedding_adapter(adapter: WordLlamaAdapter) -> None:
 
 
 def test_token_limit_is_the_models_training_max_length(adapter: WordLlamaAdapter) -> None:
-    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # the backport the package installs on 3.10
+        import tomli as tomllib
     config = Path(wordllama.__file__).parent / "config" / "train" / "l2_supercat.toml"
     with config.open("rb") as f:
         assert tomllib.load(f)["tokenizer"]["max_length"] == WORDLLAMA_TOKEN_LIMIT
