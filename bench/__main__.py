@@ -1,9 +1,14 @@
-"""Run every benchmark module present: ``python -m bench [control|planning|store|postgres ...]``."""
+"""Run every benchmark module: ``python -m bench [control|round|stress|...]``.
+
+Each module runs with its default (CI-sized) options; the heavier sizes are flags of the
+module itself, e.g. ``python -m bench.bench_round --sizes 1000,10000,100000 --keep DIR``.
+"""
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import os
 import sys
 import time
 import traceback
@@ -11,8 +16,9 @@ import traceback
 import anyio
 
 MODULES = (
-    "bench_control", "bench_group_commit", "bench_planning", "bench_store", "bench_hooks",
-    "bench_postgres",
+    "bench_control", "bench_group_commit", "bench_planning", "bench_hooks", "bench_telemetry",
+    "bench_store", "bench_round", "bench_stress", "bench_postgres", "bench_adapter_pydantic_ai",
+    "bench_adapter_langchain", "bench_adapter_openai_agents",
 )
 
 
@@ -30,8 +36,10 @@ def run(name: str) -> bool:
     if main is None:
         print(f"({qualified}: no main(), skipped)")
         return True
-    print(f"== {qualified}")
+    # The load average beside every module's figures: the machine may be shared.
+    print(f"== {qualified}   (load average {' '.join(f'{x:.2f}' for x in os.getloadavg())})")
     start = time.perf_counter()
+    argv, sys.argv = sys.argv, [qualified]  # a module parsing sys.argv sees no options
     try:
         if inspect.iscoroutinefunction(main):
             anyio.run(main)
@@ -41,6 +49,8 @@ def run(name: str) -> bool:
         traceback.print_exc()
         print(f"   ({qualified} FAILED)\n")
         return False
+    finally:
+        sys.argv = argv
     print(f"   ({time.perf_counter() - start:.1f} s)\n")
     return True
 

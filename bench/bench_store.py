@@ -389,23 +389,32 @@ async def sparse_scale(path: Path, calls: int) -> None:
     )
 
 
+async def scale_store(folder: Path, size: int) -> Path:
+    """The scaling store of ``size`` memories per principal in ``folder``: built unless there.
+
+    Shared with ``bench_round`` (the same file name), so one ``--keep`` folder serves both.
+    """
+    path = folder / f"scale-{size}.db"
+    if not path.exists():
+        start = time.perf_counter()
+        await build(path, size)
+        print(
+            f"N = {size:,} per principal ({size * PRINCIPALS:,} rows; "
+            f"built in {time.perf_counter() - start:.0f} s, "
+            f"{path.stat().st_size / 2**20:.0f} MiB)"
+        )
+    else:
+        print(f"N = {size:,} per principal ({size * PRINCIPALS:,} rows; reused {path})")
+    return path
+
+
 async def scaling(sizes: Sequence[int], calls: int, folder: Path) -> None:
     print(
         f"\nscaling: {PRINCIPALS} principals x N memories, one scope; random unit vectors; "
         f"{calls} calls per row, medians (p95); limit 10; asyncio"
     )
     for size in sizes:
-        path = folder / f"scale-{size}.db"
-        if not path.exists():
-            start = time.perf_counter()
-            await build(path, size)
-            print(
-                f"N = {size:,} per principal ({size * PRINCIPALS:,} rows; "
-                f"built in {time.perf_counter() - start:.0f} s, "
-                f"{path.stat().st_size / 2**20:.0f} MiB)"
-            )
-        else:
-            print(f"N = {size:,} per principal ({size * PRINCIPALS:,} rows; reused {path})")
+        path = await scale_store(folder, size)
         await semantic_scale(path, size, calls)
         await sparse_scale(path, calls)
 
