@@ -275,7 +275,7 @@ class Permit:
             else:
                 reason = None
                 taken = self._taken + 1
-                object.__setattr__(self, "_taken", taken)
+                _set_taken(self, taken)  # sealed against setattr; the slot's own setter
                 slot = self.first_slot + taken - 1
             if reason is not None:
                 self._refusals.append(
@@ -393,6 +393,10 @@ class Permit:
         self.close()
         object.__setattr__(self, "_flushed", True)
         await self.flush()
+
+
+_set_taken = Permit.__dict__["_taken"].__set__
+"""The ``_taken`` slot's setter: the hot path's write past the sealed ``__setattr__``."""
 
 
 class Attempt:
