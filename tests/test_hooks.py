@@ -32,6 +32,9 @@ from runtime_hooks.demo import PRINCIPAL, SCOPE, STATE, seed
 from runtime_hooks.hooks import ToolCall
 from runtime_hooks.loop import AgentLoop, Dispatch, ModelStep, Preparation, ScriptedModel
 
+from ._hooks_env import search_calls as _calls
+from ._hooks_env import store_of as _store
+from ._hooks_env import usage_counts as _usage
 from ._hostile import HOSTILE_TEXT
 
 pytestmark = pytest.mark.anyio
@@ -59,21 +62,6 @@ async def hooks(tmp_path: Path, clock: ManualClock) -> AsyncIterator[RecallHooks
     async with open_hooks(_config(tmp_path), clock=clock) as hooks:
         await seed(_store(hooks))
         yield hooks
-
-
-def _store(hooks: RecallHooks) -> Any:
-    retriever = hooks.retriever
-    assert isinstance(retriever, MemoryRetriever)
-    return retriever.store
-
-
-def _calls(*queries: object) -> list[ToolCall]:
-    return [ToolCall(call_id=f"c{i}", arguments={"query": q}) for i, q in enumerate(queries)]
-
-
-async def _usage(hooks: RecallHooks, run_id: str) -> tuple[int, int, int, int]:
-    usage = await hooks.allowance.ledger.usage(run_id)
-    return usage.rounds, usage.reserved, usage.executed, usage.refused
 
 
 async def test_continuation_finds_the_next_action_only_with_task_context(

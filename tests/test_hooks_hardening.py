@@ -14,11 +14,15 @@ import pytest
 
 from plugin import AllowancePolicy, ManualClock, RefusalReason, WorkingState
 from plugin.errors import RecallboundError
-from plugin.memory.pipeline import ContextCaps, MemoryRetriever
+from plugin.memory.pipeline import ContextCaps
 from runtime_hooks import RecallHooks
 from runtime_hooks.bootstrap import RecallConfig, open_hooks
 from runtime_hooks.demo import PRINCIPAL, SCOPE, STATE, seed
 from runtime_hooks.hooks import ToolCall
+
+from ._hooks_env import search_calls as _calls
+from ._hooks_env import store_of as _store
+from ._hooks_env import usage_counts as _usage
 
 pytestmark = pytest.mark.anyio
 
@@ -40,21 +44,6 @@ async def hooks(tmp_path: Path, clock: ManualClock) -> AsyncIterator[RecallHooks
     async with open_hooks(_config(tmp_path), clock=clock) as hooks:
         await seed(_store(hooks))
         yield hooks
-
-
-def _store(hooks: RecallHooks) -> Any:
-    retriever = hooks.retriever
-    assert isinstance(retriever, MemoryRetriever)
-    return retriever.store
-
-
-def _calls(*queries: object) -> list[ToolCall]:
-    return [ToolCall(call_id=f"c{i}", arguments={"query": q}) for i, q in enumerate(queries)]
-
-
-async def _usage(hooks: RecallHooks, run_id: str) -> tuple[int, int, int, int]:
-    usage = await hooks.allowance.ledger.usage(run_id)
-    return usage.rounds, usage.reserved, usage.executed, usage.refused
 
 
 def _nested(depth: int) -> object:

@@ -1,0 +1,24 @@
+"""Helpers shared by the hooks' test modules: the store behind the hooks, calls, usage."""
+
+from __future__ import annotations
+
+from plugin.memory import MemoryRetriever, MemoryStore
+from runtime_hooks import RecallHooks, ToolCall
+
+
+def store_of(hooks: RecallHooks) -> MemoryStore:
+    """The reference store behind ``hooks`` (to seed it)."""
+    retriever = hooks.retriever
+    assert isinstance(retriever, MemoryRetriever)
+    return retriever.store
+
+
+def search_calls(*queries: object) -> list[ToolCall]:
+    """One search call per query, with ids ``c0``, ``c1``, ..."""
+    return [ToolCall(call_id=f"c{i}", arguments={"query": q}) for i, q in enumerate(queries)]
+
+
+async def usage_counts(hooks: RecallHooks, run_id: str) -> tuple[int, int, int, int]:
+    """The run's (rounds, reserved, executed, refused)."""
+    usage = await hooks.allowance.ledger.usage(run_id)
+    return usage.rounds, usage.reserved, usage.executed, usage.refused
