@@ -415,6 +415,22 @@ async def test_regression_per_call_dispatch_loses_calls(hooks: RecallHooks) -> N
     assert (rounds, reserved) == (2, 3)
 
 
+# Each query's own memory, as the demo store holds it.
+OWN_MEMORY = {"c0": "m-backfill", "c1": "m-rounding", "c2": "m-cutover", "c3": "m-deploy",
+              "c4": "m-runbook", "c5": "m-kickoff"}
+
+
+async def test_a_call_outside_a_batch_is_searched_with_its_own_query(hooks: RecallHooks) -> None:
+    """The tool looks a call's stored result up before building anything for it; a call with
+    none (here: no batch hook) still gets a round of its own, for its own query."""
+    model = SixSearches()
+    await _drive(_agent(model, _PerCall(hooks)), "run")
+
+    returns = _returns(model.requests[1])
+    [ok] = _by_status(returns)["ok"]
+    assert OWN_MEMORY[ok] in returns[ok]["evidence_ids"]
+
+
 class _WrapNodeRun(RecallCapability):
     """The wrong hook: the batch dispatched in ``wrap_node_run`` instead of before_node_run."""
 

@@ -168,8 +168,7 @@ class RecallCapability(AbstractCapability[Any]):
 
     async def _search_memory(self, ctx: RunContext[Any], **arguments: Any) -> dict[str, object]:
         """The tool body: the call's stored result (dispatched with its batch)."""
-        call_id = ctx.tool_call_id or ""
-        result = await self._result(ctx, ToolCall(call_id=call_id, arguments=arguments))
+        result = await self._result(ctx, ctx.tool_call_id or "", arguments)
         return result.as_dict()
 
     # -- the run ----------------------------------------------------------------------------
@@ -259,20 +258,23 @@ class RecallCapability(AbstractCapability[Any]):
         args: ValidatedToolArgs,
     ) -> ValidatedToolArgs:
         if call.tool_name == SEARCH_TOOL.name:
-            result = await self._result(
-                ctx, ToolCall(call_id=call.tool_call_id, arguments=_arguments(call.args))
-            )
+            result = await self._result(ctx, call.tool_call_id, call.args)
             if result.status != "ok":
                 raise SkipToolExecution(result.as_dict())
         return args
 
-    async def _result(self, ctx: RunContext[Any], call: ToolCall) -> ToolResult:
+    async def _result(
+        self, ctx: RunContext[Any], call_id: str, arguments: str | dict[str, Any] | None
+    ) -> ToolResult:
+        """The call's result: the stored one (the usual case: looked up before anything is
+        built for the call), else a round of its own."""
         recall = self._run_recall(ctx)
-        stored = recall.result(call.call_id)
+        stored = recall.result(call_id)
         if stored is not None:
             return stored
         # Not dispatched with a batch (the framework's deadline cut the batch short, or the
         # call reached the tool on a path without a CallToolsNode): a round of its own.
+        call = ToolCall(call_id=call_id, arguments=_arguments(arguments))
         return (await self._dispatch(ctx, recall, [call]))[0]
 
     async def _dispatch(
