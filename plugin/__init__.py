@@ -76,16 +76,10 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # PostgresLedger needs the `postgres` extra (psycopg): imported on first use only, so that
-    # importing this package never imports psycopg.
+    # PostgresLedger needs the `postgres` extra (psycopg): plugin.control loads it on first use
+    # (and says which extra is missing), so importing this package never imports psycopg.
     if name == "PostgresLedger":
-        try:
-            from .control.postgres_ledger import PostgresLedger
-        except ModuleNotFoundError as exc:
-            if exc.name is None or exc.name.split(".")[0] not in ("psycopg", "psycopg_pool"):
-                raise
-            raise ImportError(
-                "PostgresLedger needs the 'postgres' extra: pip install 'recallbound[postgres]'"
-            ) from exc
-        return PostgresLedger
+        from . import control
+
+        return control.PostgresLedger
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,10 +11,12 @@ Each ledger implementation provides one admin (``SqliteAdmin`` for ``SqliteLedge
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
-from typing import Protocol
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 import attrs
+
+from plugin.errors import InvalidArgumentError
 
 PRUNED_TABLES = ("runs", "rounds", "attempts", "refusals", "retained", "validations")
 """What a run leaves in a ledger, by the name a :class:`PruneReport` counts it under."""
@@ -31,6 +33,13 @@ class RunStatus(enum.Enum):
     """Its deadline has passed: nothing more can be reserved; it may be pruned."""
 
 
+def check_limit(limit: object) -> int:
+    """A ``runs(limit=)`` argument: a positive int (``InvalidArgumentError`` otherwise)."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise InvalidArgumentError(f"limit must be a positive int, got {limit!r}")
+    return limit
+
+
 @attrs.frozen(kw_only=True)
 class RunSummary:
     """One run's totals and limits as the ledger holds them."""
@@ -44,6 +53,19 @@ class RunSummary:
     max_searches: int
     executed: int
     refused: int
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> RunSummary:
+        """From the admin queries' row: run id, opened, deadline, rounds, max rounds, reserved,
+        max searches, executed, refused (every ledger selects these columns in this order)."""
+        run_id, opened, deadline, rounds, max_rounds, reserved, max_searches, executed, refused = (
+            row
+        )
+        return cls(
+            run_id=run_id, opened_wall=float(opened), deadline_wall=float(deadline),
+            rounds=rounds, max_rounds=max_rounds, reserved=reserved, max_searches=max_searches,
+            executed=executed, refused=refused,
+        )
 
     def status(self, now_wall: float) -> RunStatus:
         """The run's status at ``now_wall`` (a round at or past the deadline is refused)."""

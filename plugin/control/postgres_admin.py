@@ -18,14 +18,12 @@ module needs no driver of its own.
 
 from __future__ import annotations
 
-from typing import Any
-
 import attrs
 
 from plugin.errors import InvalidRunIdError, LedgerCorruptError
 
 from . import _postgres
-from .ledger_admin import PRUNED_TABLES, LedgerCheck, PruneReport, RunSummary
+from .ledger_admin import PRUNED_TABLES, LedgerCheck, PruneReport, RunSummary, check_limit
 from .postgres_ledger import APPLICATION, SCHEMA_VERSION, PostgresLedger
 
 # Run ids are ordered byte-wise (COLLATE "C"), as SQLite orders them, whatever the database's
@@ -80,15 +78,6 @@ _TABLES = ("recallbound_meta", *PRUNED_TABLES)
 """Every table of a ledger schema."""
 
 
-def _summary(row: tuple[Any, ...]) -> RunSummary:
-    run_id, opened, deadline, rounds, max_rounds, reserved, max_searches, executed, refused = row
-    return RunSummary(
-        run_id=run_id, opened_wall=float(opened), deadline_wall=float(deadline), rounds=rounds,
-        max_rounds=max_rounds, reserved=reserved, max_searches=max_searches,
-        executed=executed, refused=refused,
-    )
-
-
 @attrs.define(eq=False)
 class PostgresAdmin:
     """Admin queries over an opened :class:`PostgresLedger` (``ledger.admin()``)."""
@@ -99,12 +88,11 @@ class PostgresAdmin:
         return template.format(s=self.ledger._q)
 
     async def runs(self, *, limit: int) -> list[RunSummary]:
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise ValueError(f"limit must be a positive int, got {limit!r}")
+        check_limit(limit)
         rows = await self.ledger._read(
             self._sql(_SUMMARY) + ' ORDER BY u.opened_wall DESC, u.run_id COLLATE "C" '
             "LIMIT %(limit)s", {"limit": limit}, "listing runs")
-        return [_summary(row) for row in rows]
+        return [RunSummary.from_row(row) for row in rows]
 
     async def run(self, run_id: str) -> RunSummary | None:
         if not isinstance(run_id, str):
@@ -112,7 +100,7 @@ class PostgresAdmin:
         rows = await self.ledger._read(
             self._sql(_SUMMARY) + " WHERE u.run_id = %(r)s", {"r": run_id},
             f"reading run {run_id!r}")
-        return _summary(rows[0]) if rows else None
+        return RunSummary.from_row(rows[0]) if rows else None
 
     async def prune(self, *, before_wall: float, now_wall: float, dry_run: bool) -> PruneReport:
         before, now = float(before_wall), float(now_wall)

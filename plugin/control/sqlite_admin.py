@@ -14,7 +14,7 @@ import attrs
 from plugin.errors import InvalidRunIdError, LedgerError
 
 from . import _sqlite
-from .ledger_admin import PRUNED_TABLES, LedgerCheck, PruneReport, RunSummary
+from .ledger_admin import PRUNED_TABLES, LedgerCheck, PruneReport, RunSummary, check_limit
 from .sqlite_ledger import APPLICATION_ID, SCHEMA_VERSION, SqliteLedger
 
 _SUMMARY = """
@@ -54,15 +54,6 @@ _INVARIANTS = (
 """Each invariant: a message template and a query returning (run, a, b) rows that break it."""
 
 
-def _summary(row: _sqlite.Row) -> RunSummary:
-    run_id, opened, deadline, rounds, max_rounds, reserved, max_searches, executed, refused = row
-    return RunSummary(
-        run_id=run_id, opened_wall=float(opened), deadline_wall=float(deadline), rounds=rounds,
-        max_rounds=max_rounds, reserved=reserved, max_searches=max_searches,
-        executed=executed, refused=refused,
-    )
-
-
 @attrs.define(eq=False)
 class SqliteAdmin:
     """Admin queries over an opened :class:`SqliteLedger`."""
@@ -70,18 +61,17 @@ class SqliteAdmin:
     ledger: SqliteLedger
 
     async def runs(self, *, limit: int) -> list[RunSummary]:
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise ValueError(f"limit must be a positive int, got {limit!r}")
+        check_limit(limit)
         rows = await self.ledger._read(lambda conn: conn.fetchall(
             _SUMMARY + " ORDER BY opened_wall DESC, run_id LIMIT ?", (limit,)))
-        return [_summary(row) for row in rows]
+        return [RunSummary.from_row(row) for row in rows]
 
     async def run(self, run_id: str) -> RunSummary | None:
         if not isinstance(run_id, str):
             raise InvalidRunIdError(f"run_id must be a str, got {type(run_id).__name__}")
         rows = await self.ledger._read(
             lambda conn: conn.fetchall(_SUMMARY + " WHERE run_id = ?", (run_id,)))
-        return _summary(rows[0]) if rows else None
+        return RunSummary.from_row(rows[0]) if rows else None
 
     async def prune(self, *, before_wall: float, now_wall: float, dry_run: bool) -> PruneReport:
         params = {"before": float(before_wall), "now": float(now_wall)}
