@@ -23,7 +23,7 @@ from plugin.control import (
     RoundKind,
     Usage,
 )
-from plugin.control.ledger import Validity, WallTime, read_time
+from plugin.control.ledger import Validity, WallTime, grant_validations, read_time
 from plugin.errors import LedgerClosedError
 
 
@@ -188,16 +188,8 @@ class MemoryLedger:
     async def take_validations(
         self, run_id: str, evidence_ids: Sequence[str], *, limit: int
     ) -> dict[str, Validity]:
-        held = self.retained.get(run_id, [])
-        used = self.validations_used.get(run_id, 0)
-        answers: dict[str, Validity] = {}
-        for evidence_id in dict.fromkeys(evidence_ids):
-            if evidence_id not in held:
-                answers[evidence_id] = Validity.NOT_RETAINED
-            elif used >= limit:
-                answers[evidence_id] = Validity.BOUNDED
-            else:
-                used += 1
-                answers[evidence_id] = Validity.GRANTED
-        self.validations_used[run_id] = used
+        answers, self.validations_used[run_id] = grant_validations(
+            list(dict.fromkeys(evidence_ids)), self.retained.get(run_id, []),
+            self.validations_used.get(run_id, 0), limit,
+        )
         return answers

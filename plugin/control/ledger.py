@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from typing import Protocol, TypeAlias
 
 import attrs
@@ -33,6 +33,26 @@ class Validity(enum.Enum):
     GRANTED = "granted"
     BOUNDED = "bounded"
     NOT_RETAINED = "not_retained"
+
+
+def grant_validations(
+    ids: Sequence[str], retained: Container[str], used: int, limit: int
+) -> tuple[dict[str, Validity], int]:
+    """The re-check decision every ledger makes inside its transaction.
+
+    ``ids`` are distinct, in the caller's order; ``retained`` holds those the run retained;
+    ``used`` is the run's count so far. Returns each id's answer and the new count.
+    """
+    answers: dict[str, Validity] = {}
+    for evidence_id in ids:
+        if evidence_id not in retained:
+            answers[evidence_id] = Validity.NOT_RETAINED
+        elif used >= limit:
+            answers[evidence_id] = Validity.BOUNDED
+        else:
+            used += 1
+            answers[evidence_id] = Validity.GRANTED
+    return answers, used
 
 
 class AttemptOutcome(enum.Enum):

@@ -56,6 +56,7 @@ from .ledger import (
     Usage,
     Validity,
     WallTime,
+    grant_validations,
     read_time,
 )
 from .ledger_admin import LedgerAdmin
@@ -587,16 +588,7 @@ class PostgresLedger:
             known = await self._known(s, run_id, ids)
             rows = await s.fetchall(
                 f"SELECT used FROM {self._q}.validations WHERE run_id = %s", (run_id,))
-            used = rows[0][0] if rows else 0
-            answers: dict[str, Validity] = {}
-            for evidence_id in ids:
-                if evidence_id not in known:
-                    answers[evidence_id] = Validity.NOT_RETAINED
-                elif used >= limit:
-                    answers[evidence_id] = Validity.BOUNDED
-                else:
-                    used += 1
-                    answers[evidence_id] = Validity.GRANTED
+            answers, used = grant_validations(ids, known, rows[0][0] if rows else 0, limit)
             await s.fetchall(
                 f"INSERT INTO {self._q}.validations VALUES (%s, %s) "
                 "ON CONFLICT (run_id) DO UPDATE SET used = excluded.used", (run_id, used))

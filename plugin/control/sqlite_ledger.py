@@ -24,9 +24,7 @@ import anyio
 import attrs
 
 from plugin.errors import (
-    InvalidArgumentTypeError as InvalidLedgerOptionTypeError,
-)
-from plugin.errors import (
+    InvalidArgumentTypeError,
     InvalidLedgerOptionError,
     LedgerClosedError,
     LedgerCorruptError,
@@ -46,6 +44,7 @@ from .ledger import (
     Usage,
     Validity,
     WallTime,
+    grant_validations,
     read_time,
 )
 from .policy import AllowancePolicy, RoundKind
@@ -167,7 +166,7 @@ MAX_TIMEOUT_S = 86_400.0
 def _busy_timeout(value: object) -> float:
     """A busy timeout in seconds: a finite number from 0 to a day."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidLedgerOptionTypeError(
+        raise InvalidArgumentTypeError(
             f"SqliteLedger timeout must be a number of seconds, got {type(value).__name__}"
         )
     if not 0.0 <= value <= MAX_TIMEOUT_S:  # also False for NaN
@@ -236,6 +235,14 @@ def _reserve_one(conn: sqlite3.Connection, request: _ReserveRequest) -> Reservat
     return BudgetRefusal(reason=reason, run_id=run_id, reserved=reserved, executed=executed)
 
 
+async def _retained_among(conn: _sqlite.Connection, run_id: str, ids: list[str]) -> set[str]:
+    """Which of ``ids`` the run retained."""
+    rows = await conn.fetchall(
+        "SELECT evidence_id FROM retained WHERE run_id = ? AND evidence_id IN "
+        "(SELECT value FROM json_each(?))", (run_id, json.dumps(ids)))
+    return {row[0] for row in rows}
+
+
 class SqliteLedger:
     """The default :class:`~plugin.control.ledger.Ledger`: ``async with SqliteLedger(path)``.
 
@@ -253,7 +260,7 @@ class SqliteLedger:
         self, path: str | os.PathLike[str], *, timeout: float = 5.0, group_commit: bool = True
     ) -> None:
         if not isinstance(path, (str, os.PathLike)):
-            raise InvalidLedgerOptionTypeError(
+            raise InvalidArgumentTypeError(
                 f"SqliteLedger path must be a str or PathLike, got {type(path)!r}"
             )
         self._path = os.fspath(path)
@@ -265,7 +272,7 @@ class SqliteLedger:
         # statements on the same connection ("cannot start a transaction within a transaction").
         self._lock = anyio.Lock()
         if not isinstance(group_commit, bool):
-            raise InvalidLedgerOptionTypeError(
+            raise InvalidArgumentTypeError(
                 f"SqliteLedger group_commit must be a bool, got {type(group_commit).__name__}"
             )
         self._group: GroupCommit[_ReserveRequest, Reservation | BudgetRefusal] | None = (
@@ -504,11 +511,7 @@ class SqliteLedger:
         async with self._write() as conn:
             (held,) = (await conn.fetchall(
                 "SELECT count(*) FROM retained WHERE run_id = ?", (run_id,)))[0]
-            known = {
-                row[0] for row in await conn.fetchall(
-                    "SELECT evidence_id FROM retained WHERE run_id = ? AND evidence_id IN "
-                    "(SELECT value FROM json_each(?))", (run_id, json.dumps(ids)))
-            }
+            known = await _retained_among(conn, run_id, ids)
             fresh = [i for i in ids if i not in known][: max(0, limit - held)]
             if fresh:
                 await conn.executemany(
@@ -522,23 +525,10 @@ class SqliteLedger:
         if not ids:
             return {}
         async with self._write() as conn:
-            known = {
-                row[0] for row in await conn.fetchall(
-                    "SELECT evidence_id FROM retained WHERE run_id = ? AND evidence_id IN "
-                    "(SELECT value FROM json_each(?))", (run_id, json.dumps(ids)))
-            }
+            known = await _retained_among(conn, run_id, ids)
             rows = await conn.fetchall("SELECT used FROM validations WHERE run_id = ?",
                                        (run_id,))
-            used = rows[0][0] if rows else 0
-            answers: dict[str, Validity] = {}
-            for evidence_id in ids:
-                if evidence_id not in known:
-                    answers[evidence_id] = Validity.NOT_RETAINED
-                elif used >= limit:
-                    answers[evidence_id] = Validity.BOUNDED
-                else:
-                    used += 1
-                    answers[evidence_id] = Validity.GRANTED
+            answers, used = grant_validations(ids, known, rows[0][0] if rows else 0, limit)
             await conn.fetchall(
                 "INSERT INTO validations VALUES (?, ?) "
                 "ON CONFLICT (run_id) DO UPDATE SET used = excluded.used",
