@@ -468,3 +468,46 @@ def test_the_process_wide_anchors_stay_within_their_cap() -> None:
     assert anchors.floor(clock, "run-999") == WALL + 1004  # the monotonic time that passed
     anchors.observe(clock, "run-999", WALL + 900, 5.0)  # an older judgement never lowers it
     assert anchors.floor(clock, "run-999") == WALL + 1004
+
+
+@attrs.define
+class _SlowRecords:
+    """A ledger whose trace writes yield to other tasks before they commit."""
+
+    inner: MemoryLedger
+
+    async def record(
+        self, attempts: Sequence[AttemptTrace], refusals: Sequence[RefusalRecord]
+    ) -> None:
+        await anyio.sleep(0)
+        await anyio.sleep(0)
+        await self.inner.record(attempts, refusals)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def test_concurrent_flushes_write_each_record_once_and_lose_none(
+    ledger: MemoryLedger, clock: ManualClock
+) -> None:
+    allowance = RecallAllowance(_SlowRecords(ledger), clock=clock)
+    async with allowance.round("r", DELIB, slots=1) as permit:
+        async with permit.attempt():
+            pass
+        with pytest.raises(RecallBudgetExceeded):
+            async with permit.attempt():  # a refused attempt: one refusal record
+                pass
+
+        async def refuse_then_flush() -> None:
+            with pytest.raises(RecallBudgetExceeded):
+                async with permit.attempt():
+                    pass
+            await permit.flush()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(permit.flush)
+            tg.start_soon(permit.flush)
+            tg.start_soon(refuse_then_flush)
+    refused = [r for r in await ledger.refusals("r") if r.what == "attempt"]
+    assert len(refused) == 2  # each refusal written exactly once, none dropped
+    assert (await ledger.usage("r")).executed == 1

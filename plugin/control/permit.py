@@ -354,28 +354,34 @@ class Permit:
     async def flush(self) -> None:
         """Write buffered traces and refusals to the ledger (shielded from cancellation).
 
-        What is written leaves the buffer only once the ledger committed it: a failed write
-        (a locked or closed ledger) keeps it for the next flush, and its error propagates.
+        A flush takes what is buffered out of the buffer, so flushes running at once (late
+        attempts ending in parallel) never write a record twice. A failed write (a locked or
+        closed ledger) puts it back for the next flush, behind nothing newer, and its error
+        propagates: nothing leaves for good before the ledger committed it.
         """
         with self._lock:
             traces = dict(self._traces)
             refusals = list(self._refusals)
+            self._traces.clear()
+            self._refusals.clear()
         if not traces and not refusals:
             return
-        with anyio.CancelScope(shield=True):
-            for delay in _RECORD_RETRIES:
-                try:
-                    await self._ledger.record(list(traces.values()), refusals)
-                    break
-                except LedgerLockedError:
-                    if delay is None:
-                        raise
-                    await anyio.sleep(delay)
-        with self._lock:
-            for attempt_id, trace in traces.items():
-                if self._traces.get(attempt_id) is trace:  # not superseded meanwhile
-                    del self._traces[attempt_id]
-            del self._refusals[: len(refusals)]
+        try:
+            with anyio.CancelScope(shield=True):
+                for delay in _RECORD_RETRIES:
+                    try:
+                        await self._ledger.record(list(traces.values()), refusals)
+                        break
+                    except LedgerLockedError:
+                        if delay is None:
+                            raise
+                        await anyio.sleep(delay)
+        except BaseException:
+            with self._lock:
+                for attempt_id, trace in traces.items():
+                    self._traces.setdefault(attempt_id, trace)  # a newer trace wins
+                self._refusals[:0] = refusals
+            raise
 
     def _flush_from_thread(self) -> None:
         """After the phase, write what a worker thread recorded, if it can reach the loop.
