@@ -12,7 +12,8 @@ allowance, the ledger, the hooks) stays on both loops.
 """
 
 from .batch import RunRecall as RunRecall
+from .batch import RunRecalls as RunRecalls
 from .tool import SEARCH_TOOL as SEARCH_TOOL
 from .tool import SearchTool as SearchTool
 
-__all__ = ["SEARCH_TOOL", "RunRecall", "SearchTool"]
+__all__ = ["SEARCH_TOOL", "RunRecall", "RunRecalls", "SearchTool"]

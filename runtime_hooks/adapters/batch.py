@@ -11,7 +11,8 @@ calls that already have a result are skipped.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import collections
+from collections.abc import Callable, Sequence
 
 import anyio
 import attrs
@@ -63,3 +64,34 @@ class RunRecall:
 
     def answered(self, call_id: str) -> bool:
         return call_id in self._results
+
+
+@attrs.define(eq=False)
+class RunRecalls:
+    """One :class:`RunRecall` per host run id, so a run's stored results outlive one hook call.
+
+    A run continued, resumed or re-run in this process finds the answers its batches stored.
+    The most recent ``max_runs`` runs are kept (oldest forgotten first). A run id asked for
+    again with another scope or principal raises ``mismatch(message)``: the adapter's own
+    error type.
+    """
+
+    hooks: RecallHooks
+    mismatch: Callable[[str], Exception]
+    max_runs: int = 1024
+    _runs: collections.OrderedDict[str, RunRecall] = attrs.field(
+        factory=collections.OrderedDict, init=False, repr=False
+    )
+
+    def get(self, run_id: str, *, scope: str, principal: str) -> RunRecall:
+        """The run's recall; created on first use, checked against its identity after."""
+        run = self._runs.get(run_id)
+        if run is None:
+            run = self._runs[run_id] = RunRecall(self.hooks, run_id, scope, principal)
+            while len(self._runs) > self.max_runs:
+                self._runs.popitem(last=False)
+        elif (run.scope, run.principal) != (scope, principal):
+            raise self.mismatch(f"run {run_id!r} was opened for another scope or principal")
+        else:
+            self._runs.move_to_end(run_id)
+        return run

@@ -21,7 +21,6 @@ For a hand-built LangGraph graph, :class:`RecallToolNode` dispatches the batch a
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import json
 from collections.abc import Awaitable, Callable, Sequence
@@ -43,7 +42,7 @@ from plugin.errors import RecallboundError
 from plugin.memory.state import WorkingState
 from runtime_hooks.hooks import RecallHooks, ToolCall, ToolResult
 
-from .batch import RunRecall
+from .batch import RunRecall, RunRecalls
 from .tool import SEARCH_TOOL
 
 
@@ -140,31 +139,17 @@ class LangChainRecall:
     identify: Identify = context_of
     working_state: StateOf = latest_request
     max_runs: int = 1024
-    _runs: collections.OrderedDict[str, RunRecall] = attrs.field(
-        factory=collections.OrderedDict, init=False, repr=False
-    )
+    _runs: RunRecalls = attrs.field(init=False, repr=False)
     tool: BaseTool = attrs.field(init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
+        self._runs = RunRecalls(self.hooks, RecallContextMismatchError, self.max_runs)
         self.tool = self._search_tool()
 
     def run(self, context: object) -> RunRecall:
         """The run's recall, keyed by the host's run id (checked against scope and principal)."""
         trusted = self.identify(context)
-        run = self._runs.get(trusted.run_id)
-        if run is None:
-            run = self._runs[trusted.run_id] = RunRecall(
-                self.hooks, trusted.run_id, trusted.scope, trusted.principal
-            )
-            while len(self._runs) > self.max_runs:
-                self._runs.popitem(last=False)
-        elif (run.scope, run.principal) != (trusted.scope, trusted.principal):
-            raise RecallContextMismatchError(
-                f"run {trusted.run_id!r} was opened for another scope or principal"
-            )
-        else:
-            self._runs.move_to_end(trusted.run_id)
-        return run
+        return self._runs.get(trusted.run_id, scope=trusted.scope, principal=trusted.principal)
 
     async def automatic_context(self, messages: Sequence[AnyMessage], context: object) -> str:
         """The automatic round for one model request; the rendered block ("" if none)."""

@@ -31,7 +31,6 @@ calls, and :func:`agents_recall` builds them all::
 
 from __future__ import annotations
 
-import collections
 import contextvars
 import dataclasses
 import inspect
@@ -66,7 +65,7 @@ from plugin.errors import RecallboundError
 from plugin.memory.state import WorkingState
 from runtime_hooks.hooks import RecallHooks, ToolCall, ToolResult
 
-from .batch import RunRecall
+from .batch import RunRecall, RunRecalls
 from .tool import SEARCH_TOOL
 
 __all__ = [
@@ -301,22 +300,14 @@ class RecallRunner:
 
     hooks: RecallHooks
     max_runs: int = 1024
-    _runs: collections.OrderedDict[str, RunRecall] = attrs.field(
-        factory=collections.OrderedDict, init=False, repr=False
-    )
+    _runs: RunRecalls = attrs.field(init=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._runs = RunRecalls(self.hooks, RunIdentityError, self.max_runs)
 
     def recall_for(self, run_id: str, *, scope: str, principal: str) -> RunRecall:
         """The run's ``RunRecall``; raises :class:`RunIdentityError` if the identity changed."""
-        run = self._runs.get(run_id)
-        if run is None:
-            run = self._runs[run_id] = RunRecall(self.hooks, run_id, scope, principal)
-            while len(self._runs) > self.max_runs:
-                self._runs.popitem(last=False)
-        elif (run.scope, run.principal) != (scope, principal):
-            raise RunIdentityError(f"run {run_id!r} was bound with another scope or principal")
-        else:
-            self._runs.move_to_end(run_id)
-        return run
+        return self._runs.get(run_id, scope=scope, principal=principal)
 
     @contextmanager
     def bind(self, run_id: str, *, scope: str, principal: str) -> Iterator[RunRecall]:

@@ -25,7 +25,6 @@ runs each round inside a cancel scope ending at the framework's; neither is ever
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -50,7 +49,7 @@ from plugin.errors import RecallboundError
 from plugin.memory.state import WorkingState
 from runtime_hooks.hooks import PreparedContext, RecallHooks, ToolCall, ToolResult
 
-from .batch import RunRecall
+from .batch import RunRecall, RunRecalls
 from .tool import SEARCH_TOOL
 
 __all__ = ["RecallCapability", "RunIdentity", "RunIdentityError", "latest_user_request"]
@@ -150,9 +149,10 @@ class RecallCapability(AbstractCapability[Any]):
     automatic: bool = True
     max_runs: int = 4096
     """Runs whose batches are remembered (oldest forgotten first), like the hooks' own bound."""
-    _runs: collections.OrderedDict[str, RunRecall] = field(
-        default_factory=collections.OrderedDict, init=False, repr=False
-    )
+    _runs: RunRecalls = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._runs = RunRecalls(self.hooks, RunIdentityError, self.max_runs)
 
     # -- the tool ---------------------------------------------------------------------------
 
@@ -175,20 +175,8 @@ class RecallCapability(AbstractCapability[Any]):
 
     def recall(self, identity: RunIdentity) -> RunRecall:
         """The batches of the host's run ``identity.run_id`` (one object across resumes)."""
-        recall = self._runs.get(identity.run_id)
-        if recall is None:
-            recall = self._runs[identity.run_id] = RunRecall(
-                self.hooks, identity.run_id, identity.scope, identity.principal
-            )
-            while len(self._runs) > self.max_runs:
-                self._runs.popitem(last=False)
-        elif (recall.scope, recall.principal) != (identity.scope, identity.principal):
-            raise RunIdentityError(
-                f"run {identity.run_id!r} was started for another scope or principal"
-            )
-        else:
-            self._runs.move_to_end(identity.run_id)
-        return recall
+        return self._runs.get(identity.run_id, scope=identity.scope,
+                              principal=identity.principal)
 
     def _run_recall(self, ctx: RunContext[Any]) -> RunRecall:
         identity = self.identity(ctx)
