@@ -20,6 +20,10 @@ class InvalidArgumentTypeError(RecallboundError, TypeError):
     """An argument has the wrong type (the message names the argument)."""
 
 
+class ClockReadingError(InvalidArgumentError):
+    """An injected clock returned a reading that is not a finite number of seconds."""
+
+
 class InvalidPolicyError(InvalidArgumentError):
     """An :class:`~plugin.control.policy.AllowancePolicy` value is out of range."""
 

@@ -34,6 +34,7 @@ from plugin import (
 )
 from plugin.control import AttemptTrace, RefusalRecord, _sqlite
 from plugin.errors import (
+    ClockReadingError,
     InvalidLedgerOptionError,
     InvalidPolicyError,
     InvalidRoundError,
@@ -511,3 +512,117 @@ async def test_concurrent_flushes_write_each_record_once_and_lose_none(
     refused = [r for r in await ledger.refusals("r") if r.what == "attempt"]
     assert len(refused) == 2  # each refusal written exactly once, none dropped
     assert (await ledger.usage("r")).executed == 1
+
+
+# -- clock and cancellation edges -----------------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class _GlitchingClock:
+    """A clock whose ``glitch`` reading returns ``value`` once (then the inner clock again)."""
+
+    inner: ManualClock
+    glitch: str
+    value: float
+    after: int = 0
+    """How many good readings of that kind come before the bad one."""
+
+    def wall(self) -> float:
+        return self._read("wall", self.inner.wall())
+
+    def monotonic(self) -> float:
+        return self._read("monotonic", self.inner.monotonic())
+
+    def _read(self, name: str, good: float) -> float:
+        if name != self.glitch:
+            return good
+        if self.after == 0:
+            self.after = -1
+            return self.value
+        self.after -= 1
+        return good
+
+
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan])
+@pytest.mark.parametrize(("glitch", "after", "committed"), [
+    ("wall", 0, False),  # before the reservation
+    ("wall", 1, False),  # the reading the round is judged on, inside the reservation
+    ("monotonic", 0, False),  # before the reservation
+    ("monotonic", 1, True),  # after the reservation committed (with finite times)
+])
+async def test_a_non_finite_clock_reading_is_a_typed_error_and_nothing_is_stored(
+    ledger: MemoryLedger, clock: ManualClock, glitch: str, after: int, committed: bool,
+    value: float,
+) -> None:
+    bad = _GlitchingClock(clock, glitch, value, after)
+    with pytest.raises(ClockReadingError, match=glitch):
+        async with RecallAllowance(ledger, clock=bad).round("r", DELIB, slots=1):
+            pytest.fail("a round judged on a non-finite reading must not run")
+    usage = await ledger.usage("r")
+    assert (usage.reserved, usage.rounds, usage.executed) == ((1, 1, 0) if committed else
+                                                              (0, 0, 0))
+    assert usage.deadline_wall is None or math.isfinite(usage.deadline_wall)
+    # The next round, on a sane clock, gets the finite deadline of the policy's length.
+    async with RecallAllowance(ledger, clock=clock).round("r", DELIB, slots=1) as permit:
+        assert permit.deadline_wall == WALL + AllowancePolicy().deadline_s
+
+
+async def test_a_non_finite_clock_reading_in_legacy_mode_is_a_typed_error(
+    ledger: MemoryLedger, clock: ManualClock
+) -> None:
+    bad = _GlitchingClock(clock, "monotonic", math.nan)
+    with pytest.raises(ClockReadingError):
+        async with RecallAllowance.legacy(ledger, clock=bad).round("r", DELIB, slots=1):
+            pytest.fail("no permit on a non-finite reading")
+
+
+@attrs.define
+class _CancellingLedger:
+    """Reserves shielded (as a shared batch does) while the caller's scope is cancelled."""
+
+    inner: MemoryLedger
+    scope: anyio.CancelScope | None = None
+
+    async def reserve(self, *args: Any, **options: Any) -> Any:
+        with anyio.CancelScope(shield=True):
+            assert self.scope is not None
+            self.scope.cancel()  # the caller is cancelled while its reservation commits
+            return await self.inner.reserve(*args, **options)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def test_a_caller_cancelled_while_waiting_for_the_ledger_gets_no_permit(
+    ledger: MemoryLedger, clock: ManualClock
+) -> None:
+    cancelling = _CancellingLedger(ledger)
+    entered: list[Permit] = []
+    with anyio.CancelScope() as scope:
+        cancelling.scope = scope
+        async with RecallAllowance(cancelling, clock=clock).round("r", DELIB, slots=1) as p:
+            entered.append(p)
+            with p.attempt_sync():
+                pass
+    assert scope.cancelled_caught
+    assert entered == []
+    usage = await ledger.usage("r")
+    assert usage.reserved == 1  # the reservation committed: its slot stays consumed
+    assert usage.executed == 0
+
+
+async def test_an_admission_that_swallows_its_timeout_and_answers_true_is_not_admitted() -> None:
+    from plugin.memory.planning import BaselineReason, QueryPlanner, QueryStrategy
+    from plugin.memory.state import WorkingState
+
+    async def stubborn(experiment: str) -> bool:
+        try:
+            await anyio.sleep_forever()
+        except anyio.get_cancelled_exc_class():
+            pass  # swallows its cancellation, then answers late
+        return True
+
+    planner = QueryPlanner(QueryStrategy.TASK_CONTEXT, stubborn, admission_timeout_s=0.001)
+    query = await planner.plan(WorkingState("find the invoice", objective="close the books"))
+    assert query.strategy is QueryStrategy.BASELINE
+    assert query.baseline_reason is BaselineReason.ADMISSION_TIMEOUT

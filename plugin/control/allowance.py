@@ -15,6 +15,8 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import NoReturn
 
+import anyio
+import anyio.lowlevel
 import attrs
 
 from plugin.errors import (
@@ -26,7 +28,7 @@ from plugin.errors import (
 )
 
 from . import observe
-from .clock import Clock, SystemClock
+from .clock import Clock, FiniteClock, SystemClock, finite_clock
 from .ledger import Ledger, Usage
 from .logs import CONTROL, log_event
 from .permit import LEGACY_SLOTS, Permit, _Binding, _issue_permit
@@ -77,6 +79,8 @@ class _Anchors:
 
     @staticmethod
     def _key(clock: Clock, run_id: str) -> tuple[object, str]:
+        if isinstance(clock, FiniteClock):  # the checked view of a clock shares its domain
+            clock = clock.inner
         try:
             hash(clock)
         except TypeError:  # an unhashable user clock: its identity is its domain
@@ -173,14 +177,16 @@ class RecallAllowance:
     # -- internals ---------------------------------------------------------------------------
 
     async def _issue(self, run_id: str, kind: RoundKind, requested: int) -> Permit:
+        # Every reading checked: a non-finite one is a ClockReadingError before it is judged
+        # or stored (raised inside the reservation, it rolls the reservation back).
+        clock = finite_clock(self.clock)
         if self.is_legacy:
             return _issue_permit(
                 run_id=run_id, round_index=0, kind=kind, slots=LEGACY_SLOTS, first_slot=1,
-                legacy=True, clock=self.clock, ledger=self.ledger, deadline_wall=math.inf,
-                expires_wall=math.inf, issued_mono=self.clock.monotonic(), left_at_issue=math.inf,
+                legacy=True, clock=clock, ledger=self.ledger, deadline_wall=math.inf,
+                expires_wall=math.inf, issued_mono=clock.monotonic(), left_at_issue=math.inf,
                 source_reads_limit=LEGACY_SLOTS, reserved_total=0, executed_before=0,
             )
-        clock = self.clock
         # Read before the reservation: the permit's monotonic deadline counts from here, so
         # no wall step at any later point (lock wait, commit, checkpoint) can lengthen it.
         wall_before, mono_before = clock.wall(), clock.monotonic()
@@ -188,6 +194,9 @@ class RecallAllowance:
             run_id, kind, requested, self.policy, clock.wall,
             floor=lambda: _ANCHORS.floor(clock, run_id),
         )
+        # A caller cancelled while its reservation was committed (a shared batch, a lock
+        # handed over as the cancellation arrived) gets no permit: the slots stay consumed.
+        await anyio.lowlevel.checkpoint_if_cancelled()
         if isinstance(result, BudgetRefusal):
             raise RecallBudgetExceeded(result)
         # Anchored at once, before the host's checkpoint can fail or step the clock.

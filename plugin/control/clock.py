@@ -16,7 +16,7 @@ from typing import Protocol, runtime_checkable
 
 import attrs
 
-from plugin.errors import InvalidArgumentError, InvalidArgumentTypeError
+from plugin.errors import ClockReadingError, InvalidArgumentError, InvalidArgumentTypeError
 
 
 @runtime_checkable
@@ -89,3 +89,40 @@ class ManualClock:
         seconds = _finite(seconds, "seconds")
         with self._lock:
             self._wall += seconds
+
+
+def _reading(value: object, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ClockReadingError(f"the clock's {name}() returned {type(value).__name__} "
+                                f"{value!r}, not a number of seconds")
+    if not math.isfinite(value):
+        raise ClockReadingError(f"the clock's {name}() returned {value!r}, not a finite number")
+    return float(value)
+
+
+@attrs.frozen
+class FiniteClock:
+    """An injected clock whose every reading is checked: a number, and finite.
+
+    A reading that is not raises :class:`~plugin.errors.ClockReadingError` at once, so a
+    glitch (``inf`` or ``nan`` once) can never be judged or stored.
+    """
+
+    inner: Clock
+
+    def wall(self) -> float:
+        return _reading(self.inner.wall(), "wall")
+
+    def monotonic(self) -> float:
+        return _reading(self.inner.monotonic(), "monotonic")
+
+
+def finite_clock(clock: Clock) -> Clock:
+    """``clock`` with every reading checked (:class:`FiniteClock`).
+
+    :class:`SystemClock` and :class:`ManualClock` are returned as they are: their readings are
+    finite by construction, and a permit reads the clock on every slot it gives out.
+    """
+    if type(clock) in (SystemClock, ManualClock) or isinstance(clock, FiniteClock):
+        return clock
+    return FiniteClock(clock)

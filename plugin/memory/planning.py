@@ -391,7 +391,7 @@ class QueryPlanner:
                     return BaselineReason.ADMISSION_TIMEOUT
                 _log.warning("query-planning admission failed; using the baseline", exc_info=True)
                 return BaselineReason.ADMISSION_FAILED
-        if deadline.cancelled_caught:
+        if deadline.cancel_called:  # a late answer is no answer, even one that swallowed it
             return BaselineReason.ADMISSION_TIMEOUT
         if answer is True:
             return None
