@@ -1,8 +1,34 @@
-"""The package's exception hierarchy: one root, one subclass per cause.
+"""The package's exception tree: one root, a few classes named by cause.
 
 Refusals are data (:class:`~plugin.control.refusal.BudgetRefusal`); the exceptions here are
-failures. ``RecallBudgetExceeded`` carries a refusal so that code which cannot return a value
-(a permit's ``attempt``) still hands the caller the typed reason.
+failures. Shaped as trio and anyio shape theirs::
+
+    RecallboundError
+    ├── ConfigError (ValueError)                 a setting is missing, unknown or bad
+    │   ├── InvalidConfigTypeError (TypeError)   a RecallConfig field of the wrong type
+    │   └── LedgerConfigError (+ LedgerError)    a ledger option (DSN schema, pool size)
+    ├── StorageError                             the ledger or the memory store failed
+    │   ├── StorageUnavailableError              cannot be opened or reached (a path, a server)
+    │   ├── StorageLockedError                   locked by another connection too long
+    │   ├── StorageFullError                     the disk (or page limit) is full
+    │   ├── StorageCorruptError                  not a recallbound database, or damaged
+    │   └── StorageClosedError (RuntimeError)    used outside its ``async with`` block
+    ├── InvalidArgumentError (ValueError)        programming misuse: a value out of range
+    │   └── ClockReadingError                    an injected clock read inf, nan or a non-number
+    ├── InvalidArgumentTypeError (TypeError)     programming misuse: a value of the wrong type
+    ├── RoundReusedError (RuntimeError)          a round entered twice
+    └── AttemptHandleError (RuntimeError)        a retriever misused its attempt handle
+
+Elsewhere, by the code that raises them: ``RecallBudgetExceeded`` (budget exceeded, carrying
+its refusal; :mod:`plugin.control.refusal`), ``InvalidSearchCallError`` (an invalid search
+call; :mod:`runtime_hooks.hooks`), ``InvalidScenarioError`` (a scenario file;
+:mod:`plugin.evaluation.scenarios`).
+
+Which store failed is a subclass of the cause: ``LedgerLockedError`` is a
+:class:`StorageLockedError` and a :class:`LedgerError`, ``MemoryStoreLockedError`` a
+:class:`StorageLockedError` and a :class:`MemoryStoreError`. Catch the cause to handle both,
+the family to handle one store. Every older name keeps working: the classes that were split by
+the function that received the bad value are aliases of the two misuse classes.
 """
 
 from __future__ import annotations
@@ -10,6 +36,28 @@ from __future__ import annotations
 
 class RecallboundError(Exception):
     """Root of every error raised by recallbound."""
+
+
+# -- configuration -------------------------------------------------------------------------------
+
+
+class ConfigError(RecallboundError, ValueError):
+    """A configuration value is missing, unknown, of the wrong type or out of range.
+
+    The message names the setting and where its value came from (a file and key, an
+    environment variable, an argument, or ``RecallConfig.<field>`` in code).
+    """
+
+
+InvalidConfigError = ConfigError
+"""The same class: a :class:`~runtime_hooks.bootstrap.RecallConfig` field has a bad value."""
+
+
+class InvalidConfigTypeError(ConfigError, TypeError):
+    """A :class:`~runtime_hooks.bootstrap.RecallConfig` field has a wrong type (named)."""
+
+
+# -- programming misuse ----------------------------------------------------------------------------
 
 
 class InvalidArgumentError(RecallboundError, ValueError):
@@ -24,52 +72,78 @@ class ClockReadingError(InvalidArgumentError):
     """An injected clock returned a reading that is not a finite number of seconds."""
 
 
-class InvalidPolicyError(InvalidArgumentError):
-    """An :class:`~plugin.control.policy.AllowancePolicy` value is out of range."""
+InvalidPolicyError = InvalidArgumentError
+"""An :class:`~plugin.control.policy.AllowancePolicy` value is out of range."""
+InvalidRunIdError = InvalidArgumentError
+"""A run id is empty, not a string, or too long to store."""
+InvalidLedgerOptionError = InvalidArgumentError
+"""A ledger was configured with an invalid option (a timeout, say)."""
+InvalidRoundError = InvalidArgumentError
+"""A round was asked for with invalid arguments (slots, kind)."""
+InvalidWorkingStateError = InvalidArgumentError
+"""Working state handed to the planner is malformed (the message names the field)."""
+InvalidHookArgumentError = InvalidArgumentError
+"""A trusted argument handed to the hooks (scope, principal, ...) has a bad value."""
+
+InvalidRoundTypeError = InvalidArgumentTypeError
+"""A round or allowance argument has the wrong type."""
+InvalidWorkingStateTypeError = InvalidArgumentTypeError
+"""Working state handed to the planner has a field of the wrong type."""
+InvalidHookArgumentTypeError = InvalidArgumentTypeError
+"""A trusted argument handed to the hooks (scope, principal, state, ...) has a wrong type."""
+InvalidToolCallError = InvalidArgumentTypeError
+"""A :class:`~runtime_hooks.hooks.ToolCall` was built with a field of the wrong type."""
 
 
-class InvalidRunIdError(InvalidArgumentError):
-    """A run id is empty, not a string, or too long to store."""
+class PermitMisuseError(InvalidArgumentTypeError):
+    """A permit was copied, pickled, rebuilt or modified: it is one object, issued once."""
 
 
-class LedgerError(RecallboundError):
+class RoundReusedError(RecallboundError, RuntimeError):
+    """A round (``allowance.round(...)``) was entered a second time, or by a second task."""
+
+
+class AttemptHandleError(RecallboundError, RuntimeError):
+    """A retriever used its attempt handle for something the attempt does not offer."""
+
+
+# -- storage: by cause, then by store --------------------------------------------------------------
+
+
+class StorageError(RecallboundError):
+    """The ledger or the memory store failed; nothing was issued for the work that needed it."""
+
+
+class StorageUnavailableError(StorageError):
+    """The database cannot be opened or reached, or was lost mid-operation."""
+
+
+class StorageLockedError(StorageError):
+    """The database stayed locked by another connection beyond the busy timeout."""
+
+
+class StorageFullError(StorageError):
+    """The disk (or the page limit) is full: nothing was committed."""
+
+
+class StorageCorruptError(StorageError):
+    """The file is not a recallbound database, or its pages (or its schema) are damaged."""
+
+
+class StorageClosedError(StorageError, RuntimeError):
+    """The ledger or the store was used outside its ``async with`` block."""
+
+
+class LedgerError(StorageError):
     """The durable ledger failed; no permit was issued for the work that needed it."""
 
 
-class LedgerPathError(LedgerError, FileNotFoundError):
+class LedgerPathError(LedgerError, StorageUnavailableError, FileNotFoundError):
     """The ledger's folder does not exist or the file cannot be opened (or, opened for an
     operator's tool, the file or the PostgreSQL schema does not exist yet)."""
 
 
-class LedgerLockedError(LedgerError):
-    """The ledger stayed locked by another connection beyond the busy timeout."""
-
-
-class LedgerCorruptError(LedgerError):
-    """The ledger file is not a recallbound ledger, or its pages are damaged."""
-
-
-class LedgerFullError(LedgerError):
-    """The ledger's disk (or its page limit) is full: nothing was committed."""
-
-
-class InvalidLedgerOptionError(InvalidArgumentError):
-    """A ledger was configured with an invalid option (a timeout, say)."""
-
-
-class InvalidRoundError(InvalidArgumentError):
-    """A round was asked for with invalid arguments (slots, kind)."""
-
-
-class InvalidRoundTypeError(InvalidArgumentTypeError):
-    """A round or allowance argument has the wrong type."""
-
-
-class LedgerClosedError(LedgerError):
-    """The ledger was used outside its ``async with`` block."""
-
-
-class LedgerUnavailableError(LedgerError):
+class LedgerUnavailableError(LedgerError, StorageUnavailableError):
     """The ledger's database could not be reached, or was lost mid-operation (a restart).
 
     Raised instead of a result: a reservation that fails this way issues no permit, and may or
@@ -77,49 +151,32 @@ class LedgerUnavailableError(LedgerError):
     """
 
 
-class LedgerConfigError(LedgerError, ValueError):
+class LedgerLockedError(LedgerError, StorageLockedError):
+    """The ledger stayed locked by another connection beyond the busy timeout."""
+
+
+class LedgerFullError(LedgerError, StorageFullError):
+    """The ledger's disk (or its page limit) is full: nothing was committed."""
+
+
+class LedgerCorruptError(LedgerError, StorageCorruptError):
+    """The ledger file is not a recallbound ledger, or its pages are damaged."""
+
+
+class LedgerClosedError(LedgerError, StorageClosedError):
+    """The ledger was used outside its ``async with`` block."""
+
+
+class LedgerConfigError(LedgerError, ConfigError):
     """A ledger was configured with an invalid value (schema name, time source, pool size)."""
 
 
-class InvalidWorkingStateError(RecallboundError, ValueError):
-    """Working state handed to the planner is malformed (the message names the field)."""
-
-
-class InvalidWorkingStateTypeError(RecallboundError, TypeError):
-    """Working state handed to the planner has a field of the wrong type."""
-
-
-class MemoryStoreError(RecallboundError):
+class MemoryStoreError(StorageError):
     """The reference memory store failed."""
 
 
-class RoundReusedError(RecallboundError, RuntimeError):
-    """A round (``allowance.round(...)``) was entered a second time, or by a second task."""
+# The memory store's cause classes live in plugin.memory.store.errors, beside its translator.
 
 
-class PermitMisuseError(InvalidArgumentTypeError):
-    """A permit was copied, pickled, rebuilt or modified: it is one object, issued once."""
-
-
-class InvalidHookArgumentError(RecallboundError, ValueError):
-    """A trusted argument handed to the hooks (scope, principal, ...) has a bad value."""
-
-
-class InvalidHookArgumentTypeError(RecallboundError, TypeError):
-    """A trusted argument handed to the hooks (scope, principal, state, ...) has a wrong type."""
-
-
-class InvalidToolCallError(RecallboundError, TypeError):
-    """A :class:`~runtime_hooks.hooks.ToolCall` was built with a field of the wrong type."""
-
-
-class InvalidConfigError(RecallboundError, ValueError):
-    """A :class:`~runtime_hooks.bootstrap.RecallConfig` field has a bad value (named)."""
-
-
-class InvalidConfigTypeError(RecallboundError, TypeError):
-    """A :class:`~runtime_hooks.bootstrap.RecallConfig` field has a wrong type (named)."""
-
-
-class AttemptHandleError(RecallboundError, RuntimeError):
-    """A retriever used its attempt handle for something the attempt does not offer."""
+# --- turns: the one RunIdentityError (a run id reused with another principal or scope, refused
+# by the ledger and by every adapter) is defined here, once.

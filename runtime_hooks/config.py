@@ -1,5 +1,10 @@
 """Configuration from a TOML file, ``RECALLBOUND_*`` environment variables and arguments.
 
+Each setting is declared once, on its :class:`~runtime_hooks.bootstrap.RecallConfig` field
+(a :class:`~runtime_hooks.bootstrap.Setting` in the field's metadata: key, kind, meaning); the
+file reader, the environment reader, ``config show`` and the documentation's table
+(:func:`settings_table`) are derived from those declarations (:data:`FIELDS`).
+
 Precedence, highest first: **explicit arguments > environment variables > the TOML file >
 defaults**. The file is the ``file`` argument, else ``$RECALLBOUND_CONFIG``, else
 ``recallbound.toml`` in the working directory when it exists (a named file that is missing is
@@ -10,15 +15,21 @@ Every value is checked for its type and its range, and an error names the key an
 value came from (``recallbound.toml: policy.max_searches``, ``RECALLBOUND_LEGACY``). Nothing
 is coerced: ``legacy = "false"`` in TOML is an error, environment booleans are exactly
 ``true`` or ``false``, numbers in the environment are plain decimal literals. Unknown keys and
-unknown ``RECALLBOUND_*`` variables are errors too (a typo must not fall back to a default).
-Relative paths in the file are relative to the file's folder; elsewhere, to the working
-directory.
+unknown ``RECALLBOUND_*`` variables are errors too, in one format that suggests the nearest
+key (a typo must not fall back to a default). The test suite's own variables
+(``RECALLBOUND_TEST_*`` and :data:`TEST_VARIABLES`) are not settings and are ignored.
+
+From a file or the environment, a policy looser than the defaults (more than 4 searches or 2
+rounds, a deadline beyond 10 s) or the legacy mode needs ``allow_looser_policy = true``, and an
+ephemeral ledger (``":memory:"``) ``allow_ephemeral_ledger = true``. Relative paths in the file
+are relative to the file's folder; elsewhere, to the working directory.
 """
 
 from __future__ import annotations
 
+import difflib
 import enum
-import math
+import json
 import os
 import re
 import sys
@@ -28,12 +39,10 @@ from typing import Any
 
 import attrs
 
-from plugin.control import AllowancePolicy
-from plugin.errors import RecallboundError
-from plugin.memory.pipeline import ContextCaps
-from plugin.memory.planning import Admission, QueryStrategy
+from plugin.errors import ConfigError, RecallboundError
+from plugin.memory.planning import Admission
 
-from .bootstrap import RecallConfig, Semantic, Telemetry
+from .bootstrap import RecallConfig, Setting, is_ephemeral, loosened
 from .ledgers import redact_location
 
 if sys.version_info >= (3, 11):
@@ -41,18 +50,18 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
+__all__ = ["FIELDS", "ConfigError", "LoadedConfig", "Source", "load_config", "settings_table"]
+
 FILE_NAME = "recallbound.toml"
 ENV_PREFIX = "RECALLBOUND_"
 ENV_FILE = "RECALLBOUND_CONFIG"
+TEST_PREFIX = "RECALLBOUND_TEST_"
+"""Variables with this prefix belong to the test suite, not to the configuration."""
+TEST_VARIABLES = frozenset({"RECALLBOUND_STRESS", "RECALLBOUND_FLEET_WORKERS",
+                            "RECALLBOUND_FLEET_RUNS"})
+"""The test suite's sizing variables: read by the tests, ignored by the configuration."""
 PRECEDENCE = ("explicit", "env", "file", "default")
 """Where a value may come from, the one that wins first."""
-
-
-class ConfigError(RecallboundError, ValueError):
-    """A configuration value is missing, unknown, of the wrong type or out of range.
-
-    The message names the key and its source.
-    """
 
 
 @attrs.frozen
@@ -142,48 +151,111 @@ def _env_text(text: str) -> object:
     return text
 
 
+_TYPED: dict[str, Callable[[object], Any]] = {
+    "path": _text, "text": _text, "admission": _text, "int": _int, "seconds": _float,
+    "number": _float, "bool": _bool,
+}
+_FROM_ENV: dict[str, Callable[[str], object]] = {
+    "int": _env_int, "seconds": _env_float, "number": _env_float, "bool": _env_bool,
+}
+
+
 @attrs.frozen
 class _Field:
+    """One key as the readers see it, derived from a RecallConfig field's :class:`Setting`."""
+
     key: str
-    check: Callable[[object], Any]
-    from_env: Callable[[str], object]
+    kind: str
+    doc: str
+    attribute: str
+    """The RecallConfig field it sets."""
+    part: str | None = None
+    """Within a section: the field of the section's class."""
     default: object = None
-    path: bool = False
-    """Relative values from the file are taken relative to the file's folder."""
+    choices: type[enum.Enum] | None = None
 
     @property
     def env(self) -> str:
         return ENV_PREFIX + self.key.upper().replace(".", "_")
 
+    @property
+    def path(self) -> bool:
+        """Relative values from the file are taken relative to the file's folder."""
+        return self.kind == "path"
 
-def _number_field(key: str, default: object, *, integer: bool) -> _Field:
-    if integer:
-        return _Field(key, _int, _env_int, default)
-    return _Field(key, _float, _env_float, default)
+    def check(self, value: object) -> Any:
+        if self.choices is not None:
+            return _choice(self.choices)(value)
+        return _TYPED[self.kind](value)
+
+    def from_env(self, text: str) -> object:
+        return _FROM_ENV.get(self.kind, _env_text)(text)
 
 
-_POLICY = AllowancePolicy()
-_CAPS = ContextCaps()
-_POLICY_KEYS = ("max_searches", "max_rounds", "deadline_s", "automatic_slots",
-                "source_read_fallbacks")
-_CAPS_KEYS = ("max_items", "max_bytes", "candidates_per_arm", "beliefs_per_person")
+def _default(field: attrs.Attribute[Any]) -> object:
+    default: Any = field.default
+    if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
+        return default.factory()
+    return None if default is attrs.NOTHING else default
 
-FIELDS: tuple[_Field, ...] = (
-    _Field("ledger", _text, _env_text, None, path=True),
-    _Field("store", _text, _env_text, None, path=True),
-    *(_number_field(f"policy.{name}", getattr(_POLICY, name), integer=name != "deadline_s")
-      for name in _POLICY_KEYS),
-    _Field("query_planning", _choice(QueryStrategy), _env_text, QueryStrategy.BASELINE),
-    _number_field("admission_timeout_s", 0.25, integer=False),
-    _Field("semantic", _choice(Semantic), _env_text, Semantic.NONE),
-    *(_number_field(f"caps.{name}", getattr(_CAPS, name), integer=True) for name in _CAPS_KEYS),
-    _Field("legacy", _bool, _env_bool, False),
-    _Field("telemetry", _choice(Telemetry), _env_text, Telemetry.NONE),
-)
-"""Every configuration key, in the order ``config show`` prints them."""
+
+def _declared() -> tuple[_Field, ...]:
+    found: list[_Field] = []
+    for field in attrs.fields(RecallConfig):
+        setting = field.metadata.get("setting")
+        if not isinstance(setting, Setting):
+            continue
+        if setting.kind == "section":
+            assert setting.of is not None
+            example = _default(field)
+            for part in attrs.fields(setting.of):
+                kind = "int" if part.type in (int, "int") else "number"
+                found.append(_Field(
+                    f"{setting.key}.{part.name}", kind,
+                    setting.parts.get(part.name, f"{setting.of.__name__}.{part.name}"),
+                    field.name, part.name, getattr(example, part.name)))
+        else:
+            choices = setting.of if setting.kind == "choice" else None
+            found.append(_Field(setting.key, setting.kind, setting.doc, field.name,
+                                default=_default(field), choices=choices))
+    return tuple(found)
+
+
+FIELDS: tuple[_Field, ...] = _declared()
+"""Every configuration key, in the order ``config show`` prints them (RecallConfig's)."""
 
 _BY_KEY = {f.key: f for f in FIELDS}
 _BY_ENV = {f.env: f for f in FIELDS}
+_SECTIONS = {f.key.split(".")[0] for f in FIELDS if f.part is not None}
+
+
+def _unknown(name: str, where: str, known: list[str]) -> ConfigError:
+    """The one error for a key nobody declared, with the nearest declared one."""
+    near = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    hint = f"; did you mean {near[0]!r}?" if near else ""
+    return ConfigError(f"unknown setting {name!r} ({where}){hint}")
+
+
+def _shown(value: object) -> object:
+    if isinstance(value, enum.Enum):
+        return value.value
+    if callable(value):
+        return f"{getattr(value, '__module__', '?')}:{getattr(value, '__qualname__', '?')}"
+    return value
+
+
+def settings_table() -> str:
+    """The settings as a Markdown table (key, environment variable, default, meaning)."""
+    lines = ["| Key | Environment variable | Default | Meaning |", "|---|---|---|---|"]
+    for f in FIELDS:
+        default = "(required)" if f.default is None and f.key in ("ledger", "store") else (
+            "(unset)" if f.default is None else f"`{json.dumps(_shown(f.default))}`")
+        if f.choices is not None:
+            meaning = f"{f.doc} One of " + ", ".join(f"`{m.value}`" for m in f.choices) + "."
+        else:
+            meaning = f.doc
+        lines.append(f"| `{f.key}` | `{f.env}` | {default} | {meaning} |")
+    return "\n".join(lines) + "\n"
 
 
 @attrs.frozen(kw_only=True)
@@ -203,48 +275,110 @@ class LoadedConfig:
                     f"{key} is not configured: set {key!r} in {FILE_NAME} or "
                     f"{_BY_KEY[key].env}, or pass it explicitly"
                 )
-        v = self.values
-        return RecallConfig(
-            ledger_path=v["ledger"],
-            store_path=v["store"],
-            policy=self._build(AllowancePolicy, "policy", _POLICY_KEYS),
-            query_planning=v["query_planning"],
-            admission=self.admission,
-            admission_timeout_s=v["admission_timeout_s"],
-            semantic=v["semantic"],
-            caps=self._build(ContextCaps, "caps", _CAPS_KEYS),
-            legacy=v["legacy"],
-            telemetry=v["telemetry"],
-        )
+        arguments = self._arguments()
+        if self.admission is not None:
+            arguments["admission"] = self.admission
+        config: RecallConfig = self._guarded(lambda: RecallConfig(**arguments, sources={
+            key: str(source) for key, source in self.sources.items()
+            if source.kind != "default"}))
+        return config
 
-    def _build(self, cls: Callable[..., Any], section: str, names: tuple[str, ...]) -> Any:
+    def _arguments(self) -> dict[str, Any]:
+        """RecallConfig's keyword arguments, sections built (ledger/store as they are)."""
+        arguments: dict[str, Any] = {}
+        sections: dict[str, dict[str, Any]] = {}
+        for f in FIELDS:
+            value = self.values[f.key]
+            if f.part is not None:
+                sections.setdefault(f.attribute, {})[f.part] = value
+            elif value is not None:
+                arguments[f.attribute] = value
+        for attribute, parts in sections.items():
+            arguments[attribute] = self._build(attribute, parts)
+        return arguments
+
+    def _build(self, attribute: str, parts: dict[str, Any]) -> Any:
+        setting = attrs.fields_dict(RecallConfig)[attribute].metadata["setting"]
+        section = setting.key
         try:
-            return cls(**{name: self.values[f"{section}.{name}"] for name in names})
+            return setting.of(**parts)
         except (ValueError, TypeError) as exc:
             # Blame the keys the message names (a rule may join two), or all that were set.
-            named = [n for n in names if n in str(exc)] or [
-                n for n in names if self.sources[f"{section}.{n}"].kind != "default"]
+            named = [n for n in parts if n in str(exc)] or [
+                n for n in parts if self.sources[f"{section}.{n}"].kind != "default"]
             where = "; ".join(f"{section}.{n} from {self.sources[f'{section}.{n}']}"
                               for n in named)
             raise ConfigError(f"{where}: {exc}") from None
 
+    def _guarded(self, build: Callable[[], Any], key: str | None = None) -> Any:
+        """``build()``, a RecallConfig error re-raised naming the key and its source."""
+        try:
+            return build()
+        except RecallboundError as exc:
+            if key is None:
+                key = next((f.key for f in FIELDS if f.part is None and re.search(
+                    rf"RecallConfig\.{f.attribute}\b", str(exc))), None)
+            if key is None or (isinstance(exc, ConfigError) and str(exc).startswith(
+                    f"{key} from ")):
+                raise
+            raise ConfigError(f"{key} from {self.sources[key]}: {exc}") from None
+
     def check(self) -> None:
-        """Validate what :meth:`recall_config` would build, ``ledger``/``store`` aside."""
-        self._build(AllowancePolicy, "policy", _POLICY_KEYS)
-        self._build(ContextCaps, "caps", _CAPS_KEYS)
+        """Validate everything :meth:`recall_config` would build, ``ledger``/``store`` aside.
+
+        Each value through its RecallConfig field's own converter and validator, then the
+        rules that join settings: a looser policy (or the legacy mode) from a file or the
+        environment needs ``allow_looser_policy``; an ephemeral ledger needs
+        ``allow_ephemeral_ledger``.
+        """
+        arguments = self._arguments()
+        fields = attrs.fields_dict(RecallConfig)
+        for f in FIELDS:
+            if f.part is not None or f.attribute not in arguments:
+                continue
+            field, value = fields[f.attribute], arguments[f.attribute]
+            if f.kind == "admission" and self.admission is not None:
+                continue
+
+            def one(field: attrs.Attribute[Any] = field, value: object = value) -> Any:
+                if field.converter is not None:
+                    value = field.converter(value)  # type: ignore[operator]
+                if field.validator is not None:
+                    field.validator(None, field, value)
+                return value
+
+            self._guarded(one, f.key)
+        ledger = self.values["ledger"]
+        if ledger is not None and is_ephemeral(ledger) and \
+                self.values["allow_ephemeral_ledger"] is not True:
+            raise ConfigError(
+                f"ledger from {self.sources['ledger']}: {ledger!r} keeps nothing once closed, so "
+                f"every open of a run would start a fresh allowance; use a file or a DSN, or "
+                f"set allow_ephemeral_ledger = true (for tests only)")
+        if self.values["allow_looser_policy"] is not True:
+            for key, why in loosened(arguments["policy"], self.values["legacy"]):
+                if self.sources[key].kind in ("file", "env"):
+                    raise ConfigError(
+                        f"{key} from {self.sources[key]}: {why}; a looser allowance needs "
+                        f"allow_looser_policy = true ({_BY_KEY['allow_looser_policy'].env}) "
+                        f"beside it")
+
+    def looser(self) -> set[str]:
+        """The keys whose values loosen the default allowance (``config show`` marks them)."""
+        return {key for key, _ in loosened(self._arguments()["policy"], self.values["legacy"])}
 
     def describe(self) -> list[dict[str, Any]]:
-        """One row per key for display: key, value (plain, a DSN's password hidden), source."""
+        """One row per key for display: key, value (plain, a DSN's password hidden), source,
+        and whether it loosens the default allowance."""
         rows = []
+        looser = self.looser()
         for f in FIELDS:
-            value = self.values[f.key]
-            if isinstance(value, enum.Enum):
-                value = value.value
-            if f.key == "ledger" and value is not None:
+            value = _shown(self.values[f.key])
+            if f.key == "ledger" and isinstance(value, str):
                 value = redact_location(value)
             source = self.sources[f.key]
             rows.append({"key": f.key, "value": value, "source": source.kind,
-                         "where": source.where, "env": f.env})
+                         "where": source.where, "env": f.env, "looser": f.key in looser})
         return rows
 
 
@@ -287,7 +421,7 @@ def _read_file(path: Path) -> dict[str, tuple[object, str]]:
     def walk(table: Mapping[str, object], prefix: str) -> None:
         for name, value in table.items():
             key = prefix + name
-            if key in ("policy", "caps"):
+            if not prefix and key in _SECTIONS:
                 if not isinstance(value, dict):
                     raise ConfigError(f"{path}: {key} must be a table ([{key}]), "
                                       f"got {type(value).__name__}")
@@ -295,8 +429,7 @@ def _read_file(path: Path) -> dict[str, tuple[object, str]]:
             elif key in _BY_KEY:
                 found[key] = (value, f"{path}: {key}")
             else:
-                known = ", ".join(sorted({f.key.split(".")[0] for f in FIELDS}))
-                raise ConfigError(f"{path}: unknown key {key!r} (known: {known})")
+                raise _unknown(key, f"in {path}", [*_BY_KEY, *_SECTIONS])
 
     walk(document, "")
     return found
@@ -313,8 +446,9 @@ def load_config(
     """Read the effective configuration (see the module docstring for the precedence).
 
     ``env`` defaults to :data:`os.environ`; ``overrides`` maps keys (``"policy.max_rounds"``,
-    ``"ledger"``) to explicit values. ``admission`` (a callable) can only be given here.
-    Raises :class:`ConfigError` naming the key and the source of the first bad value.
+    ``"ledger"``) to explicit values. ``admission`` (a callable) given here wins over the
+    ``admission`` setting. Raises :class:`ConfigError` naming the key and the source of the
+    first bad value.
     """
     env = os.environ if env is None else env
     base = Path.cwd() if cwd is None else Path(cwd)
@@ -327,16 +461,17 @@ def load_config(
     for name, text in env.items():
         if not name.startswith(ENV_PREFIX) or name == ENV_FILE:
             continue
+        if name.startswith(TEST_PREFIX) or name in TEST_VARIABLES:
+            continue  # the test suite's, not a setting
         if name not in _BY_ENV:
-            raise ConfigError(f"unknown environment variable {name} "
-                              f"(known: {', '.join(sorted(_BY_ENV))}, {ENV_FILE})")
+            raise _unknown(name, "environment variable", [*_BY_ENV, ENV_FILE])
         env_values[_BY_ENV[name].key] = (text, name)
     layers.append(("env", env_values, lambda f, text: f.check(f.from_env(str(text)))))
 
     explicit: dict[str, tuple[object, str]] = {}
     for key, value in (overrides or {}).items():
         if key not in _BY_KEY:
-            raise ConfigError(f"unknown configuration key {key!r} (argument)")
+            raise _unknown(key, "argument", list(_BY_KEY))
         explicit[key] = (value, f"argument {key}")
     layers.append(("explicit", explicit, lambda f, value: f.check(value)))
 
@@ -353,9 +488,10 @@ def load_config(
                 value = _relative_to(path.parent, value)
             values[key] = value
             sources[key] = Source(kind, where)
-    if not math.isfinite(values["admission_timeout_s"]) or values["admission_timeout_s"] <= 0:
-        raise ConfigError(f"admission_timeout_s from {sources['admission_timeout_s']}: must be "
-                          f"finite and > 0, got {values['admission_timeout_s']!r}")
     loaded = LoadedConfig(file=path, values=values, sources=sources, admission=admission)
     loaded.check()
     return loaded
+
+
+if __name__ == "__main__":  # pragma: no cover - regenerates the documentation's table
+    sys.stdout.write(settings_table())

@@ -35,5 +35,6 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     for row in rows:
         value = "(unset)" if row["value"] is None else json.dumps(row["value"])
         where = f"  [{row['where']}]" if row["where"] else ""
-        out.write(f"  {row['key']:<{width}}  {value:<24} {row['source']}{where}\n")
+        mark = "  ! LOOSER than the default allowance" if row["looser"] else ""
+        out.write(f"  {row['key']:<{width}}  {value:<24} {row['source']}{where}{mark}\n")
     return 0

@@ -21,6 +21,7 @@ ledger = "data/ledger.db"
 store = "data/store.db"
 query_planning = "task_context"
 legacy = false
+allow_looser_policy = true
 
 [policy]
 max_searches = 6
@@ -64,6 +65,7 @@ def test_the_file_in_the_working_directory_is_read(folder: Path) -> None:
         ledger_path=str(folder / "data/ledger.db"), store_path=str(folder / "data/store.db"),
         policy=AllowancePolicy(max_searches=6, deadline_s=20.0),
         query_planning=QueryStrategy.TASK_CONTEXT, caps=ContextCaps(max_items=5),
+        allow_looser_policy=True,
     )
     loaded = load_config(env={})
     assert loaded.file == path
@@ -131,8 +133,10 @@ def test_a_dsn_in_the_file_is_kept_as_written(folder: Path) -> None:
                                        r"'task_context', got 'smart'"),
         ("ledger = 3\n", r"ledger from .*: ledger: must be a string"),
         ('ledger = ""\n', r"ledger .* must be a non-empty string"),
-        ("[policy]\nmax_search = 4\n", r"recallbound.toml: unknown key 'policy.max_search'"),
-        ("polcy = 1\n", r"unknown key 'polcy'"),
+        ("[policy]\nmax_search = 4\n", r"unknown setting 'policy.max_search' \(in .*"
+                                         r"recallbound.toml\); did you mean "
+                                         r"'policy.max_searches'\?"),
+        ("polcy = 1\n", r"unknown setting 'polcy' \(in .*\); did you mean 'policy'\?"),
         ("policy = 4\n", r"recallbound.toml: policy must be a table \(\[policy\]\), got int"),
         ("[policy]\nmax_searches = 0\n",
          r"policy.max_searches from file \(.*recallbound.toml: policy.max_searches\): "),
@@ -171,8 +175,9 @@ def test_bad_file_values_name_the_key_and_the_file(folder: Path, text: str,
                                               "of"),
         ("RECALLBOUND_TELEMETRY", "on", "telemetry from RECALLBOUND_TELEMETRY"),
         ("RECALLBOUND_LEDGER", "", "ledger from RECALLBOUND_LEDGER: must be a non-empty"),
-        ("RECALLBOUND_POLICY_MAX_SEARCH", "4", "unknown environment variable "
-                                               "RECALLBOUND_POLICY_MAX_SEARCH"),
+        ("RECALLBOUND_POLICY_MAX_SEARCH", "4", "unknown setting 'RECALLBOUND_POLICY_MAX_SEARCH' "
+                                               "(environment variable); did you mean "
+                                               "'RECALLBOUND_POLICY_MAX_SEARCHES'?"),
     ],
 )
 def test_bad_environment_values_name_the_key_and_the_variable(
@@ -184,15 +189,19 @@ def test_bad_environment_values_name_the_key_and_the_variable(
 
 
 def test_environment_booleans_parse_exactly(folder: Path) -> None:
-    assert load_config(env={"RECALLBOUND_LEGACY": "true"}).values["legacy"] is True
+    allow = {"RECALLBOUND_ALLOW_LOOSER_POLICY": "true"}
+    assert load_config(env={"RECALLBOUND_LEGACY": "true", **allow}).values["legacy"] is True
     assert load_config(env={"RECALLBOUND_LEGACY": "false"}).values["legacy"] is False
 
 
 def test_explicit_values_are_checked_too(folder: Path) -> None:
     with pytest.raises(ConfigError, match="legacy from argument legacy: must be a boolean"):
         load_config(env={}, overrides={"legacy": "false"})
-    with pytest.raises(ConfigError, match="unknown configuration key 'polcy'"):
+    with pytest.raises(ConfigError, match=r"^unknown setting 'polcy' \(argument\)$"):
         load_config(env={}, overrides={"polcy": 1})
+    with pytest.raises(ConfigError, match=r"^unknown setting 'policy.max_serches' \(argument\); "
+                                          r"did you mean 'policy.max_searches'\?$"):
+        load_config(env={}, overrides={"policy.max_serches": 1})
 
 
 def test_config_error_is_a_recallbound_value_error() -> None:
@@ -217,8 +226,8 @@ def test_config_show_names_every_source(folder: Path, monkeypatch: pytest.Monkey
     lines = {line.split()[0]: line for line in out.splitlines()[2:]}
     assert out.splitlines()[:2] == [f"configuration file: {path}",
                                     "precedence: explicit > env > file > default"]
-    assert lines["policy.max_rounds"].split()[1:] == ["3", "env",
-                                                      "[RECALLBOUND_POLICY_MAX_ROUNDS]"]
+    assert lines["policy.max_rounds"].split()[1:4] == ["3", "env",
+                                                       "[RECALLBOUND_POLICY_MAX_ROUNDS]"]
     assert lines["policy.max_searches"].split()[1:3] == ["6", "file"]
     assert lines["policy.automatic_slots"].split()[1:] == ["2", "default"]
     assert lines["query_planning"].split()[1] == '"task_context"'
@@ -232,7 +241,7 @@ def test_config_show_json_hides_a_dsn_password(folder: Path,
     settings = {row["key"]: row for row in json.loads(out)["settings"]}
     assert settings["ledger"] == {"key": "ledger", "value": "postgresql://alice:***@db:5432/recall",
                                   "source": "env", "where": "RECALLBOUND_LEDGER",
-                                  "env": "RECALLBOUND_LEDGER"}
+                                  "env": "RECALLBOUND_LEDGER", "looser": False}
     assert settings["store"]["value"] is None
 
 

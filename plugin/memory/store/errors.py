@@ -4,33 +4,45 @@ from __future__ import annotations
 
 import sqlite3
 
-from ...control._sqlite import is_cantopen, is_corrupt, is_locked
-from ...errors import MemoryStoreError
+from ...control._sqlite import is_cantopen, is_corrupt, is_full, is_locked
+from ...errors import (
+    MemoryStoreError,
+    StorageClosedError,
+    StorageCorruptError,
+    StorageFullError,
+    StorageLockedError,
+    StorageUnavailableError,
+)
 
 __all__ = [
     "InvalidMemoryError",
     "MemoryConflictError",
     "MemoryStoreClosedError",
     "MemoryStoreCorruptError",
+    "MemoryStoreFullError",
     "MemoryStoreLockedError",
     "MemoryStorePathError",
     "translate",
 ]
 
 
-class MemoryStorePathError(MemoryStoreError, FileNotFoundError):
+class MemoryStorePathError(MemoryStoreError, StorageUnavailableError, FileNotFoundError):
     """The store's folder does not exist, or its file cannot be opened."""
 
 
-class MemoryStoreLockedError(MemoryStoreError):
+class MemoryStoreLockedError(MemoryStoreError, StorageLockedError):
     """The store stayed locked by another connection beyond the busy timeout."""
 
 
-class MemoryStoreCorruptError(MemoryStoreError):
+class MemoryStoreCorruptError(MemoryStoreError, StorageCorruptError):
     """The file is not a recallbound memory store, or its pages are damaged."""
 
 
-class MemoryStoreClosedError(MemoryStoreError):
+class MemoryStoreFullError(MemoryStoreError, StorageFullError):
+    """The store's disk (or its page limit) is full: nothing was committed."""
+
+
+class MemoryStoreClosedError(MemoryStoreError, StorageClosedError):
     """The store was used outside its ``async with`` block."""
 
 
@@ -47,6 +59,8 @@ def translate(exc: sqlite3.Error, *, path: str, timeout: float) -> MemoryStoreEr
     where = f"memory store {path!r}"
     if is_locked(exc):
         return MemoryStoreLockedError(f"{where} stayed locked beyond {timeout}s: {exc}")
+    if is_full(exc):
+        return MemoryStoreFullError(f"{where} cannot grow: {exc}")
     if is_corrupt(exc):
         return MemoryStoreCorruptError(f"{where} is not a database or is damaged: {exc}")
     if is_cantopen(exc):
