@@ -1,0 +1,106 @@
+"""One error tree: one root, a few classes by cause, builtins for misuse, old names kept."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+import plugin
+import plugin.errors as errors
+from plugin.memory.store import errors as store_errors
+from runtime_hooks import config
+
+CAUSES = {
+    "LedgerPathError": errors.StorageUnavailableError,
+    "LedgerUnavailableError": errors.StorageUnavailableError,
+    "LedgerLockedError": errors.StorageLockedError,
+    "LedgerFullError": errors.StorageFullError,
+    "LedgerCorruptError": errors.StorageCorruptError,
+    "LedgerClosedError": errors.StorageClosedError,
+}
+STORE_CAUSES = {
+    "MemoryStorePathError": errors.StorageUnavailableError,
+    "MemoryStoreLockedError": errors.StorageLockedError,
+    "MemoryStoreFullError": errors.StorageFullError,
+    "MemoryStoreCorruptError": errors.StorageCorruptError,
+    "MemoryStoreClosedError": errors.StorageClosedError,
+}
+VALUE_ALIASES = ("InvalidPolicyError", "InvalidRunIdError", "InvalidLedgerOptionError",
+                 "InvalidRoundError", "InvalidWorkingStateError", "InvalidHookArgumentError")
+TYPE_ALIASES = ("InvalidRoundTypeError", "InvalidWorkingStateTypeError",
+                "InvalidHookArgumentTypeError", "InvalidToolCallError")
+
+
+def test_one_root() -> None:
+    for name in dir(errors):
+        value = getattr(errors, name)
+        if isinstance(value, type) and issubclass(value, BaseException):
+            assert issubclass(value, errors.RecallboundError), name
+
+
+@pytest.mark.parametrize(("name", "cause"), list(CAUSES.items()))
+def test_ledger_errors_are_storage_errors_by_cause(name: str,
+                                                   cause: type[Exception]) -> None:
+    cls = getattr(errors, name)
+    assert issubclass(cls, cause) and issubclass(cls, errors.LedgerError)
+    assert not issubclass(cls, errors.MemoryStoreError)
+    assert getattr(plugin, name, cls) is cls  # the same class where plugin exports it
+
+
+@pytest.mark.parametrize(("name", "cause"), list(STORE_CAUSES.items()))
+def test_store_errors_are_storage_errors_by_cause(name: str,
+                                                  cause: type[Exception]) -> None:
+    cls = getattr(store_errors, name)
+    assert issubclass(cls, cause) and issubclass(cls, errors.MemoryStoreError)
+    assert not issubclass(cls, errors.LedgerError)
+
+
+def test_path_errors_stay_file_not_found_errors() -> None:
+    assert issubclass(errors.LedgerPathError, FileNotFoundError)
+    assert issubclass(store_errors.MemoryStorePathError, FileNotFoundError)
+
+
+@pytest.mark.parametrize(("message", "cause"), [
+    ("database is locked", errors.StorageLockedError),
+    ("database or disk is full", errors.StorageFullError),
+    ("file is not a database", errors.StorageCorruptError),
+])
+def test_the_store_translates_a_full_disk_by_cause(message: str,
+                                                   cause: type[Exception]) -> None:
+    code = {"database is locked": sqlite3.SQLITE_BUSY, "database or disk is full":
+            sqlite3.SQLITE_FULL, "file is not a database": sqlite3.SQLITE_NOTADB}[message]
+    exc = sqlite3.OperationalError(message)
+    exc.sqlite_errorcode = code  # type: ignore[attr-defined]
+    translated = store_errors.translate(exc, path="m.db", timeout=1.0)
+    assert isinstance(translated, cause) and isinstance(translated, errors.MemoryStoreError)
+
+
+def test_config_error_is_one_class() -> None:
+    assert errors.InvalidConfigError is errors.ConfigError is config.ConfigError
+    assert issubclass(errors.ConfigError, ValueError)
+    assert issubclass(errors.InvalidConfigTypeError, errors.ConfigError)
+    assert issubclass(errors.InvalidConfigTypeError, TypeError)
+    assert issubclass(errors.LedgerConfigError, errors.ConfigError)
+    assert issubclass(errors.LedgerConfigError, errors.LedgerError)  # as before
+
+
+@pytest.mark.parametrize("name", VALUE_ALIASES)
+def test_value_misuse_classes_are_one(name: str) -> None:
+    assert getattr(errors, name) is errors.InvalidArgumentError
+    assert issubclass(errors.InvalidArgumentError, ValueError)
+
+
+@pytest.mark.parametrize("name", TYPE_ALIASES)
+def test_type_misuse_classes_are_one(name: str) -> None:
+    assert getattr(errors, name) is errors.InvalidArgumentTypeError
+    assert issubclass(errors.InvalidArgumentTypeError, TypeError)
+
+
+def test_the_clock_error_is_a_value_misuse() -> None:
+    assert issubclass(errors.ClockReadingError, errors.InvalidArgumentError)
+
+
+def test_every_name_plugin_exported_still_imports() -> None:
+    for name in plugin.__all__:
+        assert getattr(plugin, name) is not None, name
