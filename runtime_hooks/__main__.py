@@ -9,6 +9,7 @@ traceback reaches the operator.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,10 +25,20 @@ from .bootstrap import Semantic
 from .demo import run_demo
 
 
+def version() -> str:
+    """The installed distribution's version (``unknown`` when run from an uninstalled tree)."""
+    try:
+        return importlib.metadata.version("recallbound")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="recallbound", description="Bounded, durable memory recall for agent runtimes."
     )
+    parser.add_argument("--version", action="store_true",
+                        help="print the installed version and exit")
     commands = parser.add_subparsers(dest="command")
     demo = commands.add_parser("demo", help="run the scripted end-to-end demo")
     demo.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
@@ -57,6 +68,9 @@ def main(
     parser = _parser()
     try:
         args = parser.parse_args(argv)
+        if args.version:
+            out.write(f"recallbound {version()}\n")
+            return 0
         if args.command is None:  # plain `python -m runtime_hooks` runs the demo
             args = parser.parse_args(["demo", *(argv or [])])
     except SystemExit as exit_:  # usage errors: argparse printed them already
@@ -75,7 +89,7 @@ def main(
                   backend=args.backend)
         return 0
     except (RecallboundError, OSError) as exc:
-        err.write(f"recallbound: {exc}\n")
+        err.write(f"recallbound: {ledger_cli.safe(exc)}\n")
         return 1
     except KeyboardInterrupt:
         err.write("recallbound: interrupted\n")

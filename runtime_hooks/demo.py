@@ -16,14 +16,14 @@ from pathlib import Path
 
 import attrs
 
-from plugin.control import Clock
+from plugin.control import Clock, Ledger
 from plugin.memory.embedding import EmbeddingAdapter
 from plugin.memory.planning import QueryStrategy
 from plugin.memory.state import Fact, Task, WorkingState
 from plugin.memory.store import MemoryRecord, MemoryStore
-from plugin.memory.wordllama_adapter import available as wordllama_available
+from plugin.memory.store.errors import MemoryConflictError
 
-from .bootstrap import RecallConfig, Semantic, load_embedding, open_hooks
+from .bootstrap import RecallConfig, Semantic, best_installed, load_embedding, open_hooks
 from .hooks import PreparedContext, RecallHooks, ToolCall
 from .loop import AgentLoop, Dispatch, ModelStep, Preparation, ScriptedModel
 
@@ -55,6 +55,28 @@ MEMORIES = (
     ("m-deploy", "Deploy window: never during EU business hours (08:00-18:00 CET).", ()),
     ("m-lunch", "Team lunch is on Thursday at the noodle place.", ()),
 )
+
+
+async def seed_once(store: MemoryStore) -> bool:
+    """:func:`seed`, unless the store holds the demo's memories already (a re-run on the same
+    ``--data-dir``); True when it seeded."""
+    try:
+        await seed(store)
+    except MemoryConflictError:
+        return False
+    return True
+
+
+async def run_tag(allowance_ledger: Ledger) -> str:
+    """``""`` on a fresh ledger, else ``"-N"``: the first suffix whose run ids are unused, so
+    a re-run on the same ``--data-dir`` starts its runs with a fresh allowance."""
+    n = 1
+    while True:
+        tag = "" if n == 1 else f"-{n}"
+        usage = await allowance_ledger.usage(f"parallel{tag}")
+        if usage.rounds == 0 and usage.legacy_attempts == 0:
+            return tag
+        n += 1
 
 
 async def seed(store: MemoryStore) -> None:
@@ -114,6 +136,7 @@ async def _compare(
     config: RecallConfig,
     clock: Clock | None,
     embedding: EmbeddingAdapter | None,
+    tag: str = "",
 ) -> None:
     _heading(out, "1. The user says \"Continue\": baseline vs task_context")
     _say(out, f"working state: next action = {STATE.next_action!r}")
@@ -127,7 +150,8 @@ async def _compare(
         async with open_hooks(cfg, clock=clock, embedding=embedding) as hooks:
             with hooks.bind_run():
                 context = await hooks.prepare(
-                    STATE, run_id=f"compare-{strategy.value}", scope=SCOPE, principal=PRINCIPAL
+                    STATE, run_id=f"compare-{strategy.value}{tag}", scope=SCOPE,
+                    principal=PRINCIPAL
                 )
         out("")
         _say(out, f"{strategy.value}:")
@@ -141,9 +165,9 @@ def _calls(*queries: str) -> tuple[ToolCall, ...]:
                  for i, q in enumerate(queries))
 
 
-async def _parallel(out: Callable[[str], None], hooks: RecallHooks) -> None:
+async def _parallel(out: Callable[[str], None], hooks: RecallHooks, tag: str = "") -> None:
     _heading(out, "2. One turn, six parallel search calls, a four-search allowance")
-    run_id = "parallel"
+    run_id = f"parallel{tag}"
     model = ScriptedModel([
         ModelStep(tool_calls=_calls(
             "invoice backfill dry-run", "currency rounding rule", "cutover date",
@@ -200,9 +224,9 @@ async def _usage(out: Callable[[str], None], hooks: RecallHooks, run_ids: list[s
         usage = await ledger.usage(run_id)
         out(f"  {run_id:24} {usage.rounds:>6} {usage.reserved:>8} {usage.executed:>8} "
             f"{usage.refused:>7}")
-    traces = await ledger.attempts("parallel")
+    traces = await ledger.attempts(run_ids[-1])
     out("")
-    _say(out, "attempt traces of run 'parallel':", 2)
+    _say(out, f"attempt traces of run {run_ids[-1]!r}:", 2)
     for trace in traces:
         query = trace.fingerprint[:12] if trace.fingerprint else "-"
         _say(out, f"round {trace.round_index} slot {trace.slot} {trace.kind:10} "
@@ -218,7 +242,7 @@ async def run_demo(
 ) -> None:
     """Run the whole demo, printing through ``out``."""
     if semantic is None:
-        semantic = Semantic.WORDLLAMA if wordllama_available() else Semantic.NONE
+        semantic = best_installed()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(data_dir) if data_dir is not None else Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
@@ -230,9 +254,12 @@ async def run_demo(
         out(f"  semantic arm: {semantic.value}; allowance: 4 searches, 2 rounds, 10 s deadline")
         async with open_hooks(config, clock=clock, embedding=embedding) as hooks:
             store = hooks.retriever.store  # type: ignore[attr-defined]
-            await seed(store)
-        await _compare(out, config, clock, embedding)
+            if not await seed_once(store):
+                out("  (the memories were seeded by an earlier run on this folder)")
+            tag = await run_tag(hooks.allowance.ledger)
+        await _compare(out, config, clock, embedding, tag)
         async with open_hooks(config, clock=clock, embedding=embedding) as hooks:
-            await _parallel(out, hooks)
-            await _usage(out, hooks, ["compare-baseline", "compare-task_context", "parallel"])
+            await _parallel(out, hooks, tag)
+            await _usage(out, hooks, [f"compare-baseline{tag}", f"compare-task_context{tag}",
+                                      f"parallel{tag}"])
 

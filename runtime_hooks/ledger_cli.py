@@ -12,7 +12,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
+import unicodedata
 from collections.abc import Callable, Coroutine
 from datetime import datetime, timezone
 from typing import Any, TextIO
@@ -20,10 +22,10 @@ from typing import Any, TextIO
 import anyio
 
 from plugin.control import Clock, Ledger
-from plugin.control.ledger_admin import LedgerAdmin, RunSummary
-from plugin.errors import RecallboundError
+from plugin.control.ledger_admin import LedgerAdmin, LedgerCheck, RunSummary
+from plugin.errors import LedgerCorruptError, LedgerPathError, RecallboundError
 
-from .ledgers import admin_for, open_ledger, redact_location
+from .ledgers import admin_for, is_postgres, open_ledger, redact_location
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0, "w": 604_800.0}
 _DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhdw])")
@@ -31,6 +33,43 @@ _DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhdw])")
 
 class UnknownRunError(RecallboundError, LookupError):
     """``ledger show`` was given a run id the ledger has no trace of."""
+
+
+_UNSAFE = frozenset(("Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"))
+"""Unicode categories never printed as they are: controls (a newline, ESC), format characters
+(bidi overrides), line and paragraph separators, surrogates, private use, unassigned."""
+
+
+def _escape_char(char: str) -> str:
+    code = ord(char)
+    if char in "\n\r\t":
+        return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}[char]
+    return f"\\x{code:02x}" if code < 0x100 else (
+        f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+
+
+def safe(text: object) -> str:
+    """``text`` for a terminal: every control, format or separator character escaped
+    (``\\n``, ``\\x1b``, ``\\u202e``), so stored text can neither forge a line nor send an
+    escape sequence."""
+    value = str(text)
+    if value.isprintable():
+        return value
+    return "".join(_escape_char(char) if unicodedata.category(char) in _UNSAFE else char
+                   for char in value)
+
+
+def safe_json(text: str) -> str:
+    """JSON text with the characters :func:`safe` escapes written as ``\\uXXXX`` (they
+    can only occur inside strings, where JSON allows the escape)."""
+    return "".join(
+        char if ord(char) < 0x80 or unicodedata.category(char) not in _UNSAFE
+        else "".join(f"\\u{unit:04x}" for unit in _utf16(char)) for char in text)
+
+
+def _utf16(char: str) -> list[int]:
+    data = char.encode("utf-16-be", "surrogatepass")
+    return [int.from_bytes(data[i:i + 2], "big") for i in range(0, len(data), 2)]
 
 
 def parse_duration(text: str) -> float:
@@ -94,6 +133,7 @@ def run(args: argparse.Namespace, out: TextIO, clock: Clock) -> int:
     command: Callable[..., Coroutine[Any, Any, int]] = {
         "runs": _runs, "show": _show, "prune": _prune, "check": _check,
     }[args.ledger_command]
+    _refuse_non_ledger(location)
 
     async def main() -> int:
         async with open_ledger(location, must_exist=True) as ledger:
@@ -101,6 +141,22 @@ def run(args: argparse.Namespace, out: TextIO, clock: Clock) -> int:
                                  redact_location(location))
 
     return anyio.run(main)
+
+
+def _refuse_non_ledger(location: str | os.PathLike[str]) -> None:
+    """A folder, or an empty file, is never opened: opening would turn it into a ledger."""
+    if is_postgres(location) or os.fspath(location) == ":memory:":
+        return
+    path = os.fspath(location)
+    if os.path.isdir(path):
+        raise LedgerPathError(f"{path!r} is a directory, not a ledger file")
+    try:
+        size = os.stat(path).st_size
+    except OSError:
+        return  # missing: open_ledger(must_exist=True) says so
+    if size == 0:
+        raise LedgerCorruptError(f"{path!r} is empty (0 bytes), not a recallbound ledger; "
+                                 f"no command creates a ledger")
 
 
 # -- formatting --------------------------------------------------------------------------------
@@ -128,7 +184,7 @@ def _summary_json(summary: RunSummary, now: float) -> dict[str, Any]:
 
 
 def _dump(out: TextIO, document: object) -> None:
-    out.write(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
+    out.write(safe_json(json.dumps(document, indent=2, ensure_ascii=False)) + "\n")
 
 
 # -- commands ----------------------------------------------------------------------------------
@@ -142,14 +198,14 @@ async def _runs(args: argparse.Namespace, ledger: Ledger, admin: LedgerAdmin, ou
                     "runs": [_summary_json(r, now) for r in runs]})
         return 0
     if not runs:
-        out.write(f"no runs in {location}\n")
+        out.write(f"no runs in {safe(location)}\n")
         return 0
-    width = max(6, *(len(r.run_id) for r in runs))
+    width = max(6, *(len(safe(r.run_id)) for r in runs))
     out.write(f"{'RUN':<{width}}  {'OPENED (UTC)':<19}  ROUNDS  RESERVED  EXECUTED  REFUSED  "
               f"{'DEADLINE (UTC)':<19}  STATUS\n")
     for r in runs:
         out.write(
-            f"{r.run_id:<{width}}  {_stamp(r.opened_wall)}  "
+            f"{safe(r.run_id):<{width}}  {_stamp(r.opened_wall)}  "
             f"{f'{r.rounds}/{r.max_rounds}':>6}  {f'{r.reserved}/{r.max_searches}':>8}  "
             f"{r.executed:>8}  {r.refused:>7}  {_stamp(r.deadline_wall)}  "
             f"{r.status(now).value}\n")
@@ -159,10 +215,15 @@ async def _runs(args: argparse.Namespace, ledger: Ledger, admin: LedgerAdmin, ou
 async def _show(args: argparse.Namespace, ledger: Ledger, admin: LedgerAdmin, out: TextIO,
                 now: float, location: str) -> int:
     run_id = args.run_id
-    summary = await admin.run(run_id)
-    rounds = await ledger.reservations(run_id)
-    attempts = await ledger.attempts(run_id)
-    refusals = await ledger.refusals(run_id)
+    try:
+        summary = await admin.run(run_id)
+        rounds = await ledger.reservations(run_id)
+        attempts = await ledger.attempts(run_id)
+        refusals = await ledger.refusals(run_id)
+    except ValueError as exc:  # a stored value this version has no name for
+        raise LedgerCorruptError(
+            f"run {run_id!r} in {location} holds a value this version of recallbound does not "
+            f"know (written by a newer one, or edited): {exc}") from None
     if summary is None and not attempts and not refusals:
         raise UnknownRunError(f"no run {run_id!r} in {location}")
     origin = summary.opened_wall if summary is not None else min(
@@ -193,10 +254,10 @@ async def _show(args: argparse.Namespace, ledger: Ledger, admin: LedgerAdmin, ou
                     "timeline": events})
         return 0
     if summary is None:
-        out.write(f"run {run_id}: legacy only (no reservation; not enforced)\n")
+        out.write(f"run {safe(run_id)}: legacy only (no reservation; not enforced)\n")
     else:
         out.write(
-            f"run {run_id}: {summary.status(now).value}\n"
+            f"run {safe(run_id)}: {summary.status(now).value}\n"
             f"  opened   {_stamp(summary.opened_wall, ms=True)} UTC\n"
             f"  deadline {_stamp(summary.deadline_wall, ms=True)} UTC "
             f"(+{summary.deadline_wall - summary.opened_wall:.3f}s)\n"
@@ -206,7 +267,7 @@ async def _show(args: argparse.Namespace, ledger: Ledger, admin: LedgerAdmin, ou
     since = "the first event" if summary is None else "the run opened"
     out.write(f"timeline (seconds since {since}):\n")
     for e in events:
-        out.write(f"  {e['offset_s']:+10.3f}s  {_describe(e)}\n")
+        out.write(f"  {e['offset_s']:+10.3f}s  {safe(_describe(e))}\n")
     return 0
 
 
@@ -242,10 +303,31 @@ async def _prune(args: argparse.Namespace, ledger: Ledger, admin: LedgerAdmin, o
               f"{_stamp(report.before_wall)} UTC ({rows})\n")
     shown = report.run_ids[:20]
     for run_id in shown:
-        out.write(f"  {run_id}\n")
+        out.write(f"  {safe(run_id)}\n")
     if len(report.run_ids) > len(shown):
         out.write(f"  ... and {len(report.run_ids) - len(shown)} more (--json lists all)\n")
     return 0
+
+
+_CHECKED = {
+    "sqlite": ("storage integrity (PRAGMA integrity_check)", "the ledger's identity",
+               "the schema version", "WAL mode",
+               "the ledger's invariants (each run's rounds and slots add up and stay within "
+               "its limits, no attempt holds a slot its run never reserved, no rows without "
+               "a run)"),
+    "postgresql": ("the schema's tables and identity", "the schema version",
+                   "the ledger's invariants (each run's rounds and slots add up and stay "
+                   "within its limits, no attempt holds a slot its run never reserved, no rows "
+                   "without a run)"),
+}
+
+
+def _checked(result: LedgerCheck) -> list[str]:
+    """What the check covered: as the check reports it, else what its backend checks."""
+    reported = getattr(result, "checked", None)
+    if reported:
+        return [str(item) for item in reported]
+    return list(_CHECKED.get(result.backend, ("the schema version",)))
 
 
 async def _check(args: argparse.Namespace, ledger: Ledger, admin: LedgerAdmin, out: TextIO,
@@ -253,13 +335,14 @@ async def _check(args: argparse.Namespace, ledger: Ledger, admin: LedgerAdmin, o
     result = await admin.check()
     if args.json:
         _dump(out, {"ledger": location, "backend": result.backend, "ok": result.ok,
-                    "schema_version": result.schema_version,
+                    "checked": _checked(result), "schema_version": result.schema_version,
                     "expected_version": result.expected_version,
                     "problems": list(result.problems)})
     else:
         verdict = "ok" if result.ok else f"{len(result.problems)} problem(s)"
-        out.write(f"{location} ({result.backend}): schema version {result.schema_version} "
-                  f"(expected {result.expected_version}): {verdict}\n")
+        out.write(f"{safe(location)} ({result.backend}): schema version "
+                  f"{result.schema_version} (expected {result.expected_version}): {verdict}\n")
+        out.write(f"  checked: {'; '.join(_checked(result))}\n")
         for problem in result.problems:
-            out.write(f"  - {problem}\n")
+            out.write(f"  - {safe(problem)}\n")
     return 0 if result.ok else 1

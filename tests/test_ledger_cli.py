@@ -189,9 +189,13 @@ def test_prune_needs_older_than(ledger_file: Path, capsys: pytest.CaptureFixture
 def test_check_ok(ledger_file: Path) -> None:
     code, out, _ = cli("ledger", "--ledger", str(ledger_file), "check")
     assert code == 0
-    assert out == f"{ledger_file} (sqlite): schema version 2 (expected 2): ok\n"
+    first, checked = out.splitlines()
+    assert first == f"{ledger_file} (sqlite): schema version 2 (expected 2): ok"
+    assert checked.startswith("  checked: storage integrity (PRAGMA integrity_check); ")
+    assert "the ledger's invariants" in checked
     document = json.loads(cli("ledger", "--ledger", str(ledger_file), "check", "--json")[1])
     assert (document["ok"], document["schema_version"], document["problems"]) == (True, 2, [])
+    assert document["checked"] == checked.removeprefix("  checked: ").split("; ")
 
 
 def test_check_reports_broken_invariants(ledger_file: Path) -> None:
@@ -239,7 +243,109 @@ def test_not_a_database(tmp_path: Path) -> None:
 
 def test_a_folder(tmp_path: Path) -> None:
     code, _, err = cli("ledger", "--ledger", str(tmp_path), "runs")
-    assert code == 1 and err.startswith("recallbound: ")
+    assert (code, err) == (1, f"recallbound: {str(tmp_path)!r} is a directory, not a ledger "
+                              f"file\n")
+
+
+@pytest.mark.parametrize("argv", [["runs"], ["check"], ["prune", "--older-than", "1d",
+                                                        "--dry-run"], ["show", "r"]])
+def test_no_command_turns_an_empty_file_into_a_ledger(tmp_path: Path, argv: list[str]) -> None:
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    code, out, err = cli("ledger", "--ledger", str(empty), *argv)
+    assert (code, out) == (1, "")
+    assert err == (f"recallbound: {str(empty)!r} is empty (0 bytes), not a recallbound ledger; "
+                   f"no command creates a ledger\n")
+    assert empty.stat().st_size == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.db"]  # no -wal, no -shm
+
+
+# -- what is printed is escaped -----------------------------------------------------------------
+
+FORGED = "evil\nold     2023-11-14 22:13:20  2/2  4/4  forged\x1b[2J\x9b31m\u202e"
+
+
+def _ledger_with(path: Path, run_id: str) -> None:
+    async def fill() -> None:
+        async with SqliteLedger(path) as ledger:
+            allowance = RecallAllowance(ledger, clock=ManualClock(wall=WALL, monotonic=1))
+            async with allowance.round(run_id, RoundKind.AUTOMATIC) as permit:
+                async with permit.attempt(AttemptKind.BASE, strategy="x\ny\x1b"):
+                    pass
+
+    anyio.run(fill)
+
+
+def _raw_controls(text: str) -> list[str]:
+    import unicodedata
+
+    return [c for c in text if c != "\n" and unicodedata.category(c) in ("Cc", "Cf")]
+
+
+def test_a_run_id_cannot_forge_rows_or_reach_the_terminal(tmp_path: Path) -> None:
+    path = tmp_path / "l.db"
+    _ledger_with(path, FORGED)
+    code, out, _ = cli("ledger", "--ledger", str(path), "runs")
+    assert code == 0
+    lines = out.splitlines()
+    assert len(lines) == 2  # the header and one run: no forged row
+    assert lines[1].startswith("evil\\nold     2023-11-14 22:13:20  2/2  4/4  "
+                               "forged\\x1b[2J\\x9b31m\\u202e ")
+    assert _raw_controls(out) == []
+    code, out, _ = cli("ledger", "--ledger", str(path), "show", FORGED)
+    assert code == 0 and _raw_controls(out) == []
+    assert out.splitlines()[0].startswith("run evil\\nold ")
+    assert "strategy=x\\ny\\x1b" in out
+    for command in (["runs", "--json"], ["show", FORGED, "--json"],
+                    ["prune", "--older-than", "0s", "--json", "--dry-run"]):
+        code, out, _ = cli("ledger", "--ledger", str(path), *command)
+        assert code == 0 and _raw_controls(out) == [] and "\u202e" not in out
+        assert FORGED in out.replace("\\u009b", "\x9b").replace("\\u202e", "\u202e") \
+            .replace("\\u001b", "\x1b").replace("\\n", "\n") or command[0] == "prune"
+    code, out, _ = cli("ledger", "--ledger", str(path), "prune", "--older-than", "0s")
+    assert code == 0 and _raw_controls(out) == [] and len(out.splitlines()) == 2
+
+
+def test_an_error_naming_a_run_is_escaped(ledger_file: Path) -> None:
+    code, out, err = cli("ledger", "--ledger", str(ledger_file), "show", "no\nsuch\x1b[31m")
+    assert (code, out) == (1, "")
+    assert err.count("\n") == 1 and _raw_controls(err) == []
+
+
+def test_show_on_an_outcome_it_does_not_know_is_one_line(ledger_file: Path) -> None:
+    with sqlite3.connect(ledger_file) as raw:
+        raw.execute("UPDATE attempts SET outcome = 'teleported' WHERE run_id = 'old'")
+    code, out, err = cli("ledger", "--ledger", str(ledger_file), "show", "old")
+    assert (code, out) == (1, "")
+    assert err.startswith("recallbound: run 'old' in ") and "'teleported'" in err
+    assert err.count("\n") == 1
+    assert cli("ledger", "--ledger", str(ledger_file), "show", "live")[0] == 0
+
+
+# -- --version and the demo --------------------------------------------------------------------
+
+
+def test_version() -> None:
+    import importlib.metadata
+
+    code, out, err = cli("--version")
+    assert (code, out, err) == (0, f"recallbound {importlib.metadata.version('recallbound')}\n",
+                                "")
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_the_demo_runs_twice_on_one_folder(tmp_path: Path, backend: str,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["demo", "--backend", backend, "--semantic", "hashing", "--data-dir", str(tmp_path)]
+    assert main(argv) == 0
+    first = capsys.readouterr().out
+    assert main(argv) == 0
+    second = capsys.readouterr().out
+    assert "seeded by an earlier run" in second and "seeded by an earlier run" not in first
+    assert "attempt traces of run 'parallel':" in first
+    assert "attempt traces of run 'parallel-2':" in second
+    # The second run got the same allowance as the first: four searches, then refusals.
+    assert first.count("refused (") == second.count("refused (") > 0
 
 
 def test_no_ledger_configured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
