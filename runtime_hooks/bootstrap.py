@@ -23,6 +23,7 @@ import attrs
 from plugin.control import AllowancePolicy, Clock, RecallAllowance, SystemClock, observe
 from plugin.control.logs import log_event
 from plugin.errors import ConfigError, InvalidConfigError, InvalidConfigTypeError
+from plugin.memory import embedding_choice
 from plugin.memory.embedding import EmbeddingAdapter
 from plugin.memory.pipeline import ContextCaps, MemoryRetriever
 from plugin.memory.planning import Admission, QueryPlanner, QueryStrategy
@@ -345,37 +346,17 @@ def loosened(policy: AllowancePolicy, legacy: bool) -> list[tuple[str, str]]:
 
 
 def load_embedding(choice: Semantic) -> EmbeddingAdapter | None:
-    """The adapter for ``choice``: the one place an embedding adapter is picked.
+    """The adapter for ``choice`` (:mod:`plugin.memory.embedding_choice` loads it).
 
     WordLlama needs the ``semantic`` extra, MiniLM the ``minilm`` extra; ``AUTO`` takes the
     best installed (see :class:`Semantic`).
     """
-    if choice is Semantic.AUTO:
-        choice = best_installed()
-    if choice is Semantic.WORDLLAMA:
-        from plugin.memory.wordllama_adapter import WordLlamaAdapter
-
-        return WordLlamaAdapter.load()
-    if choice is Semantic.MINILM:
-        from plugin.memory.minilm_adapter import MiniLMAdapter
-
-        return MiniLMAdapter.load()
-    if choice is Semantic.HASHING:
-        from plugin.memory.hashing import HashingEmbedding
-
-        return HashingEmbedding.like_wordllama()
-    return None
+    return embedding_choice.load_embedding(Semantic(choice).value)
 
 
 def best_installed() -> Semantic:
     """What ``semantic = "auto"`` loads: WordLlama, else MiniLM, else none."""
-    from plugin.memory import minilm_adapter, wordllama_adapter
-
-    if wordllama_adapter.available():
-        return Semantic.WORDLLAMA
-    if minilm_adapter.available():
-        return Semantic.MINILM
-    return Semantic.NONE
+    return Semantic(embedding_choice.best_installed())
 
 
 def _warn_about(config: RecallConfig) -> None:

@@ -296,3 +296,11 @@ def test_a_bad_key_has_one_error_format_wherever_it_comes_from(folder: Path) -> 
     assert all(parsed), messages
     assert [p.group(3) for p in parsed if p] == [
         "policy.max_searches", "RECALLBOUND_POLICY_MAX_SEARCHES", "policy.max_searches"]
+
+
+def test_the_semantic_choices_are_the_loaders_names() -> None:
+    from plugin.memory import embedding_choice
+
+    assert tuple(s.value for s in Semantic) == embedding_choice.CHOICES
+    with pytest.raises(ValueError, match="unknown embedding 'glove'"):
+        embedding_choice.load_embedding("glove")

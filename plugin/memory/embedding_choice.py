@@ -1,0 +1,48 @@
+"""Which embedding adapter a name stands for: the one place an adapter is picked and loaded.
+
+Names: ``none`` (no semantic arm), ``auto`` (the best installed: WordLlama, on which the
+ranking thresholds are calibrated, else MiniLM, else none), ``wordllama`` (the ``semantic``
+extra), ``minilm`` (the ``minilm`` extra) and ``hashing`` (a deterministic stand-in sized like
+WordLlama). The configuration, the demo and ``recallbound evaluate`` all load through here.
+"""
+
+from __future__ import annotations
+
+from .embedding import EmbeddingAdapter
+
+CHOICES = ("none", "auto", "wordllama", "minilm", "hashing")
+
+
+def best_installed() -> str:
+    """What ``auto`` loads: ``wordllama``, else ``minilm``, else ``none`` (imports nothing)."""
+    from . import minilm_adapter, wordllama_adapter
+
+    if wordllama_adapter.available():
+        return "wordllama"
+    if minilm_adapter.available():
+        return "minilm"
+    return "none"
+
+
+def load_embedding(choice: str) -> EmbeddingAdapter | None:
+    """The adapter ``choice`` names (``None`` for ``none``); ``ValueError`` for another name.
+
+    Loading WordLlama or MiniLM without its extra raises their ``ImportError``.
+    """
+    if choice == "auto":
+        choice = best_installed()
+    if choice == "wordllama":
+        from .wordllama_adapter import WordLlamaAdapter
+
+        return WordLlamaAdapter.load()
+    if choice == "minilm":
+        from .minilm_adapter import MiniLMAdapter
+
+        return MiniLMAdapter.load()
+    if choice == "hashing":
+        from .hashing import HashingEmbedding
+
+        return HashingEmbedding.like_wordllama()
+    if choice == "none":
+        return None
+    raise ValueError(f"unknown embedding {choice!r}: one of {', '.join(CHOICES)}")
