@@ -14,8 +14,9 @@ import anyio
 
 from plugin.errors import RecallboundError
 from plugin.memory.embedding import EmbeddingAdapter
+from plugin.memory.embedding_choice import load_embedding
 
-from .evaluator import Evaluator, Report, default_embedding, hashing_embedding
+from .evaluator import Evaluator, Report, default_embedding
 from .scenarios import InvalidScenarioError, load_scenarios
 
 
@@ -39,13 +40,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _embedding(choice: str | None) -> EmbeddingAdapter:
-    if choice == "hashing":
-        return hashing_embedding()
-    if choice == "wordllama":
-        from plugin.memory.wordllama_adapter import WordLlamaAdapter
-
-        return WordLlamaAdapter.load()
-    return default_embedding()
+    if choice is None:
+        return default_embedding()
+    adapter = load_embedding(choice)
+    assert adapter is not None  # every --semantic choice names an adapter
+    return adapter
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -28,6 +28,7 @@ import attrs
 
 from plugin.errors import RecallboundError
 from plugin.memory.embedding import EmbeddingAdapter
+from plugin.memory.embedding_choice import load_embedding
 
 from .analysis import (
     ALL,
@@ -39,7 +40,7 @@ from .analysis import (
     score_row,
     summarise,
 )
-from .evaluator import Evaluator, ScenarioResult, default_embedding, hashing_embedding
+from .evaluator import Evaluator, ScenarioResult, default_embedding
 from .scenarios import InvalidScenarioError, Scenario, stream_scenarios
 
 __all__ = ["configure", "main", "run"]
@@ -78,17 +79,11 @@ def _ks(text: str) -> tuple[int, ...]:
 
 def embedding_for(choice: str | None) -> EmbeddingAdapter:
     """The semantic arm's adapter for a ``--semantic`` choice (ImportError when missing)."""
-    if choice == "hashing":
-        return hashing_embedding()
-    if choice == "wordllama":
-        from plugin.memory.wordllama_adapter import WordLlamaAdapter
-
-        return WordLlamaAdapter.load()
-    if choice == "minilm":
-        from plugin.memory.minilm_adapter import MiniLMAdapter
-
-        return MiniLMAdapter.load()
-    return default_embedding()
+    if choice is None:
+        return default_embedding()
+    adapter = load_embedding(choice)
+    assert adapter is not None  # every --semantic choice names an adapter
+    return adapter
 
 
 @attrs.define(eq=False)

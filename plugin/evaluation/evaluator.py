@@ -118,20 +118,26 @@ def default_embedding() -> EmbeddingAdapter:
     The hashing fallback reads 256 tokens, like WordLlama, so the same queries are embedded.
     """
     from plugin.memory import wordllama_adapter
+    from plugin.memory.embedding_choice import load_embedding
 
     if wordllama_adapter.available():
         try:
-            return wordllama_adapter.WordLlamaAdapter.load()
+            adapter = load_embedding("wordllama")
         except FileNotFoundError:  # installed without its model files
             pass
+        else:
+            assert adapter is not None
+            return adapter
     return hashing_embedding()
 
 
 def hashing_embedding() -> EmbeddingAdapter:
     """The deterministic hashing adapter, sized like WordLlama (256 dimensions, 256 tokens)."""
-    from plugin.memory.hashing import HashingEmbedding
+    from plugin.memory.embedding_choice import load_embedding
 
-    return HashingEmbedding.like_wordllama()
+    adapter = load_embedding("hashing")
+    assert adapter is not None
+    return adapter
 
 
 # -- results --------------------------------------------------------------------------------------
