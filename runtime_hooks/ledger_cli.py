@@ -162,14 +162,36 @@ def _refuse_non_ledger(location: str | os.PathLike[str]) -> None:
 # -- formatting --------------------------------------------------------------------------------
 
 
+def _moment(wall: float) -> datetime | None:
+    """The UTC moment of a stored wall time; None when it is none (inf, nan, out of range)."""
+    try:
+        return datetime.fromtimestamp(wall, tz=timezone.utc)
+    except (OverflowError, ValueError, OSError):
+        return None
+
+
 def _stamp(wall: float, *, ms: bool = False) -> str:
-    moment = datetime.fromtimestamp(wall, tz=timezone.utc)
+    moment = _moment(wall)
+    if moment is None:
+        return f"{f'(not a time: {wall!r})':<{23 if ms else 19}}"
     return moment.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] if ms else moment.strftime(
         "%Y-%m-%d %H:%M:%S")
 
 
-def _iso(wall: float) -> str:
-    return datetime.fromtimestamp(wall, tz=timezone.utc).isoformat()
+def _iso(wall: float) -> str | None:
+    moment = _moment(wall)
+    return None if moment is None else moment.isoformat()
+
+
+def _plain(value: object) -> object:
+    """``value`` with every non-finite float as None: JSON has no Infinity or NaN."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value
 
 
 def _summary_json(summary: RunSummary, now: float) -> dict[str, Any]:
@@ -184,7 +206,8 @@ def _summary_json(summary: RunSummary, now: float) -> dict[str, Any]:
 
 
 def _dump(out: TextIO, document: object) -> None:
-    out.write(safe_json(json.dumps(document, indent=2, ensure_ascii=False)) + "\n")
+    out.write(safe_json(json.dumps(_plain(document), indent=2, ensure_ascii=False,
+                                   allow_nan=False)) + "\n")
 
 
 # -- commands ----------------------------------------------------------------------------------

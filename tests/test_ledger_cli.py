@@ -419,3 +419,22 @@ def test_show_a_legacy_only_run(tmp_path: Path) -> None:
     assert out.splitlines()[0] == "run old-style: legacy only (no reservation; not enforced)"
     assert "attempt slot 1 (round 0, base): ok in 0.000s legacy" in out
     assert cli("ledger", "--ledger", str(path), "runs")[1] == f"no runs in {path}\n"
+
+
+@pytest.mark.parametrize("value", ["9e999", "-9e999", "1e300"])
+def test_a_stored_time_that_is_no_time_is_printed_not_a_traceback(ledger_file: Path,
+                                                                  value: str) -> None:
+    with sqlite3.connect(ledger_file) as raw:  # as an older worker with a broken clock stored
+        raw.execute(f"UPDATE runs SET deadline_wall = {value} WHERE run_id = 'old'")
+    code, out, err = cli("ledger", "--ledger", str(ledger_file), "runs")
+    assert (code, err) == (0, "")
+    assert "(not a time: " in out
+    code, out, err = cli("ledger", "--ledger", str(ledger_file), "show", "old")
+    assert (code, err) == (0, "")
+    assert "deadline (not a time: " in out
+    for command in (["runs", "--json"], ["show", "old", "--json"]):
+        code, out, err = cli("ledger", "--ledger", str(ledger_file), *command)
+        assert (code, err) == (0, "")
+        document = json.loads(out, parse_constant=pytest.fail)  # strict JSON: no Infinity
+        run = document["runs"][-1] if command[0] == "runs" else document["run"]
+        assert run["deadline"] is None
