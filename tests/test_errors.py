@@ -39,21 +39,19 @@ def test_one_root() -> None:
             assert issubclass(value, errors.RecallboundError), name
 
 
-@pytest.mark.parametrize(("name", "cause"), list(CAUSES.items()))
-def test_ledger_errors_are_storage_errors_by_cause(name: str,
-                                                   cause: type[Exception]) -> None:
-    cls = getattr(errors, name)
-    assert issubclass(cls, cause) and issubclass(cls, errors.LedgerError)
-    assert not issubclass(cls, errors.MemoryStoreError)
+@pytest.mark.parametrize(("module", "family", "other", "name", "cause"), [
+    *((errors, errors.LedgerError, errors.MemoryStoreError, name, cause)
+      for name, cause in CAUSES.items()),
+    *((store_errors, errors.MemoryStoreError, errors.LedgerError, name, cause)
+      for name, cause in STORE_CAUSES.items()),
+])
+def test_storage_errors_are_by_cause_then_by_store(
+    module: object, family: type[Exception], other: type[Exception], name: str,
+    cause: type[Exception],
+) -> None:
+    cls = getattr(module, name)
+    assert issubclass(cls, cause) and issubclass(cls, family) and not issubclass(cls, other)
     assert getattr(plugin, name, cls) is cls  # the same class where plugin exports it
-
-
-@pytest.mark.parametrize(("name", "cause"), list(STORE_CAUSES.items()))
-def test_store_errors_are_storage_errors_by_cause(name: str,
-                                                  cause: type[Exception]) -> None:
-    cls = getattr(store_errors, name)
-    assert issubclass(cls, cause) and issubclass(cls, errors.MemoryStoreError)
-    assert not issubclass(cls, errors.LedgerError)
 
 
 def test_path_errors_stay_file_not_found_errors() -> None:
