@@ -74,6 +74,28 @@ def test_the_store_translates_a_full_disk_by_cause(message: str,
     assert isinstance(translated, cause) and isinstance(translated, errors.MemoryStoreError)
 
 
+@pytest.mark.parametrize(("code", "message", "cause"), [
+    (sqlite3.SQLITE_BUSY, "database is locked", errors.StorageLockedError),
+    (sqlite3.SQLITE_FULL, "database or disk is full", errors.StorageFullError),
+    (sqlite3.SQLITE_NOTADB, "file is not a database", errors.StorageCorruptError),
+    (sqlite3.SQLITE_CANTOPEN, "unable to open database file", errors.StorageUnavailableError),
+    (sqlite3.SQLITE_IOERR, "disk I/O error", errors.StorageError),
+])
+def test_the_ledger_and_the_store_translate_a_driver_error_alike(
+    code: int, message: str, cause: type[Exception]
+) -> None:
+    from plugin.control.sqlite_ledger import _translate as ledger_translate
+
+    exc = sqlite3.OperationalError(message)
+    exc.sqlite_errorcode = code  # type: ignore[attr-defined]
+    ledger = ledger_translate(exc, "l.db")
+    store = store_errors.translate(exc, path="m.db", timeout=1.0)
+    assert isinstance(ledger, cause) and isinstance(ledger, errors.LedgerError)
+    assert isinstance(store, cause) and isinstance(store, errors.MemoryStoreError)
+    assert str(ledger).replace("ledger 'l.db'", "X") == str(store).replace(
+        "memory store 'm.db'", "X").replace("1.0s", "its busy timeout")
+
+
 def test_config_error_is_one_class() -> None:
     assert errors.InvalidConfigError is errors.ConfigError is config.ConfigError
     assert issubclass(errors.ConfigError, ValueError)

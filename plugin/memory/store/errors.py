@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import sqlite3
 
-from ...control._sqlite import is_cantopen, is_corrupt, is_full, is_locked
+from ...control._sqlite.translate import Family
+from ...control._sqlite.translate import translate as translate_sqlite
 from ...errors import (
     MemoryStoreError,
     StorageClosedError,
@@ -54,17 +55,15 @@ class InvalidMemoryError(MemoryStoreError, ValueError):
     """A value handed to a write method is malformed (the message names the field)."""
 
 
+_FAMILY = Family("memory store", MemoryStoreError, MemoryStorePathError,
+                 MemoryStoreLockedError, MemoryStoreFullError, MemoryStoreCorruptError)
+
+
 def translate(exc: sqlite3.Error, *, path: str, timeout: float) -> MemoryStoreError:
     """The typed store error for a driver error raised on the store at ``path``."""
-    where = f"memory store {path!r}"
-    if is_locked(exc):
-        return MemoryStoreLockedError(f"{where} stayed locked beyond {timeout}s: {exc}")
-    if is_full(exc):
-        return MemoryStoreFullError(f"{where} cannot grow: {exc}")
-    if is_corrupt(exc):
-        return MemoryStoreCorruptError(f"{where} is not a database or is damaged: {exc}")
-    if is_cantopen(exc):
-        return MemoryStorePathError(f"{where} cannot be opened (does its folder exist?)")
     if isinstance(exc, sqlite3.IntegrityError):
-        return MemoryConflictError(f"{where}: an item with this id already exists ({exc})")
-    return MemoryStoreError(f"{where} failed: {exc}")
+        return MemoryConflictError(
+            f"memory store {path!r}: an item with this id already exists ({exc})")
+    translated = translate_sqlite(exc, _FAMILY, path, timeout)
+    assert isinstance(translated, MemoryStoreError)
+    return translated

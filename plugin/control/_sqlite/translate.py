@@ -1,0 +1,43 @@
+"""One translator from a SQLite driver error to the typed storage error, by cause.
+
+The ledger and the memory store each name their classes (a :class:`Family`); the cause is
+read here once, for both: locked, full, corrupt, cannot open, or another failure.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from plugin.errors import StorageError
+
+from . import is_cantopen, is_corrupt, is_full, is_locked
+
+
+@attrs.frozen
+class Family:
+    """One store's error classes, by cause (each a subclass of the cause's Storage*Error)."""
+
+    name: str
+    """How messages name the store: ``ledger``, ``memory store``."""
+    failed: type[StorageError]
+    unavailable: type[StorageError]
+    locked: type[StorageError]
+    full: type[StorageError]
+    corrupt: type[StorageError]
+
+
+def translate(exc: BaseException, family: Family, path: str,
+              timeout: float | None = None) -> StorageError:
+    """The typed error of ``family`` for the driver error ``exc`` raised on ``path``."""
+    where = f"{family.name} {path!r}"
+    if is_locked(exc):
+        limit = "its busy timeout" if timeout is None else f"{timeout}s"
+        return family.locked(f"{where} stayed locked beyond {limit}: {exc}")
+    if is_full(exc):
+        return family.full(f"{where} cannot grow (the disk or its page limit is full): {exc}")
+    if is_corrupt(exc):
+        return family.corrupt(f"{where} is not a readable SQLite database or is damaged: "
+                              f"{exc}")
+    if is_cantopen(exc):
+        return family.unavailable(f"{where} cannot be opened (does its folder exist?): {exc}")
+    return family.failed(f"{where} failed: {exc}")
