@@ -36,6 +36,8 @@ from plugin.errors import (
 
 from . import _sqlite
 from ._sqlite.group import GroupCommit
+from ._sqlite.translate import Family
+from ._sqlite.translate import translate as translate_sqlite
 from .ledger import (
     AttemptOutcome,
     AttemptTrace,
@@ -148,16 +150,14 @@ FROM runs WHERE run_id = ?
 """
 
 
+_FAMILY = Family("ledger", LedgerError, LedgerPathError, LedgerLockedError, LedgerFullError,
+                 LedgerCorruptError)
+
+
 def _translate(exc: BaseException, path: str) -> LedgerError:
-    if _sqlite.is_locked(exc):
-        return LedgerLockedError(f"ledger {path!r} stayed locked beyond its busy timeout: {exc}")
-    if _sqlite.is_full(exc):
-        return LedgerFullError(f"ledger {path!r} cannot grow: {exc}")
-    if _sqlite.is_corrupt(exc):
-        return LedgerCorruptError(f"ledger {path!r} is not a readable SQLite database: {exc}")
-    if _sqlite.is_cantopen(exc):
-        return LedgerPathError(f"cannot open ledger {path!r}: {exc}")
-    return LedgerError(f"ledger {path!r} failed: {exc}")
+    translated = translate_sqlite(exc, _FAMILY, path)
+    assert isinstance(translated, LedgerError)
+    return translated
 
 
 MAX_TIMEOUT_S = 86_400.0
