@@ -4,7 +4,9 @@ Works on any ledger with a :class:`~plugin.control.ledger_admin.LedgerAdmin` (SQ
 PostgreSQL). Each command prints a readable report, or JSON with ``--json``. The ledger is
 ``--ledger LOCATION`` or the configured ``ledger``: a SQLite file, or a ``postgresql://`` DSN
 whose ``schema`` query parameter names the ledger's schema (default ``recallbound``). A missing
-file or schema is an error, never a new empty ledger; a DSN's password is never printed.
+file or schema, a folder, or an empty file is an error, never a new empty ledger; a DSN's
+password is never printed. Stored text is printed escaped (:func:`safe`): a run id cannot forge
+a row or send an escape sequence to the terminal.
 """
 
 from __future__ import annotations
