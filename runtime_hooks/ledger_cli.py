@@ -62,10 +62,10 @@ def safe(text: object) -> str:
 
 
 def safe_json(text: str) -> str:
-    """JSON text with the characters :func:`safe` escapes written as ``\\uXXXX`` (they
-    can only occur inside strings, where JSON allows the escape)."""
+    """JSON text with the characters :func:`safe` escapes written as ``\\uXXXX`` (outside
+    strings there is only the indentation's newline; inside, JSON allows the escape)."""
     return "".join(
-        char if ord(char) < 0x80 or unicodedata.category(char) not in _UNSAFE
+        char if char == "\n" or unicodedata.category(char) not in _UNSAFE
         else "".join(f"\\u{unit:04x}" for unit in _utf16(char)) for char in text)
 
 

@@ -262,7 +262,7 @@ def test_no_command_turns_an_empty_file_into_a_ledger(tmp_path: Path, argv: list
 
 # -- what is printed is escaped -----------------------------------------------------------------
 
-FORGED = "evil\nold     2023-11-14 22:13:20  2/2  4/4  forged\x1b[2J\x9b31m\u202e"
+FORGED = "evil\nold     2023-11-14 22:13:20  2/2  4/4  forged\x1b[2J\x9b31m\u202e\x7f"
 
 
 def _ledger_with(path: Path, run_id: str) -> None:
@@ -290,7 +290,7 @@ def test_a_run_id_cannot_forge_rows_or_reach_the_terminal(tmp_path: Path) -> Non
     lines = out.splitlines()
     assert len(lines) == 2  # the header and one run: no forged row
     assert lines[1].startswith("evil\\nold     2023-11-14 22:13:20  2/2  4/4  "
-                               "forged\\x1b[2J\\x9b31m\\u202e ")
+                               "forged\\x1b[2J\\x9b31m\\u202e\\x7f ")
     assert _raw_controls(out) == []
     code, out, _ = cli("ledger", "--ledger", str(path), "show", FORGED)
     assert code == 0 and _raw_controls(out) == []
@@ -301,7 +301,8 @@ def test_a_run_id_cannot_forge_rows_or_reach_the_terminal(tmp_path: Path) -> Non
         code, out, _ = cli("ledger", "--ledger", str(path), *command)
         assert code == 0 and _raw_controls(out) == [] and "\u202e" not in out
         assert FORGED in out.replace("\\u009b", "\x9b").replace("\\u202e", "\u202e") \
-            .replace("\\u001b", "\x1b").replace("\\n", "\n") or command[0] == "prune"
+            .replace("\\u001b", "\x1b").replace("\\u007f", "\x7f").replace("\\n", "\n") \
+            or command[0] == "prune"
     code, out, _ = cli("ledger", "--ledger", str(path), "prune", "--older-than", "0s")
     assert code == 0 and _raw_controls(out) == [] and len(out.splitlines()) == 2
 
