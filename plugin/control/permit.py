@@ -430,7 +430,7 @@ class Permit:
 
     async def _finish_phase(self) -> None:
         """Close, then persist what the phase recorded. Later records are written as they come."""
-        self.close()
+        object.__setattr__(self, "_closed", True)  # the round's own close needs no key
         object.__setattr__(self, "_flushed", True)
         await self.flush()
 
