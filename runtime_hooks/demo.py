@@ -16,7 +16,7 @@ from pathlib import Path
 
 import attrs
 
-from plugin.control import Clock
+from plugin.control import Clock, SystemClock
 from plugin.memory.embedding import EmbeddingAdapter
 from plugin.memory.planning import QueryStrategy
 from plugin.memory.state import Fact, Task, WorkingState
@@ -228,8 +228,8 @@ async def run_demo(
         out("recallbound demo")
         out(f"  ledger and memory store: {folder} (embedded SQLite)")
         out(f"  semantic arm: {semantic.value}; allowance: 4 searches, 2 rounds, 10 s deadline")
-        async with open_hooks(config, clock=clock, embedding=embedding) as hooks:
-            store = hooks.retriever.store  # type: ignore[attr-defined]
+        async with MemoryStore(config.store_path, embedding=embedding,
+                               clock=clock if clock is not None else SystemClock()) as store:
             await seed(store)
         await _compare(out, config, clock, embedding)
         async with open_hooks(config, clock=clock, embedding=embedding) as hooks:
