@@ -174,8 +174,8 @@ async def containment_main() -> None:
                                                       (time.process_time_ns() - cpu) / 1000))
                 switch.set(True)
                 for kind, column in (("wall", 0), ("CPU", 1)):
-                    this, other = (statistics.median(t[column] for t in side) for side in times)
-                    rows.append((f"{phase} {kind}", this, other))
+                    mine, theirs = (statistics.median(t[column] for t in side) for side in times)
+                    rows.append((f"{phase} {kind}", mine, theirs))
     print(f"retriever containment on vs off, one process, asyncio, demo store; medians of "
           f"{2 * ROUNDS} alternating calls per side")
     print(f"  load average: {Path('/proc/loadavg').read_text().split()[:3]}")
@@ -247,8 +247,8 @@ def against(other: Path) -> None:
                     for side in (0, 1) if batch % 2 == 0 else (1, 0):
                         times[side].extend(_ask(procs[side], phase, BATCH))
                 for kind, column in (("wall", 0), ("CPU", 1)):
-                    this, other = (statistics.median(t[column] for t in side) for side in times)
-                    rows.append((f"{phase} {kind}", this, other))
+                    mine, theirs = (statistics.median(t[column] for t in side) for side in times)
+                    rows.append((f"{phase} {kind}", mine, theirs))
         finally:
             for proc in procs:
                 assert proc.stdin is not None
