@@ -306,14 +306,17 @@ class RecallHooks:
             prepared.append(one)
             if position < left and bound.left() > 0:
                 with anyio.move_on_after(bound.left()):
-                    try:
-                        people = await contained(
-                            lambda one=one: self.retriever.named_people(one))  # type: ignore[misc]
-                    except RetrieverFailedError:
-                        people = ()  # the search itself reports the retriever's failure
-                    if people:
+                    if await self._names_people(one):
                         naming += 1
         return prepared, naming
+
+    async def _names_people(self, prepared: PreparedRecall) -> bool:
+        """Whether the query names known People (then its call gets a nested-read slot)."""
+        try:
+            people = await contained(lambda: self.retriever.named_people(prepared))
+        except RetrieverFailedError:
+            return False  # the search itself reports the retriever's failure
+        return bool(people)
 
     async def _run_calls(
         self,
