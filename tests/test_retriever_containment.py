@@ -25,12 +25,9 @@ import trio
 import trio.lowlevel
 
 from plugin import (
-    AllowancePolicy,
     BudgetRefusal,
     ManualClock,
     Permit,
-    QueryPlanner,
-    QueryPreparation,
     RecallAllowance,
     RecallBudgetExceeded,
     RefusalReason,
@@ -45,9 +42,10 @@ from plugin.memory.enforce import AttemptHandle, Found
 from plugin.memory.pipeline import ContextCaps
 from plugin.memory.preparation import PreparedRecall
 from plugin.memory.store import Evidence
-from runtime_hooks import RecallHooks, ToolCall
+from runtime_hooks import RecallHooks
 
 from ._fakes import MemoryLedger
+from ._hooks_env import hooks_over, search_calls, usage_counts
 
 pytestmark = pytest.mark.anyio
 
@@ -130,19 +128,12 @@ async def inner(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
         yield MemoryRetriever(store)
 
 
-def _hooks(retriever: Any, clock: ManualClock, **policy: Any) -> RecallHooks:
-    allowance = RecallAllowance(MemoryLedger(), policy=AllowancePolicy(**policy), clock=clock)
-    return RecallHooks(allowance=allowance, preparer=QueryPreparation(QueryPlanner()),
-                       retriever=retriever)
+_hooks = hooks_over
+_calls = search_calls
 
 
-def _calls(*queries: str) -> list[ToolCall]:
-    return [ToolCall(call_id=f"c{i}", arguments={"query": q}) for i, q in enumerate(queries)]
-
-
-async def _usage(hooks: RecallHooks, run_id: str = "r") -> tuple[int, int, int, int]:
-    usage = await hooks.allowance.ledger.usage(run_id)
-    return usage.rounds, usage.reserved, usage.executed, usage.refused
+async def _usage(hooks: RecallHooks) -> tuple[int, int, int, int]:
+    return await usage_counts(hooks, "r")
 
 
 async def _outcomes(hooks: RecallHooks, run_id: str = "r") -> list[AttemptOutcome]:
