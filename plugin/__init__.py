@@ -40,6 +40,8 @@ from .errors import LedgerPathError as LedgerPathError
 from .errors import LedgerUnavailableError as LedgerUnavailableError
 from .errors import MemoryStoreError as MemoryStoreError
 from .errors import RecallboundError as RecallboundError
+from .errors import RetrieverFailedError as RetrieverFailedError
+from .errors import RetrieverProtocolError as RetrieverProtocolError
 from .memory.embedding import EmbeddingAdapter as EmbeddingAdapter
 from .memory.planning import BaselineReason as BaselineReason
 from .memory.planning import QueryPlanner as QueryPlanner
@@ -48,20 +50,30 @@ from .memory.planning import RecallQuery as RecallQuery
 from .memory.planning import compose_baseline as compose_baseline
 from .memory.planning import compose_search_call as compose_search_call
 from .memory.planning import compose_task_context as compose_task_context
+from .memory.preparation import PreparationBound as PreparationBound
 from .memory.preparation import PreparedRecall as PreparedRecall
 from .memory.preparation import QueryPreparation as QueryPreparation
 from .memory.preparation import RecallPreparer as RecallPreparer
 from .memory.preparation import SemanticPreparation as SemanticPreparation
 from .memory.preparation import WithheldReason as WithheldReason
+from .memory.protocol import AttemptHandle as AttemptHandle
+from .memory.protocol import ContextCaps as ContextCaps
+from .memory.protocol import Found as Found
+from .memory.protocol import Retriever as Retriever
+from .memory.simple import SearchRequest as SearchRequest
+from .memory.simple import SimpleRetriever as SimpleRetriever
 from .memory.state import Fact as Fact
 from .memory.state import Task as Task
 from .memory.state import WorkingState as WorkingState
+from .memory.store import Evidence as Evidence
 
 if TYPE_CHECKING:
     from .control.postgres_ledger import PostgresLedger as PostgresLedger
 
 __all__ = [
-    "AllowancePolicy", "AttemptKind", "AttemptOutcome", "AttemptTrace", "BaselineReason",
+    "AllowancePolicy", "AttemptHandle", "ContextCaps", "Evidence", "Found", "PreparationBound",
+    "Retriever", "RetrieverFailedError", "RetrieverProtocolError", "SearchRequest",
+    "SimpleRetriever", "AttemptKind", "AttemptOutcome", "AttemptTrace", "BaselineReason",
     "BoundedRecallNotice", "BudgetRefusal", "Clock", "EmbeddingAdapter", "Fact",
     "InvalidPolicyError", "InvalidRunIdError", "InvalidWorkingStateError",
     "InvalidWorkingStateTypeError", "Ledger", "LedgerClosedError", "LedgerConfigError",

@@ -180,3 +180,31 @@ class MemoryStoreError(StorageError):
 
 # --- turns: the one RunIdentityError (a run id reused with another principal or scope, refused
 # by the ledger and by every adapter) is defined here, once.
+
+
+# --- retriever
+
+
+class RetrieverProtocolError(RecallboundError, TypeError):
+    """An object given as a retriever does not implement the protocol: a method is missing,
+    or one the hooks await is not ``async def`` (the method is named)."""
+
+
+class RetrieverFailedError(RecallboundError):
+    """A retriever call failed; ``reason`` says how, and nothing of the retriever's own text
+    is kept (its exception may be hostile). Never a budget refusal.
+
+    ``reason``: ``raised`` (it raised, whatever it raised), ``bad_result`` (its return value is
+    not what the protocol asks), ``bad_evidence`` (an item is not a well-formed Evidence).
+    """
+
+    REASONS = ("raised", "bad_result", "bad_evidence")
+
+    def __init__(self, reason: str) -> None:
+        if reason not in self.REASONS:
+            reason = "raised"
+        super().__init__(f"the retriever failed ({reason})")
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[type[RetrieverFailedError], tuple[str]]:
+        return (type(self), (self.reason,))

@@ -15,7 +15,7 @@ import math
 import os
 import urllib.parse
 from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import attrs
@@ -28,6 +28,7 @@ from plugin.memory.embedding import EmbeddingAdapter
 from plugin.memory.pipeline import ContextCaps, MemoryRetriever
 from plugin.memory.planning import Admission, QueryPlanner, QueryStrategy
 from plugin.memory.preparation import QueryPreparation
+from plugin.memory.protocol import Retriever, check_retriever
 from plugin.memory.store import MemoryStore
 
 from .hooks import RecallHooks
@@ -397,15 +398,29 @@ async def open_hooks(
     *,
     clock: Clock | None = None,
     embedding: EmbeddingAdapter | None = None,
+    retriever: Retriever | None = None,
 ) -> AsyncIterator[RecallHooks]:
-    """Open the ledger and the store and wire the hooks; close both on exit."""
+    """Open the ledger (and the reference store) and wire the hooks; close them on exit.
+
+    With ``retriever`` (your own memory backend, e.g. a :class:`~plugin.SimpleRetriever`),
+    the hooks search it instead of the reference store, which is then not opened; the
+    configuration, telemetry and context caps apply the same. A ``retriever`` that does not
+    implement the protocol raises :class:`~plugin.errors.RetrieverProtocolError` (a
+    ``TypeError`` naming the method) before anything is opened.
+    """
+    if retriever is not None:
+        retriever = check_retriever(retriever)
     clock = clock if clock is not None else SystemClock()
     if embedding is None:
         embedding = load_embedding(config.semantic)
     _warn_about(config)
-    async with open_ledger(config.ledger_path) as ledger, MemoryStore(
-        config.store_path, embedding=embedding, clock=clock
-    ) as store, _telemetry(config.telemetry):
+    async with AsyncExitStack() as stack:
+        ledger = await stack.enter_async_context(open_ledger(config.ledger_path))
+        if retriever is None:
+            store = await stack.enter_async_context(
+                MemoryStore(config.store_path, embedding=embedding, clock=clock))
+            retriever = MemoryRetriever(store)
+        await stack.enter_async_context(_telemetry(config.telemetry))
         if config.legacy is True:
             allowance = RecallAllowance.legacy(ledger, clock=clock)
         else:
@@ -418,7 +433,7 @@ async def open_hooks(
         yield RecallHooks(
             allowance=allowance,
             preparer=QueryPreparation(planner, embedding),
-            retriever=MemoryRetriever(store),
+            retriever=retriever,
             caps=config.caps,
             preparation_budget_s=config.preparation_budget_s,
         )

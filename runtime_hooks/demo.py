@@ -16,7 +16,7 @@ from pathlib import Path
 
 import attrs
 
-from plugin.control import Clock, Ledger
+from plugin.control import Clock, Ledger, SystemClock
 from plugin.memory.embedding import EmbeddingAdapter
 from plugin.memory.planning import QueryStrategy
 from plugin.memory.state import Fact, Task, WorkingState
@@ -252,10 +252,11 @@ async def run_demo(
         out("recallbound demo")
         out(f"  ledger and memory store: {folder} (embedded SQLite)")
         out(f"  semantic arm: {semantic.value}; allowance: 4 searches, 2 rounds, 10 s deadline")
-        async with open_hooks(config, clock=clock, embedding=embedding) as hooks:
-            store = hooks.retriever.store  # type: ignore[attr-defined]
+        async with MemoryStore(config.store_path, embedding=embedding,
+                               clock=clock if clock is not None else SystemClock()) as store:
             if not await seed_once(store):
                 out("  (the memories were seeded by an earlier run on this folder)")
+        async with open_hooks(config, clock=clock, embedding=embedding) as hooks:
             tag = await run_tag(hooks.allowance.ledger)
         await _compare(out, config, clock, embedding, tag)
         async with open_hooks(config, clock=clock, embedding=embedding) as hooks:

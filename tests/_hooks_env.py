@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from plugin import AllowancePolicy, Clock, QueryPlanner, QueryPreparation, RecallAllowance
 from plugin.memory import MemoryRetriever, MemoryStore
 from runtime_hooks import RecallHooks, ToolCall
+
+from ._fakes import MemoryLedger
 
 
 def store_of(hooks: RecallHooks) -> MemoryStore:
@@ -22,3 +27,10 @@ async def usage_counts(hooks: RecallHooks, run_id: str) -> tuple[int, int, int, 
     """The run's (rounds, reserved, executed, refused)."""
     usage = await hooks.allowance.ledger.usage(run_id)
     return usage.rounds, usage.reserved, usage.executed, usage.refused
+
+
+def hooks_over(retriever: Any, clock: Clock, **policy: Any) -> RecallHooks:
+    """Hooks over ``retriever`` on an in-memory ledger (no threads), baseline planning."""
+    allowance = RecallAllowance(MemoryLedger(), policy=AllowancePolicy(**policy), clock=clock)
+    return RecallHooks(allowance=allowance, preparer=QueryPreparation(QueryPlanner()),
+                       retriever=retriever)

@@ -14,12 +14,13 @@ from hypothesis import HealthCheck, settings
 
 from ._loops import LOOPS
 
-# pydantic-ai 2.x and LangChain 1.x need Python 3.11 or newer: on 3.10 their extras cannot be
-# installed (the `test` extra leaves them out there), so their adapters have nothing to test.
+# pydantic-ai 2.x, LangChain 1.x, LangGraph and LlamaIndex need Python 3.11 or newer: on 3.10
+# their extras cannot be installed (the `test` extra leaves them out there), so their adapters
+# and backends have nothing to test.
 # CI and every newer interpreter collect these modules; nothing is skipped where the framework
 # exists.
 collect_ignore = (
-    ["test_adapter_pydantic_ai.py", "test_adapter_langchain.py"]
+    ["test_adapter_pydantic_ai.py", "test_adapter_langchain.py", "test_retriever_backends.py"]
     if sys.version_info < (3, 11) else []
 )
 

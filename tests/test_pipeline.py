@@ -119,8 +119,8 @@ def test_rendering_respects_caps_and_says_what_it_left_out() -> None:
     by_items = render(items, ContextCaps(max_items=2))
     assert [e.id for e in by_items.items] == ["e0", "e1"]
     assert by_items.omitted == 4
-    assert by_items.text.endswith("(4 more items left out by the context cap; recall was "
-                                  "bounded: not evidence that they are absent)")
+    assert by_items.text.endswith("\n(4 more items left out by the context cap; memory recall "
+                                  "was bounded: this is not evidence that they are absent)")
     by_bytes = render(items, ContextCaps(max_bytes=130))
     assert len(by_bytes.items) == 2
     rendered_evidence = by_bytes.text.rsplit("\n", 1)[0]

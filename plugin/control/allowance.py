@@ -31,7 +31,7 @@ from . import observe
 from .clock import Clock, FiniteClock, SystemClock, finite_clock
 from .ledger import Ledger, Usage
 from .logs import CONTROL, log_event
-from .permit import LEGACY_SLOTS, Permit, _Binding, _issue_permit
+from .permit import LEGACY_SLOTS, Permit, _Binding, _issue_permit, key_digest
 from .policy import MAX_COUNT, AllowancePolicy, RoundKind
 from .refusal import BudgetRefusal, RecallBudgetExceeded
 
@@ -143,7 +143,9 @@ class RecallAllowance:
         """
         return cls(ledger, clock=clock if clock is not None else SystemClock(), is_legacy=True)
 
-    def round(self, run_id: str, kind: RoundKind, *, slots: int | None = None) -> Round:
+    def round(
+        self, run_id: str, kind: RoundKind, *, slots: int | None = None, key: bytes | None = None
+    ) -> Round:
         """Reserve a round and yield its permit: ``async with allowance.round(...) as permit``.
 
         An automatic round reserves ``policy.automatic_slots`` (or what is left); a deliberate
@@ -151,8 +153,14 @@ class RecallAllowance:
         is left. Raises :class:`RecallBudgetExceeded` when the round is refused (too many
         rounds, no slot left, deadline passed), :class:`~plugin.errors.LedgerError` when the
         reservation cannot be committed; in both cases no permit exists.
+
+        With ``key`` (at least 16 random bytes), the permit is keyed: it gives slots, source
+        reads and its close only to callers presenting the same key, so it is useless to code
+        that finds it without being handed the key (see :mod:`plugin.control.permit`).
         """
         validate_run_id(run_id)
+        if key is not None and (not isinstance(key, bytes) or len(key) < 16):
+            raise InvalidRoundTypeError("key must be at least 16 random bytes")
         if not isinstance(kind, RoundKind):
             raise InvalidRoundTypeError(f"kind must be a RoundKind, got {kind!r}")
         if kind is RoundKind.AUTOMATIC:
@@ -168,7 +176,25 @@ class RecallAllowance:
             if not 1 <= slots <= MAX_COUNT:
                 raise InvalidRoundError(f"slots must be between 1 and {MAX_COUNT}, got {slots}")
             requested = slots
-        return Round(self, run_id, kind, requested)
+        return Round(self, run_id, kind, requested,
+                     key_digest(key) if key is not None else None)
+
+    async def headroom(self, run_id: str) -> int:
+        """How many slots a round of ``run_id`` could get now (``LEGACY_SLOTS`` in legacy mode).
+
+        An estimate from the run's usage, for deciding what is worth preparing before a round;
+        only the ledger's reservation decides what is granted. 0 once the run has all its
+        rounds, its deadline has passed, or every slot is reserved.
+        """
+        validate_run_id(run_id)
+        if self.is_legacy:
+            return LEGACY_SLOTS
+        usage = await self.ledger.usage(run_id)
+        if usage.rounds >= self.policy.max_rounds:
+            return 0
+        if usage.deadline_wall is not None and self.clock.wall() >= usage.deadline_wall:
+            return 0
+        return max(0, self.policy.max_searches - usage.reserved)
 
     async def usage(self, run_id: str) -> Usage:
         """The run's totals from the ledger."""
@@ -176,7 +202,9 @@ class RecallAllowance:
 
     # -- internals ---------------------------------------------------------------------------
 
-    async def _issue(self, run_id: str, kind: RoundKind, requested: int) -> Permit:
+    async def _issue(
+        self, run_id: str, kind: RoundKind, requested: int, digest: bytes | None = None
+    ) -> Permit:
         # Every reading checked: a non-finite one is a ClockReadingError before it is judged
         # or stored (raised inside the reservation, it rolls the reservation back).
         clock = finite_clock(self.clock)
@@ -186,6 +214,7 @@ class RecallAllowance:
                 legacy=True, clock=clock, ledger=self.ledger, deadline_wall=math.inf,
                 expires_wall=math.inf, issued_mono=clock.monotonic(), left_at_issue=math.inf,
                 source_reads_limit=LEGACY_SLOTS, reserved_total=0, executed_before=0,
+                key_digest=digest,
             )
         # Read before the reservation: the permit's monotonic deadline counts from here, so
         # no wall step at any later point (lock wait, commit, checkpoint) can lengthen it.
@@ -213,6 +242,7 @@ class RecallAllowance:
             issued_mono=mono_before, left_at_issue=left,
             source_reads_limit=self.policy.source_read_fallbacks,
             reserved_total=result.reserved, executed_before=result.executed,
+            key_digest=digest,
         )
 
 
@@ -240,13 +270,15 @@ class Round:
     """The async context manager returned by :meth:`RecallAllowance.round`."""
 
     __slots__ = (
-        "_allowance", "_binding", "_entered", "_kind", "_permit", "_requested", "_run_id",
-        "_watch",
+        "_allowance", "_binding", "_digest", "_entered", "_kind", "_permit", "_requested",
+        "_run_id", "_watch",
     )
 
     def __init__(
-        self, allowance: RecallAllowance, run_id: str, kind: RoundKind, requested: int
+        self, allowance: RecallAllowance, run_id: str, kind: RoundKind, requested: int,
+        digest: bytes | None = None,
     ) -> None:
+        self._digest = digest
         self._allowance = allowance
         self._run_id = run_id
         self._kind = kind
@@ -275,7 +307,8 @@ class Round:
             self._watch = (observer, observer.round_started(
                 self._run_id, self._kind, self._requested))
         try:
-            permit = await self._allowance._issue(self._run_id, self._kind, self._requested)
+            permit = await self._allowance._issue(self._run_id, self._kind, self._requested,
+                                                  self._digest)
         except BaseException as exc:
             if self._watch is not None:
                 self._watch[0].round_ended(self._watch[1], None, exc)

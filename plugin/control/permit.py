@@ -7,6 +7,12 @@ holds a reference to the *same* object. Taking a slot is a check-and-increment u
 threads) always take distinct slots. Leaving the phase calls :meth:`Permit.close` first, which
 reaches every copied context at once, and only then resets the ContextVar.
 
+A round reserved with a ``key`` issues a *keyed* permit: it gives a slot, a source read or a
+close only to a caller that presents the same key (the permit keeps a digest, never the key).
+The hooks reserve their rounds this way, so a permit that leaks to code they run (through a
+task tree, ``Task.get_context()`` or a frame) is useless to whoever finds it; a permit reserved
+without a key keeps the plain API for callers that use the allowance directly.
+
 A permit is never built from outside: only :meth:`RecallAllowance.round
 <plugin.control.allowance.RecallAllowance.round>` issues one, after its reservation committed.
 """
@@ -15,6 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import hashlib
+import hmac
 import sys
 import threading
 import uuid
@@ -52,6 +60,8 @@ _ISSUED: weakref.WeakSet[Permit] = weakref.WeakSet()
 
 _RECORD_RETRIES = (0.05, 0.2, None)
 """Pauses between tries of a trace write that found the ledger locked (None: give up)."""
+
+_KEY_MISUSE = "this permit gives slots only to the holder of its round's key"
 
 _MISUSE = (
     "a Permit is one object, issued only by RecallAllowance.round() after its reservation "
@@ -165,6 +175,7 @@ class Permit:
     _source_reads_limit: int = attrs.field(repr=False)
     _reserved_total: int = attrs.field(repr=False)
     _executed_before: int = attrs.field(repr=False)
+    _key_digest: bytes | None = attrs.field(default=None, repr=False)
     _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False, repr=False)
     _taken: int = attrs.field(default=0, init=False, repr=False)
     _closed: bool = attrs.field(default=False, init=False, repr=False)
@@ -217,6 +228,14 @@ class Permit:
         if self not in _ISSUED:
             raise PermitMisuseError(_MISUSE)
 
+    def _check_key(self, key: bytes | None) -> None:
+        """Refuse a keyed permit's authority to a caller without its round's key."""
+        digest = self._key_digest
+        if digest is None:
+            return
+        if not isinstance(key, bytes) or not hmac.compare_digest(key_digest(key), digest):
+            raise PermitMisuseError(_KEY_MISUSE)
+
     # -- state -------------------------------------------------------------------------------
 
     @property
@@ -246,8 +265,16 @@ class Permit:
             self._wall() >= self._expires_wall or self._monotonic() >= self._mono_deadline
         )
 
-    def close(self) -> None:
-        """End the permit for every context that holds it. Idempotent; never un-closes."""
+    def _outlived(self) -> bool:
+        """Whether the monotonic (worker) deadline has passed: what the cancel scope follows."""
+        return self._monotonic() >= self._mono_deadline
+
+    def close(self, *, key: bytes | None = None) -> None:
+        """End the permit for every context that holds it. Idempotent; never un-closes.
+
+        A keyed permit closes only for its round's ``key`` (:class:`PermitMisuseError`).
+        """
+        self._check_key(key)
         object.__setattr__(self, "_closed", True)
 
     def refusal(self, reason: RefusalReason) -> BudgetRefusal:
@@ -302,16 +329,20 @@ class Permit:
         *,
         strategy: str | None = None,
         fingerprint: str | None = None,
+        key: bytes | None = None,
     ) -> Attempt:
         """One search attempt: ``async with permit.attempt() as slot: ...``.
 
         Takes a slot (its number is distinct across the run) and runs the body in a cancel
         scope that ends at the permit's deadline. Raises :class:`RecallBudgetExceeded` with
         reason ``CLOSED`` after the phase ended, ``DEADLINE`` when the permit has expired, or
-        ``SLOTS`` when the round has no slot left; a body cancelled by the deadline also leaves
-        as ``DEADLINE``. The slot stays consumed whatever happens; the trace is recorded.
+        ``SLOTS`` when the round has no slot left; a body cancelled by the deadline, or one that
+        returns after the deadline (it blocked where no cancel scope reaches: a thread, a
+        blocking call on the loop), also leaves as ``DEADLINE``. The slot stays consumed
+        whatever happens; the trace is recorded. A keyed permit needs its round's ``key``
+        (:class:`PermitMisuseError` otherwise; no slot is taken).
         """
-        return Attempt(self, kind, strategy, fingerprint, sync=False)
+        return Attempt(self, kind, strategy, fingerprint, sync=False, key=key)
 
     def attempt_sync(
         self,
@@ -319,20 +350,23 @@ class Permit:
         *,
         strategy: str | None = None,
         fingerprint: str | None = None,
+        key: bytes | None = None,
     ) -> Attempt:
         """:meth:`attempt` as a plain context manager, for tools running in worker threads.
 
         The deadline is checked when the slot is taken; there is no cancel scope.
         """
-        return Attempt(self, kind, strategy, fingerprint, sync=True)
+        return Attempt(self, kind, strategy, fingerprint, sync=True, key=key)
 
-    def source_read(self, slot: int) -> int:
+    def source_read(self, slot: int, *, key: bytes | None = None) -> int:
         """Account one source-read fallback of the attempt holding ``slot``; return its number.
 
         A fallback stays inside its attempt: it takes no new slot and keeps the deadline. It
         raises :class:`RecallBudgetExceeded` (``SOURCE_READS``) past the policy's finite number
-        of fallbacks, ``DEADLINE`` when expired, ``CLOSED`` after the phase ended.
+        of fallbacks, ``DEADLINE`` when expired, ``CLOSED`` after the phase ended. A keyed
+        permit needs its round's ``key``.
         """
+        self._check_key(key)
         with self._lock:
             if not self.first_slot <= slot < self.first_slot + self._taken:
                 raise InvalidArgumentError(f"slot {slot} was not taken from this permit")
@@ -396,9 +430,14 @@ class Permit:
 
     async def _finish_phase(self) -> None:
         """Close, then persist what the phase recorded. Later records are written as they come."""
-        self.close()
+        object.__setattr__(self, "_closed", True)  # the round's own close needs no key
         object.__setattr__(self, "_flushed", True)
         await self.flush()
+
+
+def key_digest(key: bytes) -> bytes:
+    """What a keyed permit keeps of its round's key."""
+    return hashlib.sha256(key).digest()
 
 
 _set_taken = Permit.__dict__["_taken"].__set__
@@ -409,7 +448,7 @@ class Attempt:
     """The context manager returned by :meth:`Permit.attempt` and :meth:`Permit.attempt_sync`."""
 
     __slots__ = (
-        "_fingerprint", "_id", "_kind", "_permit", "_scope", "_slot", "_started_mono",
+        "_fingerprint", "_id", "_key", "_kind", "_permit", "_scope", "_slot", "_started_mono",
         "_started_wall", "_strategy", "_sync", "_watch",
     )
 
@@ -421,8 +460,10 @@ class Attempt:
         fingerprint: str | None,
         *,
         sync: bool,
+        key: bytes | None = None,
     ) -> None:
         self._permit = permit
+        self._key = key
         self._kind = kind
         self._strategy = strategy
         self._fingerprint = fingerprint
@@ -441,6 +482,7 @@ class Attempt:
     def _begin(self) -> int:
         permit = self._permit
         permit._check_issued()
+        permit._check_key(self._key)
         observer = observe.active
         try:
             self._slot = permit._take(self._kind)
@@ -511,7 +553,11 @@ class Attempt:
         assert self._scope is not None
         scope, self._scope = self._scope, None
         swallowed = scope.__exit__(exc_type, exc, tb)
-        if scope.cancelled_caught:
+        if scope.cancelled_caught or (exc is None and self._permit._outlived()):
+            # A body that returns past the deadline blocked where no cancel scope reaches:
+            # what it produced is late, so it leaves the way a cancelled one does. Like the
+            # cancel scope, this follows the monotonic deadline (a wall step ends the permit,
+            # not the attempt in flight).
             outcome = AttemptOutcome.DEADLINE
         elif exc is None:
             outcome = AttemptOutcome.OK

@@ -8,6 +8,8 @@ import attrs
 
 from plugin.errors import RecallboundError
 
+from .wording import bounded
+
 
 class RefusalReason(enum.Enum):
     """Why recall was refused."""
@@ -32,17 +34,8 @@ _PLAIN_REASON = {
     RefusalReason.SOURCE_READS: "this search used all of its source-read fallbacks",
 }
 
-_NOT_EVIDENCE = (
-    "This is not evidence that no memory exists; do not conclude that nothing is stored, "
-    "and do not guess what a search would have found."
-)
-
-
 def _message(reason: RefusalReason, reserved: int, executed: int) -> str:
-    return (
-        f"Memory recall was bounded: {_PLAIN_REASON[reason]} "
-        f"({reserved} searches reserved, {executed} executed). {_NOT_EVIDENCE}"
-    )
+    return bounded(f"{_PLAIN_REASON[reason]} ({reserved} searches reserved, {executed} executed)")
 
 
 @attrs.frozen(kw_only=True)

@@ -4,13 +4,7 @@ Importing it does not import an embedding model (WordLlama is the optional ``sem
 """
 
 from .embedding import EmbeddingAdapter as EmbeddingAdapter
-from .enforce import AttemptHandle as AttemptHandle
-from .enforce import Bounded as Bounded
-from .enforce import Found as Found
-from .enforce import NestedRead as NestedRead
-from .pipeline import ContextCaps as ContextCaps
 from .pipeline import MemoryRetriever as MemoryRetriever
-from .pipeline import Retriever as Retriever
 from .planning import BaselineReason as BaselineReason
 from .planning import QueryPlanner as QueryPlanner
 from .planning import QueryStrategy as QueryStrategy
@@ -18,11 +12,20 @@ from .planning import RecallQuery as RecallQuery
 from .planning import compose_baseline as compose_baseline
 from .planning import compose_search_call as compose_search_call
 from .planning import compose_task_context as compose_task_context
+from .preparation import PreparationBound as PreparationBound
 from .preparation import PreparedRecall as PreparedRecall
 from .preparation import QueryPreparation as QueryPreparation
 from .preparation import RecallPreparer as RecallPreparer
 from .preparation import SemanticPreparation as SemanticPreparation
 from .preparation import WithheldReason as WithheldReason
+from .protocol import AttemptHandle as AttemptHandle
+from .protocol import Bounded as Bounded
+from .protocol import ContextCaps as ContextCaps
+from .protocol import Found as Found
+from .protocol import NestedRead as NestedRead
+from .protocol import Retriever as Retriever
+from .simple import SearchRequest as SearchRequest
+from .simple import SimpleRetriever as SimpleRetriever
 from .state import Fact as Fact
 from .state import Task as Task
 from .state import WorkingState as WorkingState
@@ -33,7 +36,8 @@ from .store import Person as Person
 
 __all__ = [
     "AttemptHandle", "BaselineReason", "Bounded", "ContextCaps", "EmbeddingAdapter", "Evidence",
-    "Fact", "Found", "MemoryRecord", "NestedRead",
+    "Fact", "Found", "MemoryRecord", "NestedRead", "PreparationBound", "SearchRequest",
+    "SimpleRetriever",
     "MemoryRetriever", "MemoryStore", "Person", "PreparedRecall", "QueryPlanner",
     "QueryPreparation", "QueryStrategy", "RecallPreparer", "RecallQuery", "Retriever",
     "SemanticPreparation", "Task", "WithheldReason", "WorkingState",

@@ -1,259 +1,182 @@
-"""Enforcement on our side of the retriever protocol: attempts, handles, bounded parts.
+"""Enforcement on our side of the retriever protocol: attempts, containment, admission.
 
-A :class:`~plugin.memory.pipeline.Retriever` is code we do not control (a vector database, a
+A :class:`~plugin.memory.protocol.Retriever` is code we do not control (a vector database, a
 LangGraph store, mem0). The hooks therefore open every attempt themselves, before the
 retriever runs: :func:`search_attempt` takes the slot from the permit, opens the attempt's
 cancel scope (the permit's deadline), and only then calls the retriever, so a retriever that
-ignores everything it is given still runs inside a slot and is cut at the deadline.
+ignores everything it is given still runs inside a slot and is cut at the deadline. One that
+blocks where no cancel scope reaches (a thread, a blocking call on the loop) and returns late
+gets nothing through: the attempt leaves as a ``deadline`` refusal and stays executed.
 
-The retriever gets an :class:`AttemptHandle`, never the permit: the slot it runs on, the time
-left, a :meth:`~AttemptHandle.source_read` counter (no new slot, same deadline, at most the
-policy's fallbacks) and :meth:`~AttemptHandle.nested` for the People-to-belief read, which goes
-back through here and takes a ``NESTED`` slot from the same permit or comes back bounded. The
-retriever body runs with :func:`~plugin.control.hide_permit`: ``current_permit()`` is None in it
-and in every task it spawns, so it cannot reach the permit to take its siblings' slots. A
-handle used after its attempt ended (stored, or called from a task that outlived the attempt)
-refuses, with reason ``closed``.
+The retriever gets an :class:`~plugin.memory.protocol.AttemptHandle`, never the permit's
+authority: the hooks reserve their rounds with a key, and the permit gives slots only for that
+key, so a permit found through a task tree or ``Task.get_context()`` takes nothing. Every call
+into a retriever runs under :func:`contained`: with ``current_permit()`` None, and whatever it
+raises (its own ``RecallBudgetExceeded``, a ``CancelledError`` raised by hand, an exception
+whose ``__str__`` raises) becomes a :class:`~plugin.errors.RetrieverFailedError` with a typed
+reason and none of its text. A real cancellation (the deadline, the host) still propagates.
 
-Whatever the allowance cut short (a refused nested read, source reads past the fallbacks, the
-semantic arm withheld by the preparation bound) is recorded here, from what the handle saw,
-not from what the retriever reports: it becomes a :class:`Bounded` part of the result, said to
-the model in the bounded wording.
+What a search returns is admitted by :func:`admit` before anyone renders it: every item must be
+a well-formed :class:`~plugin.memory.store.Evidence`; a missing principal or scope is the run's;
+an item of another principal or scope is dropped, counted and logged at WARNING without its
+text. Whatever the allowance cut short (a refused nested read, source reads past the
+fallbacks) is recorded from what the handle saw, not from what the retriever reports.
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Literal, NoReturn
+import asyncio
+import logging
+import math
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import anyio
 import attrs
+import sniffio
 
-from plugin.control import (
-    AttemptKind,
-    BudgetRefusal,
-    Permit,
-    RecallBudgetExceeded,
-    RefusalReason,
-    hide_permit,
-)
-from plugin.errors import AttemptHandleError
+from plugin.control import AttemptKind, Permit, RecallBudgetExceeded, hide_permit
+from plugin.control.logs import log_event
+from plugin.errors import RetrieverFailedError
 
+from .preparation import PreparedRecall
+from .protocol import AttemptHandle as AttemptHandle
+from .protocol import Bounded as Bounded
+from .protocol import ContextCaps, Retriever
+from .protocol import Found as Found
+from .protocol import NestedRead as NestedRead
+from .protocol import Part as Part
+from .safe_text import one_line
 from .store import Evidence
+from .store.values import EVIDENCE_KINDS
 
-if TYPE_CHECKING:
-    from .pipeline import ContextCaps, Retriever
-    from .preparation import PreparedRecall
+_log = logging.getLogger("recallbound.memory")
 
-NOT_EVIDENCE = (
-    "Memory recall was bounded; this is not evidence that no memory exists, so do not "
-    "conclude that nothing is stored."
-)
+T = TypeVar("T")
 
-Part = Literal["nested_read", "source_read", "semantic_arm", "delta"]
-
-_PART_WORDS: dict[str, str] = {
-    "nested_read": "The belief read for the people this search names did not run",
-    "delta": "The belief read for the people this context names did not run",
-    "source_read": "Some sources cited by the evidence were not read",
-    "semantic_arm": "The semantic (meaning-based) part of this search did not run",
-}
+_NEVER_CONTAINED = (KeyboardInterrupt, SystemExit, GeneratorExit)
 
 
-@attrs.frozen(kw_only=True)
-class Bounded:
-    """One part of a search that the allowance cut short, as the model reads it.
+def _really_cancelled(exc: BaseException) -> bool:
+    """Whether ``exc`` carries a cancellation the event loop is really delivering.
 
-    ``reason`` is a :class:`~plugin.control.RefusalReason` value, or ``"preparation"`` when
-    the preparation bound withheld the part. ``message`` carries the bounded wording ("recall
-    was bounded", "not evidence").
+    trio's ``Cancelled`` has no public constructor, so on trio one is real. On asyncio a
+    ``CancelledError`` anyone can raise by hand: it is real only while the task has a pending
+    cancel request (``Task.cancelling()``, Python 3.11+; before that it is taken as real).
     """
-
-    part: str
-    reason: str
-    message: str
-
-    @classmethod
-    def of(cls, part: Part, reason: str, detail: str = "") -> Bounded:
-        words = _PART_WORDS[part]
-        return cls(part=part, reason=reason,
-                   message=f"{words} ({detail or reason}). {NOT_EVIDENCE}")
-
-    @classmethod
-    def refused(cls, part: Part, refusal: BudgetRefusal) -> Bounded:
-        return cls(part=part, reason=refusal.reason.value,
-                   message=f"{_PART_WORDS[part]}. {refusal.message}")
-
-    def as_dict(self) -> dict[str, str]:
-        return {"part": self.part, "reason": self.reason, "message": self.message}
+    cancelled = anyio.get_cancelled_exc_class()
+    subgroup = getattr(exc, "subgroup", None)  # an exception group, on every Python
+    if subgroup is not None:
+        if subgroup(cancelled) is None:
+            return False
+    elif not isinstance(exc, cancelled):
+        return False
+    if sniffio.current_async_library() != "asyncio":
+        return True
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    return cancelling is None or cancelling() > 0
 
 
-@attrs.frozen(kw_only=True)
-class NestedRead:
-    """What :meth:`AttemptHandle.nested` returns: the beliefs, or why there are none."""
-
-    beliefs: tuple[Evidence, ...] = ()
-    slot: int | None = None
-    refusal: BudgetRefusal | None = None
-    """Set when the read was refused (no slot free, deadline, attempt ended): bounded."""
+def _failure(exc: BaseException) -> RetrieverFailedError:
+    reason = exc.reason if isinstance(exc, RetrieverFailedError) else "raised"
+    return RetrieverFailedError(reason if isinstance(reason, str) else "raised")
 
 
-def _evidence(value: Iterable[Evidence]) -> tuple[Evidence, ...]:
-    return tuple(value)
+async def contained(call: Callable[[], Awaitable[T]]) -> T:
+    """Await a retriever call with the permit hidden; its failure becomes a
+    :class:`~plugin.errors.RetrieverFailedError` (real cancellations propagate)."""
+    try:
+        with hide_permit():
+            return await call()
+    except BaseException as exc:
+        if isinstance(exc, _NEVER_CONTAINED) or _really_cancelled(exc):
+            raise
+        failure = _failure(exc)
+    raise failure
 
 
-def _strings(value: Iterable[str]) -> tuple[str, ...]:
-    return tuple(value)
+def contained_sync(call: Callable[[], T]) -> T:
+    """:func:`contained` for the protocol's one synchronous method."""
+    try:
+        with hide_permit():
+            return call()
+    except BaseException as exc:
+        if isinstance(exc, _NEVER_CONTAINED):
+            raise
+        failure = _failure(exc)
+    raise failure
 
 
-@attrs.frozen(kw_only=True)
-class Found:
-    """What a retriever's search returns: its ranked evidence, best first.
+def _number(value: object) -> bool:
+    return type(value) in (int, float) and math.isfinite(value)  # type: ignore[arg-type]
 
-    The hooks render it under the host's context caps (a retriever cannot exceed them).
-    ``people`` are the People the search discovered, ``arms`` the candidate arms that ran,
-    ``notes`` free-form degradations for traces (the hooks never rely on them).
+
+def _well_formed(value: object) -> bool:
+    """Exact types only: a ``str`` subclass could compare equal to any principal."""
+    if type(value) is not Evidence:
+        return False
+    item: Any = value  # fields set past the validators hold anything
+    return (
+        type(item.id) is str and type(item.text) is str and type(item.arm) is str
+        and type(item.kind) is str and item.kind in EVIDENCE_KINDS
+        and (item.principal is None or type(item.principal) is str)
+        and (item.scope is None or type(item.scope) is str)
+        and _number(item.score) and _number(item.created_at)
+        and type(item.cites) is tuple and all(type(c) is str for c in item.cites)
+    )
+
+
+def admit(
+    items: object, *, principal: str, scope: str, run_id: str, what: str = "search"
+) -> tuple[tuple[Evidence, ...], int]:
+    """Check a retriever's evidence; return what the run may see and how many were dropped.
+
+    Raises :class:`~plugin.errors.RetrieverFailedError` (``bad_result``, ``bad_evidence``) for
+    junk. An item with no principal or scope gets the run's; one naming another principal or
+    scope is dropped (counted, logged at WARNING with no text of it).
     """
+    if type(items) not in (tuple, list):
+        raise RetrieverFailedError("bad_result")
+    assert isinstance(items, (tuple, list))
+    kept: list[Evidence] = []
+    dropped = 0
+    for item in items:
+        if not _well_formed(item):
+            raise RetrieverFailedError("bad_evidence")
+        owner, where = item.principal, item.scope
+        if (owner is not None and owner != principal) or (where is not None and where != scope):
+            dropped += 1
+            continue
+        if owner is None or where is None:
+            item = attrs.evolve(item, principal=principal, scope=scope)
+        kept.append(item)
+    if dropped:
+        log_event(_log, logging.WARNING, "evidence.foreign_dropped", run_id=run_id, what=what,
+                  dropped=dropped)
+    return tuple(kept), dropped
 
-    evidence: tuple[Evidence, ...] = attrs.field(converter=_evidence)
-    people: tuple[str, ...] = attrs.field(default=(), converter=_strings)
-    arms: tuple[str, ...] = attrs.field(default=(), converter=_strings)
-    notes: tuple[str, ...] = attrs.field(default=(), converter=_strings)
 
-
-NestedReader = Callable[[Sequence[str]], Awaitable[NestedRead]]
-
-_MISUSE = "an AttemptHandle is handed to one retriever call; it cannot be copied or pickled"
-
-
-class AttemptHandle:
-    """A retriever's narrow view of the one attempt it runs in (never the permit).
-
-    Valid while its attempt runs; afterwards :meth:`source_read` and :meth:`nested` refuse
-    (reason ``closed``) and :meth:`seconds_left` is 0.
-    """
-
-    __slots__ = ("__weakref__", "_ended", "_kind", "_lock", "_nested", "_nested_used",
-                 "_permit", "_refused", "_slot")
-
-    def __init__(
-        self, permit: Permit, slot: int, kind: AttemptKind, nested: NestedReader | None
-    ) -> None:
-        self._permit = permit
-        self._slot = slot
-        self._kind = kind
-        self._nested = nested
-        self._nested_used = False
-        self._ended = False
-        self._refused: list[tuple[Part, BudgetRefusal]] = []
-        self._lock = threading.Lock()
-
-    def __repr__(self) -> str:
-        state = "ended" if self._ended else "running"
-        return f"<AttemptHandle slot={self._slot} kind={self._kind.value} {state}>"
-
-    def __copy__(self) -> NoReturn:
-        raise AttemptHandleError(_MISUSE)
-
-    def __deepcopy__(self, memo: object) -> NoReturn:
-        raise AttemptHandleError(_MISUSE)
-
-    def __reduce_ex__(self, protocol: object) -> NoReturn:
-        raise AttemptHandleError(_MISUSE)
-
-    @property
-    def slot(self) -> int:
-        """The run-wide number of the slot this attempt took."""
-        return self._slot
-
-    @property
-    def kind(self) -> AttemptKind:
-        return self._kind
-
-    @property
-    def ended(self) -> bool:
-        return self._ended
-
-    @property
-    def offers_nested(self) -> bool:
-        """Whether :meth:`nested` may be called (a deliberate search's People read)."""
-        return self._nested is not None and not self._nested_used
-
-    def seconds_left(self) -> float:
-        """Seconds until the attempt's deadline (0 once the attempt ended)."""
-        return 0.0 if self._ended else self._permit.seconds_left()
-
-    def _closed(self) -> BudgetRefusal:
-        return self._permit.refusal(RefusalReason.CLOSED)
-
-    def source_read(self) -> int:
-        """Account one source-read fallback of this attempt; return its number.
-
-        No new slot, same deadline. Raises :class:`~plugin.control.RecallBudgetExceeded`
-        past the policy's ``source_read_fallbacks``, at the deadline, or after the attempt
-        ended (``closed``); the hooks then tell the model that sources were left unread.
-        """
-        if self._ended:
-            refusal = self._closed()
-        else:
-            try:
-                return self._permit.source_read(self._slot)
-            except RecallBudgetExceeded as exc:
-                refusal = exc.refusal
-        self._record("source_read", refusal)
-        raise RecallBudgetExceeded(refusal)
-
-    async def nested(self, people: Sequence[str]) -> NestedRead:
-        """The People-to-belief read for ``people``, on a ``NESTED`` slot of the same permit.
-
-        Goes back through the hooks; refused (not queued) when no slot is free, at the
-        deadline, or after the attempt ended: the result then carries the refusal, and the
-        hooks say so to the model. One nested read per attempt.
-        """
-        if self._nested is None:
-            raise AttemptHandleError(
-                f"a {self._kind.value} attempt offers no nested read; the hooks read the "
-                f"People's beliefs themselves"
-            )
-        names = tuple(str(name) for name in people)
-        with self._lock:
-            ended, used = self._ended, self._nested_used
-            self._nested_used = True
-        if ended:
-            return NestedRead(refusal=self._closed())
-        if used:  # the attempt's one nested read was made (and is reported) already
-            return NestedRead(refusal=self._permit.refusal(RefusalReason.SLOTS))
-        read = await self._nested(names)
-        if read.refusal is not None:
-            self._record("nested_read", read.refusal)
-        return read
-
-    def _record(self, part: Part, refusal: BudgetRefusal) -> None:
-        with self._lock:
-            if not self._ended:  # after the attempt, nobody reads it any more
-                self._refused.append((part, refusal))
-
-    def _end(self) -> tuple[Bounded, ...]:
-        """End the attempt; what it cut short, one :class:`Bounded` per part."""
-        with self._lock:
-            self._ended = True
-            refused = list(self._refused)
-        first: dict[str, BudgetRefusal] = {}
-        for part, refusal in refused:
-            first.setdefault(part, refusal)
-        return tuple(Bounded.refused(part, refusal)  # type: ignore[arg-type]
-                     for part, refusal in first.items())
+def _found(value: object) -> Found:
+    """A search's return value, checked: a :class:`Found` whose names are strings."""
+    if type(value) is not Found:
+        raise RetrieverFailedError("bad_result")
+    for names in (value.people, value.arms, value.notes):
+        if type(names) is not tuple or not all(type(name) is str for name in names):
+            raise RetrieverFailedError("bad_result")
+    return value
 
 
 @attrs.frozen(kw_only=True)
 class Attempted:
-    """One search attempt as the hooks ran it."""
+    """One search attempt as the hooks ran it: admitted evidence, and what was cut short."""
 
     slot: int
     found: Found
     bounded: tuple[Bounded, ...] = ()
     belief_slot: int | None = None
+    dropped: int = 0
+    """Items dropped for naming another principal or scope (never rendered)."""
 
 
 async def search_attempt(
@@ -264,52 +187,91 @@ async def search_attempt(
     kind: AttemptKind,
     caps: ContextCaps,
     nested_beliefs: bool,
-    on_slot: Callable[[], object] | None = None,
+    on_slot: Callable[[int], object] | None = None,
     nested_after: anyio.Event | None = None,
+    key: bytes | None = None,
 ) -> Attempted:
     """Take a slot, then run the retriever's search inside the attempt (see the module doc).
 
-    ``on_slot`` is called as soon as the slot is taken (the deliberate round starts its calls
-    one after another this way, so slots go to the calls in order); a nested read first waits
-    for ``nested_after`` (set once every call of the round has its slot). Raises
-    :class:`~plugin.control.RecallBudgetExceeded` when no slot is left, the permit is closed
-    or expired, or the deadline cut the search.
+    ``on_slot`` is called with the slot as soon as it is taken (the deliberate round starts
+    its calls one after another this way, so slots go to the calls in order); a nested read
+    first waits
+    for ``nested_after`` (set once every call of the round has its slot). ``key`` is the
+    round's key when the permit is keyed. Raises :class:`~plugin.control.RecallBudgetExceeded`
+    when no slot is left, the permit is closed or expired, or the search was cut by (or
+    outlived) the deadline; :class:`~plugin.errors.RetrieverFailedError` when the retriever
+    failed (its slot stays consumed).
     """
     query = prepared.query
     principal, scope = query.principal, query.scope
+    if principal is None or scope is None:
+        raise ValueError("a search needs the trusted principal and scope of the run")
     belief_slot: list[int] = []
+    dropped = 0
 
     async def nested(people: Sequence[str]) -> NestedRead:
-        if principal is None or scope is None:
-            return NestedRead(refusal=permit.refusal(RefusalReason.CLOSED))
+        nonlocal dropped
         if nested_after is not None:
             await nested_after.wait()
         try:
-            slot, beliefs = await beliefs_attempt(
+            slot, beliefs, foreign = await beliefs_read(
                 permit, retriever, people, kind=AttemptKind.NESTED, principal=principal,
-                scope=scope, caps=caps,
+                scope=scope, caps=caps, key=key,
             )
         except RecallBudgetExceeded as exc:
             return NestedRead(refusal=exc.refusal)
+        dropped += foreign
         belief_slot.append(slot)
         return NestedRead(beliefs=beliefs, slot=slot)
 
+    def read_source(slot: int) -> int:
+        return permit.source_read(slot, key=key)
+
     async with permit.attempt(
-        kind, strategy=query.strategy.value, fingerprint=query.fingerprint
+        kind, strategy=query.strategy.value, fingerprint=query.fingerprint, key=key
     ) as slot:
         if on_slot is not None:
-            on_slot()
-        handle = AttemptHandle(permit, slot, kind, nested if nested_beliefs else None)
+            on_slot(slot)
+        handle = AttemptHandle(permit, slot, kind, nested if nested_beliefs else None,
+                               read_source)
         try:
-            with hide_permit():
-                found = await retriever.search(prepared, handle, caps=caps,
-                                               nested_beliefs=nested_beliefs)
+            found = _found(await contained(lambda: retriever.search(
+                prepared, handle, caps=caps, nested_beliefs=nested_beliefs)))
         finally:
             bounded = handle._end()
-        if not isinstance(found, Found):
-            raise TypeError(f"Retriever.search must return a Found, got {type(found).__name__}")
+        evidence, foreign = admit(found.evidence, principal=principal, scope=scope,
+                                  run_id=permit.run_id)
+    found = Found(evidence=evidence, people=found.people, arms=found.arms,
+                  notes=tuple(one_line(note, limit=200) for note in found.notes))
     return Attempted(slot=slot, found=found, bounded=bounded,
-                     belief_slot=belief_slot[0] if belief_slot else None)
+                     belief_slot=belief_slot[0] if belief_slot else None,
+                     dropped=dropped + foreign)
+
+
+async def beliefs_read(
+    permit: Permit,
+    retriever: Retriever,
+    people: Sequence[str],
+    *,
+    kind: AttemptKind,
+    principal: str,
+    scope: str,
+    caps: ContextCaps,
+    key: bytes | None,
+) -> tuple[int, tuple[Evidence, ...], int]:
+    """A People-to-belief read on a slot of its own: its slot, the admitted beliefs, and how
+    many were dropped for naming another principal or scope."""
+    async with permit.attempt(kind, key=key) as slot:
+        handle = AttemptHandle(permit, slot, kind, None,
+                               lambda taken: permit.source_read(taken, key=key))
+        try:
+            beliefs = await contained(lambda: retriever.read_beliefs(
+                tuple(people), handle, principal=principal, scope=scope, caps=caps))
+        finally:
+            handle._end()
+        admitted, dropped = admit(beliefs, principal=principal, scope=scope,
+                                  run_id=permit.run_id, what="beliefs")
+    return slot, admitted, dropped
 
 
 async def beliefs_attempt(
@@ -321,15 +283,12 @@ async def beliefs_attempt(
     principal: str,
     scope: str,
     caps: ContextCaps,
+    key: bytes | None = None,
 ) -> tuple[int, tuple[Evidence, ...]]:
-    """A People-to-belief read on a slot of its own (the automatic delta, or a nested read)."""
-    async with permit.attempt(kind) as slot:
-        handle = AttemptHandle(permit, slot, kind, None)
-        try:
-            with hide_permit():
-                beliefs = await retriever.read_beliefs(
-                    tuple(people), handle, principal=principal, scope=scope, caps=caps
-                )
-        finally:
-            handle._end()
-    return slot, tuple(beliefs)
+    """A People-to-belief read on a slot of its own (the automatic delta, or a nested read).
+
+    Its evidence is admitted like a search's (see :func:`admit`).
+    """
+    slot, beliefs, _ = await beliefs_read(permit, retriever, people, kind=kind,
+                                      principal=principal, scope=scope, caps=caps, key=key)
+    return slot, beliefs

@@ -3,25 +3,27 @@
 One attempt is People discovery, ordinary (sparse) and semantic candidate selection, recent
 candidates under the frozen control query, ranking (reciprocal-rank fusion with deterministic
 ties), and bounded source recovery. The hooks open the attempt (its slot, its deadline, its
-trace) before calling :meth:`Retriever.search` (see :mod:`plugin.memory.enforce`), so one slot
+trace) before calling ``Retriever.search`` (see :mod:`plugin.memory.enforce`), so one slot
 and one deadline cover the whole of it, and render what it found under the host's context
 caps. A People-to-belief read takes a slot of its own, through the attempt's handle.
 
-The runtime sees only the :class:`Retriever` protocol; :class:`MemoryRetriever` is the concrete
-one over the reference :class:`~plugin.memory.store.MemoryStore`, chosen by the bootstrap.
+The runtime sees only the :class:`~plugin.memory.protocol.Retriever` protocol;
+:class:`MemoryRetriever` is the concrete one over the reference
+:class:`~plugin.memory.store.MemoryStore`, chosen by the bootstrap.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Protocol, runtime_checkable
 
 import attrs
 
 from plugin.control import RecallBudgetExceeded
 
-from .enforce import AttemptHandle, Found
 from .preparation import PreparedRecall
+from .protocol import AttemptHandle, Found
+from .protocol import ContextCaps as ContextCaps
+from .protocol import Retriever as Retriever
 from .ranking import (
     RankingPolicy,
     combined_vector,
@@ -33,7 +35,8 @@ from .ranking import (
     weighted_score_fuse,
     with_beliefs,
 )
-from .safe_text import one_line
+from .rendering import Rendered as Rendered
+from .rendering import render as render
 from .store import Evidence, MemoryStore
 from .terms import STOPWORDS as STOPWORDS
 from .terms import content_terms as content_terms
@@ -44,97 +47,6 @@ ARMS = frozenset({"sparse", "semantic", "recent"})
 
 RRF_K = 60
 """Reciprocal-rank fusion constant (Cormack et al.): score = sum of 1 / (k + rank)."""
-
-
-def _positive(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"ContextCaps.{attribute.name} must be an int >= 1, got {value!r}")
-
-
-@attrs.frozen(kw_only=True)
-class ContextCaps:
-    """The host's limits on rendered recall context."""
-
-    max_items: int = attrs.field(default=8, validator=_positive)
-    """Most evidence items rendered."""
-    max_bytes: int = attrs.field(default=4096, validator=_positive)
-    """Most UTF-8 bytes of rendered evidence."""
-    candidates_per_arm: int = attrs.field(default=20, validator=_positive)
-    """How many candidates each arm contributes to ranking."""
-    beliefs_per_person: int = attrs.field(default=3, validator=_positive)
-
-
-@attrs.frozen(kw_only=True)
-class Rendered:
-    """Evidence rendered under the context caps, and what was left out."""
-
-    items: tuple[Evidence, ...]
-    text: str
-    omitted: int
-    """Evidence items ranked but left out by the caps."""
-
-
-@runtime_checkable
-class Retriever(Protocol):
-    """A memory backend, as the hooks call it: plain search, never the permit.
-
-    The hooks take each attempt's slot and open its deadline before calling :meth:`search` or
-    :meth:`read_beliefs`, and hand over an :class:`~plugin.memory.enforce.AttemptHandle`
-    (the slot, the time left, a source-read counter, a nested People read that goes back
-    through the hooks). Whatever a retriever does, it runs inside a slot and is cut at the
-    deadline; ``current_permit()`` is None in it. The other methods are reads that take no
-    slot.
-    """
-
-    def searchable(self, prepared: PreparedRecall) -> bool:
-        """Whether an attempt would run anything (else it is skipped: reserved, not executed)."""
-        ...
-
-    async def named_people(self, prepared: PreparedRecall) -> tuple[str, ...]:
-        """The known People the prepared query names (a lookup of names, no evidence).
-
-        Part of preparing a deliberate call, under the preparation bound: a call that names
-        People gets a second slot reserved for its nested belief read.
-        """
-        ...
-
-    async def search(
-        self,
-        prepared: PreparedRecall,
-        handle: AttemptHandle,
-        *,
-        caps: ContextCaps,
-        nested_beliefs: bool,
-    ) -> Found:
-        """Search for ``prepared`` inside the attempt ``handle`` stands for; best first.
-
-        With ``nested_beliefs``, read the discovered People's beliefs through
-        ``handle.nested(...)`` (it may come back refused).
-        """
-        ...
-
-    async def read_beliefs(
-        self,
-        people: Sequence[str],
-        handle: AttemptHandle,
-        *,
-        principal: str,
-        scope: str,
-        caps: ContextCaps,
-    ) -> tuple[Evidence, ...]:
-        """The beliefs of ``people`` (the hooks opened the attempt and took its slot)."""
-        ...
-
-    async def corrections(self, *, principal: str, scope: str) -> tuple[Evidence, ...]:
-        """Current correction notices, newest first (no slot: they stay available when
-        recall is spent)."""
-        ...
-
-    async def revalidate(
-        self, ids: Sequence[str], *, principal: str, scope: str
-    ) -> tuple[Evidence, ...]:
-        """Re-read retained evidence by id (no search, no slot); the missing ones are gone."""
-        ...
 
 
 def fuse(arms: Iterable[Sequence[Evidence]], *, k: int = RRF_K) -> list[Evidence]:
@@ -148,28 +60,6 @@ def fuse(arms: Iterable[Sequence[Evidence]], *, k: int = RRF_K) -> list[Evidence
             first.setdefault(key, item)
     order = sorted(scores, key=lambda key: (-scores[key], key))
     return [attrs.evolve(first[key], score=scores[key]) for key in order]
-
-
-def render(evidence: Sequence[Evidence], caps: ContextCaps) -> Rendered:
-    """Render whole evidence lines within ``caps``; an item that does not fit is left out."""
-    lines: list[str] = []
-    kept: list[Evidence] = []
-    used = 0
-    for item in evidence:
-        if len(kept) >= caps.max_items:
-            break
-        line = f"- [{item.kind} {one_line(item.id, limit=128)}] {one_line(item.text)}"
-        size = len(line.encode("utf-8", "surrogatepass")) + (1 if lines else 0)
-        if used + size > caps.max_bytes:
-            continue
-        lines.append(line)
-        kept.append(item)
-        used += size
-    omitted = len(evidence) - len(kept)
-    if omitted:
-        lines.append(f"({omitted} more item{'s' if omitted != 1 else ''} left out by the "
-                     f"context cap; recall was bounded: not evidence that they are absent)")
-    return Rendered(items=tuple(kept), text="\n".join(lines), omitted=omitted)
 
 
 def _arms(value: Iterable[str]) -> frozenset[str]:

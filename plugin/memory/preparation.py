@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import enum
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, runtime_checkable
 
+import anyio
 import anyio.to_thread
 import attrs
 import numpy as np
 
+from plugin.control.clock import Clock
 from plugin.memory.embedding import EmbeddingAdapter, Vector
 from plugin.memory.planning import QueryPlanner, QueryStrategy, RecallQuery, compose_search_call
 from plugin.memory.state import WorkingState
@@ -254,3 +257,40 @@ def _embed(
         vector.setflags(write=False)
         frozen.append(vector)
     return tokens, tuple(frozen), None
+
+
+@attrs.define(eq=False)
+class PreparationBound:
+    """The bound on preparing one hook call's queries before its round is reserved.
+
+    Queries are formed and embedded *before* the round, so the permit's time is spent on
+    searching; this bound (``budget_s`` on the injected clock, and a real cancel scope around
+    each embedding) keeps preparation from holding the turn. A query prepared after the bound
+    ran out, or whose embedding the bound cut, runs without its vector, and says so.
+    """
+
+    budget_s: float
+    clock: Clock
+    started: float = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.started = self.clock.monotonic()
+
+    def left(self) -> float:
+        """Seconds of the bound left (negative once it ran out)."""
+        return self.budget_s - (self.clock.monotonic() - self.started)
+
+    async def prepare(
+        self,
+        prepare: Callable[[WithheldReason | None], Awaitable[PreparedRecall]],
+        withhold: WithheldReason | None = None,
+    ) -> PreparedRecall:
+        """Prepare one query within what is left of the bound (see the class docstring)."""
+        left = self.left()
+        if withhold is None and left <= 0:
+            withhold = WithheldReason.PREPARATION_BOUND
+        if withhold is None:
+            with anyio.move_on_after(left):
+                return await prepare(None)
+            withhold = WithheldReason.PREPARATION_BOUND
+        return await prepare(withhold)

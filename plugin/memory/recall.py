@@ -1,14 +1,26 @@
-"""The automatic recall round, as one piece: what preparation and the evaluator both run.
+"""The two recall rounds, as pieces the hooks and the evaluator both run.
 
-The round reserves ``automatic_slots``; the base search runs on one slot; the delta — a
-People-to-belief read — runs on another only when the base discovered people (a need it left
-unmet). Both attempts are opened here, not by the retriever (:mod:`plugin.memory.enforce`).
-Beliefs join the ranking before the context caps apply (after the base's best few), so a
-belief read that was paid for is not crowded out by the base's evidence.
+**Automatic** (:func:`automatic_round`): the round reserves ``automatic_slots``; the base
+search runs on one slot; the delta — a People-to-belief read — runs on another only when the
+base discovered people (a need it left unmet). Beliefs join the ranking before the context caps
+apply (after the base's best few), so a belief read that was paid for is not crowded out.
+
+**Deliberate** (:func:`deliberate_round`): one slot per search call plus one per call whose
+query names known People (its nested belief read); the calls take their slots in order, before
+any nested read; a call without a slot gets the round's refusal.
+
+Both rounds are reserved with a fresh key (see :mod:`plugin.control.permit`), so the permit is
+useless to the retriever code they run, and every attempt is opened here, not by the retriever
+(:mod:`plugin.memory.enforce`): a retriever's failure is its own call's typed result, a search
+that outlived the deadline is a ``deadline`` refusal, and foreign evidence is dropped.
 """
 
 from __future__ import annotations
 
+import secrets
+from collections.abc import Sequence
+
+import anyio
 import attrs
 
 from plugin.control import (
@@ -18,11 +30,14 @@ from plugin.control import (
     RecallBudgetExceeded,
     RoundKind,
 )
+from plugin.control.policy import MAX_COUNT
+from plugin.errors import RetrieverFailedError
 
-from .enforce import Bounded, beliefs_attempt, search_attempt
-from .pipeline import ContextCaps, Rendered, Retriever, render
+from .enforce import beliefs_read, contained_sync, search_attempt
 from .preparation import PreparedRecall
+from .protocol import Bounded, ContextCaps, Retriever
 from .ranking import with_beliefs
+from .rendering import Rendered, render
 from .store import Evidence
 
 NOTHING_TO_SEARCH = (
@@ -30,9 +45,14 @@ NOTHING_TO_SEARCH = (
 )
 
 
+def round_key() -> bytes:
+    """A fresh key for one round's permit (known only to the code that reserved it)."""
+    return secrets.token_bytes(16)
+
+
 @attrs.frozen(kw_only=True)
 class AutomaticRecall:
-    """What one automatic round found, or why it was bounded."""
+    """What one automatic round found, or why it was bounded or failed."""
 
     rendered: Rendered | None
     """Evidence rendered under the caps (None when nothing was found or the round refused)."""
@@ -46,6 +66,10 @@ class AutomaticRecall:
     """Why recall was bounded: the round was refused, or its delta found no slot."""
     bounded: tuple[Bounded, ...] = ()
     """Parts of the base search the allowance cut short (source reads), in bounded words."""
+    failure: str | None = None
+    """How the retriever failed (a :class:`~plugin.errors.RetrieverFailedError` reason)."""
+    dropped: int = 0
+    """Evidence items dropped for naming another principal or scope."""
 
     @property
     def evidence(self) -> tuple[Evidence, ...]:
@@ -62,8 +86,9 @@ async def automatic_round(
 ) -> AutomaticRecall:
     """Run the automatic round for ``prepared`` (planned once, by the caller).
 
-    A refused round or delta is returned as ``refusal``, not raised; ledger and store failures
-    propagate (no permit, nothing searched when the ledger cannot commit).
+    A refused round or delta is returned as ``refusal``, a failing retriever as ``failure``,
+    neither raised; ledger failures propagate (no permit, nothing searched when the ledger
+    cannot commit).
     """
     query = prepared.query
     principal, scope = query.principal, query.scope
@@ -75,32 +100,41 @@ async def automatic_round(
     ranked: list[Evidence] = []
     refusal: BudgetRefusal | None = None
     bounded: tuple[Bounded, ...] = ()
+    failure: str | None = None
+    dropped = 0
+    key = round_key()
     try:
-        async with allowance.round(run_id, RoundKind.AUTOMATIC) as permit:
-            if not retriever.searchable(prepared):
-                notes.append(NOTHING_TO_SEARCH)
-            else:
-                base = await search_attempt(
-                    permit, retriever, prepared, kind=AttemptKind.BASE, caps=caps,
-                    nested_beliefs=False,
-                )
-                slots.append(base.slot)
-                ranked = list(base.found.evidence)  # the whole ranking; capped when rendered
-                notes.extend(base.found.notes)
-                bounded = base.bounded
-                people = base.found.people
-                if people:
-                    try:
-                        slot, beliefs = await beliefs_attempt(
-                            permit, retriever, people, kind=AttemptKind.DELTA,
-                            principal=principal, scope=scope, caps=caps,
-                        )
-                    except RecallBudgetExceeded as exc:
-                        refusal = exc.refusal
-                        notes.append(f"delta refused: {exc.refusal.reason.value}")
-                    else:
-                        slots.append(slot)
-                        ranked = with_beliefs(ranked, beliefs)
+        async with allowance.round(run_id, RoundKind.AUTOMATIC, key=key) as permit:
+            try:
+                searchable = contained_sync(lambda: retriever.searchable(prepared)) is True
+                if not searchable:
+                    notes.append(NOTHING_TO_SEARCH)
+                else:
+                    base = await search_attempt(
+                        permit, retriever, prepared, kind=AttemptKind.BASE, caps=caps,
+                        nested_beliefs=False, key=key,
+                    )
+                    slots.append(base.slot)
+                    ranked = list(base.found.evidence)  # the whole ranking; capped when shown
+                    notes.extend(base.found.notes)
+                    bounded, dropped = base.bounded, base.dropped
+                    people = base.found.people
+                    if people:
+                        try:
+                            slot, beliefs, foreign = await beliefs_read(
+                                permit, retriever, people, kind=AttemptKind.DELTA,
+                                principal=principal, scope=scope, caps=caps, key=key,
+                            )
+                        except RecallBudgetExceeded as exc:
+                            refusal = exc.refusal
+                            notes.append(f"delta refused: {exc.refusal.reason.value}")
+                        else:
+                            slots.append(slot)
+                            dropped += foreign
+                            ranked = with_beliefs(ranked, beliefs)
+            except RetrieverFailedError as exc:
+                failure = exc.reason
+                notes.append(f"retriever failed: {exc.reason}")
     except RecallBudgetExceeded as exc:
         refusal = exc.refusal
     return AutomaticRecall(
@@ -111,4 +145,109 @@ async def automatic_round(
         notes=tuple(notes),
         refusal=refusal,
         bounded=bounded,
+        failure=failure,
+        dropped=dropped,
+    )
+
+
+@attrs.frozen(kw_only=True)
+class DeliberateSearch:
+    """One search call of a deliberate round: what it found, or why it has no evidence."""
+
+    slot: int | None = None
+    rendered: Rendered | None = None
+    """Its evidence under the caps (None when refused or failed)."""
+    refusal: BudgetRefusal | None = None
+    failure: str | None = None
+    """How the retriever failed (a :class:`~plugin.errors.RetrieverFailedError` reason)."""
+    bounded: tuple[Bounded, ...] = ()
+    notes: tuple[str, ...] = ()
+    dropped: int = 0
+
+    @property
+    def evidence(self) -> tuple[Evidence, ...]:
+        return self.rendered.items if self.rendered is not None else ()
+
+
+@attrs.frozen(kw_only=True)
+class DeliberateRecall:
+    """What one deliberate round gave each of its searches, in order."""
+
+    searches: tuple[DeliberateSearch, ...]
+    refusal: BudgetRefusal | None = None
+    """Set when the round itself was refused (then every search carries this refusal)."""
+
+
+async def deliberate_round(
+    allowance: RecallAllowance,
+    retriever: Retriever,
+    searches: Sequence[PreparedRecall],
+    *,
+    run_id: str,
+    caps: ContextCaps,
+    nested: int = 0,
+) -> DeliberateRecall:
+    """Run one deliberate round for ``searches`` (prepared by the caller); one result each,
+    in order.
+
+    The round reserves one slot per search plus ``nested`` (the calls that name People). A
+    refused round refuses every search; a failing retriever fails only its own search. Ledger
+    failures propagate.
+    """
+    if not searches:
+        return DeliberateRecall(searches=())
+    refusal: BudgetRefusal | None = None
+    results: list[DeliberateSearch | None] = [None] * len(searches)
+    key = round_key()
+    try:
+        async with allowance.round(
+            run_id, RoundKind.DELIBERATE, slots=min(len(searches) + nested, MAX_COUNT), key=key
+        ) as permit:
+            # Calls take their slots one after another, in order, and every nested read
+            # waits until all calls have theirs: a nested read never takes a call's slot,
+            # and the calls that get a slot are the same on every event loop.
+            turns = [anyio.Event() for _ in searches]
+            placed = turns[-1]
+
+            async def search_one(position: int) -> None:
+                if position:
+                    await turns[position - 1].wait()
+                taken: list[int] = []
+
+                def on_slot(slot: int) -> None:
+                    taken.append(slot)
+                    turns[position].set()
+
+                try:
+                    attempted = await search_attempt(
+                        permit, retriever, searches[position], kind=AttemptKind.DELIBERATE,
+                        caps=caps, nested_beliefs=True, on_slot=on_slot, nested_after=placed,
+                        key=key,
+                    )
+                except RecallBudgetExceeded as exc:
+                    results[position] = DeliberateSearch(refusal=exc.refusal)
+                except RetrieverFailedError as exc:
+                    results[position] = DeliberateSearch(slot=taken[0] if taken else None,
+                                                         failure=exc.reason)
+                else:
+                    results[position] = DeliberateSearch(
+                        slot=attempted.slot, rendered=render(attempted.found.evidence, caps),
+                        bounded=attempted.bounded, notes=attempted.found.notes,
+                        dropped=attempted.dropped,
+                    )
+                finally:
+                    turns[position].set()
+
+            async with anyio.create_task_group() as tg:
+                for position in range(len(searches)):
+                    tg.start_soon(search_one, position)
+    except RecallBudgetExceeded as exc:
+        refusal = exc.refusal
+        for position, result in enumerate(results):
+            if result is None:
+                results[position] = DeliberateSearch(refusal=exc.refusal)
+    return DeliberateRecall(
+        searches=tuple(result if result is not None else DeliberateSearch()
+                       for result in results),
+        refusal=refusal,
     )

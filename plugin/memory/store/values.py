@@ -38,22 +38,45 @@ EvidenceKind = Literal["memory", "belief", "source", "correction"]
 Arm = Literal["sparse", "semantic", "recent", "lookup", "belief", "correction", "source"]
 
 
+EVIDENCE_KINDS: frozenset[str] = frozenset(EvidenceKind.__args__)  # type: ignore[attr-defined]
+
+
+def _evidence_str(_instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"Evidence.{attribute.name} must be a str, got {type(value).__name__}")
+
+
+def _evidence_owner(_instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and not isinstance(value, str):
+        raise TypeError(
+            f"Evidence.{attribute.name} must be a str or None, got {type(value).__name__}"
+        )
+
+
+def _evidence_kind(_instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value not in EVIDENCE_KINDS:
+        raise ValueError(f"Evidence.kind must be one of {sorted(EVIDENCE_KINDS)}, got {value!r}")
+
+
 @attrs.frozen(kw_only=True)
 class Evidence:
-    """One retrieved item. ``score`` is higher-is-better within its ``arm`` only.
+    """One retrieved item. ``Evidence(id=..., text=...)`` is enough; the rest has defaults.
 
-    sparse: minus the bm25 rank; semantic: cosine similarity; recent, lookup, belief,
-    correction, source: ``created_at``. ``cites`` are the ids of the sources a memory cites.
+    ``score`` is higher-is-better within its ``arm`` only (sparse: minus the bm25 rank;
+    semantic: cosine similarity; recent, lookup, belief, correction, source: ``created_at``).
+    ``arm`` may be any name, a backend's own included. ``principal`` and ``scope`` default to
+    None, which the hooks read as the run's own; evidence naming another principal or scope is
+    dropped before rendering. ``cites`` are the ids of the sources a memory cites.
     """
 
-    id: str
-    kind: EvidenceKind
-    text: str
-    score: float
-    arm: Arm
-    principal: str
-    scope: str
-    created_at: float
+    id: str = attrs.field(validator=_evidence_str)
+    text: str = attrs.field(validator=_evidence_str)
+    kind: EvidenceKind = attrs.field(default="memory", validator=_evidence_kind)
+    score: float = 0.0
+    arm: str = attrs.field(default="retriever", validator=_evidence_str)
+    principal: str | None = attrs.field(default=None, validator=_evidence_owner)
+    scope: str | None = attrs.field(default=None, validator=_evidence_owner)
+    created_at: float = 0.0
     cites: tuple[str, ...] = ()
 
 

@@ -1,0 +1,60 @@
+"""What the model reads of evidence: whole inert lines under the host's context caps.
+
+Every string in a rendered line (the kind, the id, the text) went through
+:func:`~plugin.memory.safe_text.one_line`, so a retriever's or a store's text cannot open a
+section of its own or inject control characters. What the caps left out is said in the
+bounded wording (:mod:`plugin.control.wording`), never dropped in silence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+
+from plugin.control.wording import left_out
+
+from .protocol import ContextCaps
+from .safe_text import one_line
+from .store import Evidence
+
+
+@attrs.frozen(kw_only=True)
+class Rendered:
+    """Evidence rendered under the context caps, and what was left out."""
+
+    items: tuple[Evidence, ...]
+    text: str
+    omitted: int
+    """Evidence items ranked but left out by the caps."""
+
+
+def evidence_line(item: Evidence, label: str | None = None) -> str:
+    """One evidence item as one inert line: ``- [kind id] text``."""
+    kind = label if label is not None else one_line(item.kind, limit=32)
+    return f"- [{kind} {one_line(item.id, limit=128)}] {one_line(item.text)}"
+
+
+def line_bytes(line: str) -> int:
+    return len(line.encode("utf-8", "surrogatepass"))
+
+
+def render(evidence: Sequence[Evidence], caps: ContextCaps) -> Rendered:
+    """Render whole evidence lines within ``caps``; an item that does not fit is left out."""
+    lines: list[str] = []
+    kept: list[Evidence] = []
+    used = 0
+    for item in evidence:
+        if len(kept) >= caps.max_items:
+            break
+        line = evidence_line(item)
+        size = line_bytes(line) + (1 if lines else 0)
+        if used + size > caps.max_bytes:
+            continue
+        lines.append(line)
+        kept.append(item)
+        used += size
+    omitted = len(evidence) - len(kept)
+    if omitted:
+        lines.append(left_out(omitted, "item"))
+    return Rendered(items=tuple(kept), text="\n".join(lines), omitted=omitted)

@@ -1,0 +1,144 @@
+"""SimpleRetriever: bring your own memory with one async search function.
+
+``SimpleRetriever(search)`` is a whole :class:`~plugin.memory.protocol.Retriever`. The hooks
+call ``search`` inside a slot they took, with a :class:`SearchRequest`: the planned query text,
+its embedding when the semantic arm prepared one, the trusted principal and scope, the result
+limit and the seconds left. It returns an iterable of :class:`~plugin.memory.store.Evidence`
+(``Evidence(id=..., text=...)`` is enough), best first. Beliefs and People have honest defaults
+(none: no People are known, so no belief read is reserved); corrections come from the optional
+``corrections`` function; retained evidence is re-read by id through the optional ``get``,
+and without it reads as gone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any
+
+import attrs
+
+from plugin.errors import RetrieverFailedError, RetrieverProtocolError
+
+from .embedding import Vector
+from .planning import RecallQuery
+from .preparation import PreparedRecall
+from .protocol import AttemptHandle, ContextCaps, Found, is_async_callable
+from .store import Evidence
+
+
+@attrs.frozen(kw_only=True)
+class SearchRequest:
+    """What one search asks of a :class:`SimpleRetriever`'s search function."""
+
+    text: str
+    """The planned query text (the one the ledger's trace fingerprints)."""
+    embedding: Vector | None = attrs.field(eq=False, repr=False)
+    """The query's embedding (read-only float32) when the semantic arm prepared one."""
+    principal: str
+    """The run's trusted principal: search only this principal's memories."""
+    scope: str
+    """The run's trusted scope."""
+    limit: int
+    """The most evidence items worth returning (the context caps render at most this many)."""
+    query: RecallQuery = attrs.field(eq=False, repr=False)
+    """The whole planned query (fragments, strategy, fingerprint), for backends that use it."""
+    _seconds_left: Callable[[], float] = attrs.field(eq=False, repr=False, alias="seconds_left")
+
+    def seconds_left(self) -> float:
+        """Seconds until the attempt's deadline (0 once it ended)."""
+        return self._seconds_left()
+
+
+Search = Callable[[SearchRequest], Awaitable[Iterable[Evidence]]]
+Get = Callable[..., Awaitable["Evidence | None"]]
+"""``async def get(evidence_id, *, principal, scope) -> Evidence | None``."""
+Corrections = Callable[..., Awaitable[Iterable[Evidence]]]
+"""``async def corrections(*, principal, scope) -> Iterable[Evidence]``."""
+
+
+def _async(name: str) -> Callable[[object, attrs.Attribute[Any], object], None]:
+    def check(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        if value is None and name != "search":
+            return
+        if not callable(value) or not is_async_callable(value):
+            raise RetrieverProtocolError(
+                f"SimpleRetriever's {name} must be an async function (async def), "
+                f"got {type(value).__name__}"
+            )
+
+    return check
+
+
+def _items(value: object) -> tuple[Evidence, ...]:
+    """A function's iterable of evidence, as a tuple (the hooks check every item)."""
+    if value is None or isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise RetrieverFailedError("bad_result")
+    return tuple(value)
+
+
+@attrs.define(eq=False)
+class SimpleRetriever:
+    """A :class:`~plugin.memory.protocol.Retriever` around one async search function.
+
+    ``search(request)`` is required; ``get`` and ``corrections`` are optional. Each must be
+    ``async def``: anything else raises :class:`~plugin.errors.RetrieverProtocolError` (a
+    ``TypeError``) here, naming it.
+    """
+
+    search_fn: Search = attrs.field(validator=_async("search"), alias="search")
+    get: Get | None = attrs.field(default=None, kw_only=True, validator=_async("get"))
+    corrections_fn: Corrections | None = attrs.field(
+        default=None, kw_only=True, validator=_async("corrections"), alias="corrections"
+    )
+
+    def searchable(self, prepared: PreparedRecall) -> bool:
+        return bool(prepared.query.text.strip())
+
+    async def named_people(self, prepared: PreparedRecall) -> tuple[str, ...]:
+        return ()
+
+    async def search(
+        self,
+        prepared: PreparedRecall,
+        handle: AttemptHandle,
+        *,
+        caps: ContextCaps,
+        nested_beliefs: bool,
+    ) -> Found:
+        query = prepared.query
+        if query.principal is None or query.scope is None:
+            raise ValueError("a search needs the trusted principal and scope of the run")
+        request = SearchRequest(
+            text=query.text, embedding=prepared.semantic.vector, principal=query.principal,
+            scope=query.scope, limit=caps.max_items, query=query,
+            seconds_left=handle.seconds_left,
+        )
+        return Found(evidence=_items(await self.search_fn(request)), arms=("retriever",))
+
+    async def read_beliefs(
+        self,
+        people: Sequence[str],
+        handle: AttemptHandle,
+        *,
+        principal: str,
+        scope: str,
+        caps: ContextCaps,
+    ) -> tuple[Evidence, ...]:
+        return ()
+
+    async def corrections(self, *, principal: str, scope: str) -> tuple[Evidence, ...]:
+        if self.corrections_fn is None:
+            return ()
+        return _items(await self.corrections_fn(principal=principal, scope=scope))
+
+    async def revalidate(
+        self, ids: Sequence[str], *, principal: str, scope: str
+    ) -> tuple[Evidence, ...]:
+        if self.get is None:
+            return ()  # nothing to re-read with: retained evidence reads as gone
+        found: list[Evidence] = []
+        for evidence_id in ids:
+            item = await self.get(evidence_id, principal=principal, scope=scope)
+            if item is not None:
+                found.append(item)
+        return tuple(found)

@@ -1,0 +1,66 @@
+"""The re-check of evidence a run retained from its deliberate searches.
+
+Not a search: it takes no slot, so it stays available when the allowance is spent. It has its
+own bound, kept with the run in the ledger (a resume or another hooks object cannot reset it).
+The retriever's re-read runs contained (:func:`plugin.memory.enforce.contained`) and is admitted
+like a search's evidence: another principal's or scope's item is not ``valid``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from plugin.control import Ledger, Validity
+from plugin.control.logs import log_event
+from plugin.errors import RetrieverFailedError
+from plugin.memory.enforce import admit, contained
+from plugin.memory.protocol import Retriever
+from plugin.memory.store import Evidence
+
+from .results import Validation
+
+_log = logging.getLogger("recallbound.hooks")
+
+
+async def revalidate_retained(
+    ledger: Ledger,
+    retriever: Retriever,
+    evidence_ids: Sequence[str],
+    *,
+    run_id: str,
+    scope: str,
+    principal: str,
+    limit: int,
+) -> list[Validation]:
+    """One :class:`Validation` per distinct id, in order (see the module docstring)."""
+    ids = list(dict.fromkeys(evidence_ids))
+    verdicts = await ledger.take_validations(run_id, ids, limit=limit)
+    to_read = [i for i in ids if verdicts.get(i) is Validity.GRANTED]
+    found: dict[str, Evidence] | None = {}
+    if to_read:
+        try:
+            read = await contained(
+                lambda: retriever.revalidate(to_read, principal=principal, scope=scope))
+            admitted, _ = admit(read, principal=principal, scope=scope, run_id=run_id,
+                                what="revalidate")
+            found = {item.id: item for item in admitted}
+        except RetrieverFailedError as exc:
+            log_event(_log, logging.WARNING, "revalidate.retriever_failed", run_id=run_id,
+                      reason=exc.reason)
+            found = None
+    answers: list[Validation] = []
+    for evidence_id in ids:
+        verdict = verdicts.get(evidence_id, Validity.NOT_RETAINED)
+        if verdict is Validity.GRANTED:
+            if found is None:
+                answers.append(Validation(evidence_id=evidence_id, status="failed"))
+                continue
+            item = found.get(evidence_id)
+            answers.append(Validation(evidence_id=evidence_id,
+                                      status="valid" if item else "gone", evidence=item))
+        elif verdict is Validity.BOUNDED:
+            answers.append(Validation(evidence_id=evidence_id, status="bounded"))
+        else:
+            answers.append(Validation(evidence_id=evidence_id, status="not_retained"))
+    return answers
