@@ -61,13 +61,16 @@ class Search:
         if expression is None or limit == 0 or not visible(principal, scope):
             return []
         table = cell_table(principal, scope)
+        # The cell's own bm25 ranks and limits its matches; only those rows are then read
+        # from ``memories``, which checks the principal and scope once more.
         sql = (
-            f'SELECT {MEMORY_COLUMNS}, "{table}".rank '
-            f'FROM "{table}" JOIN memories AS m ON m.seq = "{table}".rowid '
-            f'WHERE "{table}" MATCH ? AND m.principal = ? AND m.scope = ? '
-            f'ORDER BY "{table}".rank, m.seq LIMIT ?'
+            f"SELECT {MEMORY_COLUMNS}, f.rank FROM ("
+            f'SELECT rowid, rank FROM "{table}" WHERE "{table}" MATCH ? '
+            "ORDER BY rank, rowid LIMIT ?"
+            ") AS f JOIN memories AS m ON m.seq = f.rowid "
+            "WHERE m.principal = ? AND m.scope = ? ORDER BY f.rank, f.rowid"
         )
-        params = (expression, principal, scope, limit)
+        params = (expression, limit, principal, scope)
         rows = await self._run(_ranked(sql, params, table, check_log=True))
         if rows is None:  # rows written with plain SQL: index them first
             await self._index_logged()
