@@ -35,6 +35,12 @@ medians over the calls (p95 beside them):
   table-wide index over every principal's rows, no stemming, rebuilt from the same rows in a
   side file) with the same two figures.
 
+**Cells.** ``--cells 100,1000`` measures what the number of (principal, scope) cells costs: each
+cell's index is its own FTS5 table (five schema entries), and SQLite re-reads its whole schema
+after any table is created. For C cells of one memory each: a write to a new cell (it creates
+the cell's table), a write to an existing cell, a sparse search, and opening the store plus a
+first search. Medians of 20 calls.
+
 The sparse targets, checked at the end when the sizes include them: at 10,000 memories per
 principal the arm costs at most 2.5x its 1,000 figure (p50s of this run), its overlap@10 is at
 least 0.95 at every size, and its p50 at 100,000 is at most 10 ms. ``--sparse-only`` builds the
@@ -538,6 +544,54 @@ async def scaling(sizes: Sequence[int], calls: int, folder: Path, *, vectors: bo
         print(f"  p50 at 100,000                 {sparse[100_000].p50:6.2f} ms (target <= 10 ms)")
 
 
+async def cell_costs(count: int) -> dict[str, float]:
+    """Median ms of each operation on a store of ``count`` cells of one memory each."""
+    results: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "cells.db"
+        async with MemoryStore(path) as store:
+            await store.add_memories(
+                MemoryRecord(
+                    id="m", text=f"text {i} word", principal=f"p{i}", scope=SCOPE, created_at=1.0
+                )
+                for i in range(count)
+            )
+            new_cell = iter(range(10**9))
+            old_cell = iter(range(10**9))
+            calls: dict[str, Callable[[], Awaitable[Any]]] = {
+                "write to a new cell": lambda: store.add_memory(
+                    "m", "text", principal=f"new{next(new_cell)}", scope=SCOPE, created_at=1.0
+                ),
+                "write to an existing cell": lambda: store.add_memory(
+                    f"more{next(old_cell)}", "text", principal="p1", scope=SCOPE, created_at=1.0
+                ),
+                "sparse search": lambda: store.sparse_candidates(
+                    "text word", principal="p2", scope=SCOPE, limit=10
+                ),
+            }
+            for name, call in calls.items():
+                times, _ = await timed(call, 20)
+                results[name] = statistics.median(times) * 1e3
+
+        async def reopen() -> None:
+            async with MemoryStore(path) as again:
+                await again.sparse_candidates("text", principal="p1", scope=SCOPE, limit=10)
+
+        times, _ = await timed(reopen, 5)
+        results["open + first search"] = statistics.median(times) * 1e3
+    return results
+
+
+async def cells(counts: Sequence[int]) -> None:
+    print(
+        f"\ncells: C cells of one memory each; medians of 20 calls (5 opens); asyncio; "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
+    for count in counts:
+        results = await cell_costs(count)
+        print(f"  C = {count:,}: " + ", ".join(f"{k} {v:.2f} ms" for k, v in results.items()))
+
+
 async def main(argv: Sequence[str] = ()) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_store")
     parser.add_argument("--sizes", default="1000", help="memories per principal, comma-separated")
@@ -547,10 +601,15 @@ async def main(argv: Sequence[str] = ()) -> None:
     parser.add_argument(
         "--sparse-only", action="store_true", help="stores without vectors, no semantic rows"
     )
+    parser.add_argument("--cells", default="", help="cell counts to measure, comma-separated")
     args = parser.parse_args(list(argv))
     if not args.no_arms:
         await arms()
+    if args.cells:
+        await cells([int(c) for c in args.cells.split(",") if c])
     sizes = [int(s) for s in args.sizes.split(",") if s]
+    if not sizes:
+        return
     if args.keep is not None:
         os.makedirs(args.keep, exist_ok=True)
         await scaling(sizes, args.calls, args.keep, vectors=not args.sparse_only)
