@@ -138,6 +138,22 @@ async def test_changes_made_with_plain_sql_are_indexed_before_the_next_search(
                 )
 
 
+async def test_a_cell_another_connection_creates_is_searched_here(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+    async with MemoryStore(path) as reader, MemoryStore(path) as writer:
+        assert await reader.sparse_candidates("invoice", limit=5, **ME) == []
+        await writer.add_memory("m1", "the invoices", created_at=1.0, **ME)
+        assert [e.id for e in await reader.sparse_candidates("invoice", limit=5, **ME)] == ["m1"]
+        await writer.add_memory("m2", "invoice", created_at=2.0, **ME)
+        found = await reader.sparse_candidates("invoice", limit=5, **ME)
+        assert [e.id for e in found] == ["m2", "m1"]  # shorter first
+    conn = sqlite3.connect(path)
+    try:  # the store's own writes leave nothing waiting in the change log
+        assert conn.execute("SELECT count(*) FROM memory_index_log").fetchone() == (0,)
+    finally:
+        conn.close()
+
+
 async def test_an_unknown_cell_finds_nothing(tmp_path: Path) -> None:
     async with MemoryStore(tmp_path / "m.db") as store:
         assert await store.sparse_candidates("anything", limit=5, **ME) == []

@@ -142,12 +142,12 @@ def upgrade(conn: sqlite3.Connection) -> None:
     """Migrate an older store file to :data:`SCHEMA_VERSION` in one transaction (a no-op on a
     current one). Runs on the connection's own thread (``Connection.run``); any error rolls
     the whole migration back and propagates."""
+    version = "SELECT value FROM memory_store_meta WHERE key = 'schema_version'"
+    if conn.execute(version).fetchall() != [("1",)]:
+        return  # nothing to migrate: no write lock taken
     conn.execute("BEGIN IMMEDIATE")
     try:
-        rows = conn.execute(
-            "SELECT value FROM memory_store_meta WHERE key = 'schema_version'"
-        ).fetchall()
-        if rows == [("1",)]:  # read again under the write lock: another process may have won
+        if conn.execute(version).fetchall() == [("1",)]:  # another process may have won
             for sql in _FROM_VERSION_1:
                 conn.execute(sql)
             index_logged(conn)
