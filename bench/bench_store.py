@@ -41,8 +41,10 @@ after any table is created. For C cells of one memory each: a write to a new cel
 the cell's table), a write to an existing cell, a sparse search, and opening the store plus a
 first search. Medians of 20 calls.
 
-The sparse targets, checked at the end when the sizes include them: at 10,000 memories per
-principal the arm costs at most 2.5x its 1,000 figure (p50s of this run), its overlap@10 is at
+The sparse arm runs ``--sparse-calls`` queries (200), each on every size in turn, so a load
+spike on this shared machine hits all sizes alike. The sparse targets, checked at the end when
+the sizes include them: at 10,000 memories per principal the arm costs at most 2.5x its 1,000
+figure (p50s of this run), its overlap@10 is at
 least 0.95 at every size, and its p50 at 100,000 is at most 10 ms. ``--sparse-only`` builds the
 stores without vectors (a 100,000-per-principal store then takes a minute or two, not ten) and
 skips the semantic rows.
@@ -51,6 +53,7 @@ skips the semantic rows.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sqlite3
 import statistics
@@ -469,22 +472,42 @@ async def v1_sparse(path: Path, queries: list[str]) -> tuple[list[float], list[l
         await conn.close()
 
 
-async def sparse_scale(path: Path, calls: int) -> SparseFigures:
+def sparse_queries(calls: int) -> list[str]:
+    """3 words from the measured principal's own top 500, as a working state names them."""
     words = vocabulary_of(3)
     rng = np.random.default_rng(11)
-    # Queries of 3 words from the principal's own top 500, the way a working state names them.
-    queries = [" ".join(words[int(j)] for j in rng.choice(500, size=3)) for _ in range(calls)]
-    async with MemoryStore(path) as store:
-        await store.sparse_candidates(queries[0], principal=PRINCIPAL, scope=SCOPE, limit=10)
-        it = iter(queries)
+    return [" ".join(words[int(j)] for j in rng.choice(500, size=3)) for _ in range(calls)]
 
-        async def sparse() -> list[str]:
-            found = await store.sparse_candidates(
-                next(it), principal=PRINCIPAL, scope=SCOPE, limit=10
-            )
-            return [e.id for e in found]
 
-        times, ranked = await timed(sparse, calls)
+async def sparse_timings(
+    paths: dict[int, Path], queries: list[str]
+) -> dict[int, tuple[list[float], list[list[str]]]]:
+    """Each query on every size in turn (interleaved: load drifts hit all sizes alike)."""
+    results: dict[int, tuple[list[float], list[list[str]]]] = {
+        size: ([], []) for size in paths
+    }
+    async with contextlib.AsyncExitStack() as stack:
+        stores = {
+            size: await stack.enter_async_context(MemoryStore(path))
+            for size, path in paths.items()
+        }
+        for store in stores.values():  # warm: connection, schema, first pages
+            await store.sparse_candidates(queries[0], principal=PRINCIPAL, scope=SCOPE, limit=10)
+        for query in queries:
+            for size, store in stores.items():
+                start = time.perf_counter()
+                found = await store.sparse_candidates(
+                    query, principal=PRINCIPAL, scope=SCOPE, limit=10
+                )
+                results[size][0].append(time.perf_counter() - start)
+                results[size][1].append([e.id for e in found])
+    return results
+
+
+async def sparse_report(
+    path: Path, queries: list[str], times: list[float], ranked: list[list[str]]
+) -> SparseFigures:
+    """Print the store's sparse figures at one size, and the version-1 layout's beside them."""
     old_times, old_ranked = await v1_sparse(path, queries)
     now = SparseFigures(
         *percentiles(times), overlap_at_10(ranked, per_principal_bm25(path, queries, TOKENIZER))
@@ -522,18 +545,26 @@ async def scale_store(folder: Path, size: int, *, vectors: bool = True) -> Path:
     return path
 
 
-async def scaling(sizes: Sequence[int], calls: int, folder: Path, *, vectors: bool) -> None:
+async def scaling(
+    sizes: Sequence[int], calls: int, folder: Path, *, vectors: bool, sparse_calls: int
+) -> None:
     print(
         f"\nscaling: {PRINCIPALS} principals x N memories, one scope; random unit vectors; "
         f"{calls} calls per row, medians (p95); limit 10; asyncio; "
         f"load average {os.getloadavg()[0]:.1f}"
     )
-    sparse: dict[int, SparseFigures] = {}
+    paths: dict[int, Path] = {}
     for size in sizes:
-        path = await scale_store(folder, size, vectors=vectors)
+        paths[size] = await scale_store(folder, size, vectors=vectors)
         if vectors:
-            await semantic_scale(path, size, calls)
-        sparse[size] = await sparse_scale(path, calls)
+            await semantic_scale(paths[size], size, calls)
+    queries = sparse_queries(sparse_calls)
+    timings = await sparse_timings(paths, queries)
+    sparse: dict[int, SparseFigures] = {}
+    print(f"sparse arm: {sparse_calls} queries, each on every size in turn; medians (p95)")
+    for size, path in paths.items():
+        print(f"N = {size:,} per principal")
+        sparse[size] = await sparse_report(path, queries, *timings[size])
     print(f"sparse targets (this run; load average {os.getloadavg()[0]:.1f}):")
     if 1_000 in sparse and 10_000 in sparse:
         ratio = sparse[10_000].p50 / sparse[1_000].p50
@@ -602,6 +633,7 @@ async def main(argv: Sequence[str] = ()) -> None:
         "--sparse-only", action="store_true", help="stores without vectors, no semantic rows"
     )
     parser.add_argument("--cells", default="", help="cell counts to measure, comma-separated")
+    parser.add_argument("--sparse-calls", type=int, default=200, help="sparse queries per size")
     args = parser.parse_args(list(argv))
     if not args.no_arms:
         await arms()
@@ -612,10 +644,22 @@ async def main(argv: Sequence[str] = ()) -> None:
         return
     if args.keep is not None:
         os.makedirs(args.keep, exist_ok=True)
-        await scaling(sizes, args.calls, args.keep, vectors=not args.sparse_only)
+        await scaling(
+            sizes,
+            args.calls,
+            args.keep,
+            vectors=not args.sparse_only,
+            sparse_calls=args.sparse_calls,
+        )
         return
     with tempfile.TemporaryDirectory() as folder:
-        await scaling(sizes, args.calls, Path(folder), vectors=not args.sparse_only)
+        await scaling(
+            sizes,
+            args.calls,
+            Path(folder),
+            vectors=not args.sparse_only,
+            sparse_calls=args.sparse_calls,
+        )
 
 
 if __name__ == "__main__":
