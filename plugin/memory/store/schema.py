@@ -33,6 +33,8 @@ from ..fts import TOKENIZER
 from .values import Arm, Evidence, EvidenceKind
 
 __all__ = [
+    "INDEX_LOG",
+    "LOGGED_CELLS",
     "MEMORY_COLUMNS",
     "READABLE_VERSIONS",
     "SCHEMA",
