@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import signal
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
+import anyio
 import pytest
 
 from plugin.errors import MemoryStoreError
@@ -137,3 +141,63 @@ async def test_two_stores_opening_one_version_1_file_migrate_it_once(tmp_path: P
             assert count == (5,)
     finally:
         conn.close()
+
+
+# Opens the store at argv[1]; on the first cell it indexes, reports and stalls inside the
+# migration's transaction until the parent kills it.
+STALLING_CHILD = """
+import sys, time, anyio
+from plugin.memory.store import MemoryStore, schema
+real = schema.index_cell
+def stall(principal, scope):
+    print("indexing", flush=True)
+    time.sleep(120)
+    return real(principal, scope)
+schema.index_cell = stall
+async def main():
+    async with MemoryStore(sys.argv[1]):
+        pass
+anyio.run(main)
+"""
+
+
+@pytest.mark.slow
+def test_a_process_killed_mid_migration_leaves_the_version_1_file_as_it_was(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "old.db"
+    write_v1_store(path, ROWS)
+    before = meta(path)
+    expression = fts5_match_expression("release budget")
+    assert expression is not None
+    answers = {cell: v1_sparse(path, expression, *cell) for cell in CELLS}
+    child = subprocess.Popen(
+        [sys.executable, "-c", STALLING_CHILD, str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline() == "indexing\n", child.stderr
+        child.send_signal(signal.SIGKILL)
+    finally:
+        if child.poll() is None:
+            child.kill()
+        child.communicate(timeout=60)
+    assert child.returncode == -signal.SIGKILL
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+    finally:
+        conn.close()
+    assert meta(path) == before
+    assert {cell: v1_sparse(path, expression, *cell) for cell in CELLS} == answers
+
+    async def reopen() -> list[str]:
+        async with MemoryStore(path) as store:
+            found = await store.sparse_candidates("release budget", limit=9, **U1)
+        return [e.id for e in found]
+
+    assert set(anyio.run(reopen)) == {"m0", "m1", "m4"}
+    assert meta(path)[0] == [("schema_version", str(SCHEMA_VERSION))]
