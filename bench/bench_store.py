@@ -4,6 +4,8 @@ Run from the repository root::
 
     python -m bench.bench_store                              # arms, and scaling at 1k
     python -m bench.bench_store --sizes 1000,10000,100000    # the full scaling table
+    python -m bench.bench_store --no-arms --sparse-only --sizes 1000,10000,100000
+                                                             # the sparse arm's targets only
 
 **Arms.** Seeds a temporary store with 1,000 memories for each of 10 principals (so every read
 filters 90% of the rows away) and times each read method on asyncio. The baseline, measured in
@@ -27,13 +29,31 @@ medians over the calls (p95 beside them):
 - semantic, *after an added memory*: another connection adds a memory with its vector, then
   a query (the matrix appends the new rows); *after a changed vector*: another connection
   rewrites a stored vector, then a query (the matrix is rebuilt from SQLite);
-- sparse: the FTS5 arm; and whether bm25's table-wide statistics matter: overlap@10 between the
-  store's ranking and a bm25 over the principal's rows alone (an FTS5 table of just them).
+- sparse: the FTS5 arm (one stemmed index per principal and scope), and overlap@10 between its
+  ranking and a bm25 computed independently over the principal's rows alone (a fresh FTS5
+  table of just them, same tokenizer); beside it, in the same run, the version-1 layout (one
+  table-wide index over every principal's rows, no stemming, rebuilt from the same rows in a
+  side file) with the same two figures.
+
+**Cells.** ``--cells 100,1000`` measures what the number of (principal, scope) cells costs: each
+cell's index is its own FTS5 table (five schema entries), and SQLite re-reads its whole schema
+after any table is created. For C cells of one memory each: a write to a new cell (it creates
+the cell's table), a write to an existing cell, a sparse search, and opening the store plus a
+first search. Medians of 20 calls.
+
+The sparse arm runs ``--sparse-calls`` queries (200), each on every size in turn, so a load
+spike on this shared machine hits all sizes alike. The sparse targets, checked at the end when
+the sizes include them: at 10,000 memories per principal the arm costs at most 2.5x its 1,000
+figure (p50s of this run), its overlap@10 is at
+least 0.95 at every size, and its p50 at 100,000 is at most 10 ms. ``--sparse-only`` builds the
+stores without vectors (a 100,000-per-principal store then takes a minute or two, not ten) and
+skips the semantic rows.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sqlite3
 import statistics
@@ -50,9 +70,10 @@ import numpy.typing as npt
 
 from plugin.control._sqlite import Connection, connect
 from plugin.memory.embedding import EmbeddingAdapter
-from plugin.memory.fts import fts5_match_expression
+from plugin.memory.fts import TOKENIZER, fts5_match_expression
 from plugin.memory.hashing import HashingEmbedding
 from plugin.memory.store import MemoryRecord, MemoryStore
+from plugin.memory.store.schema import index_logged
 
 PRINCIPALS = 10
 PER_PRINCIPAL = 1_000
@@ -169,8 +190,9 @@ def zipf_texts(rng: np.random.Generator, words: list[str], count: int) -> list[s
     return [" ".join(words[int(j)] for j in row) for row in picks]
 
 
-async def build(path: Path, per_principal: int) -> None:
-    """A store of ``per_principal`` memories for each of 10 principals, two vector models."""
+async def build(path: Path, per_principal: int, *, vectors: bool = True) -> None:
+    """A store of ``per_principal`` memories for each of 10 principals, two vector models
+    unless ``vectors`` is false; every cell's full-text index replayed from the store's log."""
     partial = path.with_name(path.name + ".partial")  # renamed once complete: --keep reuses it
     for leftover in (partial, Path(f"{partial}-wal"), Path(f"{partial}-shm")):
         leftover.unlink(missing_ok=True)
@@ -191,13 +213,14 @@ async def build(path: Path, per_principal: int) -> None:
                     for i in range(per_principal)
                 ),
             )
-            for dimensions in SCALE_DIMENSIONS:
+            for dimensions in SCALE_DIMENSIONS if vectors else ():
                 model = RandomUnit(dimensions).name
-                vectors = unit_rows(rng, per_principal, dimensions).astype("<f4")
+                rows = unit_rows(rng, per_principal, dimensions).astype("<f4")
                 conn.executemany(
                     "INSERT INTO embeddings (memory_seq, model, vector) VALUES (?, ?, ?)",
-                    ((first + i, model, vectors[i].tobytes()) for i in range(per_principal)),
+                    ((first + i, model, rows[i].tobytes()) for i in range(per_principal)),
                 )
+        index_logged(conn)  # what the store's own writes do in their transaction
         conn.execute("COMMIT")
     finally:
         conn.close()
@@ -336,25 +359,29 @@ async def semantic_scale(path: Path, per_principal: int, calls: int) -> None:
         await conn.close()
 
 
-async def sparse_scale(path: Path, calls: int) -> None:
-    words = vocabulary_of(3)
-    rng = np.random.default_rng(11)
-    # Queries of 3 words from the principal's own top 500, the way a working state names them.
-    queries = [" ".join(words[int(j)] for j in rng.choice(500, size=3)) for _ in range(calls)]
-    async with MemoryStore(path) as store:
-        it = iter(queries)
+@attrs.frozen
+class SparseFigures:
+    """The sparse arm at one size: p50 and p95 in ms, overlap@10 with a per-principal bm25."""
 
-        def sparse() -> Awaitable[Any]:
-            return store.sparse_candidates(next(it), principal=PRINCIPAL, scope=SCOPE, limit=10)
+    p50: float
+    p95: float
+    overlap: float
 
-        times, ranked = await timed(sparse, calls)
-    # bm25 over the principal's rows alone: what table-wide statistics change.
+
+def percentiles(times: list[float]) -> tuple[float, float]:
+    ordered = sorted(times)
+    return (
+        statistics.median(ordered) * 1e3,
+        ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))] * 1e3,
+    )
+
+
+def per_principal_bm25(path: Path, queries: list[str], tokenizer: str) -> list[list[str]]:
+    """The top 10 of each query by a bm25 over the principal's rows alone (a fresh table)."""
     own = sqlite3.connect(":memory:")
     source = sqlite3.connect(path)
     try:
-        own.execute(
-            "CREATE VIRTUAL TABLE t USING fts5(text, tokenize = 'unicode61 remove_diacritics 2')"
-        )
+        own.execute(f"CREATE VIRTUAL TABLE t USING fts5(text, tokenize = '{tokenizer}')")
         own.executemany(
             "INSERT INTO t (rowid, text) VALUES (?, ?)",
             source.execute(
@@ -368,36 +395,146 @@ async def sparse_scale(path: Path, calls: int) -> None:
                 (PRINCIPAL, SCOPE),
             ).fetchall()
         )
-        overlap = []
-        for query, got in zip(queries, ranked, strict=True):
-            expression = fts5_match_expression(query)
-            alone = [
+        return [
+            [
                 id_of[row[0]]
                 for row in own.execute(
                     "SELECT rowid FROM t WHERE t MATCH ? ORDER BY rank, rowid LIMIT 10",
-                    (expression,),
+                    (fts5_match_expression(query),),
                 )
             ]
-            if alone:
-                overlap.append(len({e.id for e in got} & set(alone)) / len(alone))
+            for query in queries
+        ]
     finally:
         own.close()
         source.close()
-    print(
-        f"  sparse                     {stats(times)}"
-        f"   overlap@10 with per-principal bm25 {statistics.mean(overlap):.3f}"
+
+
+def overlap_at_10(ranked: list[list[str]], reference: list[list[str]]) -> float:
+    shares = [
+        len(set(got) & set(want)) / len(want)
+        for got, want in zip(ranked, reference, strict=True)
+        if want
+    ]
+    return statistics.mean(shares)
+
+
+V1_LAYOUT = """
+CREATE TABLE memories (seq INTEGER PRIMARY KEY, principal TEXT, scope TEXT, id TEXT, text TEXT);
+CREATE VIRTUAL TABLE memories_fts USING fts5(
+    text, content = 'memories', content_rowid = 'seq',
+    tokenize = 'unicode61 remove_diacritics 2'
+);
+"""
+
+
+def v1_layout(path: Path) -> Path:
+    """A side file with the version-1 sparse layout over the same rows (built once)."""
+    side = path.with_name(path.stem + "-v1-layout.db")
+    if side.exists():
+        return side
+    partial = side.with_name(side.name + ".partial")
+    partial.unlink(missing_ok=True)
+    conn = sqlite3.connect(partial, isolation_level=None)
+    try:
+        conn.executescript(V1_LAYOUT)
+        conn.execute("ATTACH DATABASE ? AS store", (str(path),))
+        conn.execute("BEGIN")
+        conn.execute(
+            "INSERT INTO memories SELECT seq, principal, scope, id, text FROM store.memories"
+        )
+        conn.execute("INSERT INTO memories_fts (memories_fts) VALUES ('rebuild')")
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+    partial.rename(side)
+    return side
+
+
+async def v1_sparse(path: Path, queries: list[str]) -> tuple[list[float], list[list[str]]]:
+    """The version-1 sparse query, verbatim, over the version-1 layout of the same rows."""
+    conn = await connect(v1_layout(path), timeout=30.0)
+    try:
+        it = iter(queries)
+
+        async def query() -> list[str]:
+            rows = await conn.fetchall(
+                "SELECT m.id, memories_fts.rank "
+                "FROM memories_fts JOIN memories AS m ON m.seq = memories_fts.rowid "
+                "WHERE memories_fts MATCH ? AND m.principal = ? AND m.scope = ? "
+                "ORDER BY memories_fts.rank, m.seq LIMIT ?",
+                (fts5_match_expression(next(it)), PRINCIPAL, SCOPE, 10),
+            )
+            return [row[0] for row in rows]
+
+        return await timed(query, len(queries))
+    finally:
+        await conn.close()
+
+
+def sparse_queries(calls: int) -> list[str]:
+    """3 words from the measured principal's own top 500, as a working state names them."""
+    words = vocabulary_of(3)
+    rng = np.random.default_rng(11)
+    return [" ".join(words[int(j)] for j in rng.choice(500, size=3)) for _ in range(calls)]
+
+
+async def sparse_timings(
+    paths: dict[int, Path], queries: list[str]
+) -> dict[int, tuple[list[float], list[list[str]]]]:
+    """Each query on every size in turn (interleaved: load drifts hit all sizes alike)."""
+    results: dict[int, tuple[list[float], list[list[str]]]] = {
+        size: ([], []) for size in paths
+    }
+    async with contextlib.AsyncExitStack() as stack:
+        stores = {
+            size: await stack.enter_async_context(MemoryStore(path))
+            for size, path in paths.items()
+        }
+        for store in stores.values():  # warm: connection, schema, first pages
+            await store.sparse_candidates(queries[0], principal=PRINCIPAL, scope=SCOPE, limit=10)
+        for query in queries:
+            for size, store in stores.items():
+                start = time.perf_counter()
+                found = await store.sparse_candidates(
+                    query, principal=PRINCIPAL, scope=SCOPE, limit=10
+                )
+                results[size][0].append(time.perf_counter() - start)
+                results[size][1].append([e.id for e in found])
+    return results
+
+
+async def sparse_report(
+    path: Path, queries: list[str], times: list[float], ranked: list[list[str]]
+) -> SparseFigures:
+    """Print the store's sparse figures at one size, and the version-1 layout's beside them."""
+    old_times, old_ranked = await v1_sparse(path, queries)
+    now = SparseFigures(
+        *percentiles(times), overlap_at_10(ranked, per_principal_bm25(path, queries, TOKENIZER))
     )
+    old = SparseFigures(
+        *percentiles(old_times),
+        overlap_at_10(
+            old_ranked, per_principal_bm25(path, queries, "unicode61 remove_diacritics 2")
+        ),
+    )
+    for name, figures in (("sparse, index per cell", now), ("sparse, v1 table-wide", old)):
+        print(
+            f"  {name:<26} {figures.p50:8.2f} ms (p95 {figures.p95:7.2f})"
+            f"   overlap@10 with per-principal bm25 {figures.overlap:.3f}"
+        )
+    return now
 
 
-async def scale_store(folder: Path, size: int) -> Path:
+async def scale_store(folder: Path, size: int, *, vectors: bool = True) -> Path:
     """The scaling store of ``size`` memories per principal in ``folder``: built unless there.
 
     Shared with ``bench_round`` (the same file name), so one ``--keep`` folder serves both.
     """
-    path = folder / f"scale-{size}.db"
+    path = folder / (f"scale-{size}.db" if vectors else f"scale-{size}-sparse.db")
     if not path.exists():
         start = time.perf_counter()
-        await build(path, size)
+        await build(path, size, vectors=vectors)
         print(
             f"N = {size:,} per principal ({size * PRINCIPALS:,} rows; "
             f"built in {time.perf_counter() - start:.0f} s, "
@@ -408,15 +545,82 @@ async def scale_store(folder: Path, size: int) -> Path:
     return path
 
 
-async def scaling(sizes: Sequence[int], calls: int, folder: Path) -> None:
+async def scaling(
+    sizes: Sequence[int], calls: int, folder: Path, *, vectors: bool, sparse_calls: int
+) -> None:
     print(
         f"\nscaling: {PRINCIPALS} principals x N memories, one scope; random unit vectors; "
-        f"{calls} calls per row, medians (p95); limit 10; asyncio"
+        f"{calls} calls per row, medians (p95); limit 10; asyncio; "
+        f"load average {os.getloadavg()[0]:.1f}"
     )
+    paths: dict[int, Path] = {}
     for size in sizes:
-        path = await scale_store(folder, size)
-        await semantic_scale(path, size, calls)
-        await sparse_scale(path, calls)
+        paths[size] = await scale_store(folder, size, vectors=vectors)
+        if vectors:
+            await semantic_scale(paths[size], size, calls)
+    queries = sparse_queries(sparse_calls)
+    timings = await sparse_timings(paths, queries)
+    sparse: dict[int, SparseFigures] = {}
+    print(f"sparse arm: {sparse_calls} queries, each on every size in turn; medians (p95)")
+    for size, path in paths.items():
+        print(f"N = {size:,} per principal")
+        sparse[size] = await sparse_report(path, queries, *timings[size])
+    print(f"sparse targets (this run; load average {os.getloadavg()[0]:.1f}):")
+    if 1_000 in sparse and 10_000 in sparse:
+        ratio = sparse[10_000].p50 / sparse[1_000].p50
+        print(f"  p50 at 10,000 / p50 at 1,000   {ratio:6.2f}x   (target <= 2.5x)")
+    worst = min(figures.overlap for figures in sparse.values())
+    print(f"  overlap@10, lowest of the sizes {worst:6.3f}    (target >= 0.95)")
+    if 100_000 in sparse:
+        print(f"  p50 at 100,000                 {sparse[100_000].p50:6.2f} ms (target <= 10 ms)")
+
+
+async def cell_costs(count: int) -> dict[str, float]:
+    """Median ms of each operation on a store of ``count`` cells of one memory each."""
+    results: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "cells.db"
+        async with MemoryStore(path) as store:
+            await store.add_memories(
+                MemoryRecord(
+                    id="m", text=f"text {i} word", principal=f"p{i}", scope=SCOPE, created_at=1.0
+                )
+                for i in range(count)
+            )
+            new_cell = iter(range(10**9))
+            old_cell = iter(range(10**9))
+            calls: dict[str, Callable[[], Awaitable[Any]]] = {
+                "write to a new cell": lambda: store.add_memory(
+                    "m", "text", principal=f"new{next(new_cell)}", scope=SCOPE, created_at=1.0
+                ),
+                "write to an existing cell": lambda: store.add_memory(
+                    f"more{next(old_cell)}", "text", principal="p1", scope=SCOPE, created_at=1.0
+                ),
+                "sparse search": lambda: store.sparse_candidates(
+                    "text word", principal="p2", scope=SCOPE, limit=10
+                ),
+            }
+            for name, call in calls.items():
+                times, _ = await timed(call, 20)
+                results[name] = statistics.median(times) * 1e3
+
+        async def reopen() -> None:
+            async with MemoryStore(path) as again:
+                await again.sparse_candidates("text", principal="p1", scope=SCOPE, limit=10)
+
+        times, _ = await timed(reopen, 5)
+        results["open + first search"] = statistics.median(times) * 1e3
+    return results
+
+
+async def cells(counts: Sequence[int]) -> None:
+    print(
+        f"\ncells: C cells of one memory each; medians of 20 calls (5 opens); asyncio; "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
+    for count in counts:
+        results = await cell_costs(count)
+        print(f"  C = {count:,}: " + ", ".join(f"{k} {v:.2f} ms" for k, v in results.items()))
 
 
 async def main(argv: Sequence[str] = ()) -> None:
@@ -425,16 +629,37 @@ async def main(argv: Sequence[str] = ()) -> None:
     parser.add_argument("--calls", type=int, default=30)
     parser.add_argument("--keep", type=Path, help="folder to keep (and reuse) the stores in")
     parser.add_argument("--no-arms", action="store_true", help="only the scaling table")
+    parser.add_argument(
+        "--sparse-only", action="store_true", help="stores without vectors, no semantic rows"
+    )
+    parser.add_argument("--cells", default="", help="cell counts to measure, comma-separated")
+    parser.add_argument("--sparse-calls", type=int, default=200, help="sparse queries per size")
     args = parser.parse_args(list(argv))
     if not args.no_arms:
         await arms()
+    if args.cells:
+        await cells([int(c) for c in args.cells.split(",") if c])
     sizes = [int(s) for s in args.sizes.split(",") if s]
+    if not sizes:
+        return
     if args.keep is not None:
         os.makedirs(args.keep, exist_ok=True)
-        await scaling(sizes, args.calls, args.keep)
+        await scaling(
+            sizes,
+            args.calls,
+            args.keep,
+            vectors=not args.sparse_only,
+            sparse_calls=args.sparse_calls,
+        )
         return
     with tempfile.TemporaryDirectory() as folder:
-        await scaling(sizes, args.calls, Path(folder))
+        await scaling(
+            sizes,
+            args.calls,
+            Path(folder),
+            vectors=not args.sparse_only,
+            sparse_calls=args.sparse_calls,
+        )
 
 
 if __name__ == "__main__":

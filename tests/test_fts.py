@@ -10,7 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from plugin.memory.fts import MAX_SCAN_CHARS, fts5_match_expression, remove_lone_surrogates
+from plugin.memory.fts import (
+    MAX_SCAN_CHARS,
+    TOKENIZER,
+    fts5_match_expression,
+    remove_lone_surrogates,
+)
 
 from ._hostile import HOSTILE_TEXT
 
@@ -18,9 +23,7 @@ from ._hostile import HOSTILE_TEXT
 @pytest.fixture(scope="module")
 def fts() -> Iterator[sqlite3.Connection]:
     conn = sqlite3.connect(":memory:")
-    conn.execute(
-        "CREATE VIRTUAL TABLE t USING fts5(body, tokenize = 'unicode61 remove_diacritics 2')"
-    )
+    conn.execute(f"CREATE VIRTUAL TABLE t USING fts5(body, tokenize = '{TOKENIZER}')")
     conn.executemany(
         "INSERT INTO t (body) VALUES (?)",
         [("the body of the text",), ("a xylophone",), ("x marks the spot",), ("near a and b",)],
@@ -127,7 +130,7 @@ def test_any_text_gives_none_or_an_expression_fts5_accepts(text: str) -> None:
     conn = sqlite3.connect(":memory:")
     try:
         conn.execute(
-            "CREATE VIRTUAL TABLE t USING fts5(body, tokenize = 'unicode61 remove_diacritics 2')"
+            f"CREATE VIRTUAL TABLE t USING fts5(body, tokenize = '{TOKENIZER}')"
         )
         conn.execute("INSERT INTO t (body) VALUES (?)", (remove_lone_surrogates(text),))
         conn.execute("SELECT rowid FROM t WHERE t MATCH ? ORDER BY rank", (expression,))

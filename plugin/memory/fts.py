@@ -5,13 +5,23 @@ A naive ``MATCH ?`` on user text raises on ``AND``, ``don't``, ``C++``, ``what?`
 ``body: x``, ``NEAR(...)``, ``^x`` and ``x*``. :func:`fts5_match_expression` keeps only word
 tokens, quotes each one and joins them with ``OR``, so the expression it returns is always
 valid FTS5 and every term is matched as plain text.
+
+A quoted term still goes through the index's tokenizer, :data:`TOKENIZER`: Unicode-aware
+words (``unicode61``), diacritics removed (``remove_diacritics 2``, so "cafe" finds "café"
+whether its accent is one code point or two), then Porter stemming (``porter``, so
+"invoices" finds "invoice" and "running" finds "run"). Porter is an English stemmer; it leaves
+words of other scripts as they are and can conflate some English words that differ
+("university" and "universe" share a stem).
 """
 
 from __future__ import annotations
 
 from .terms import MAX_SCAN_CHARS, remove_lone_surrogates, word_terms
 
-__all__ = ["MAX_SCAN_CHARS", "fts5_match_expression", "remove_lone_surrogates"]
+__all__ = ["MAX_SCAN_CHARS", "TOKENIZER", "fts5_match_expression", "remove_lone_surrogates"]
+
+#: The FTS5 tokenizer of the store's full-text indexes (see the module docstring).
+TOKENIZER = "porter unicode61 remove_diacritics 2"
 
 
 def fts5_match_expression(text: str, *, max_terms: int = 32) -> str | None:

@@ -2,7 +2,8 @@
 
 One SQL code path over :mod:`plugin.control._sqlite` (aiosqlite on asyncio, a thread-confined
 ``sqlite3`` connection on trio). Opening refuses a file that is not an empty database or a
-memory store of this schema version before changing anything in it; every driver error comes
+memory store of a schema version it reads (an older one is migrated in place, see
+:func:`.schema.upgrade`) before changing anything in it; every driver error comes
 out as a typed :class:`~plugin.errors.MemoryStoreError`. Writes run in one ``BEGIN IMMEDIATE``
 transaction each, shielded from cancellation.
 """
@@ -19,7 +20,7 @@ import attrs
 from ...control._sqlite import Connection, Params, Row, connect, immediate, path_problem
 from ...errors import MemoryStoreError
 from .errors import MemoryStoreClosedError, MemoryStoreCorruptError, MemoryStorePathError, translate
-from .schema import SCHEMA, SCHEMA_VERSION
+from .schema import READABLE_VERSIONS, SCHEMA, SCHEMA_VERSION, upgrade
 
 __all__ = ["Database", "Statement"]
 
@@ -69,24 +70,28 @@ class Database:
             for row in await conn.fetchall("SELECT name FROM sqlite_master WHERE type = 'table'")
         }
         if tables:
-            await self._check_version(conn, tables)
+            await self._check_version(conn, tables, READABLE_VERSIONS)
         await conn.fetchall("PRAGMA journal_mode=WAL")
         await conn.fetchall("PRAGMA foreign_keys=ON")
         with anyio.CancelScope(shield=True):  # never leave the write lock held
             try:
+                if tables:
+                    await conn.run(upgrade)
                 await conn.executescript(SCHEMA)
             except BaseException:
                 await self._rollback(conn)
                 raise
         await self._check_version(conn, {"memory_store_meta"})
 
-    async def _check_version(self, conn: Connection, tables: set[str]) -> None:
+    async def _check_version(
+        self, conn: Connection, tables: set[str], versions: tuple[int, ...] = (SCHEMA_VERSION,)
+    ) -> None:
         rows = (
             await conn.fetchall("SELECT value FROM memory_store_meta WHERE key = 'schema_version'")
             if "memory_store_meta" in tables
             else []
         )
-        if rows != [(str(SCHEMA_VERSION),)]:
+        if rows not in ([(str(version),)] for version in versions):
             found = f"schema version {rows[0][0]!r}" if rows else "no store metadata"
             raise MemoryStoreCorruptError(
                 f"{self.path!r} is not a recallbound memory store of schema version "

@@ -33,8 +33,9 @@ class MemoryStore:
     ``clock`` supplies ``created_at`` when a write does not give one (without a clock, writes
     must give it). ``timeout`` is SQLite's busy timeout in seconds. ``vector_cache_bytes``
     bounds the memory of the semantic arm's cached matrices (0: never cache; see
-    :mod:`.vectors`). Opening creates the schema and switches the file to WAL;
-    ``":memory:"`` gives a private in-memory store.
+    :mod:`.vectors`). Opening creates the schema and switches the file to WAL, and migrates a
+    file of an older schema version in place (see :mod:`.schema`); ``":memory:"`` gives a
+    private in-memory store.
 
     Failures raise :class:`~plugin.errors.MemoryStoreError` subclasses: a missing folder
     :class:`MemoryStorePathError`, a damaged or foreign file :class:`MemoryStoreCorruptError`,
@@ -200,6 +201,9 @@ class MemoryStore:
         self, query: str, *, principal: str, scope: str, limit: int
     ) -> list[Evidence]:
         """Memories matching any word of ``query`` by bm25, best first (ties: oldest row first).
+
+        Terms are stemmed (:data:`~plugin.memory.fts.TOKENIZER`), and bm25's statistics are
+        this principal's and scope's memories alone: no other cell's rows change the order.
 
         ``query`` is user text, never FTS5 syntax: it goes through
         :func:`~plugin.memory.fts.fts5_match_expression`. When that leaves no term the arm does

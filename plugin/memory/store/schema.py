@@ -1,17 +1,170 @@
-"""What the store's file holds: the schema, its version, and how a row becomes evidence."""
+"""What the store's file holds: the schema, its version, how it migrates, and how a row
+becomes evidence.
+
+**One full-text index per cell.** Each (principal, scope) cell has its own contentless FTS5
+table, created by the first write to the cell, so bm25's statistics (document count, average
+length, how many documents hold a term) are the cell's own, and a search ranks only the
+cell's matches. The table's name is ``memories_fts_`` and 32 hex digits of the SHA-256 of the
+cell: no principal or scope text ever reaches an SQL identifier. Terms are stemmed (FTS5's
+``porter`` over ``unicode61``, diacritics removed: :data:`~plugin.memory.fts.TOKENIZER`).
+
+**A durable change log keeps every index exact.** Triggers on ``memories`` append each
+insert, delete and change of a row's text or cell to ``memory_index_log`` (with the old text,
+which a contentless table needs to delete a row). :func:`index_cell` replays a cell's log into
+its table, in order, and clears it. The store's writes replay it in their own transaction; a
+row written with plain SQL is replayed before the next search, so the index never answers
+with stale text, whoever wrote the row.
+
+**Migration.** Opening a version-1 file (one table-wide index, no stemming) runs
+:func:`upgrade`: one ``BEGIN IMMEDIATE`` transaction drops the old index and its triggers,
+logs every memory and replays the log into the cells' tables. A crash or an error anywhere
+leaves the file at version 1, untouched; the next open starts over.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import sqlite3
+from collections.abc import Sequence
 
 from ...control._sqlite import Row
+from ..fts import TOKENIZER
 from .values import Arm, Evidence, EvidenceKind
 
-__all__ = ["MEMORY_COLUMNS", "SCHEMA", "SCHEMA_VERSION", "memory_evidence", "plain_evidence"]
+__all__ = [
+    "INDEX_LOG",
+    "LOGGED_CELLS",
+    "MEMORY_COLUMNS",
+    "READABLE_VERSIONS",
+    "SCHEMA",
+    "SCHEMA_VERSION",
+    "cell_table",
+    "index_cell",
+    "index_logged",
+    "memory_evidence",
+    "plain_evidence",
+    "upgrade",
+]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: Versions a store opens: older ones are migrated in place by :func:`upgrade`.
+READABLE_VERSIONS = (1, SCHEMA_VERSION)
 
-# Memories get an INTEGER PRIMARY KEY so the external-content FTS table's rowids survive VACUUM.
+#: The change log and the triggers that fill it (statements without their final ``;``).
+INDEX_LOG = (
+    """CREATE TABLE IF NOT EXISTS memory_index_log (
+    change INTEGER PRIMARY KEY,
+    principal TEXT NOT NULL,
+    scope TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    text TEXT NOT NULL,
+    op TEXT NOT NULL CHECK (op IN ('insert', 'delete'))
+)""",
+    "CREATE INDEX IF NOT EXISTS memory_index_log_cell "
+    "ON memory_index_log (principal, scope, change)",
+    """CREATE TRIGGER IF NOT EXISTS memories_index_insert AFTER INSERT ON memories BEGIN
+    INSERT INTO memory_index_log (principal, scope, seq, text, op)
+        VALUES (new.principal, new.scope, new.seq, new.text, 'insert');
+END""",
+    """CREATE TRIGGER IF NOT EXISTS memories_index_delete AFTER DELETE ON memories BEGIN
+    INSERT INTO memory_index_log (principal, scope, seq, text, op)
+        VALUES (old.principal, old.scope, old.seq, old.text, 'delete');
+END""",
+    """CREATE TRIGGER IF NOT EXISTS memories_index_update
+    AFTER UPDATE OF seq, principal, scope, text ON memories BEGIN
+    INSERT INTO memory_index_log (principal, scope, seq, text, op)
+        VALUES (old.principal, old.scope, old.seq, old.text, 'delete'),
+               (new.principal, new.scope, new.seq, new.text, 'insert');
+END""",
+)
+
+
+_INDEX_LOG_SQL = "".join(statement + ";\n" for statement in INDEX_LOG)
+
+
+def cell_table(principal: str, scope: str) -> str:
+    """The name of the cell's FTS5 table: derived by hashing, never from the text itself."""
+    cell = json.dumps([principal, scope], ensure_ascii=False).encode("utf-8")
+    return "memories_fts_" + hashlib.sha256(cell).hexdigest()[:32]
+
+
+def index_cell(principal: str, scope: str) -> list[tuple[str, tuple[str, ...]]]:
+    """The statements that bring the cell's index up to date: create its table if missing,
+    replay its logged changes in order, clear them. Each is ``(sql, parameters)``.
+
+    Every statement reads the log inside the caller's transaction, so two connections
+    replaying the same cell apply each change once.
+    """
+    table = cell_table(principal, scope)
+    cell = (principal, scope)
+    return [
+        (
+            f'CREATE VIRTUAL TABLE IF NOT EXISTS "{table}" '
+            f"USING fts5(text, content = '', tokenize = '{TOKENIZER}')",
+            (),
+        ),
+        (
+            # FTS5 reads a NULL in the table-named column as a plain insert.
+            f'INSERT INTO "{table}" ("{table}", rowid, text) '
+            "SELECT CASE op WHEN 'delete' THEN 'delete' END, seq, text "
+            "FROM memory_index_log WHERE principal = ? AND scope = ? ORDER BY change",
+            cell,
+        ),
+        ("DELETE FROM memory_index_log WHERE principal = ? AND scope = ?", cell),
+    ]
+
+
+#: The cells with logged changes not yet in their index.
+LOGGED_CELLS = "SELECT DISTINCT principal, scope FROM memory_index_log ORDER BY principal, scope"
+
+
+def index_logged(conn: sqlite3.Connection) -> int:
+    """Replay every logged change into its cell's index, on a raw connection that is inside a
+    write transaction; returns how many cells were brought up to date."""
+    cells: Sequence[tuple[str, str]] = conn.execute(LOGGED_CELLS).fetchall()
+    for principal, scope in cells:
+        for sql, params in index_cell(principal, scope):
+            conn.execute(sql, params)
+    return len(cells)
+
+
+_FROM_VERSION_1 = (
+    "DROP TRIGGER IF EXISTS memories_fts_insert",
+    "DROP TRIGGER IF EXISTS memories_fts_delete",
+    "DROP TRIGGER IF EXISTS memories_fts_update",
+    "DROP TABLE IF EXISTS memories_fts",
+    *INDEX_LOG,
+    "INSERT INTO memory_index_log (principal, scope, seq, text, op) "
+    "SELECT principal, scope, seq, text, 'insert' FROM memories ORDER BY seq",
+)
+
+
+def upgrade(conn: sqlite3.Connection) -> None:
+    """Migrate an older store file to :data:`SCHEMA_VERSION` in one transaction (a no-op on a
+    current one). Runs on the connection's own thread (``Connection.run``); any error rolls
+    the whole migration back and propagates."""
+    version = "SELECT value FROM memory_store_meta WHERE key = 'schema_version'"
+    if conn.execute(version).fetchall() != [("1",)]:
+        return  # nothing to migrate: no write lock taken
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if conn.execute(version).fetchall() == [("1",)]:  # another process may have won
+            for sql in _FROM_VERSION_1:
+                conn.execute(sql)
+            index_logged(conn)
+            conn.execute(
+                "UPDATE memory_store_meta SET value = ? WHERE key = 'schema_version'",
+                (str(SCHEMA_VERSION),),
+            )
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
+# Memories get an INTEGER PRIMARY KEY so the cell indexes' rowids survive VACUUM.
 # Ids are unique per (principal, scope): scenario files reuse short ids such as "m1".
 SCHEMA = f"""
 BEGIN IMMEDIATE;
@@ -31,22 +184,7 @@ CREATE TABLE IF NOT EXISTS memories (
     UNIQUE (principal, scope, id)
 );
 CREATE INDEX IF NOT EXISTS memories_recent ON memories (principal, scope, created_at DESC, id);
-CREATE VIRTUAL TABLE IF NOT EXISTS memories_fts USING fts5(
-    text,
-    content = 'memories',
-    content_rowid = 'seq',
-    tokenize = 'unicode61 remove_diacritics 2'
-);
-CREATE TRIGGER IF NOT EXISTS memories_fts_insert AFTER INSERT ON memories BEGIN
-    INSERT INTO memories_fts (rowid, text) VALUES (new.seq, new.text);
-END;
-CREATE TRIGGER IF NOT EXISTS memories_fts_delete AFTER DELETE ON memories BEGIN
-    INSERT INTO memories_fts (memories_fts, rowid, text) VALUES ('delete', old.seq, old.text);
-END;
-CREATE TRIGGER IF NOT EXISTS memories_fts_update AFTER UPDATE OF text ON memories BEGIN
-    INSERT INTO memories_fts (memories_fts, rowid, text) VALUES ('delete', old.seq, old.text);
-    INSERT INTO memories_fts (rowid, text) VALUES (new.seq, new.text);
-END;
+{_INDEX_LOG_SQL}
 CREATE TABLE IF NOT EXISTS embeddings (
     memory_seq INTEGER NOT NULL REFERENCES memories (seq) ON DELETE CASCADE,
     model TEXT NOT NULL,

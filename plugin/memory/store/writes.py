@@ -1,5 +1,6 @@
-"""How things get into the store: memories (with their vectors), People, beliefs, corrections
-and sources. Each write is one transaction; a rejected value stores nothing."""
+"""How things get into the store: memories (with their vectors and their cells' full-text
+indexes), People, beliefs, corrections and sources. Each write is one transaction; a rejected
+value stores nothing."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ from ...errors import MemoryStoreError
 from ..embedding import EmbeddingAdapter
 from .database import Database, Statement
 from .errors import InvalidMemoryError
+from .schema import index_cell
 from .values import MemoryRecord, check_ids, check_key, check_text, check_time, person_key
 
-__all__ = ["Writer"]
+__all__ = ["Writer", "index_statements"]
 
 
 async def _vectors(adapter: EmbeddingAdapter, texts: list[str]) -> list[bytes]:
@@ -40,6 +42,15 @@ def _person_statement(name: str, principal: str, scope: str) -> Statement:
         "INSERT OR IGNORE INTO people (principal, scope, key, name) VALUES (?, ?, ?, ?)",
         [(principal, scope, person_key(name), name.strip())],
     )
+
+
+def index_statements(cells: Iterable[tuple[str, str]]) -> list[Statement]:
+    """Bring these cells' full-text indexes up to date (see :func:`.schema.index_cell`)."""
+    return [
+        (sql, [params])
+        for principal, scope in cells
+        for sql, params in index_cell(principal, scope)
+    ]
 
 
 @attrs.define(eq=False)
@@ -106,6 +117,7 @@ class Writer:
                     ],
                 )
             )
+        statements += index_statements(dict.fromkeys((r.principal, r.scope) for r in records))
         await self.db.write(statements)
         return len(records)
 
