@@ -119,3 +119,16 @@ class InvalidConfigTypeError(RecallboundError, TypeError):
 
 class AttemptHandleError(RecallboundError, RuntimeError):
     """A retriever used its attempt handle for something the attempt does not offer."""
+
+
+# --- mcp
+class RunIdentityError(RecallboundError, ValueError):
+    """A run id already bound to one principal and scope was used with another."""
+
+
+class McpAuthError(RecallboundError, ValueError):
+    """The MCP server's caller cannot be trusted: no valid token, or a bad token table."""
+
+
+class McpSessionError(RecallboundError, ValueError):
+    """An MCP request names no run and comes over a transport with no client session."""
