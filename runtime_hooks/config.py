@@ -294,6 +294,8 @@ def _read_file(path: Path) -> dict[str, tuple[object, str]]:
                 walk(value, key + ".")
             elif key in _BY_KEY:
                 found[key] = (value, f"{path}: {key}")
+            elif key == "mcp":
+                pass  # the MCP server's own table, read and checked by runtime_hooks.mcp.cli
             else:
                 known = ", ".join(sorted({f.key.split(".")[0] for f in FIELDS}))
                 raise ConfigError(f"{path}: unknown key {key!r} (known: {known})")
