@@ -89,9 +89,8 @@ async def _burst(window: BatchWindow, names: Sequence[str], gap: float = 0.0) ->
     return results
 
 
-pytestmark = pytest.mark.anyio
 
-
+@pytest.mark.anyio
 async def test_a_lone_request_never_waits(anyio_backend: object) -> None:
     hooks = _hooks()
     window = BatchWindow(hooks, window_s=3600.0)  # type: ignore[arg-type]
@@ -100,6 +99,7 @@ async def test_a_lone_request_never_waits(anyio_backend: object) -> None:
     assert hooks.batches == [(pytest.approx(started, abs=0.5), ["a"])]  # not 3600 s later
 
 
+@pytest.mark.anyio
 async def test_requests_sent_together_share_one_batch(anyio_backend: object) -> None:
     hooks = _hooks()
     window = BatchWindow(hooks, window_s=3600.0)  # type: ignore[arg-type]
@@ -109,6 +109,7 @@ async def test_requests_sent_together_share_one_batch(anyio_backend: object) -> 
     assert [sorted(ids) for _, ids in hooks.batches] == [list("abcdef")]
 
 
+@pytest.mark.anyio
 async def test_on_the_last_round_the_batch_waits_for_the_rest_of_the_burst(
     anyio_backend: object,
 ) -> None:
@@ -118,6 +119,7 @@ async def test_on_the_last_round_the_batch_waits_for_the_rest_of_the_burst(
     assert [sorted(ids) for _, ids in hooks.batches] == [list("abcdef")]
 
 
+@pytest.mark.anyio
 async def test_a_spent_run_is_refused_without_waiting(anyio_backend: object) -> None:
     hooks = _hooks(rounds=2, reserved=4)
     window = BatchWindow(hooks, window_s=3600.0)  # type: ignore[arg-type]
@@ -126,6 +128,7 @@ async def test_a_spent_run_is_refused_without_waiting(anyio_backend: object) -> 
     assert hooks.batches == [(pytest.approx(started, abs=0.5), ["a"])]
 
 
+@pytest.mark.anyio
 async def test_a_batch_failure_reaches_every_request_of_the_batch(anyio_backend: object) -> None:
     hooks = _hooks()
     hooks.fail = LedgerUnavailableError("the ledger is down")
@@ -145,6 +148,7 @@ async def test_a_batch_failure_reaches_every_request_of_the_batch(anyio_backend:
     assert window.rounds_in_use() == 0
 
 
+@pytest.mark.anyio
 async def test_a_cancelled_request_leaves_its_batch_running(anyio_backend: object) -> None:
     hooks = _hooks()
     hooks.release = anyio.Event()
