@@ -4,27 +4,25 @@ Each figure is the median round trip of one deliberate search in a fresh run (on
 slot, a durable reservation), through the MCP server, beside the same search made through the
 hooks directly (``RecallHooks.dispatch``), timed alternately in the same run. The in-memory
 transport is the SDK's in-process client; stdio is ``recallbound mcp`` in a subprocess on the
-same ledger and store. Target: the in-memory transport adds at most 1 ms at the median.
+same store and a ledger file of its own. Target: the in-memory transport adds at most 1 ms
+at the median.
 
-    python -m bench.bench_mcp [--rounds N]
+    python -m bench.bench_mcp
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Awaitable, Callable
 from itertools import count
 from pathlib import Path
-from typing import Any
 
 import anyio
 from mcp import Client, StdioServerParameters
 
+from bench.bench_hooks import ROUNDS, _median_pair
 from runtime_hooks.bootstrap import RecallConfig, open_hooks
 from runtime_hooks.demo import PRINCIPAL, SCOPE, seed
 from runtime_hooks.hooks import ToolCall
@@ -34,28 +32,12 @@ from runtime_hooks.mcp.trust import Caller
 QUERY = "invoice backfill dry-run"
 
 
-async def _medians(
-    mcp: Callable[[], Awaitable[Any]], direct: Callable[[], Awaitable[Any]], rounds: int
-) -> tuple[float, float]:
-    """Median microseconds of each, one call at a time, alternating."""
-    times: tuple[list[float], list[float]] = ([], [])
-    for _ in range(5):  # warm-up
-        await mcp()
-        await direct()
-    for _ in range(rounds):
-        for side, call in enumerate((mcp, direct)):
-            start = time.perf_counter_ns()
-            await call()
-            times[side].append((time.perf_counter_ns() - start) / 1000)
-    return statistics.median(times[0]), statistics.median(times[1])
-
-
 def _report(name: str, mcp_us: float, direct_us: float) -> None:
     print(f"   {name:<10} mcp {mcp_us:8.0f} us   hooks {direct_us:8.0f} us   "
           f"ratio {mcp_us / direct_us:5.2f}x   adds {(mcp_us - direct_us) / 1000:6.2f} ms")
 
 
-async def main(rounds: int = 60) -> None:
+async def main() -> None:
     runs = count()
     with tempfile.TemporaryDirectory() as folder:
         ledger, store = Path(folder, "ledger.db"), Path(folder, "store.db")
@@ -81,20 +63,19 @@ async def main(rounds: int = 60) -> None:
                     assert result.structured_content["status"] == "ok"
                 return call
 
-            print(f"   one search_memory call in a fresh run, median of {rounds}, alternating")
+            print(f"   one search_memory call in a fresh run, median of {ROUNDS}, alternating")
             async with Client(server.server) as client:
-                _report("in-memory", *await _medians(through(client), direct, rounds))
+                _report("in-memory", *await _median_pair(through(client), direct))
             stdio = StdioServerParameters(
                 command=sys.executable,
                 args=["-m", "runtime_hooks", "mcp", "--principal", PRINCIPAL, "--scope", SCOPE],
-                env={**os.environ, "RECALLBOUND_LEDGER": str(ledger),
+                # its own ledger file: two processes on one SQLite file slow both sides
+                env={**os.environ, "RECALLBOUND_LEDGER": str(Path(folder, "stdio-ledger.db")),
                      "RECALLBOUND_STORE": str(store)},
             )
             async with Client(stdio) as client:
-                _report("stdio", *await _medians(through(client), direct, rounds))
+                _report("stdio", *await _median_pair(through(client), direct))
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=60)
-    anyio.run(main, parser.parse_args().rounds)
+    anyio.run(main)
