@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -173,3 +174,15 @@ async def test_http_with_a_token_serves_and_without_one_is_rejected(tmp_path: Pa
                 assert [first["status"], second["status"], third["status"]] == [
                     "ok", "ok", "refused"]
     assert await _usage(tmp_path, "run-http") == (1, 1)
+
+
+def test_the_example_launches_the_server_and_prints_evidence_and_a_refusal() -> None:
+    root = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RECALLBOUND_")}
+    done = subprocess.run(
+        [sys.executable, str(root / "examples" / "mcp_client.py")],
+        capture_output=True, text=True, timeout=120, env=env, check=True,
+    )
+    assert "[memory m-backfill]" in done.stdout  # recall_context's evidence
+    assert done.stdout.count(": evidence [") == 2 and done.stdout.count(": refused (") == 4
+    assert "not evidence that no memory exists" in done.stdout
