@@ -7,6 +7,7 @@ memories (principal ``ana``, scope ``atlas``).
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
@@ -17,7 +18,7 @@ import attrs
 import pytest
 from mcp import Client
 
-from plugin import ManualClock
+from plugin import ManualClock, SqliteLedger
 from plugin.memory.preparation import PreparedRecall
 from runtime_hooks.mcp import RecallServer
 from runtime_hooks.mcp.trust import Caller
@@ -272,3 +273,26 @@ async def test_an_unavailable_ledger_fails_closed_and_the_server_keeps_serving(
         assert context.is_error and structured(context)["status"] == "failed"
         assert [tool.name for tool in (await client.list_tools()).tools] == [
             "search_memory", "recall_context"]
+
+
+async def test_a_locked_ledger_fails_closed_and_the_server_keeps_serving(tmp_path: Path) -> None:
+    async with recall_server(tmp_path) as plain, SqliteLedger(
+        tmp_path / "ledger.db", timeout=0.2
+    ) as impatient:
+        hooks = attrs.evolve(plain.hooks, allowance=attrs.evolve(plain.hooks.allowance,
+                                                                 ledger=impatient))
+        server = RecallServer(hooks, caller=ANA)
+        holder = sqlite3.connect(tmp_path / "ledger.db", isolation_level=None)
+        try:
+            holder.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+            async with Client(server.server) as client:
+                locked = await client.call_tool("search_memory", {"query": "cutover date"},
+                                                meta={"recallbound/run_id": "run-locked"})
+                assert locked.is_error and structured(locked)["status"] == "failed"
+                assert structured(locked)["error"] == "LedgerLockedError"
+                holder.execute("ROLLBACK")
+                again = await search(client, "cutover date", run_id="run-locked")
+                assert again["status"] == "ok"
+        finally:
+            holder.close()
+        assert await usage(server, "run-locked") == (1, 1, 1)
