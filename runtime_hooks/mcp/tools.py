@@ -158,8 +158,8 @@ def error_result(exc: Exception) -> types.CallToolResult:
         status, text = "invalid", f"Request rejected: {one_line(str(exc), limit=300)}."
     elif isinstance(exc, LedgerError):
         status = "failed"
-        text = ("Recall is unavailable: the allowance ledger could not be reached, so nothing "
-                "was searched. This is not evidence that no memory exists.")
+        text = ("Recall is unavailable: the allowance ledger is locked or could not be reached, "
+                "so nothing was searched. This is not evidence that no memory exists.")
     elif isinstance(exc, RecallboundError):
         status, text = "failed", f"Recall failed: {one_line(str(exc), limit=300)}."
     else:
