@@ -18,7 +18,7 @@ import attrs
 import pytest
 from mcp import Client
 
-from plugin import ManualClock, SqliteLedger
+from plugin import ManualClock, SqliteLedger, errors
 from plugin.memory.preparation import PreparedRecall
 from runtime_hooks.mcp import RecallServer
 from runtime_hooks.mcp.trust import Caller
@@ -155,10 +155,10 @@ async def test_a_run_id_reused_by_another_principal_is_rejected(tmp_path: Path) 
                                             meta={"recallbound/run_id": "run-owned"})
             assert result.is_error
             assert structured(result)["status"] == "invalid"
-            assert structured(result)["error"] == "RunIdentityError"
+            assert structured(result)["error"] == errors.RunIdentityError.__name__
             context = await client.call_tool("recall_context", {"current_request": "Continue"},
                                              meta={"recallbound/run_id": "run-owned"})
-            assert structured(context)["error"] == "RunIdentityError"
+            assert structured(context)["error"] == errors.RunIdentityError.__name__
         assert await usage(ana, "run-owned") == (1, 1, 1)
 
 
@@ -209,10 +209,10 @@ async def test_an_oversized_working_state_and_a_bad_run_id_are_typed_errors(
     async with recall_server(tmp_path) as server, Client(server.server) as client:
         big = await client.call_tool("recall_context", {"current_request": "x" * 70_000},
                                      meta={"recallbound/run_id": "run-big"})
-        assert big.is_error and structured(big)["error"] == "InvalidWorkingStateError"
+        assert big.is_error and structured(big)["error"] == errors.InvalidWorkingStateError.__name__
         bad = await client.call_tool("search_memory", {"query": "cutover"},
                                      meta={"recallbound/run_id": 7})
-        assert bad.is_error and structured(bad)["error"] == "InvalidRunIdError"
+        assert bad.is_error and structured(bad)["error"] == errors.InvalidRunIdError.__name__
         assert await usage(server, "run-big") == (0, 0, 0)
 
 
@@ -289,7 +289,7 @@ async def test_a_locked_ledger_fails_closed_and_the_server_keeps_serving(tmp_pat
                 locked = await client.call_tool("search_memory", {"query": "cutover date"},
                                                 meta={"recallbound/run_id": "run-locked"})
                 assert locked.is_error and structured(locked)["status"] == "failed"
-                assert structured(locked)["error"] == "LedgerLockedError"
+                assert structured(locked)["error"] == errors.LedgerLockedError.__name__
                 holder.execute("ROLLBACK")
                 again = await search(client, "cutover date", run_id="run-locked")
                 assert again["status"] == "ok"

@@ -22,6 +22,8 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
+from plugin import errors
+
 from ._mcp_env import QUERIES, recall_server, search, structured
 
 pytestmark = pytest.mark.anyio
@@ -160,11 +162,11 @@ async def test_http_with_a_token_serves_and_without_one_is_rejected(tmp_path: Pa
                 assert hit["status"] == "ok" and "m-backfill" in hit["evidence_ids"]
                 # stateless HTTP has no session: a call must name its run
                 nameless = await client.call_tool("search_memory", {"query": "cutover"})
-                assert structured(nameless)["error"] == "McpSessionError"
+                assert structured(nameless)["error"] == errors.McpSessionError.__name__
             async with _http_client(url, BO_TOKEN) as client:  # another caller, same run id
                 stolen = await client.call_tool("search_memory", {"query": "cutover"},
                                                 meta={"recallbound/run_id": "run-http"})
-                assert structured(stolen)["error"] == "RunIdentityError"
+                assert structured(stolen)["error"] == errors.RunIdentityError.__name__
                 mine = await search(client, "backfill dry-run budget", run_id="run-bo")
                 assert mine["status"] == "ok" and mine["evidence_ids"] == ["m-foreign"]
             async with _http_client(url, TOKEN, mode="legacy") as client:  # a session: one run
