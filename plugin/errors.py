@@ -208,3 +208,16 @@ class RetrieverFailedError(RecallboundError):
 
     def __reduce__(self) -> tuple[type[RetrieverFailedError], tuple[str]]:
         return (type(self), (self.reason,))
+
+
+# --- mcp
+class RunIdentityError(RecallboundError, ValueError):
+    """A run id already bound to one principal and scope was used with another."""
+
+
+class McpAuthError(RecallboundError, ValueError):
+    """The MCP server's caller cannot be trusted: no valid token, or a bad token table."""
+
+
+class McpSessionError(RecallboundError, ValueError):
+    """An MCP request names no run and comes over a transport with no client session."""

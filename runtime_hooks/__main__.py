@@ -1,5 +1,5 @@
 """The ``recallbound`` command: ``demo``, ``evaluate``, ``ledger runs|show|prune|check``,
-``config show``.
+``config show``, ``mcp``.
 
 Bad input (a missing file, a foreign database, an unknown run, a bad setting) prints one
 ``recallbound: ...`` line on stderr and exits 1; a usage error exits 2 (argparse). No
@@ -52,6 +52,9 @@ def _parser() -> argparse.ArgumentParser:
         "evaluate", help="evaluate query planning and ranking on a scenario file"))
     ledger_cli.add_commands(commands)
     config_cli.add_commands(commands)
+    from .mcp import cli as mcp_cli  # the mcp extra; imported only to register the command
+
+    mcp_cli.add_command(commands)
     return parser
 
 
@@ -80,6 +83,10 @@ def main(
             return ledger_cli.run(args, out, clock if clock is not None else SystemClock())
         if args.command == "config":
             return config_cli.run(args, out)
+        if args.command == "mcp":
+            from .mcp import cli as mcp_cli
+
+            return mcp_cli.run(args, err)
         if args.command == "evaluate":
             from plugin.evaluation import command as evaluation
 

@@ -428,6 +428,8 @@ def _read_file(path: Path) -> dict[str, tuple[object, str]]:
                 walk(value, key + ".")
             elif key in _BY_KEY:
                 found[key] = (value, f"{path}: {key}")
+            elif key == "mcp":
+                pass  # the MCP server's own table, read and checked by runtime_hooks.mcp.cli
             else:
                 raise _unknown(key, f"in {path}", [*_BY_KEY, *_SECTIONS])
 

@@ -1,0 +1,80 @@
+"""Launch ``recallbound mcp`` over stdio, as an MCP client would, and call it offline.
+
+It seeds a memory store in a temporary folder, starts the server as a subprocess (the
+``mcp`` extra), asks ``recall_context`` for context, then sends six parallel
+``search_memory`` calls of one run: four get evidence, two get the typed refusal.
+
+    python examples/mcp_client.py            # server and client on asyncio
+    python examples/mcp_client.py trio       # the server runs under trio
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import anyio
+from mcp import Client, StdioServerParameters
+
+from runtime_hooks.bootstrap import RecallConfig, open_hooks
+from runtime_hooks.demo import seed
+
+QUERIES = ("invoice backfill dry-run", "currency rounding rule", "rollback runbook",
+           "billing migration kickoff", "cutover date", "deploy window")
+
+
+async def main(backend: str) -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        ledger, store = Path(folder, "ledger.db"), Path(folder, "store.db")
+        async with open_hooks(RecallConfig(ledger_path=ledger, store_path=store)) as hooks:
+            await seed(hooks.retriever.store)  # type: ignore[attr-defined]
+        server = StdioServerParameters(
+            command=sys.executable,
+            args=["-m", "runtime_hooks", "mcp", "--principal", "ana", "--scope", "atlas",
+                  "--backend", backend, "--window-ms", "50"],
+            env={**os.environ, "RECALLBOUND_LEDGER": str(ledger),
+                 "RECALLBOUND_STORE": str(store)},
+        )
+        meta = {"recallbound/run_id": "example-run"}
+        async with Client(server) as client:
+            tools = [tool.name for tool in (await client.list_tools()).tools]
+            print(f"server tools: {tools}")
+            context = await client.call_tool(
+                "recall_context",
+                {"current_request": "How do I run the invoice backfill dry-run?",
+                 "next_action": "Run the invoice backfill dry-run"},
+                meta=meta,
+            )
+            print("\nrecall_context (the automatic round, 2 slots):")
+            print(_indent(context.content[0].text))  # type: ignore[union-attr]
+
+            results: dict[str, Any] = {}
+
+            async def one(query: str) -> None:
+                answer = await client.call_tool("search_memory", {"query": query}, meta=meta)
+                results[query] = answer.structured_content
+
+            async with anyio.create_task_group() as tg:
+                for query in QUERIES:
+                    tg.start_soon(one, query)
+        print("\nsix parallel search_memory calls (2 slots left, one shared round):")
+        for query in QUERIES:
+            found = results[query]
+            if found["status"] == "ok":
+                print(f"- {query!r}: evidence {found['evidence_ids']}")
+            else:
+                print(f"- {query!r}: {found['status']} ({found['refusal']['reason']})")
+        refused = next(r for r in results.values() if r["status"] == "refused")
+        print("\nwhat the model reads for a refused call:")
+        print(_indent(refused["content"]))
+
+
+def _indent(text: str) -> str:
+    return "\n".join(f"    {line}" for line in text.splitlines())
+
+
+if __name__ == "__main__":
+    anyio.run(main, sys.argv[1] if len(sys.argv) > 1 else "asyncio")

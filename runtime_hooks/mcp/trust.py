@@ -1,0 +1,146 @@
+"""Who the caller is: the principal and scope every tool call runs under.
+
+Principal and scope never come from tool arguments. Over stdio (one user per launched
+server) they are the server's own: ``--principal``/``--scope`` or the ``[mcp]`` table. Over
+HTTP they come from the caller's bearer token, looked up in a token table read from a file or
+an environment variable; the SDK's bearer middleware rejects a request without a valid token
+with ``401`` before any tool runs. Tokens are kept only as SHA-256 digests once read, and no
+message, log line or ``repr`` carries one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import attrs
+from mcp.server.auth.provider import AccessToken
+
+from plugin.errors import McpAuthError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+PRINCIPAL_CLAIM = "recallbound/principal"
+SCOPE_CLAIM = "recallbound/scope"
+MIN_TOKEN_CHARS = 16
+"""Shorter tokens are refused when the table is read: they are guessable."""
+
+
+def _text(name: str, value: object) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise McpAuthError(f"{name} must be a non-empty string")
+    return value
+
+
+def _check_text(instance: object, attribute: attrs.Attribute[str], value: object) -> None:
+    _text(attribute.name, value)
+
+
+@attrs.frozen(kw_only=True)
+class Caller:
+    """The trusted identity of a tool call."""
+
+    principal: str = attrs.field(validator=_check_text)
+    scope: str = attrs.field(validator=_check_text)
+
+
+def _digest(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+@attrs.frozen
+class TokenTable:
+    """Bearer token digest -> :class:`Caller`. Build with :meth:`from_entries`."""
+
+    _callers: Mapping[str, Caller] = attrs.field(repr=lambda m: f"<{len(m)} tokens>")
+
+    @classmethod
+    def from_entries(cls, entries: Iterable[object], *, source: str) -> TokenTable:
+        """Entries are ``{"token", "principal", "scope"}`` objects; errors name ``source`` and
+        the entry's position, never the token."""
+        callers: dict[str, Caller] = {}
+        for position, entry in enumerate(entries):
+            where = f"{source}: token entry {position}"
+            if not isinstance(entry, Mapping) or set(entry) != {"token", "principal", "scope"}:
+                raise McpAuthError(f"{where} must have exactly 'token', 'principal', 'scope'")
+            token = entry["token"]
+            if not isinstance(token, str) or len(token.strip()) < MIN_TOKEN_CHARS:
+                raise McpAuthError(f"{where}: the token must be a string of at least "
+                                   f"{MIN_TOKEN_CHARS} characters")
+            try:
+                caller = Caller(principal=_text("principal", entry["principal"]),
+                                scope=_text("scope", entry["scope"]))
+            except McpAuthError as exc:
+                raise McpAuthError(f"{where}: {exc}") from None
+            digest = _digest(token)
+            if digest in callers:
+                raise McpAuthError(f"{where}: the same token appears twice")
+            callers[digest] = caller
+        if not callers:
+            raise McpAuthError(f"{source}: no token entries")
+        return cls(callers)
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> TokenTable:
+        """A TOML file of ``[[token]]`` tables (``token``, ``principal``, ``scope``)."""
+        try:
+            with Path(path).open("rb") as handle:
+                document = tomllib.load(handle)
+        except OSError as exc:
+            raise McpAuthError(f"token file {os.fspath(path)!r}: cannot read: "
+                               f"{exc.strerror}") from None
+        except tomllib.TOMLDecodeError:
+            raise McpAuthError(f"token file {os.fspath(path)!r}: not valid TOML") from None
+        if set(document) != {"token"} or not isinstance(document["token"], list):
+            raise McpAuthError(f"token file {os.fspath(path)!r}: expected [[token]] tables only")
+        return cls.from_entries(document["token"], source=f"token file {os.fspath(path)!r}")
+
+    @classmethod
+    def from_env(cls, name: str, env: Mapping[str, str] | None = None) -> TokenTable:
+        """The environment variable ``name``: a JSON list of token objects."""
+        env = os.environ if env is None else env
+        text = env.get(name)
+        if text is None:
+            raise McpAuthError(f"environment variable {name} is not set")
+        try:
+            entries = json.loads(text)
+        except ValueError:
+            raise McpAuthError(f"environment variable {name}: not valid JSON") from None
+        if not isinstance(entries, list):
+            raise McpAuthError(f"environment variable {name}: expected a JSON list")
+        return cls.from_entries(entries, source=f"environment variable {name}")
+
+    def caller(self, token: str) -> Caller | None:
+        """The caller a presented token maps to, or None."""
+        return self._callers.get(_digest(token))
+
+
+@attrs.frozen
+class TableTokenVerifier:
+    """The SDK's ``TokenVerifier`` over a :class:`TokenTable`: the bearer middleware calls it
+    for every HTTP request, and a request whose token it does not know gets ``401``."""
+
+    table: TokenTable
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        caller = self.table.caller(token)
+        if caller is None:
+            return None
+        return AccessToken(
+            token="<redacted>", client_id=caller.principal, scopes=[], subject=caller.principal,
+            claims={PRINCIPAL_CLAIM: caller.principal, SCOPE_CLAIM: caller.scope},
+        )
+
+
+def caller_of_token(token: AccessToken) -> Caller:
+    """The caller an authenticated request's access token names."""
+    claims = token.claims or {}
+    return Caller(principal=_text("principal", claims.get(PRINCIPAL_CLAIM)),
+                  scope=_text("scope", claims.get(SCOPE_CLAIM)))

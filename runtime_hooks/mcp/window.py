@@ -1,0 +1,179 @@
+"""Parallel ``search_memory`` requests of one run share one deliberate round (group commit).
+
+An MCP client sends a model response's parallel tool calls as separate requests, so no hook
+sees the batch. The server rebuilds it: the first request of a run opens a batch, and every
+request of that run that arrives before the batch closes joins it; the batch then goes to
+:meth:`RecallHooks.dispatch <runtime_hooks.hooks.RecallHooks.dispatch>` as one turn (one
+round, one slot per valid call, the rest refused). Rounds of one run run one at a time;
+requests that arrive while a round is in flight form the next batch.
+
+When a batch closes. After the run's earlier round (if any) is done, the run's usage is read
+from the ledger; then
+
+* a batch of one call closes at once (a lone request never waits), unless the run has one
+  round left: spending the last round on one call would refuse every call that is a few
+  microseconds behind it, so the batch waits for them;
+* a batch that already holds several calls (they arrived together) stays open until
+  ``window_s`` after its first call arrived, to take the rest of the burst;
+* either way it closes as soon as it holds as many calls as the run has slots left, and at
+  once when the run has no slot or round left (every call is refused without waiting).
+
+A batch runs in the window's own task group, not in any request's task: a client that
+disconnects or cancels its request leaves the round running for the others; its slot stays
+consumed (no refunds) and its result is dropped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+import attrs
+from anyio.abc import TaskGroup
+
+from runtime_hooks.hooks import RecallHooks, ToolCall, ToolResult
+
+DEFAULT_WINDOW_S = 0.005
+"""How long a batch that holds several calls stays open for the rest of its burst."""
+
+
+def check_window(value: object) -> float:
+    """``value`` as a window in seconds: a finite number >= 0 (``ValueError``/``TypeError``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"the batch window must be a number of seconds, got {type(value).__name__}")
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"the batch window must be finite and >= 0 seconds, got {value!r}")
+    return float(value)
+
+
+@attrs.define(eq=False)
+class _Batch:
+    run_id: str
+    principal: str
+    scope: str
+    opened: float
+    calls: list[ToolCall] = attrs.field(factory=list)
+    grew: anyio.Event = attrs.field(factory=anyio.Event)
+    done: anyio.Event = attrs.field(factory=anyio.Event)
+    results: dict[str, ToolResult] = attrs.field(factory=dict)
+    error: Exception | None = None
+
+    def add(self, call: ToolCall) -> None:
+        self.calls.append(call)
+        self.grew.set()
+        self.grew = anyio.Event()
+
+
+@attrs.define(eq=False)
+class _Run:
+    lock: anyio.Lock = attrs.field(factory=anyio.Lock)
+    collecting: _Batch | None = None
+    users: int = 0
+
+
+@attrs.define(eq=False)
+class BatchWindow:
+    """The per-run batches of one server (enter it with ``async with`` to run batches)."""
+
+    hooks: RecallHooks
+    window_s: float = attrs.field(default=DEFAULT_WINDOW_S, converter=check_window)
+    _runs: dict[str, _Run] = attrs.field(factory=dict, init=False, repr=False)
+    _tasks: TaskGroup | None = attrs.field(default=None, init=False, repr=False)
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[BatchWindow]:
+        """Run batches in a task group of their own; cancel those still in flight on exit."""
+        async with anyio.create_task_group() as tasks:
+            self._tasks = tasks
+            try:
+                yield self
+            finally:
+                self._tasks = None
+                tasks.cancel_scope.cancel()
+
+    def rounds_in_use(self) -> int:
+        """Runs with a batch or a round in flight (for tests: 0 when nothing leaked)."""
+        return len(self._runs)
+
+    @asynccontextmanager
+    async def _use(self, run_id: str) -> AsyncIterator[_Run]:
+        run = self._runs.setdefault(run_id, _Run())
+        run.users += 1
+        try:
+            yield run
+        finally:
+            run.users -= 1
+            if run.users == 0 and self._runs.get(run_id) is run:
+                del self._runs[run_id]
+
+    async def search(
+        self, call: ToolCall, *, run_id: str, principal: str, scope: str
+    ) -> ToolResult:
+        """The result of ``call``, searched in the run's current batch.
+
+        Raises what :meth:`RecallHooks.dispatch` raised for the batch (a ledger that is
+        locked or unavailable: nothing was searched).
+        """
+        if self._tasks is None:
+            raise RuntimeError("BatchWindow.search needs `async with window.running()`")
+        async with self._use(run_id) as run:
+            batch = run.collecting
+            if batch is None or (batch.principal, batch.scope) != (principal, scope):
+                batch = run.collecting = _Batch(run_id, principal, scope, anyio.current_time())
+                run.users += 1  # the batch's task holds the run too
+                self._tasks.start_soon(self._flush, run_id, run, batch)
+            batch.add(call)
+            await batch.done.wait()
+        if batch.error is not None:
+            raise batch.error
+        return batch.results[call.call_id]
+
+    @asynccontextmanager
+    async def exclusive(self, run_id: str) -> AsyncIterator[None]:
+        """Hold the run's round lock (an automatic round never overlaps a batch's round)."""
+        async with self._use(run_id) as run, run.lock:
+            yield
+
+    async def _flush(self, run_id: str, run: _Run, batch: _Batch) -> None:
+        try:
+            async with run.lock:
+                await self._hold(batch)
+                if run.collecting is batch:
+                    run.collecting = None
+                results = await self.hooks.dispatch(
+                    batch.calls, run_id=run_id, scope=batch.scope, principal=batch.principal
+                )
+                batch.results = {result.call_id: result for result in results}
+        except Exception as exc:  # the batch's own failure, handed to each of its requests
+            batch.error = exc
+        finally:
+            if run.collecting is batch:
+                run.collecting = None
+            batch.done.set()
+            run.users -= 1
+            if run.users == 0 and self._runs.get(run_id) is run:
+                del self._runs[run_id]
+
+    async def _hold(self, batch: _Batch) -> None:
+        """Wait while the batch may still grow usefully (see the module docstring)."""
+        allowance = self.hooks.allowance
+        if allowance.is_legacy:
+            return
+        usage = await allowance.ledger.usage(batch.run_id)
+        policy = allowance.policy
+        slots_left = policy.max_searches - usage.reserved
+        rounds_left = policy.max_rounds - usage.rounds
+        expired = usage.deadline_wall is not None and allowance.clock.wall() >= usage.deadline_wall
+        if slots_left <= 0 or rounds_left <= 0 or expired:
+            return
+        if len(batch.calls) == 1 and rounds_left > 1:
+            return  # a lone request never waits
+        closes = batch.opened + self.window_s
+        while len(batch.calls) < slots_left:
+            left = closes - anyio.current_time()
+            if left <= 0:
+                return
+            with anyio.move_on_after(left):
+                await batch.grew.wait()

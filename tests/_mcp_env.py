@@ -1,0 +1,55 @@
+"""Helpers shared by the MCP server's test modules: a seeded server and call helpers."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import mcp_types as types
+from mcp import Client
+
+from plugin import AllowancePolicy, Clock
+from runtime_hooks.bootstrap import RecallConfig, open_hooks
+from runtime_hooks.demo import PRINCIPAL, SCOPE, seed
+from runtime_hooks.mcp import Caller, RecallServer
+
+from ._hooks_env import store_of
+
+ANA = Caller(principal=PRINCIPAL, scope=SCOPE)
+QUERIES = (
+    "invoice backfill dry-run", "currency rounding rule", "rollback runbook",
+    "billing migration kickoff", "cutover date", "deploy window",
+)
+
+
+def config(folder: Path, **policy: Any) -> RecallConfig:
+    return RecallConfig(ledger_path=folder / "ledger.db", store_path=folder / "store.db",
+                        policy=AllowancePolicy(**policy))
+
+
+@asynccontextmanager
+async def recall_server(
+    folder: Path, *, clock: Clock | None = None, seeded: bool = True, window_s: float = 0.005,
+    caller: Caller | None = ANA, **policy: Any,
+) -> AsyncIterator[RecallServer]:
+    """A server over a ledger and a store in ``folder`` (seeded with the demo's memories)."""
+    fresh = not (folder / "store.db").exists()
+    async with open_hooks(config(folder, **policy), clock=clock) as hooks:
+        if seeded and fresh:
+            await seed(store_of(hooks))
+        yield RecallServer(hooks, caller=caller, window_s=window_s)
+
+
+def structured(result: types.CallToolResult) -> Mapping[str, Any]:
+    assert result.structured_content is not None
+    return result.structured_content
+
+
+async def search(
+    client: Client, query: object, *, run_id: str | None = None, **extra: object
+) -> Mapping[str, Any]:
+    meta = {"recallbound/run_id": run_id} if run_id is not None else None
+    result = await client.call_tool("search_memory", {"query": query, **extra}, meta=meta)
+    return structured(result)

@@ -1,0 +1,298 @@
+"""The MCP server in process (the SDK's in-memory client), on asyncio and trio.
+
+Every test talks to :class:`RecallServer` through ``mcp.Client`` as a real client would, and
+checks what the client reads beside the ledger's counts. Queries are about the demo's seeded
+memories (principal ``ana``, scope ``atlas``).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Mapping
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import anyio
+import attrs
+import pytest
+from mcp import Client
+
+from plugin import ManualClock, SqliteLedger, errors
+from plugin.memory.preparation import PreparedRecall
+from runtime_hooks.mcp import RecallServer
+from runtime_hooks.mcp.trust import Caller
+
+from ._mcp_env import ANA, QUERIES, recall_server, search, structured
+
+pytestmark = pytest.mark.anyio
+
+BO = Caller(principal="bo", scope="atlas")
+
+
+async def parallel(client: Client, queries: tuple[str, ...], **kw: Any) -> list[Mapping[str, Any]]:
+    results: list[Mapping[str, Any]] = [{} for _ in queries]
+
+    async def one(index: int) -> None:
+        results[index] = await search(client, queries[index], **kw)
+
+    async with anyio.create_task_group() as tg:
+        for index in range(len(queries)):
+            tg.start_soon(one, index)
+    return results
+
+
+async def usage(server: RecallServer, run_id: str) -> tuple[int, int, int]:
+    found = await server.hooks.allowance.ledger.usage(run_id)
+    return found.rounds, found.reserved, found.executed
+
+
+def statuses(results: list[Mapping[str, Any]]) -> list[str]:
+    return sorted(result["status"] for result in results)
+
+
+async def test_six_parallel_searches_get_four_slots_and_two_refusals(tmp_path: Path) -> None:
+    async with recall_server(tmp_path, window_s=1.0) as server, Client(server.server) as client:
+        results = await parallel(client, QUERIES, run_id="run-six")
+        assert statuses(results) == ["ok"] * 4 + ["refused"] * 2
+        refusals = [r["refusal"] for r in results if r["status"] == "refused"]
+        assert {r["reason"] for r in refusals} == {"slots"}
+        assert all("bounded" in r["message"] and "not evidence" in r["message"]
+                   for r in refusals)
+        rounds, reserved, executed = await usage(server, "run-six")
+        assert rounds <= 2 and (reserved, executed) == (4, 4)
+
+
+async def test_six_parallel_searches_after_the_automatic_round_get_two_slots(
+    tmp_path: Path,
+) -> None:
+    async with recall_server(tmp_path, window_s=1.0) as server, Client(server.server) as client:
+        meta = {"recallbound/run_id": "run-auto"}
+        context = await client.call_tool(
+            "recall_context",
+            {"current_request": "How do I run the invoice backfill dry-run?",
+             "next_action": "Run the invoice backfill dry-run",
+             "tasks": [{"text": "Confirm currency rounding rules", "done": False}]},
+            meta=meta,
+        )
+        assert structured(context)["status"] == "ok"
+        assert "m-backfill" in structured(context)["evidence_ids"]
+        assert (await usage(server, "run-auto"))[:2] == (1, 2)  # one round, two slots
+        results = await parallel(client, QUERIES, run_id="run-auto")
+        assert statuses(results) == ["ok"] * 2 + ["refused"] * 4
+        assert (await usage(server, "run-auto"))[:2] == (2, 4)
+        # never more than 2 rounds: a later search is refused without a round
+        later = await search(client, "deploy window", run_id="run-auto")
+        assert later["status"] == "refused" and later["refusal"]["reason"] in ("rounds", "slots")
+        assert (await usage(server, "run-auto"))[:2] == (2, 4)
+
+
+async def test_a_lone_search_never_waits_for_the_window(tmp_path: Path) -> None:
+    async with recall_server(tmp_path, window_s=3600.0) as server, Client(server.server) as client:
+        with anyio.fail_after(60):
+            result = await search(client, "invoice backfill dry-run", run_id="run-lone")
+        assert result["status"] == "ok" and "m-backfill" in result["evidence_ids"]
+        assert await usage(server, "run-lone") == (1, 1, 1)
+
+
+async def test_a_search_after_the_deadline_is_refused(tmp_path: Path) -> None:
+    clock = ManualClock(wall=1_800_000_000.0, monotonic=0.0)
+    async with recall_server(tmp_path, clock=clock) as server, Client(server.server) as client:
+        first = await search(client, "cutover date", run_id="run-late")
+        assert first["status"] == "ok"
+        clock.advance(10.5)
+        late = await search(client, "deploy window", run_id="run-late")
+        assert late["status"] == "refused" and late["refusal"]["reason"] == "deadline"
+        assert await usage(server, "run-late") == (1, 1, 1)
+
+
+async def test_a_second_server_instance_resumes_the_run(tmp_path: Path) -> None:
+    async with recall_server(tmp_path) as server, Client(server.server) as client:
+        assert (await search(client, "cutover date", run_id="run-resume"))["status"] == "ok"
+    async with recall_server(tmp_path, window_s=1.0) as server, Client(server.server) as client:
+        results = await parallel(client, QUERIES, run_id="run-resume")
+        assert statuses(results) == ["ok"] * 3 + ["refused"] * 3
+        assert await usage(server, "run-resume") == (2, 4, 4)
+
+
+async def test_without_a_run_id_one_client_session_is_one_run(tmp_path: Path) -> None:
+    async with recall_server(tmp_path) as server:
+        async with Client(server.server) as client:
+            for query in QUERIES[:2]:  # two lone searches: two rounds of the session's run
+                assert (await search(client, query))["status"] == "ok"
+            third = await search(client, QUERIES[2])
+            assert third["status"] == "refused" and third["refusal"]["reason"] == "rounds"
+        async with Client(server.server) as client:  # a new session is a new run
+            assert (await search(client, QUERIES[3]))["status"] == "ok"
+        tools = {tool.name: tool for tool in (await _list(server)).tools}
+        assert "recallbound/run_id" in (tools["search_memory"].description or "")
+        assert "client session is one run" in (tools["search_memory"].description or "")
+
+
+async def _list(server: RecallServer) -> Any:
+    async with Client(server.server) as client:
+        return await client.list_tools()
+
+
+async def test_a_run_id_from_meta_is_shared_across_sessions(tmp_path: Path) -> None:
+    async with recall_server(tmp_path) as server:
+        for query in QUERIES[:2]:
+            async with Client(server.server) as client:
+                assert (await search(client, query, run_id="run-meta"))["status"] == "ok"
+        async with Client(server.server) as client:
+            third = await search(client, QUERIES[2], run_id="run-meta")
+        assert third["status"] == "refused" and third["refusal"]["reason"] == "rounds"
+        assert await usage(server, "run-meta") == (2, 2, 2)
+
+
+async def test_a_run_id_reused_by_another_principal_is_rejected(tmp_path: Path) -> None:
+    async with recall_server(tmp_path) as ana:
+        bo = RecallServer(ana.hooks, caller=BO, identities=ana.identities)
+        async with Client(ana.server) as client:
+            assert (await search(client, "cutover date", run_id="run-owned"))["status"] == "ok"
+        async with Client(bo.server) as client:
+            result = await client.call_tool("search_memory", {"query": "cutover date"},
+                                            meta={"recallbound/run_id": "run-owned"})
+            assert result.is_error
+            assert structured(result)["status"] == "invalid"
+            assert structured(result)["error"] == errors.RunIdentityError.__name__
+            context = await client.call_tool("recall_context", {"current_request": "Continue"},
+                                             meta={"recallbound/run_id": "run-owned"})
+            assert structured(context)["error"] == errors.RunIdentityError.__name__
+        assert await usage(ana, "run-owned") == (1, 1, 1)
+
+
+async def test_a_forged_principal_or_scope_in_arguments_is_rejected(tmp_path: Path) -> None:
+    async with recall_server(tmp_path) as server, Client(server.server) as client:
+        for forged in ({"principal": "bo"}, {"scope": "personal"}, {"run_id": "other"}):
+            result = await client.call_tool(
+                "search_memory", {"query": "backfill dry-run budget", **forged},
+                meta={"recallbound/run_id": "run-forged"},
+            )
+            assert result.is_error and structured(result)["status"] == "invalid"
+        context = await client.call_tool(
+            "recall_context", {"current_request": "Continue", "principal": "bo"},
+            meta={"recallbound/run_id": "run-forged"},
+        )
+        assert context.is_error and structured(context)["status"] == "invalid"
+        assert await usage(server, "run-forged") == (0, 0, 0)
+        # _meta cannot name the principal either: the search runs as the server's caller
+        result = await client.call_tool(
+            "search_memory", {"query": "backfill dry-run budget"},
+            meta={"recallbound/run_id": "run-forged", "recallbound/principal": "bo"},
+        )
+        assert structured(result)["status"] == "ok"
+        assert "m-foreign" not in structured(result)["evidence_ids"]
+
+
+@pytest.mark.parametrize("arguments", [
+    {"query": 42},
+    {"query": "x" * 5000},
+    {"query": "?!"},
+    {},
+    {"query": "cutover", "extra": {"a": [[[[[1]]]]]}},
+])
+async def test_malformed_arguments_are_typed_errors_and_the_server_keeps_serving(
+    tmp_path: Path, arguments: dict[str, Any]
+) -> None:
+    async with recall_server(tmp_path) as server, Client(server.server) as client:
+        result = await client.call_tool("search_memory", arguments,
+                                        meta={"recallbound/run_id": "run-bad"})
+        assert result.is_error and structured(result)["status"] == "invalid"
+        assert await usage(server, "run-bad") == (0, 0, 0)
+        assert (await search(client, "cutover date", run_id="run-bad"))["status"] == "ok"
+
+
+async def test_an_oversized_working_state_and_a_bad_run_id_are_typed_errors(
+    tmp_path: Path,
+) -> None:
+    async with recall_server(tmp_path) as server, Client(server.server) as client:
+        big = await client.call_tool("recall_context", {"current_request": "x" * 70_000},
+                                     meta={"recallbound/run_id": "run-big"})
+        assert big.is_error and structured(big)["error"] == errors.InvalidWorkingStateError.__name__
+        bad = await client.call_tool("search_memory", {"query": "cutover"},
+                                     meta={"recallbound/run_id": 7})
+        assert bad.is_error and structured(bad)["error"] == errors.InvalidRunIdError.__name__
+        assert await usage(server, "run-big") == (0, 0, 0)
+
+
+async def test_an_unknown_tool_is_a_typed_error_and_the_server_keeps_serving(
+    tmp_path: Path,
+) -> None:
+    async with recall_server(tmp_path) as server, Client(server.server) as client:
+        result = await client.call_tool("delete_memory", {"id": "m-backfill"})
+        assert result.is_error and structured(result)["error"] == "UnknownTool"
+        assert (await search(client, "cutover date", run_id="run-u"))["status"] == "ok"
+
+
+@attrs.define
+class _Gate:
+    """A retriever whose searches wait until released (to disconnect in the middle)."""
+
+    inner: Any
+    entered: anyio.Event = attrs.field(factory=anyio.Event)
+    release: anyio.Event = attrs.field(factory=anyio.Event)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def search(self, prepared: PreparedRecall, handle: Any, **kw: Any) -> Any:
+        self.entered.set()
+        await self.release.wait()
+        return await self.inner.search(prepared, handle, **kw)
+
+
+async def test_a_client_that_disconnects_mid_search_keeps_the_slot_consumed(
+    tmp_path: Path,
+) -> None:
+    async with recall_server(tmp_path) as plain:
+        gate = _Gate(plain.hooks.retriever)
+        server = RecallServer(attrs.evolve(plain.hooks, retriever=gate), caller=ANA)
+        async with Client(server.server) as client, anyio.create_task_group() as tg:
+            tg.start_soon(partial(search, client, "cutover date", run_id="run-gone"))
+            await gate.entered.wait()
+            tg.cancel_scope.cancel()  # the client leaves while the search runs
+        gate.release.set()
+        assert await usage(server, "run-gone") == (1, 1, 1)  # consumed, never refunded
+        async with Client(server.server) as client:  # and the server keeps serving
+            assert (await search(client, "deploy window", run_id="run-gone"))["status"] == "ok"
+        assert await usage(server, "run-gone") == (2, 2, 2)
+
+
+async def test_an_unavailable_ledger_fails_closed_and_the_server_keeps_serving(
+    tmp_path: Path,
+) -> None:
+    async with recall_server(tmp_path) as server, Client(server.server) as client:
+        await server.hooks.allowance.ledger.aclose()
+        for _ in range(2):
+            result = await client.call_tool("search_memory", {"query": "cutover date"},
+                                            meta={"recallbound/run_id": "run-down"})
+            assert result.is_error and structured(result)["status"] == "failed"
+            assert "not evidence" in structured(result)["content"]
+        context = await client.call_tool("recall_context", {"current_request": "Continue"})
+        assert context.is_error and structured(context)["status"] == "failed"
+        assert [tool.name for tool in (await client.list_tools()).tools] == [
+            "search_memory", "recall_context"]
+
+
+async def test_a_locked_ledger_fails_closed_and_the_server_keeps_serving(tmp_path: Path) -> None:
+    async with recall_server(tmp_path) as plain, SqliteLedger(
+        tmp_path / "ledger.db", timeout=0.2
+    ) as impatient:
+        hooks = attrs.evolve(plain.hooks, allowance=attrs.evolve(plain.hooks.allowance,
+                                                                 ledger=impatient))
+        server = RecallServer(hooks, caller=ANA)
+        holder = sqlite3.connect(tmp_path / "ledger.db", isolation_level=None)
+        try:
+            holder.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+            async with Client(server.server) as client:
+                locked = await client.call_tool("search_memory", {"query": "cutover date"},
+                                                meta={"recallbound/run_id": "run-locked"})
+                assert locked.is_error and structured(locked)["status"] == "failed"
+                assert structured(locked)["error"] == errors.LedgerLockedError.__name__
+                holder.execute("ROLLBACK")
+                again = await search(client, "cutover date", run_id="run-locked")
+                assert again["status"] == "ok"
+        finally:
+            holder.close()
+        assert await usage(server, "run-locked") == (1, 1, 1)

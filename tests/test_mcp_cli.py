@@ -1,0 +1,122 @@
+"""``recallbound mcp``'s settings, token table and refusals to start (no server runs here)."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from plugin.errors import InvalidConfigError, McpAuthError
+from runtime_hooks.__main__ import main
+from runtime_hooks.bootstrap import RecallConfig
+from runtime_hooks.mcp import cli
+from runtime_hooks.mcp.trust import TokenTable
+
+TOKEN = "s3cret-token-0123456789"
+
+
+def _run(argv: list[str], monkeypatch: pytest.MonkeyPatch, folder: Path) -> tuple[int, str]:
+    monkeypatch.chdir(folder)
+    for name in ("RECALLBOUND_CONFIG", "RECALLBOUND_MCP_TOKENS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RECALLBOUND_LEDGER", str(folder / "ledger.db"))
+    monkeypatch.setenv("RECALLBOUND_STORE", str(folder / "store.db"))
+    err = io.StringIO()
+    return main(argv, stderr=err), err.getvalue()
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["mcp"], "stdio needs --principal and --scope"),
+    (["mcp", "--principal", "ana"], "stdio needs --principal and --scope"),
+    (["mcp", "--http", "127.0.0.1:8765", "--backend", "trio"], "asyncio only"),
+    (["mcp", "--http", "no-port"], "--http must be HOST:PORT"),
+    (["mcp", "--http", "127.0.0.1:8765"], "RECALLBOUND_MCP_TOKENS is not set"),
+    (["mcp", "--principal", "ana", "--scope", "atlas", "--window-ms", "-1"], "--window-ms"),
+    (["mcp", "--principal", "ana", "--scope", "atlas", "--config", "missing.toml"],
+     "does not exist"),
+])
+def test_a_server_that_cannot_start_says_why_in_one_line(
+    argv: list[str], words: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    status, err = _run(argv, monkeypatch, tmp_path)
+    assert status == 1
+    assert err.startswith("recallbound: ") and words in err and err.count("\n") == 1
+
+
+def test_the_mcp_table_is_read_and_the_command_line_wins(tmp_path: Path) -> None:
+    (tmp_path / "recallbound.toml").write_text(
+        'ledger = "l.db"\nstore = "s.db"\n\n[mcp]\nprincipal = "ana"\nscope = "atlas"\n'
+        'window_ms = 20\ntoken_file = "tokens.toml"\n'
+    )
+    parser = _parser()
+    env = {"RECALLBOUND_CONFIG": str(tmp_path / "recallbound.toml")}
+    chosen = cli.settings(parser.parse_args(["mcp"]), env)
+    assert (chosen.principal, chosen.scope, chosen.window_s) == ("ana", "atlas", 0.02)
+    assert chosen.token_file == tmp_path / "tokens.toml"
+    chosen = cli.settings(parser.parse_args(["mcp", "--scope", "other", "--window-ms", "0"]), env)
+    assert (chosen.principal, chosen.scope, chosen.window_s) == ("ana", "other", 0.0)
+    # the hooks' own reader leaves the [mcp] table alone
+    config = RecallConfig.from_sources(tmp_path / "recallbound.toml", env={})
+    assert Path(config.ledger_path) == tmp_path / "l.db"
+
+
+def test_an_unknown_mcp_key_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "recallbound.toml").write_text('[mcp]\nprincipial = "ana"\n')
+    with pytest.raises(InvalidConfigError, match=r"mcp\.principial"):
+        cli.settings(_parser().parse_args(["mcp", "--config", str(tmp_path / "recallbound.toml")]),
+                     {})
+
+
+def test_the_server_s_own_variables_never_reach_the_hooks_configuration() -> None:
+    env = {"RECALLBOUND_MCP_TOKENS": "[]", "RECALLBOUND_LEDGER": "l.db", "HOME": "/h"}
+    assert cli.hooks_env(env) == {"RECALLBOUND_LEDGER": "l.db", "HOME": "/h"}
+
+
+def _parser() -> argparse.ArgumentParser:
+    from runtime_hooks.__main__ import _parser
+
+    return _parser()
+
+
+@pytest.mark.parametrize(("entries", "words"), [
+    ([], "no token entries"),
+    ([{"token": "short", "principal": "ana", "scope": "atlas"}], "at least 16"),
+    ([{"token": TOKEN, "principal": "ana"}], "exactly 'token', 'principal', 'scope'"),
+    ([{"token": TOKEN, "principal": "", "scope": "atlas"}], "principal must be"),
+    ([{"token": TOKEN, "principal": "ana", "scope": "atlas"},
+      {"token": TOKEN, "principal": "bo", "scope": "atlas"}], "appears twice"),
+])
+def test_a_bad_token_table_is_refused_without_showing_a_token(
+    entries: list[object], words: str
+) -> None:
+    with pytest.raises(McpAuthError) as caught:
+        TokenTable.from_entries(entries, source="test")
+    assert words in str(caught.value) and TOKEN not in str(caught.value)
+
+
+def test_a_token_file_maps_tokens_to_callers_and_keeps_no_token(tmp_path: Path) -> None:
+    path = tmp_path / "tokens.toml"
+    path.write_text(f'[[token]]\ntoken = "{TOKEN}"\nprincipal = "ana"\nscope = "atlas"\n')
+    table = TokenTable.from_file(path)
+    caller = table.caller(TOKEN)
+    assert caller is not None and (caller.principal, caller.scope) == ("ana", "atlas")
+    assert table.caller(TOKEN + "x") is None and table.caller("") is None
+    assert TOKEN not in repr(table)
+    path.write_text("token = 1\n")
+    with pytest.raises(McpAuthError, match=r"\[\[token\]\] tables only"):
+        TokenTable.from_file(path)
+    with pytest.raises(McpAuthError, match="not valid JSON"):
+        TokenTable.from_env("T", {"T": "{"})
+
+
+def test_importing_the_package_and_the_command_imports_no_sdk() -> None:
+    code = (
+        "import sys, runtime_hooks, runtime_hooks.mcp, runtime_hooks.__main__ as m; m._parser(); "
+        "bad = [n for n in sys.modules if n == 'mcp' or n.startswith(('mcp.', 'mcp_types'))]; "
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
