@@ -60,6 +60,9 @@ TEST_PREFIX = "RECALLBOUND_TEST_"
 TEST_VARIABLES = frozenset({"RECALLBOUND_STRESS", "RECALLBOUND_FLEET_WORKERS",
                             "RECALLBOUND_FLEET_RUNS"})
 """The test suite's sizing variables: read by the tests, ignored by the configuration."""
+SERVER_PREFIX = "RECALLBOUND_MCP_"
+"""Variables with this prefix belong to ``recallbound mcp`` (its ``[mcp]`` table), which reads
+and checks them itself; they may hold secrets, so the configuration never reads or shows them."""
 PRECEDENCE = ("explicit", "env", "file", "default")
 """Where a value may come from, the one that wins first."""
 
@@ -463,8 +466,8 @@ def load_config(
     for name, text in env.items():
         if not name.startswith(ENV_PREFIX) or name == ENV_FILE:
             continue
-        if name.startswith(TEST_PREFIX) or name in TEST_VARIABLES:
-            continue  # the test suite's, not a setting
+        if name.startswith((TEST_PREFIX, SERVER_PREFIX)) or name in TEST_VARIABLES:
+            continue  # the test suite's or the MCP server's, not a setting
         if name not in _BY_ENV:
             raise _unknown(name, "environment variable", [*_BY_ENV, ENV_FILE])
         env_values[_BY_ENV[name].key] = (text, name)

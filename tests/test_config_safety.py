@@ -269,8 +269,8 @@ def test_every_semantic_choice_is_loaded_in_one_place(choice: Semantic) -> None:
 
 @pytest.mark.parametrize("name", ["RECALLBOUND_TEST_PG_DSN", "RECALLBOUND_STRESS",
                                   "RECALLBOUND_FLEET_WORKERS", "RECALLBOUND_FLEET_RUNS",
-                                  "RECALLBOUND_TEST_ANYTHING"])
-def test_the_test_suites_variables_do_not_break_commands(
+                                  "RECALLBOUND_TEST_ANYTHING", "RECALLBOUND_MCP_TOKENS"])
+def test_the_test_suites_and_the_servers_variables_do_not_break_commands(
     folder: Path, monkeypatch: pytest.MonkeyPatch, name: str
 ) -> None:
     monkeypatch.setenv(name, "full")

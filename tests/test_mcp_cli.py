@@ -71,9 +71,14 @@ def test_an_unknown_mcp_key_is_an_error(tmp_path: Path) -> None:
                      {})
 
 
-def test_the_server_s_own_variables_never_reach_the_hooks_configuration() -> None:
+def test_the_server_s_own_variables_never_reach_the_hooks_configuration(
+    tmp_path: Path,
+) -> None:
+    from runtime_hooks.config import load_config
+
     env = {"RECALLBOUND_MCP_TOKENS": "[]", "RECALLBOUND_LEDGER": "l.db", "HOME": "/h"}
-    assert cli.hooks_env(env) == {"RECALLBOUND_LEDGER": "l.db", "HOME": "/h"}
+    loaded = load_config(env=env, cwd=tmp_path)
+    assert "RECALLBOUND_MCP_TOKENS" not in repr(loaded)
 
 
 def _parser() -> argparse.ArgumentParser:

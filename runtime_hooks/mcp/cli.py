@@ -134,12 +134,6 @@ def settings(args: argparse.Namespace, env: Mapping[str, str]) -> McpSettings:
     )
 
 
-def hooks_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The environment the hooks' configuration reads: without the server's own variables."""
-    return {name: value for name, value in env.items()
-            if not name.startswith("RECALLBOUND_MCP_")}
-
-
 async def serve(args: argparse.Namespace, chosen: McpSettings, env: Mapping[str, str]) -> None:
     """Open the hooks from the configuration and serve until the client goes away."""
     from runtime_hooks.bootstrap import RecallConfig, open_hooks
@@ -147,7 +141,7 @@ async def serve(args: argparse.Namespace, chosen: McpSettings, env: Mapping[str,
     from .server import RecallServer
     from .trust import Caller, TableTokenVerifier, TokenTable
 
-    config = RecallConfig.from_sources(args.config, env=hooks_env(env))
+    config = RecallConfig.from_sources(args.config, env=env)
     if chosen.http is not None:
         table = (TokenTable.from_file(chosen.token_file) if chosen.token_file is not None
                  else TokenTable.from_env(chosen.tokens_env, env))
