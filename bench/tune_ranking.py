@@ -15,29 +15,38 @@ from pathlib import Path
 import anyio
 
 from plugin.evaluation import Evaluator, stream_scenarios
-from plugin.evaluation.analysis import score_row, summarise
+from plugin.evaluation.analysis import ScoredRow, score_row, summarise
 from plugin.evaluation.command import embedding_for
 from plugin.memory.ranking import RankingPolicy
 
 DEVSET = Path(__file__).resolve().parents[1] / "examples" / "devset.jsonl"
 
-VARIANTS: dict[str, tuple[RankingPolicy, float]] = {
-    "default": (RankingPolicy(), 0.25),
-    "lead3": (RankingPolicy(lead=3.0, decay=0.6), 0.25),
-    "lead6": (RankingPolicy(lead=6.0, decay=0.6), 0.25),
-    "lead6-decay0.8": (RankingPolicy(lead=6.0, decay=0.8), 0.25),
-    "lead6-whole1": (RankingPolicy(lead=6.0, decay=0.6, whole_query=1.0), 0.25),
-    "lead6-semantic2": (RankingPolicy(lead=6.0, decay=0.6, semantic=2.0), 0.25),
-    "lead6-sparse2": (RankingPolicy(lead=6.0, decay=0.6, sparse=2.0), 0.25),
-    "lead6-relfloor0.5": (RankingPolicy(lead=6.0, decay=0.6, relative_floor=0.5), 0.25),
+VARIANTS: dict[str, tuple[RankingPolicy, float | None]] = {
+    "default": (RankingPolicy(), None),
+    "equal-rrf": (RankingPolicy(fusion="rrf", confidence=False), None),
+    "equal-rrf-floor": (RankingPolicy(fusion="rrf", confidence=False), 0.25),
+    "context0.05": (RankingPolicy(context=0.05), None),
+    "context0.3": (RankingPolicy(context=0.3), None),
+    "request8": (RankingPolicy(request=8.0), None),
+    "rrf-k10": (RankingPolicy(fusion="rrf", rrf_k=10), None),
+    "rrf-k60": (RankingPolicy(fusion="rrf"), None),
+    "score-semantic0.5": (RankingPolicy(semantic=0.5), None),
+    "rrf-k3": (RankingPolicy(fusion="rrf", rrf_k=3), None),
+    "k10-semantic0.5": (RankingPolicy(fusion="rrf", rrf_k=10, semantic=0.5), None),
+    "k10-semantic0.3": (RankingPolicy(fusion="rrf", rrf_k=10, semantic=0.3), None),
+    "k20-semantic0.5": (RankingPolicy(fusion="rrf", rrf_k=20, semantic=0.5), None),
+    "context0": (RankingPolicy(context=0.0), None),
+    "sparse2": (RankingPolicy(sparse=2.0), None),
+    "entity0.3": (RankingPolicy(entity=0.3), None),
+    "request-terms1": (RankingPolicy(request_terms=1), None),
 }
 
 
-def run(name: str, policy: RankingPolicy, floor: float, semantic: str | None,
+def run(name: str, policy: RankingPolicy, floor: float | None, semantic: str | None,
         path: Path, limit: int | None) -> None:
     evaluator = Evaluator(embedding=embedding_for(semantic), ranking=policy,
                           min_similarity=floor)
-    scored = []
+    scored: list[ScoredRow] = []
 
     def collect(scenario, rows):  # type: ignore[no-untyped-def]
         scored.extend(score_row(row, scenario, (5, 10)) for row in rows)

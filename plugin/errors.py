@@ -119,3 +119,11 @@ class InvalidConfigTypeError(RecallboundError, TypeError):
 
 class AttemptHandleError(RecallboundError, RuntimeError):
     """A retriever used its attempt handle for something the attempt does not offer."""
+
+
+# --- ranking
+
+
+class EvaluationError(RecallboundError):
+    """``recallbound evaluate`` cannot run as asked: its semantic model is not installed, or
+    the rankings differ between two processes (the determinism check)."""

@@ -317,6 +317,7 @@ def test_query_has_no_date_or_belief_filter() -> None:
             "baseline_reason",
             "scope",
             "principal",
+            "roles",
             "text",
             "fingerprint",
         }

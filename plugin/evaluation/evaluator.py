@@ -176,6 +176,8 @@ class ScenarioResult:
     notes: tuple[str, ...] = ()
     ranked: tuple[str, ...] = ()
     """Ids of the round's whole ranking before the context caps (at most :data:`RANKED`)."""
+    scores: tuple[float, ...] = ()
+    """The ranking's scores, one per id of ``ranked`` (fused scores for the fused arm)."""
     latency_s: float = attrs.field(default=0.0, eq=False)
     """Real seconds the automatic round took (not part of the report's equality or JSON)."""
 
@@ -409,8 +411,8 @@ class Evaluator:
         factory=RankingPolicy, validator=attrs.validators.instance_of(RankingPolicy)
     )
     """The retriever's ranking policy (the evaluator compares variants of it)."""
-    min_similarity: float = 0.25
-    """The retriever's semantic floor."""
+    min_similarity: float | None = None
+    """The retriever's absolute semantic floor (None: no floor, fusion decides)."""
 
     @property
     def k(self) -> int:
@@ -525,6 +527,7 @@ class Evaluator:
             bounded=bounded,
             notes=tuple(notes),
             ranked=tuple(item.id for item in recall.candidates[:RANKED]),
+            scores=tuple(float(item.score) for item in recall.candidates[:RANKED]),
             latency_s=latency,
         )
 

@@ -3,8 +3,9 @@
 The round reserves ``automatic_slots``; the base search runs on one slot; the delta — a
 People-to-belief read — runs on another only when the base discovered people (a need it left
 unmet). Both attempts are opened here, not by the retriever (:mod:`plugin.memory.enforce`).
-Beliefs join the ranking before the context caps apply (after the base's best few), so a
-belief read that was paid for is not crowded out by the base's evidence.
+Beliefs join the ranking by their relevance to the query before the context caps apply
+(:func:`~plugin.memory.ranking.with_beliefs`), so a belief read that was paid for is not
+crowded out by the base's evidence.
 """
 
 from __future__ import annotations
@@ -22,8 +23,16 @@ from plugin.control import (
 from .enforce import Bounded, beliefs_attempt, search_attempt
 from .pipeline import ContextCaps, Rendered, Retriever, render
 from .preparation import PreparedRecall
-from .ranking import with_beliefs
+from .ranking import RankingPolicy, with_beliefs
 from .store import Evidence
+
+
+def _policy(retriever: Retriever) -> RankingPolicy:
+    """The retriever's ranking policy when it has one (the reference retriever), else the
+    default."""
+    policy = getattr(retriever, "ranking", None)
+    return policy if isinstance(policy, RankingPolicy) else RankingPolicy()
+
 
 NOTHING_TO_SEARCH = (
     "nothing to search: the query has no searchable terms (slot reserved, not executed)"
@@ -100,7 +109,8 @@ async def automatic_round(
                         notes.append(f"delta refused: {exc.refusal.reason.value}")
                     else:
                         slots.append(slot)
-                        ranked = with_beliefs(ranked, beliefs)
+                        ranked = with_beliefs(ranked, beliefs, query=query,
+                                              policy=_policy(retriever))
     except RecallBudgetExceeded as exc:
         refusal = exc.refusal
     return AutomaticRecall(
