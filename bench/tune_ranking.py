@@ -1,8 +1,10 @@
-"""Ranking variants on the development set: ``python -m bench.tune_ranking [--semantic ...]``.
+"""Ranking variants on development data: ``python -m bench.tune_ranking [--scenarios FILE]``.
 
-Runs ``examples/devset.jsonl`` (never a held-out set) once per named variant of
-:class:`~plugin.memory.ranking.RankingPolicy` and prints recall@5 per arm, strategy and family,
-plus task_context - baseline per family. ``--only NAME`` runs one variant.
+Runs a development file (default ``examples/devset.jsonl``; also the hand-written dev half
+``examples/handwritten_dev.jsonl`` and the LoCoMo dev split converted under /tmp, never a test
+half or held-out data) once per named variant of :class:`~plugin.memory.ranking.RankingPolicy`
+and prints recall@5 per arm, strategy and family, plus task_context - baseline per family with
+the lower end of its 95 % interval. ``--only NAME`` runs one variant (repeatable).
 """
 
 from __future__ import annotations
@@ -23,18 +25,18 @@ DEVSET = Path(__file__).resolve().parents[1] / "examples" / "devset.jsonl"
 
 VARIANTS: dict[str, tuple[RankingPolicy, float | None]] = {
     "default": (RankingPolicy(), None),
-    "equal-rrf": (RankingPolicy(fusion="rrf", confidence=False), None),
-    "equal-rrf-floor": (RankingPolicy(fusion="rrf", confidence=False), 0.25),
+    "equal-rrf": (RankingPolicy(confidence=False, rrf_k=60, semantic=1.0), None),
+    "equal-rrf-floor": (RankingPolicy(confidence=False, rrf_k=60, semantic=1.0), 0.25),
     "context0.05": (RankingPolicy(context=0.05), None),
     "context0.3": (RankingPolicy(context=0.3), None),
     "request8": (RankingPolicy(request=8.0), None),
-    "rrf-k10": (RankingPolicy(fusion="rrf", rrf_k=10), None),
-    "rrf-k60": (RankingPolicy(fusion="rrf"), None),
-    "score-semantic0.5": (RankingPolicy(semantic=0.5), None),
-    "rrf-k3": (RankingPolicy(fusion="rrf", rrf_k=3), None),
-    "k10-semantic0.5": (RankingPolicy(fusion="rrf", rrf_k=10, semantic=0.5), None),
-    "k10-semantic0.3": (RankingPolicy(fusion="rrf", rrf_k=10, semantic=0.3), None),
-    "k20-semantic0.5": (RankingPolicy(fusion="rrf", rrf_k=20, semantic=0.5), None),
+    "rrf-k10-semantic1": (RankingPolicy(semantic=1.0), None),
+    "rrf-k60": (RankingPolicy(rrf_k=60, semantic=1.0), None),
+    "score": (RankingPolicy(fusion="score", semantic=1.0), None),
+    "score-semantic0.5": (RankingPolicy(fusion="score"), None),
+    "rrf-k3": (RankingPolicy(rrf_k=3, semantic=1.0), None),
+    "k10-semantic0.3": (RankingPolicy(semantic=0.3), None),
+    "k20-semantic0.5": (RankingPolicy(rrf_k=20), None),
     "context0": (RankingPolicy(context=0.0), None),
     "sparse2": (RankingPolicy(sparse=2.0), None),
     "entity0.3": (RankingPolicy(entity=0.3), None),
