@@ -104,16 +104,6 @@ def _fingerprint(
     return hashlib.sha256(canonical.encode("ascii")).hexdigest()
 
 
-def _roles(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if not isinstance(value, tuple):
-        raise TypeError(f"RecallQuery.roles must be a tuple, got {type(value).__name__}")
-    for index, role in enumerate(value):
-        if not isinstance(role, FragmentRole):
-            raise TypeError(
-                f"RecallQuery.roles[{index}] must be FragmentRole, got {type(role).__name__}"
-            )
-
-
 def _optional_str(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if value is not None and not isinstance(value, str):
         raise TypeError(
@@ -121,14 +111,20 @@ def _optional_str(instance: object, attribute: attrs.Attribute[Any], value: obje
         )
 
 
-def _fragments(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if not isinstance(value, tuple):
-        raise TypeError(f"RecallQuery.fragments must be a tuple, got {type(value).__name__}")
-    for index, fragment in enumerate(value):
-        if not isinstance(fragment, str):
+def _tuple_of(kind: type) -> Callable[[object, attrs.Attribute[Any], object], None]:
+    """A validator: a tuple whose every item is a ``kind``."""
+
+    def check(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        if not isinstance(value, tuple):
             raise TypeError(
-                f"RecallQuery.fragments[{index}] must be str, got {type(fragment).__name__}"
+                f"RecallQuery.{attribute.name} must be a tuple, got {type(value).__name__}"
             )
+        for index, item in enumerate(value):
+            if not isinstance(item, kind):
+                raise TypeError(f"RecallQuery.{attribute.name}[{index}] must be "
+                                f"{kind.__name__}, got {type(item).__name__}")
+
+    return check
 
 
 @attrs.frozen(kw_only=True)
@@ -146,14 +142,14 @@ class RecallQuery:
     fingerprint: the fragments, in order, already determine them for a given strategy.
     """
 
-    fragments: tuple[str, ...] = attrs.field(validator=_fragments)
+    fragments: tuple[str, ...] = attrs.field(validator=_tuple_of(str))
     strategy: QueryStrategy = attrs.field(validator=attrs.validators.instance_of(QueryStrategy))
     baseline_reason: BaselineReason | None = attrs.field(
         validator=attrs.validators.optional(attrs.validators.instance_of(BaselineReason))
     )
     scope: str | None = attrs.field(default=None, validator=_optional_str)
     principal: str | None = attrs.field(default=None, validator=_optional_str)
-    roles: tuple[FragmentRole, ...] = attrs.field(default=(), validator=_roles)
+    roles: tuple[FragmentRole, ...] = attrs.field(default=(), validator=_tuple_of(FragmentRole))
     text: str = attrs.field(init=False)
     fingerprint: str = attrs.field(init=False, repr=False)
 
