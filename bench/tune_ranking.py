@@ -5,6 +5,14 @@ Runs a development file (default ``examples/devset.jsonl``; also the hand-writte
 half or held-out data) once per named variant of :class:`~plugin.memory.ranking.RankingPolicy`
 and prints recall@5 per arm, strategy and family, plus task_context - baseline per family with
 the lower end of its 95 % interval. ``--only NAME`` runs one variant (repeatable).
+
+``--check-fusion`` is the regression check on long conversations: with ``--only default`` and
+each LoCoMo dev conversion, it exits 1 when fused recall@5 is below the best single arm::
+
+    for v in sc cont scctx; do
+      python -m bench.tune_ranking --only default --check-fusion \
+        --scenarios /tmp/locomo-s60/locomo_$v.jsonl || echo "fusion regression on $v"
+    done
 """
 
 from __future__ import annotations
@@ -45,7 +53,9 @@ VARIANTS: dict[str, tuple[RankingPolicy, float | None]] = {
 
 
 def run(name: str, policy: RankingPolicy, floor: float | None, semantic: str | None,
-        path: Path, limit: int | None) -> None:
+        path: Path, limit: int | None) -> list[str]:
+    """Print the variant's table; return where fused recall@5 is below the best single arm
+    (over the whole file, per strategy)."""
     evaluator = Evaluator(embedding=embedding_for(semantic), ranking=policy,
                           min_similarity=floor)
     scored: list[ScoredRow] = []
@@ -73,6 +83,13 @@ def run(name: str, policy: RankingPolicy, floor: float | None, semantic: str | N
             f"{diffs[arm][f]['recall@5']['mean']:>+8.3f}"
             f"[{diffs[arm][f]['recall@5']['ci95'][0]:+.2f}]" for f in families))
     sys.stdout.flush()
+    below = []
+    for strategy in results.get("fused", {}):
+        fused = results["fused"][strategy]["all"]["recall@5"]
+        best = max(results[arm][strategy]["all"]["recall@5"] for arm in ("sparse", "semantic"))
+        if fused < best - 1e-9:
+            below.append(f"{name} {path.name} {strategy}: fused {fused:.3f} < best arm {best:.3f}")
+    return below
 
 
 def main() -> int:
@@ -81,12 +98,17 @@ def main() -> int:
     parser.add_argument("--only", action="append")
     parser.add_argument("--scenarios", type=Path, default=DEVSET)
     parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--check-fusion", action="store_true",
+                        help="exit 1 when fused recall@5 is below the best single arm")
     args = parser.parse_args()
+    below: list[str] = []
     for name, (policy, floor) in VARIANTS.items():
         if args.only and name not in args.only:
             continue
-        run(name, policy, floor, args.semantic, args.scenarios, args.limit)
-    return 0
+        below += run(name, policy, floor, args.semantic, args.scenarios, args.limit)
+    for line in below:
+        print(f"fusion regression: {line}", file=sys.stderr)
+    return 1 if args.check_fusion and below else 0
 
 
 if __name__ == "__main__":
