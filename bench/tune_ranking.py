@@ -46,9 +46,16 @@ VARIANTS: dict[str, tuple[RankingPolicy, float | None]] = {
     "k10-semantic0.3": (RankingPolicy(semantic=0.3), None),
     "k20-semantic0.5": (RankingPolicy(rrf_k=20), None),
     "context0": (RankingPolicy(context=0.0), None),
+    "next2": (RankingPolicy(next_action=2.0), None),
+    "next3": (RankingPolicy(next_action=3.0), None),
     "sparse2": (RankingPolicy(sparse=2.0), None),
     "entity0.3": (RankingPolicy(entity=0.3), None),
     "request-terms1": (RankingPolicy(request_terms=1), None),
+    "request-terms3": (RankingPolicy(request_terms=3), None),
+    "request-terms4": (RankingPolicy(request_terms=4), None),
+    "request-terms6": (RankingPolicy(request_terms=6), None),
+    "rt6-short4": (RankingPolicy(request_terms=6, short_words=4), None),
+    "rt4-short4": (RankingPolicy(request_terms=4, short_words=4), None),
 }
 
 

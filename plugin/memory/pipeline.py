@@ -293,7 +293,7 @@ class MemoryRetriever:
         if FragmentRole.REQUEST not in query.roles:
             return 1.0
         request = query.fragments[query.roles.index(FragmentRole.REQUEST)]
-        terms = short_request_terms(request)
+        terms = short_request_terms(request, short=self.ranking.short_words)
         if terms is None:
             return 1.0
         found = 0

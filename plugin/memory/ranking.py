@@ -81,7 +81,7 @@ MAX_TERM_CHUNKS = 4
 """Most FTS expressions one list's terms are split into; terms beyond are reported, not lost
 silently."""
 
-SHORT_REQUEST_TERMS = 6
+SHORT_REQUEST_TERMS = 4
 """A request of at most this many words is short: whether it carries content is measured on
 the scope's vocabulary. A longer one always carries content."""
 
@@ -126,7 +126,10 @@ class RankingPolicy:
     """How much the other fields keep beside a request that carries content: their weights are
     scaled by ``1 - share * (1 - context)``, so they keep all of it when the request carries
     none (``share`` 0) and this share when it carries all of it."""
-    request_terms: int = attrs.field(default=2, validator=_rrf_k)
+    short_words: int = attrs.field(default=SHORT_REQUEST_TERMS, validator=_rrf_k)
+    """A request of at most this many words is short: how much content it carries is measured
+    on the scope's vocabulary (:func:`request_share`); a longer one carries all of it."""
+    request_terms: int = attrs.field(default=6, validator=_rrf_k)
     """A short request with this many terms found in the scope carries its full weight; one
     with fewer carries that share of it."""
     whole_query: float = attrs.field(default=0.0, validator=_unit)
@@ -149,12 +152,14 @@ class RankingPolicy:
         return float(getattr(self, role.value))
 
 
-def short_request_terms(request: str) -> tuple[str, ...] | None:
+def short_request_terms(
+    request: str, *, short: int = SHORT_REQUEST_TERMS
+) -> tuple[str, ...] | None:
     """The terms whose presence in the scope decides whether a short ``request`` carries
     content (its words without function words); None when the request is not short (it
     carries content whatever the scope holds)."""
     terms = word_terms(request, limit=64)
-    if len(terms) > SHORT_REQUEST_TERMS:
+    if len(terms) > short:
         return None
     return tuple(term for term in terms if term not in STOPWORDS)
 
