@@ -27,7 +27,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -341,7 +341,7 @@ def _ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-# -- metrics --------------------------------------------------------------------------------------
+# -- metrics (the one implementation of each; plugin.evaluation.analysis uses them too) ----------
 
 
 def recall_at_k(retrieved: Sequence[str], essential: frozenset[str], k: int) -> float | None:
@@ -351,7 +351,15 @@ def recall_at_k(retrieved: Sequence[str], essential: frozenset[str], k: int) -> 
     return len(essential.intersection(retrieved[:k])) / len(essential)
 
 
-def ndcg_at_k(retrieved: Sequence[str], grades: dict[str, int], k: int) -> float | None:
+def hit_at_k(retrieved: Sequence[str], grades: Mapping[str, int], k: int) -> float | None:
+    """1.0 when any graded item is among the first ``k`` retrieved, else 0.0; None when the
+    scenario grades nothing."""
+    if not grades:
+        return None
+    return float(any(item in grades for item in retrieved[:k]))
+
+
+def ndcg_at_k(retrieved: Sequence[str], grades: Mapping[str, int], k: int) -> float | None:
     """Normalised DCG with gain ``2**grade - 1`` and a ``log2(rank + 1)`` discount."""
     ideal = sorted(grades.values(), reverse=True)[:k]
     if not ideal:
