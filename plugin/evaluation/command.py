@@ -55,7 +55,13 @@ from .analysis import (
     score_row,
     summarise,
 )
-from .evaluator import Evaluator, ScenarioResult, default_embedding, hashing_embedding
+from .evaluator import (
+    Evaluator,
+    ScenarioResult,
+    default_embedding,
+    hashing_embedding,
+    render_table,
+)
 from .scenarios import InvalidScenarioError, Scenario, stream_scenarios
 
 __all__ = ["configure", "main", "provenance", "run", "sample_indices"]
@@ -349,10 +355,10 @@ def tables(report: dict[str, Any], *, markdown: bool) -> str:
              f"allowance {report['policy']['max_searches']} searches / "
              f"{report['policy']['max_rounds']} rounds. Determinism: "
              f"{det['checked']} scenarios re-run, identical rankings: {det['identical']}.")
-    out = [intro, "", *_table(head, rows, markdown), "",
+    out = [intro, "", *render_table(head, rows, markdown=markdown), "",
            f"task_context - baseline (paired; bootstrap 95% CI, "
            f"{report['statistics']['bootstrap_resamples']:,} resamples):", "",
-           *_table(diff_head, diff_rows, markdown)]
+           *render_table(diff_head, diff_rows, markdown=markdown)]
     if markdown:
         out += ["", "## Verdict", "", verdict(report), "", "## Legend", "",
                 *(f"- **{_legend_name(name, ks)}**: {meaning}" for name, meaning in LEGEND)]
@@ -428,20 +434,6 @@ def verdict(report: dict[str, Any], metric: str = "recall@5") -> str:
     if n < MIN_N_FOR_P:
         sentences.append(f"Only {n} scenarios: read these as anecdotes, not evidence.")
     return " ".join(sentences)
-
-
-def _table(head: list[str], rows: list[list[str]], markdown: bool) -> list[str]:
-    if markdown:
-        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        lines += ["| " + " | ".join(row) + " |" for row in rows]
-        return lines
-    widths = [max(len(head[i]), *(len(r[i]) for r in rows)) if rows else len(head[i])
-              for i in range(len(head))]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)).rstrip(),
-             "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-              for row in rows]
-    return lines
 
 
 def write_chart(report: dict[str, Any], path: Path, metric: str = "recall@5") -> None:

@@ -234,10 +234,8 @@ def _mean(values: Iterable[float | None]) -> float | None:
     return math.fsum(defined) / len(defined) if defined else None
 
 
-_COLUMNS = (
-    ("recall@{k}", 9), ("nDCG@{k}", 8), ("MRR", 6), ("must_not", 8), ("foreign", 7),
-    ("reserved", 8), ("executed", 8), ("rounds", 6), ("refused", 7),
-)
+_COLUMNS = ("recall@{k}", "nDCG@{k}", "MRR", "must_not", "foreign", "reserved", "executed",
+            "rounds", "refused")
 
 
 @attrs.frozen(kw_only=True)
@@ -316,25 +314,36 @@ class Report:
         return "\n".join(lines) + "\n"
 
     def _table(self, metrics: Sequence[CellMetrics], *, family_column: bool) -> list[str]:
-        family_width = max([len("family"), *(len(m.family or "") for m in metrics)])
-        head = [f"{'family':<{family_width}}"] if family_column else []
-        head += [f"{'strategy':<12}", f"{'arm':<8}", f"{'n':>3}"]
-        head += [f"{title.format(k=self.k):>{width}}" for title, width in _COLUMNS]
-        lines = ["  ".join(head), "  ".join("-" * len(cell) for cell in head)]
+        head = [*(["family"] if family_column else []), "strategy", "arm", "n",
+                *(title.format(k=self.k) for title in _COLUMNS)]
+        rows: list[list[str]] = []
         previous: str | None = None
         for m in metrics:
             row = []
             if family_column:
-                row.append(f"{(m.family or '') if m.family != previous else '':<{family_width}}")
+                row.append((m.family or "") if m.family != previous else "")
                 previous = m.family
-            row += [f"{m.strategy:<12}", f"{m.arm:<8}", f"{m.scenarios:>3}"]
-            values = (
-                _ratio(m.recall_at_k), _ratio(m.ndcg_at_k), _ratio(m.mrr), m.must_not,
-                m.foreign, m.reserved, m.executed, m.rounds, m.refused,
-            )
-            row += [f"{value:>{width}}" for value, (_, width) in zip(values, _COLUMNS, strict=True)]
-            lines.append("  ".join(row).rstrip())
+            row += [m.strategy, m.arm, str(m.scenarios), _ratio(m.recall_at_k),
+                    _ratio(m.ndcg_at_k), _ratio(m.mrr), *(str(v) for v in (
+                        m.must_not, m.foreign, m.reserved, m.executed, m.rounds, m.refused))]
+            rows.append(row)
+        return render_table(head, rows, markdown=False)
+
+
+def render_table(head: Sequence[str], rows: Sequence[Sequence[str]], *,
+                 markdown: bool) -> list[str]:
+    """The one table renderer: Markdown (``| a | b |``) or aligned plain text."""
+    if markdown:
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
         return lines
+    widths = [max(len(head[i]), *(len(r[i]) for r in rows)) if rows else len(head[i])
+              for i in range(len(head))]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)).rstrip(),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+              for row in rows]
+    return lines
 
 
 def _ratio(value: float | None) -> str:
