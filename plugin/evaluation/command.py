@@ -504,8 +504,11 @@ def _second_process(args: argparse.Namespace) -> Callable[[int], str]:
     return digest
 
 
-def main(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
+def main(args: argparse.Namespace, command_line: Sequence[str] | None = None) -> int:
     """Run ``recallbound evaluate`` with parsed ``args``; returns the exit status.
+
+    ``command_line`` is what the report's provenance records (default: ``sys.argv``, its
+    program reduced to its file name).
 
     Errors print one ``recallbound: ...`` line and return 1 (bad input, a missing model, a
     failed determinism check); argparse's usage errors exit 2 before this runs.
@@ -521,8 +524,8 @@ def main(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
         if args.digest_only is not None:
             return _digest_only(args, path, embedding, keep)
         args.out.mkdir(parents=True, exist_ok=True)
-        origin = provenance(path, embedding.name, list(sys.argv) if argv is None
-                            else ["recallbound", "evaluate", *argv])
+        origin = provenance(path, embedding.name, list(command_line) if command_line is not None
+                            else [Path(sys.argv[0]).name, *sys.argv[1:]])
     except OSError as exc:
         return _fail(f"cannot use {exc.filename}: {exc.strerror}")
     progress = None if args.quiet else Progress(len(keep) if keep is not None else total).advance
@@ -579,7 +582,7 @@ def cli(argv: Sequence[str] | None = None, *, prog: str = "recallbound evaluate"
     except SystemExit as exit_:  # usage errors: argparse printed them already
         return exit_.code if isinstance(exit_.code, int) else 2
     try:
-        return main(args, argv)
+        return main(args, [*shlex.split(prog), *(sys.argv[1:] if argv is None else argv)])
     except KeyboardInterrupt:
         return _fail("interrupted")
 
