@@ -326,14 +326,18 @@ async def test_the_semantic_arm_keeps_its_candidates_for_a_composed_query(
     env: tuple[MemoryStore, RecallAllowance],
 ) -> None:
     store, _ = env
-    await _add(store, {f"m{i}": f"invoice note {i} about the staging backfill"
-                       for i in range(6)})
+    await _add(store, {
+        **{f"m{i}": f"invoice note {i} about the staging backfill" for i in range(6)},
+        **{f"x{i}": f"lunch poll {i} for the offsite picnic" for i in range(4)},
+    })
     state = WorkingState("Continue", next_action="Run the invoice backfill on staging",
                          tasks=(Task("Rotate the vault keys"), Task("Write the runbook")),
                          objective="Ship the quarterly audit for the regional office")
     prepared = await _prepare(store, state)
     ranked, _ = await _ranked(env, prepared, {"semantic"})
-    assert len(ranked) == 6  # no floor: the arm ranks, fusion decides
+    # No floor: the arm ranks every candidate, even those far below its best (an absolute or
+    # relative floor dropped the unrelated ones, and with them a composed query's long tail).
+    assert len(ranked) == 10 and set(ranked[:6]) == {f"m{i}" for i in range(6)}
     floored, _ = await _ranked(env, prepared, {"semantic"}, min_similarity=0.99)
     assert floored == []  # an explicit absolute floor still applies
 
@@ -371,6 +375,17 @@ def test_the_confident_arm_outvotes_a_compressed_one() -> None:
     assert weighted_fuse(confident)[0].id != gold.id
     fused = score_fuse(arms)
     assert [e.id for e in fused[:3]] == [gold.id, a.id, b.id]
+    # The default fusion (k = 10, semantic weight 0.5 times peakedness): an item both arms
+    # rank fifth does not beat sparse's first place, as it does at k = 60 with equal weights.
+    policy = RankingPolicy()
+    middle = _scored("m", [3.9])[0]
+    sparse5 = [*sparse, attrs.evolve(middle, score=3.9)]
+    flat = [*_scored("f", [0.64, 0.63, 0.62, 0.61]), attrs.evolve(middle, score=0.6),
+            *_scored("g", [0.55, 0.52, 0.5, 0.48, 0.45])]
+    assert weighted_fuse([(1.0, sparse5), (1.0, flat)])[0].id == middle.id
+    lists = [(policy.sparse * peakedness(sparse5), sparse5),
+             (policy.semantic * peakedness(flat), flat)]
+    assert weighted_fuse(lists, k=policy.rrf_k)[0].id == gold.id
     # A semantic arm that is sure of something still moves it up.
     sure = [attrs.evolve(b, score=0.9), *_scored("d", [0.3, 0.2, 0.1])]
     assert score_fuse([(1.0, sparse), (1.0, sure)])[0].id == b.id
