@@ -1,8 +1,18 @@
-"""Ranking variants on the development set: ``python -m bench.tune_ranking [--semantic ...]``.
+"""Ranking variants on development data: ``python -m bench.tune_ranking [--scenarios FILE]``.
 
-Runs ``examples/devset.jsonl`` (never a held-out set) once per named variant of
-:class:`~plugin.memory.ranking.RankingPolicy` and prints recall@5 per arm, strategy and family,
-plus task_context - baseline per family. ``--only NAME`` runs one variant.
+Runs a development file (default ``examples/devset.jsonl``; also the hand-written dev half
+``examples/handwritten_dev.jsonl`` and the LoCoMo dev split converted under /tmp, never a test
+half or held-out data) once per named variant of :class:`~plugin.memory.ranking.RankingPolicy`
+and prints recall@5 per arm, strategy and family, plus task_context - baseline per family with
+the lower end of its 95 % interval. ``--only NAME`` runs one variant (repeatable).
+
+``--check-fusion`` is the regression check on long conversations: with ``--only default`` and
+each LoCoMo dev conversion, it exits 1 when fused recall@5 is below the best single arm::
+
+    for v in sc cont scctx; do
+      python -m bench.tune_ranking --only default --check-fusion \
+        --scenarios /tmp/locomo-s60/locomo_$v.jsonl || echo "fusion regression on $v"
+    done
 """
 
 from __future__ import annotations
@@ -15,29 +25,56 @@ from pathlib import Path
 import anyio
 
 from plugin.evaluation import Evaluator, stream_scenarios
-from plugin.evaluation.analysis import score_row, summarise
+from plugin.evaluation.analysis import ScoredRow, score_row, summarise
 from plugin.evaluation.command import embedding_for
 from plugin.memory.ranking import RankingPolicy
 
 DEVSET = Path(__file__).resolve().parents[1] / "examples" / "devset.jsonl"
 
-VARIANTS: dict[str, tuple[RankingPolicy, float]] = {
-    "default": (RankingPolicy(), 0.25),
-    "lead3": (RankingPolicy(lead=3.0, decay=0.6), 0.25),
-    "lead6": (RankingPolicy(lead=6.0, decay=0.6), 0.25),
-    "lead6-decay0.8": (RankingPolicy(lead=6.0, decay=0.8), 0.25),
-    "lead6-whole1": (RankingPolicy(lead=6.0, decay=0.6, whole_query=1.0), 0.25),
-    "lead6-semantic2": (RankingPolicy(lead=6.0, decay=0.6, semantic=2.0), 0.25),
-    "lead6-sparse2": (RankingPolicy(lead=6.0, decay=0.6, sparse=2.0), 0.25),
-    "lead6-relfloor0.5": (RankingPolicy(lead=6.0, decay=0.6, relative_floor=0.5), 0.25),
+FIRST: dict[str, int] = {"short_words": 6, "request_terms": 2}
+"""The request share every variant but the last ones was measured with (before the request
+share was tuned on the LoCoMo dev split)."""
+
+
+def _first(**changes: object) -> RankingPolicy:
+    return RankingPolicy(**{**FIRST, **changes})  # type: ignore[arg-type]
+
+
+VARIANTS: dict[str, tuple[RankingPolicy, float | None]] = {
+    "default": (RankingPolicy(), None),
+    "first": (_first(), None),
+    "equal-rrf": (_first(confidence=False, rrf_k=60, semantic=1.0), None),
+    "equal-rrf-floor": (_first(confidence=False, rrf_k=60, semantic=1.0), 0.25),
+    "context0.05": (_first(context=0.05), None),
+    "context0.3": (_first(context=0.3), None),
+    "request8": (_first(request=8.0), None),
+    "rrf-k10-semantic1": (_first(semantic=1.0), None),
+    "rrf-k60": (_first(rrf_k=60, semantic=1.0), None),
+    "score": (_first(fusion="score", semantic=1.0), None),
+    "score-semantic0.5": (_first(fusion="score"), None),
+    "rrf-k3": (_first(rrf_k=3, semantic=1.0), None),
+    "k10-semantic0.3": (_first(semantic=0.3), None),
+    "k20-semantic0.5": (_first(rrf_k=20), None),
+    "context0": (_first(context=0.0), None),
+    "next2": (_first(next_action=2.0), None),
+    "next3": (_first(next_action=3.0), None),
+    "sparse2": (_first(sparse=2.0), None),
+    "entity0.3": (_first(entity=0.3), None),
+    "request-terms3": (_first(request_terms=3), None),
+    "request-terms4": (_first(request_terms=4), None),
+    "request-terms6": (_first(request_terms=6), None),
+    "rt4-short4": (RankingPolicy(request_terms=4, short_words=4), None),
+    "rt6-short4": (RankingPolicy(request_terms=6, short_words=4), None),
 }
 
 
-def run(name: str, policy: RankingPolicy, floor: float, semantic: str | None,
-        path: Path, limit: int | None) -> None:
+def run(name: str, policy: RankingPolicy, floor: float | None, semantic: str | None,
+        path: Path, limit: int | None) -> list[str]:
+    """Print the variant's table; return where fused recall@5 is below the best single arm
+    (over the whole file, per strategy)."""
     evaluator = Evaluator(embedding=embedding_for(semantic), ranking=policy,
                           min_similarity=floor)
-    scored = []
+    scored: list[ScoredRow] = []
 
     def collect(scenario, rows):  # type: ignore[no-untyped-def]
         scored.extend(score_row(row, scenario, (5, 10)) for row in rows)
@@ -62,6 +99,13 @@ def run(name: str, policy: RankingPolicy, floor: float, semantic: str | None,
             f"{diffs[arm][f]['recall@5']['mean']:>+8.3f}"
             f"[{diffs[arm][f]['recall@5']['ci95'][0]:+.2f}]" for f in families))
     sys.stdout.flush()
+    below = []
+    for strategy in results.get("fused", {}):
+        fused = results["fused"][strategy]["all"]["recall@5"]
+        best = max(results[arm][strategy]["all"]["recall@5"] for arm in ("sparse", "semantic"))
+        if fused < best - 1e-9:
+            below.append(f"{name} {path.name} {strategy}: fused {fused:.3f} < best arm {best:.3f}")
+    return below
 
 
 def main() -> int:
@@ -70,12 +114,17 @@ def main() -> int:
     parser.add_argument("--only", action="append")
     parser.add_argument("--scenarios", type=Path, default=DEVSET)
     parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--check-fusion", action="store_true",
+                        help="exit 1 when fused recall@5 is below the best single arm")
     args = parser.parse_args()
+    below: list[str] = []
     for name, (policy, floor) in VARIANTS.items():
         if args.only and name not in args.only:
             continue
-        run(name, policy, floor, args.semantic, args.scenarios, args.limit)
-    return 0
+        below += run(name, policy, floor, args.semantic, args.scenarios, args.limit)
+    for line in below:
+        print(f"fusion regression: {line}", file=sys.stderr)
+    return 1 if args.check_fusion and below else 0
 
 
 if __name__ == "__main__":

@@ -221,3 +221,11 @@ class McpAuthError(RecallboundError, ValueError):
 
 class McpSessionError(RecallboundError, ValueError):
     """An MCP request names no run and comes over a transport with no client session."""
+
+
+# --- ranking
+
+
+class EvaluationError(RecallboundError):
+    """``recallbound evaluate`` cannot run as asked: its semantic model is not installed, or
+    the rankings differ between two processes (the determinism check)."""

@@ -3,6 +3,7 @@ and the committed development set."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import io
 import itertools
@@ -25,7 +26,14 @@ from plugin.evaluation import (
     stream_scenarios,
 )
 from plugin.evaluation.analysis import holm, paired_bootstrap, score_row, summarise
-from plugin.evaluation.command import Progress, count_scenario_lines
+from plugin.evaluation.command import (
+    Progress,
+    count_scenario_lines,
+    run,
+    sample_indices,
+    tables,
+    verdict,
+)
 from plugin.evaluation.evaluator import ScenarioResult
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -259,10 +267,95 @@ def test_recallbound_evaluate_writes_the_report(tmp_path: Path) -> None:
         diff = report["differences"][arm]["continuation"]["recall@5"]
         assert set(diff) >= {"mean", "ci95", "wins", "ties", "losses"}
         assert diff["ci95"][0] <= diff["mean"] <= diff["ci95"][1]
+    # The determinism check ran in a second process, with another PYTHONHASHSEED.
     assert report["determinism"] | {"ranking_digest": None} == {
-        "checked": 3, "identical": True, "ranking_digest": None}
+        "checked": 3, "identical": True, "processes": 2, "ranking_digest": None}
     assert (out / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "| arm | strategy |" in (out / "report.md").read_text(encoding="utf-8")
+    markdown = (out / "report.md").read_text(encoding="utf-8")
+    assert "| arm | strategy |" in markdown
+    # Every column of report.md has a legend line, and there is a verdict.
+    head = next(line for line in markdown.splitlines() if line.startswith("| arm | strategy"))
+    legend = markdown.split("## Legend", 1)[1]
+    for column in (c.strip() for c in head.strip("|").split("|")):
+        assert any(column in line.split(":", 1)[0] for line in legend.splitlines()), column
+    assert "## Verdict" in markdown and "On fused, task_context" in markdown
+    # Provenance.
+    origin = report["provenance"]
+    assert origin["scenario_sha256"] == hashlib.sha256(scenarios.read_bytes()).hexdigest()
+    assert origin["embedding"] == report["embedding"]
+    assert re.fullmatch(r"[0-9a-f]{40}", origin["git_commit"] or "0" * 40)
+    assert origin["recallbound_version"] and origin["date"].endswith("+00:00")
+    assert "--determinism 3" in origin["command_line"]
+    # One rankings.jsonl line per scenario x arm x strategy.
+    ranking_lines = [json.loads(line) for line in
+                     (out / "rankings.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert len(ranking_lines) == 13 * 6
+    assert {(x["arm"], x["strategy"]) for x in ranking_lines} == {
+        (a, s) for a in ("sparse", "semantic", "fused") for s in ("baseline", "task_context")}
+    first = ranking_lines[0]
+    assert set(first) >= {"scenario", "family", "arm", "strategy", "query", "top", "relevant"}
+    assert first["query"] and all(isinstance(i, str) and isinstance(sc, float)
+                                  for i, sc in first["top"])
+    assert first["relevant"]
+
+
+def test_no_p_value_is_shown_below_ten_paired_scenarios() -> None:
+    rows = []
+    for i in range(4):
+        for strategy, hit in (("baseline", 0.0), ("task_context", 1.0)):
+            rows.append({"scenario": f"s{i}", "family": "f", "arm": "sparse",
+                         "strategy": strategy, "recall@5": hit, "hit@5": hit,
+                         "recall@10": hit, "hit@10": hit, "mrr": hit, "ndcg@10": hit,
+                         "harm@5": 0.0, "query_bytes": 5, "fallback": False,
+                         "latency_s": 0.0, "reserved": 1, "executed": 1, "short": False,
+                         "ranked": ()})
+    summary = summarise(rows, (5, 10), resamples=200)
+    report = {"scenarios": 4, "embedding": "hashing", "ks": [5, 10],
+              "policy": {"max_searches": 1, "max_rounds": 1},
+              "statistics": {"bootstrap_resamples": 200},
+              "determinism": {"checked": 0, "identical": None}, **summary}
+    text = tables(report, markdown=True)
+    difference = next(line for line in text.splitlines()
+                      if line.startswith("| sparse | f | recall@5 |"))
+    assert "| 4 |" in difference and "n<10" in difference
+    assert "anecdotes" in verdict(report)
+
+
+def test_a_limit_is_a_seeded_sample() -> None:
+    assert sample_indices(10, None, 0) is None and sample_indices(10, 10, 0) is None
+    picked = sample_indices(100, 7, 3)
+    assert picked is not None and len(picked) == 7 and picked == sample_indices(100, 7, 3)
+    assert picked != sample_indices(100, 7, 4)
+    assert max(picked) > 13  # a sample, not the head of the file
+
+
+def test_limit_evaluates_that_many_scenarios(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-m", "plugin.evaluation", "--scenarios", str(DEVSET),
+         "--out", str(out), "--semantic", "hashing", "--limit", "4", "--seed", "1",
+         "--determinism", "0", "--quiet"],
+        capture_output=True, text=True, cwd=ROOT, check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads((out / "report.json").read_text(encoding="utf-8"))
+    assert report["scenarios"] == 4
+    assert report["provenance"]["limit"] == 4 and report["provenance"]["seed"] == 1
+    total = count_scenario_lines(DEVSET)
+    expected = sample_indices(total, 4, 1)
+    assert expected is not None
+    ids = [s.id for i, s in enumerate(stream_scenarios(DEVSET)) if i in expected]
+    assert sorted({x["scenario"] for x in map(json.loads, (out / "rankings.jsonl")
+                                              .read_text(encoding="utf-8").splitlines())}) \
+        == sorted(ids)
+
+
+def test_a_determinism_check_that_differs_fails() -> None:
+    path = ROOT / "examples" / "scenarios.jsonl"
+    report = run(path, embedding=hashing_embedding(), determinism=2, resamples=100,
+                 second_process=lambda n: "not the same digest")
+    assert report["determinism"]["identical"] is False
+    assert report["determinism"]["processes"] == 2
 
 
 def test_recallbound_evaluate_reports_a_bad_file(tmp_path: Path) -> None:
@@ -273,8 +366,19 @@ def test_recallbound_evaluate_reports_a_bad_file(tmp_path: Path) -> None:
          "--out", str(tmp_path / "out"), "--semantic", "hashing", "--quiet"],
         capture_output=True, text=True, cwd=ROOT, check=False,
     )
-    assert result.returncode == 2
-    assert "line 1" in result.stderr and "not defined" in result.stderr
+    assert result.returncode == 1
+    [line] = result.stderr.splitlines()  # one line, the same style as every command
+    assert line.startswith("recallbound: ") and "line 1" in line and "not defined" in line
+
+
+@pytest.mark.parametrize("argv", [["--limit", "0"], ["--k", "x"], []])
+def test_usage_errors_exit_2(tmp_path: Path, argv: list[str]) -> None:
+    base = [] if not argv else ["--scenarios", str(DEVSET), "--out", str(tmp_path)]
+    result = subprocess.run(
+        [sys.executable, "-m", "plugin.evaluation", *base, *argv],
+        capture_output=True, text=True, cwd=ROOT, check=False,
+    )
+    assert result.returncode == 2 and "usage:" in result.stderr
 
 
 # -- the development set ------------------------------------------------------------------------

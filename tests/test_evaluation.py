@@ -386,28 +386,32 @@ async def test_wordllama_on_a_subset() -> None:
 # -- the command line and the layering ---------------------------------------------------------
 
 
-def test_the_cli_prints_the_table(tmp_path: Path) -> None:
-    out = tmp_path / "report.json"
+def test_python_m_plugin_evaluation_is_the_same_command(tmp_path: Path) -> None:
+    out = tmp_path / "out"
     result = subprocess.run(
-        [sys.executable, "-m", "plugin.evaluation", "examples/scenarios.jsonl",
-         "--semantic", "hashing", "--json", str(out)],
+        [sys.executable, "-m", "plugin.evaluation", "--scenarios", "examples/scenarios.jsonl",
+         "--semantic", "hashing", "--out", str(out), "--quiet", "--determinism", "0"],
         capture_output=True, text=True, cwd=ROOT, check=False,
     )
     assert result.returncode == 0, result.stderr
     assert "reserved" in result.stdout and "executed" in result.stdout
-    assert "task_context" in result.stdout
-    assert json.loads(out.read_text(encoding="utf-8"))["embedding"].startswith("hashing")
+    assert "task_context - baseline" in result.stdout  # the one table renderer
+    report = json.loads((out / "report.json").read_text(encoding="utf-8"))
+    assert report["embedding"].startswith("hashing")
+    assert (out / "rankings.jsonl").exists() and (out / "report.md").exists()
 
 
 def test_the_cli_reports_a_malformed_file(tmp_path: Path) -> None:
     path = tmp_path / "bad.jsonl"
     path.write_text(_line() + "\n" + _line(id="x", relevant={"m1": 5}) + "\n", encoding="utf-8")
     result = subprocess.run(
-        [sys.executable, "-m", "plugin.evaluation", str(path), "--semantic", "hashing"],
+        [sys.executable, "-m", "plugin.evaluation", "--scenarios", str(path),
+         "--out", str(tmp_path / "out"), "--semantic", "hashing", "--quiet"],
         capture_output=True, text=True, cwd=ROOT, check=False,
     )
-    assert result.returncode == 2
-    assert "line 2" in result.stderr and "relevant.m1" in result.stderr
+    assert result.returncode == 1
+    [line] = result.stderr.splitlines()
+    assert line.startswith("recallbound: ") and "line 2" in line and "relevant.m1" in line
 
 
 def test_evaluation_does_not_import_the_runtime_hooks() -> None:

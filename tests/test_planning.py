@@ -12,10 +12,12 @@ import pytest
 from plugin.errors import InvalidWorkingStateTypeError
 from plugin.memory.planning import (
     BaselineReason,
+    FragmentRole,
     QueryPlanner,
     QueryStrategy,
     RecallQuery,
     compose_baseline,
+    compose_search_call,
     compose_task_context,
 )
 from plugin.memory.state import Fact, Task, WorkingState
@@ -317,6 +319,7 @@ def test_query_has_no_date_or_belief_filter() -> None:
             "baseline_reason",
             "scope",
             "principal",
+            "roles",
             "text",
             "fingerprint",
         }
@@ -597,3 +600,48 @@ async def test_planner_rejects_a_non_state_before_asking_admission() -> None:
     with pytest.raises(InvalidWorkingStateTypeError):
         await planner.plan("Continue")  # type: ignore[arg-type]
     assert admission.calls == []
+
+
+# --- fragment roles ----------------------------------------------------------------------------
+
+
+def test_every_fragment_carries_its_role() -> None:
+    state = WorkingState(
+        "Continue",
+        objective="Ship the audit",
+        next_action="Run the backfill",
+        tasks=[Task("Run the backfill"), Task("done one", done=True), Task("Rotate keys")],
+        open_questions=["Who signs off?"],
+        constraints=["No Friday deploys"],
+        facts=[Fact("Priya owns it", ["Priya", "Ship the audit"])],
+    )
+    query = compose_task_context(state, scope="s", principal="p")
+    r = FragmentRole
+    # The duplicate task and the entity equal to the objective are dropped: the first stands,
+    # with its role.
+    assert list(zip(query.fragments, query.roles, strict=True)) == [
+        ("Continue", r.REQUEST), ("Run the backfill", r.NEXT_ACTION), ("Rotate keys", r.TASK),
+        ("Who signs off?", r.QUESTION), ("Ship the audit", r.OBJECTIVE),
+        ("No Friday deploys", r.CONSTRAINT), ("Priya", r.ENTITY),
+    ]
+    baseline = compose_baseline(state)
+    assert baseline.roles == (r.OBJECTIVE, r.QUESTION, r.REQUEST)
+    assert compose_search_call("vault keys").roles == (r.REQUEST,)
+    assert compose_search_call("  ").roles == ()
+
+
+def test_roles_do_not_change_the_fingerprint_and_are_checked() -> None:
+    plain = RecallQuery(fragments=("a", "b"), strategy=QueryStrategy.TASK_CONTEXT,
+                        baseline_reason=None)
+    assert plain.roles == (FragmentRole.REQUEST, FragmentRole.REQUEST)  # left empty: requests
+    roled = attrs.evolve(plain, roles=(FragmentRole.REQUEST, FragmentRole.TASK))
+    assert roled.fingerprint == plain.fingerprint and roled.text == plain.text
+    with pytest.raises(ValueError, match="one role per fragment"):
+        RecallQuery(fragments=("a", "b"), strategy=QueryStrategy.TASK_CONTEXT,
+                    baseline_reason=None, roles=(FragmentRole.TASK,))
+    with pytest.raises(TypeError, match=r"roles\[0\] must be FragmentRole"):
+        RecallQuery(fragments=("a",), strategy=QueryStrategy.TASK_CONTEXT,
+                    baseline_reason=None, roles=("task",))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"fragments\[1\] must be str"):
+        RecallQuery(fragments=("a", 1),  # type: ignore[arg-type]
+                    strategy=QueryStrategy.TASK_CONTEXT, baseline_reason=None)

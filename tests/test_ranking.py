@@ -1,4 +1,5 @@
-"""Ranking: content-free requests, fragment-weighted arms, weighted fusion, no lost terms."""
+"""Ranking: role weights, content-free requests measured on the scope, fusion by confidence,
+no semantic floor, beliefs by relevance, no lost terms."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from plugin import (
 from plugin.memory import ContextCaps, MemoryRecord, MemoryRetriever, MemoryStore
 from plugin.memory.enforce import search_attempt
 from plugin.memory.hashing import HashingEmbedding
+from plugin.memory.planning import FragmentRole
 from plugin.memory.preparation import PreparedRecall
 from plugin.memory.ranking import (
     FTS_TERM_CAP,
@@ -34,7 +36,10 @@ from plugin.memory.ranking import (
     RankingPolicy,
     combined_vector,
     fragment_weights,
-    is_content_free,
+    peakedness,
+    request_share,
+    score_fuse,
+    short_request_terms,
     term_chunks,
     weighted_fuse,
     with_beliefs,
@@ -85,53 +90,77 @@ async def _add(store: MemoryStore, memories: dict[str, str]) -> None:
     ])
 
 
-# -- 1. a content-free request carries no ranking weight ----------------------------------------
+# -- 1. weights by role; a content-free request is measured on the scope ----------------------
 
 
-@pytest.mark.parametrize("request_text", ["Continue", "go on", "do that", "yes", "ok, next",
-                                          "  OK  ", "Continue, please", "sounds good, go ahead"])
-def test_content_free_requests(request_text: str) -> None:
-    assert is_content_free(request_text)
+_WORK = {
+    "gold": "Invoice backfill trial: replay the archive on the staging copy.",
+    "other": "Rotate the vault keys quarterly.",
+    "d1": "Lunch poll for the offsite.",
+    "d2": "The staging copy is refreshed nightly.",
+}
 
 
-@pytest.mark.parametrize("request_text", ["Continue the billing migration", "do the backfill",
-                                          "yes, rotate the keys", "Priya"])
-def test_requests_with_content(request_text: str) -> None:
-    assert not is_content_free(request_text)
+@pytest.mark.parametrize("request_text", [
+    "weiter", "Weiter bitte", "ok, next step please", "vas-y", "continúa, por favor",
+    "dale", "jatka", "  OK  ", "sounds good, go ahead",
+])
+async def test_a_go_on_request_in_any_language_weighs_nothing(
+    env: tuple[MemoryStore, RecallAllowance], request_text: str,
+) -> None:
+    # None of the request's words occurs in the scope's memories: it carries no content, so
+    # the ranking is exactly the one without a request, on every arm.
+    store, _ = env
+    await _add(store, _WORK)
+    state = WorkingState(request_text, next_action="Run the invoice backfill on staging",
+                         tasks=(Task("Rotate the keys"),))
+    silent = attrs.evolve(state, current_request="")
+    for arms in ({"sparse"}, {"semantic"}, {"sparse", "semantic"}):
+        ranked, _ = await _ranked(env, await _prepare(store, state), arms)
+        assert ranked[0] == "gold", arms
+        assert ranked == (await _ranked(env, await _prepare(store, silent), arms))[0], arms
 
 
-def test_a_content_free_request_stays_in_the_query_but_weighs_nothing() -> None:
-    state = WorkingState("Continue", next_action="Run the invoice backfill",
-                         tasks=(Task("Rotate the keys"), Task("Write the runbook")))
-    query = compose_task_context(state, scope=S, principal=P)
-    assert query.fragments[0] == "Continue"  # ADR order, in the query text
-    weights = fragment_weights(query, RankingPolicy(lead=4.0, decay=0.5))
-    assert weights == (0.0, 4.0, 1.0, 0.5)  # the next action leads
-    content = compose_task_context(attrs.evolve(state, current_request="Rotate the keys now"))
-    assert fragment_weights(content, RankingPolicy(lead=4.0, decay=0.5))[:2] == (4.0, 1.0)
-
-
-async def test_continue_does_not_rank_memories_that_say_continue(
+async def test_a_short_request_the_scope_knows_leads(
     env: tuple[MemoryStore, RecallAllowance],
 ) -> None:
     store, _ = env
-    await _add(store, {
-        "c1": "Continue the standup notes tomorrow.", "c2": "We continue to use tabs.",
-        "c3": "Continue reading the onboarding doc.", "c4": "Continue: the lunch poll.",
-        "gold": "Invoice backfill trial: replay the archive on the staging copy.",
-        "other": "Rotate the vault keys quarterly.",
-    })
-    state = WorkingState("Continue", next_action="Run the invoice backfill on staging",
-                         tasks=(Task("Rotate the keys"),))
-    silent = attrs.evolve(state, current_request="")
-    for arms in ({"sparse"}, {"semantic"}, {"sparse", "semantic", "recent"}):
+    await _add(store, {**_WORK, "vault": "Vault audit: the quarterly vault report is due."})
+    state = WorkingState("vault audit?", next_action="Run the invoice backfill on staging",
+                         tasks=(Task("Write the runbook"),))
+    for arms in ({"sparse"}, {"sparse", "semantic"}):
         ranked, _ = await _ranked(env, await _prepare(store, state), arms)
-        assert ranked[0] == "gold", arms
-        if "recent" not in arms:  # (the frozen control's baseline query does say "Continue")
-            # "Continue" weighs exactly nothing: the ranking is the one without a request.
-            assert ranked == (await _ranked(env, await _prepare(store, silent), arms))[0]
-    sparse, _ = await _ranked(env, await _prepare(store, state), {"sparse"})
-    assert not {"c1", "c2", "c3", "c4"} & set(sparse)  # not even searched
+        assert ranked[0] == "vault", arms
+
+
+def test_short_request_terms() -> None:
+    assert short_request_terms("Weiter, bitte!") == ("weiter", "bitte")
+    assert short_request_terms("ok, go on") is not None
+    assert short_request_terms("please rotate the billing keys before the audit") is None
+    policy = RankingPolicy(request_terms=2)
+    assert [request_share(n, policy) for n in (0, 1, 2, 5)] == [0.0, 0.5, 1.0, 1.0]
+
+
+def test_weights_follow_roles_not_positions() -> None:
+    state = WorkingState("Continue", next_action="Run the invoice backfill",
+                         tasks=(Task("Rotate the keys"), Task("Write the runbook")),
+                         open_questions=("Who signs off?",), objective="Ship the audit")
+    query = compose_task_context(state, scope=S, principal=P)
+    assert query.fragments[0] == "Continue"  # the contract's order, in the query text
+    assert query.roles == (FragmentRole.REQUEST, FragmentRole.NEXT_ACTION, FragmentRole.TASK,
+                           FragmentRole.TASK, FragmentRole.QUESTION, FragmentRole.OBJECTIVE)
+    policy = RankingPolicy(request=4.0, next_action=1.0, task=1.0, question=0.8,
+                           objective=0.5, context=0.25)
+    # No content in the request: every other field keeps its whole weight, none decays.
+    free = fragment_weights(query, policy, request_share=0.0)
+    assert free == pytest.approx((0.0, 1.0, 2**-0.5, 2**-0.5, 0.8, 0.5))
+    # A task's weight does not depend on where it stands: a question first does not lead.
+    moved = attrs.evolve(state, tasks=(), open_questions=("Who signs off?",))
+    moved_query = compose_task_context(moved)
+    assert fragment_weights(moved_query, policy, request_share=0.0)[2] == pytest.approx(0.8)
+    # A request with content leads; the other fields keep the context share.
+    full = fragment_weights(query, policy, request_share=1.0)
+    assert full == pytest.approx((4.0, 0.25, 0.25 * 2**-0.5, 0.25 * 2**-0.5, 0.2, 0.125))
 
 
 # -- 2. the semantic arm keeps the fragment structure -------------------------------------------
@@ -290,38 +319,106 @@ async def test_terms_beyond_the_chunks_are_reported_not_lost_silently(
     assert any("20 query terms beyond the FTS term cap left out" in n for n in notes)  # ...said
 
 
-# -- the floor ----------------------------------------------------------------------------------
+# -- no semantic floor ---------------------------------------------------------------------------
 
 
-async def test_the_relative_floor_keeps_a_combined_vector_from_running_short(
+async def test_the_semantic_arm_keeps_its_candidates_for_a_composed_query(
     env: tuple[MemoryStore, RecallAllowance],
 ) -> None:
     store, _ = env
-    await _add(store, {f"m{i}": f"invoice note {i} about the staging backfill"
-                       for i in range(6)})
+    await _add(store, {
+        **{f"m{i}": f"invoice note {i} about the staging backfill" for i in range(6)},
+        **{f"x{i}": f"lunch poll {i} for the offsite picnic" for i in range(4)},
+    })
     state = WorkingState("Continue", next_action="Run the invoice backfill on staging",
                          tasks=(Task("Rotate the vault keys"), Task("Write the runbook")),
                          objective="Ship the quarterly audit for the regional office")
     prepared = await _prepare(store, state)
-    strict, _ = await _ranked(env, prepared, {"semantic"}, min_similarity=0.9,
-                              ranking=RankingPolicy(relative_floor=0.0))
-    relative, _ = await _ranked(env, prepared, {"semantic"}, min_similarity=0.9)
-    assert strict == [] and len(relative) == 6  # the default keeps half the best score
+    ranked, _ = await _ranked(env, prepared, {"semantic"})
+    # No floor: the arm ranks every candidate, even those far below its best (an absolute or
+    # relative floor dropped the unrelated ones, and with them a composed query's long tail).
+    assert len(ranked) == 10 and set(ranked[:6]) == {f"m{i}" for i in range(6)}
+    floored, _ = await _ranked(env, prepared, {"semantic"}, min_similarity=0.99)
+    assert floored == []  # an explicit absolute floor still applies
+
+
+# -- fusion by confidence -----------------------------------------------------------------------
+
+
+def _scored(prefix: str, scores: Sequence[float]) -> list[Evidence]:
+    return [Evidence(id=f"{prefix}{i}", kind="memory", text="t", score=score, arm="sparse",
+                     principal=P, scope=S, created_at=0.0) for i, score in enumerate(scores)]
+
+
+def test_peakedness() -> None:
+    assert peakedness([]) == 0.0
+    flat = _scored("f", [0.63, 0.62, 0.6, 0.58, 0.55, 0.52, 0.5, 0.48, 0.46, 0.45])
+    peaked = _scored("p", [12.0, 5.0, 4.0, 3.5, 3.0, 2.9, 2.8, 2.7, 2.6, 2.5])
+    assert peakedness(flat) == pytest.approx((0.63 - 0.45) / 0.63)
+    assert peakedness(peaked) == pytest.approx((12.0 - 2.5) / 12.0)
+    assert peakedness(_scored("s", [3.0, 1.0])) == 1.0  # a short list is confident
+    assert peakedness(_scored("n", [-1.0, -2.0])) == 0.0
+
+
+def test_the_confident_arm_outvotes_a_compressed_one() -> None:
+    # bm25 is sure of "gold"; the semantic arm's cosines are compressed (0.63 .. 0.45) and it
+    # ranks "a" and "b" (sparse's runners-up) high, "gold" not at all. Reciprocal-rank fusion,
+    # equal or peakedness-weighted, lets the items both arms rank second win; fusion by the
+    # arms' own score shares keeps sparse's first place first.
+    sparse = _scored("s", [12.0, 5.0, 4.5, 4.0])
+    gold, a, b = sparse[0], sparse[1], sparse[2]
+    semantic = [attrs.evolve(b, score=0.63), attrs.evolve(a, score=0.62),
+                *_scored("c", [0.6, 0.58, 0.55, 0.52, 0.5, 0.48, 0.45])]
+    arms = [(1.0, sparse), (1.0, semantic)]
+    assert weighted_fuse(arms)[0].id != gold.id
+    confident = [(peakedness(sparse), sparse), (peakedness(semantic), semantic)]
+    assert weighted_fuse(confident)[0].id != gold.id
+    fused = score_fuse(arms)
+    assert [e.id for e in fused[:3]] == [gold.id, a.id, b.id]
+    # The default fusion (k = 10, semantic weight 0.5 times peakedness): an item both arms
+    # rank fifth does not beat sparse's first place, as it does at k = 60 with equal weights.
+    policy = RankingPolicy()
+    middle = _scored("m", [3.9])[0]
+    sparse5 = [*sparse, attrs.evolve(middle, score=3.9)]
+    flat = [*_scored("f", [0.64, 0.63, 0.62, 0.61]), attrs.evolve(middle, score=0.6),
+            *_scored("g", [0.55, 0.52, 0.5, 0.48, 0.45])]
+    assert weighted_fuse([(1.0, sparse5), (1.0, flat)])[0].id == middle.id
+    lists = [(policy.sparse * peakedness(sparse5), sparse5),
+             (policy.semantic * peakedness(flat), flat)]
+    assert weighted_fuse(lists, k=policy.rrf_k)[0].id == gold.id
+    # A semantic arm that is sure of something still moves it up.
+    sure = [attrs.evolve(b, score=0.9), *_scored("d", [0.3, 0.2, 0.1])]
+    assert score_fuse([(1.0, sparse), (1.0, sure)])[0].id == b.id
+    # The recent arm only breaks ties and never outvotes.
+    late = _scored("r", [1.0])
+    assert score_fuse(arms, tie_breaker=late)[-1].id == "r0"
 
 
 # -- pointers and beliefs ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("request_text", ["Do the next one", "Can you pick that up again?",
-                                          "Let's do that now, the one Priya raised"])
-def test_a_request_that_points_back_keeps_a_weight_but_does_not_lead(request_text: str) -> None:
-    state = WorkingState(request_text, next_action="Run the invoice backfill",
-                         tasks=(Task("Rotate the keys"),))
-    weights = fragment_weights(compose_task_context(state), RankingPolicy(lead=4.0, decay=0.5))
-    assert weights == (1.0, 4.0, 1.0)
+def test_beliefs_join_by_relevance() -> None:
+    query = compose_task_context(WorkingState(
+        "What does Priya think about the vendor contract renewal?"))
+    memories = [attrs.evolve(_ev(i), text=text) for i, text in enumerate([
+        "Vendor contract renewal is due in March.", "Lunch on Friday.", "Parking rules.",
+        "Printer on floor 3.", "Holiday calendar.", "Badge access.", "Coffee machine."], 1)]
+    relevant = attrs.evolve(_ev(90), kind="belief",
+                            text="Priya thinks the vendor contract renewal is overpriced.")
+    named = attrs.evolve(_ev(91), kind="belief", text="Priya prefers tea.")
+    unrelated = attrs.evolve(_ev(92), kind="belief", text="Likes hiking.")
+    merged = [e.id for e in with_beliefs(memories, [unrelated, named, relevant], query=query)]
+    # Ranked among the evidence by how much of the query they cover: the belief about the
+    # renewal right after the one memory about it, the one that only names Priya next; the
+    # one that shares nothing after five items.
+    assert merged == ["e1", "e90", "e91", "e2", "e3", "e92", "e4", "e5", "e6", "e7"]
+    # Without a query the old merge stands: after five items, alternating.
+    plain = [e.id for e in with_beliefs(memories, [relevant, named], after=5)]
+    assert plain == ["e1", "e2", "e3", "e4", "e5", "e90", "e6", "e91", "e7"]
+    assert with_beliefs(memories, [], query=query) == memories
 
 
-def test_beliefs_join_after_the_best_evidence_and_alternate() -> None:
+def test_beliefs_that_share_nothing_with_the_query_come_after_five() -> None:
     memories = [_ev(i) for i in range(1, 9)]
     beliefs = [attrs.evolve(_ev(90 + i), kind="belief") for i in range(3)]
     merged = with_beliefs(memories, beliefs, after=5)

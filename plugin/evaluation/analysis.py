@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .evaluator import ScenarioResult
+from .evaluator import ScenarioResult, hit_at_k, ndcg_at_k, recall_at_k, reciprocal_rank
 from .scenarios import Scenario
 
 __all__ = [
@@ -54,16 +54,6 @@ ScoredRow = dict[str, Any]
 """A row's identity (scenario, family, arm, strategy), metrics and costs."""
 
 
-def _ndcg(ranked: Sequence[str], grades: Mapping[str, int], k: int) -> float | None:
-    ideal = sorted(grades.values(), reverse=True)[:k]
-    if not ideal:
-        return None
-    dcg = math.fsum((2 ** grades.get(item, 0) - 1) / math.log2(rank + 1)
-                    for rank, item in enumerate(ranked[:k], start=1))
-    best = math.fsum((2**g - 1) / math.log2(rank + 1) for rank, g in enumerate(ideal, 1))
-    return dcg / best
-
-
 def score_row(row: ScenarioResult, scenario: Scenario, ks: Sequence[int]) -> ScoredRow:
     """One row's metrics (None where undefined: no grade-2 item, nothing graded)."""
     ranked = row.ranked
@@ -75,14 +65,10 @@ def score_row(row: ScenarioResult, scenario: Scenario, ks: Sequence[int]) -> Sco
         "strategy": row.strategy,
     }
     for k in sorted({5, 10, *ks}):
-        top = set(ranked[:k])
-        scored[f"recall@{k}"] = len(essential & top) / len(essential) if essential else None
-        scored[f"hit@{k}"] = float(bool(top & grades.keys())) if grades else None
-    scored["mrr"] = (
-        next((1.0 / r for r, item in enumerate(ranked, 1) if item in essential), 0.0)
-        if essential else None
-    )
-    scored["ndcg@10"] = _ndcg(ranked, grades, 10)
+        scored[f"recall@{k}"] = recall_at_k(ranked, essential, k)
+        scored[f"hit@{k}"] = hit_at_k(ranked, grades, k)
+    scored["mrr"] = reciprocal_rank(ranked, essential, len(ranked))
+    scored["ndcg@10"] = ndcg_at_k(ranked, grades, 10)
     scored["harm@5"] = float(bool(forbidden & set(ranked[:5])))
     scored["query_bytes"] = row.query_bytes
     scored["fallback"] = row.strategy == "task_context" and row.query_strategy == "baseline"

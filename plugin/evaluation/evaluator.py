@@ -27,7 +27,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -182,6 +182,8 @@ class ScenarioResult:
     notes: tuple[str, ...] = ()
     ranked: tuple[str, ...] = ()
     """Ids of the round's whole ranking before the context caps (at most :data:`RANKED`)."""
+    scores: tuple[float, ...] = ()
+    """The ranking's scores, one per id of ``ranked`` (fused scores for the fused arm)."""
     latency_s: float = attrs.field(default=0.0, eq=False)
     """Real seconds the automatic round took (not part of the report's equality or JSON)."""
 
@@ -238,10 +240,8 @@ def _mean(values: Iterable[float | None]) -> float | None:
     return math.fsum(defined) / len(defined) if defined else None
 
 
-_COLUMNS = (
-    ("recall@{k}", 9), ("nDCG@{k}", 8), ("MRR", 6), ("must_not", 8), ("foreign", 7),
-    ("reserved", 8), ("executed", 8), ("rounds", 6), ("refused", 7),
-)
+_COLUMNS = ("recall@{k}", "nDCG@{k}", "MRR", "must_not", "foreign", "reserved", "executed",
+            "rounds", "refused")
 
 
 @attrs.frozen(kw_only=True)
@@ -320,32 +320,43 @@ class Report:
         return "\n".join(lines) + "\n"
 
     def _table(self, metrics: Sequence[CellMetrics], *, family_column: bool) -> list[str]:
-        family_width = max([len("family"), *(len(m.family or "") for m in metrics)])
-        head = [f"{'family':<{family_width}}"] if family_column else []
-        head += [f"{'strategy':<12}", f"{'arm':<8}", f"{'n':>3}"]
-        head += [f"{title.format(k=self.k):>{width}}" for title, width in _COLUMNS]
-        lines = ["  ".join(head), "  ".join("-" * len(cell) for cell in head)]
+        head = [*(["family"] if family_column else []), "strategy", "arm", "n",
+                *(title.format(k=self.k) for title in _COLUMNS)]
+        rows: list[list[str]] = []
         previous: str | None = None
         for m in metrics:
             row = []
             if family_column:
-                row.append(f"{(m.family or '') if m.family != previous else '':<{family_width}}")
+                row.append((m.family or "") if m.family != previous else "")
                 previous = m.family
-            row += [f"{m.strategy:<12}", f"{m.arm:<8}", f"{m.scenarios:>3}"]
-            values = (
-                _ratio(m.recall_at_k), _ratio(m.ndcg_at_k), _ratio(m.mrr), m.must_not,
-                m.foreign, m.reserved, m.executed, m.rounds, m.refused,
-            )
-            row += [f"{value:>{width}}" for value, (_, width) in zip(values, _COLUMNS, strict=True)]
-            lines.append("  ".join(row).rstrip())
+            row += [m.strategy, m.arm, str(m.scenarios), _ratio(m.recall_at_k),
+                    _ratio(m.ndcg_at_k), _ratio(m.mrr), *(str(v) for v in (
+                        m.must_not, m.foreign, m.reserved, m.executed, m.rounds, m.refused))]
+            rows.append(row)
+        return render_table(head, rows, markdown=False)
+
+
+def render_table(head: Sequence[str], rows: Sequence[Sequence[str]], *,
+                 markdown: bool) -> list[str]:
+    """The one table renderer: Markdown (``| a | b |``) or aligned plain text."""
+    if markdown:
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
         return lines
+    widths = [max(len(head[i]), *(len(r[i]) for r in rows)) if rows else len(head[i])
+              for i in range(len(head))]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)).rstrip(),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+              for row in rows]
+    return lines
 
 
 def _ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-# -- metrics --------------------------------------------------------------------------------------
+# -- metrics (the one implementation of each; plugin.evaluation.analysis uses them too) ----------
 
 
 def recall_at_k(retrieved: Sequence[str], essential: frozenset[str], k: int) -> float | None:
@@ -355,7 +366,15 @@ def recall_at_k(retrieved: Sequence[str], essential: frozenset[str], k: int) -> 
     return len(essential.intersection(retrieved[:k])) / len(essential)
 
 
-def ndcg_at_k(retrieved: Sequence[str], grades: dict[str, int], k: int) -> float | None:
+def hit_at_k(retrieved: Sequence[str], grades: Mapping[str, int], k: int) -> float | None:
+    """1.0 when any graded item is among the first ``k`` retrieved, else 0.0; None when the
+    scenario grades nothing."""
+    if not grades:
+        return None
+    return float(any(item in grades for item in retrieved[:k]))
+
+
+def ndcg_at_k(retrieved: Sequence[str], grades: Mapping[str, int], k: int) -> float | None:
     """Normalised DCG with gain ``2**grade - 1`` and a ``log2(rank + 1)`` discount."""
     ideal = sorted(grades.values(), reverse=True)[:k]
     if not ideal:
@@ -415,8 +434,8 @@ class Evaluator:
         factory=RankingPolicy, validator=attrs.validators.instance_of(RankingPolicy)
     )
     """The retriever's ranking policy (the evaluator compares variants of it)."""
-    min_similarity: float = 0.25
-    """The retriever's semantic floor."""
+    min_similarity: float | None = None
+    """The retriever's absolute semantic floor (None: no floor, fusion decides)."""
 
     @property
     def k(self) -> int:
@@ -531,6 +550,7 @@ class Evaluator:
             bounded=bounded,
             notes=tuple(notes),
             ranked=tuple(item.id for item in recall.candidates[:RANKED]),
+            scores=tuple(float(item.score) for item in recall.candidates[:RANKED]),
             latency_s=latency,
         )
 

@@ -20,6 +20,7 @@ import attrs
 
 from plugin.control import RecallBudgetExceeded
 
+from .planning import FragmentRole, RecallQuery
 from .preparation import PreparedRecall
 from .protocol import AttemptHandle, Found
 from .protocol import ContextCaps as ContextCaps
@@ -28,7 +29,11 @@ from .ranking import (
     RankingPolicy,
     combined_vector,
     fragment_weights,
+    peakedness,
+    request_share,
+    score_fuse,
     search_terms,
+    short_request_terms,
     term_chunks,
     uses_fragments,
     weighted_fuse,
@@ -71,8 +76,9 @@ class MemoryRetriever:
     """The reference :class:`Retriever` over a :class:`MemoryStore`."""
 
     store: MemoryStore
-    min_similarity: float = 0.25
-    """Semantic candidates below this cosine are not evidence (calibrated on WordLlama)."""
+    min_similarity: float | None = None
+    """An absolute cosine floor for semantic candidates; None (the default): no floor, the arm
+    ranks its candidates and fusion decides."""
     arms: frozenset[str] = attrs.field(default=ARMS, converter=_arms)
     """The candidate arms that run (an evaluator's ablation runs one at a time)."""
     ranking: RankingPolicy = attrs.field(
@@ -115,7 +121,8 @@ class MemoryRetriever:
             if read.refusal is not None:
                 notes.append(f"belief read refused: {read.refusal.reason.value}")
             else:
-                evidence = with_beliefs(evidence, read.beliefs)
+                evidence = with_beliefs(evidence, read.beliefs, query=query,
+                                        policy=self.ranking)
         rendered = render(evidence, caps)
         sources = await self._recover_sources(rendered.items, handle, principal, scope, notes)
         if sources:
@@ -129,7 +136,10 @@ class MemoryRetriever:
     ) -> list[Evidence]:
         """Every arm's candidates, fused: weighted arms, recency as the tie-breaker."""
         query, policy = prepared.query, self.ranking
-        weights = fragment_weights(query, policy) if uses_fragments(query) else ()
+        weights: tuple[float, ...] = ()
+        if uses_fragments(query):
+            share = await self._request_share(query, principal, scope)
+            weights = fragment_weights(query, policy, request_share=share)
         if not any(weights):
             weights = ()  # nothing but content-free fragments: search the whole query
         lists: list[tuple[float, Sequence[Evidence]]] = []
@@ -139,12 +149,12 @@ class MemoryRetriever:
             if sparse is None:
                 notes.append("sparse arm skipped: the query has no searchable terms")
             else:
-                lists.append((policy.sparse, sparse))
+                lists.append((self._confidence(policy.sparse, sparse), sparse))
                 arms.append("sparse")
         if "semantic" in self.arms:
             semantic = await self._semantic(prepared, weights, principal, scope, caps)
             if semantic is not None:
-                lists.append((policy.semantic, semantic))
+                lists.append((self._confidence(policy.semantic, semantic), semantic))
                 arms.append("semantic")
             elif prepared.semantic.withheld_reason is not None:
                 notes.append(
@@ -156,7 +166,32 @@ class MemoryRetriever:
             arms.append("recent")
             if not lists:  # the recent arm alone: its order is the ranking
                 lists.append((1.0, recent))
-        return weighted_fuse(lists, tie_breaker=recent)
+        if policy.fusion == "score" and len(lists) > 1:
+            return score_fuse(lists, tie_breaker=recent)
+        return weighted_fuse(lists, tie_breaker=recent, k=policy.rrf_k)
+
+    def _confidence(self, weight: float, ranked: Sequence[Evidence]) -> float:
+        """An arm's fusion weight: its policy weight, times how peaked its scores are."""
+        if not self.ranking.confidence or self.ranking.fusion == "score":
+            return weight
+        return weight * max(peakedness(ranked), 1e-3)
+
+    async def _request_share(self, query: RecallQuery, principal: str, scope: str) -> float:
+        """How much of its weight the request keeps: a short request is measured on the scope's
+        own vocabulary (how many of its terms occur in the scope's memories), so a request
+        that says only "go on", in any language, weighs 0."""
+        if FragmentRole.REQUEST not in query.roles:
+            return 1.0
+        request = query.fragments[query.roles.index(FragmentRole.REQUEST)]
+        terms = short_request_terms(request, short=self.ranking.short_words)
+        if terms is None:
+            return 1.0
+        found = 0
+        for term in terms:
+            if await self.store.sparse_candidates(term, principal=principal, scope=scope,
+                                                  limit=1):
+                found += 1
+        return request_share(found, self.ranking)
 
     async def _sparse(
         self, text: str, fragments: Sequence[str], weights: Sequence[float], principal: str,
@@ -198,9 +233,8 @@ class MemoryRetriever:
     ) -> list[Evidence] | None:
         """Cosine candidates for the query's vector, or for its fragments' weighted vector.
 
-        Candidates below ``min_similarity`` are not evidence, unless they score at least
-        ``relative_floor`` of the best candidate (a combined vector's cosines run lower).
-        None when the query has no vector.
+        No floor unless ``min_similarity`` is set: the arm ranks, fusion decides. None when the
+        query has no vector.
         """
         semantic = prepared.semantic
         vector = semantic.vector
@@ -211,10 +245,10 @@ class MemoryRetriever:
         similar = await self.store.semantic_candidates(
             vector, principal=principal, scope=scope, limit=caps.candidates_per_arm
         )
-        best = similar[0].score if similar else 0.0
-        floor = min(self.min_similarity, best * self.ranking.relative_floor) if (
-            self.ranking.relative_floor > 0) else self.min_similarity
-        return [item for item in similar if item.score >= floor and item.score > 0]
+        floor = self.min_similarity
+        if floor is None:
+            return list(similar)
+        return [item for item in similar if item.score >= floor]
 
     async def _recent(
         self, prepared: PreparedRecall, principal: str, scope: str, caps: ContextCaps

@@ -50,6 +50,22 @@ class QueryStrategy(enum.Enum):
     """The bounded task-context composer (the experiment; needs release admission)."""
 
 
+class FragmentRole(enum.Enum):
+    """What one fragment of a query is: the field of the working state it was taken from."""
+
+    REQUEST = "request"
+    """The current request (or a deliberate search call's text)."""
+    NEXT_ACTION = "next_action"
+    TASK = "task"
+    """An unfinished task."""
+    QUESTION = "question"
+    """An open question."""
+    OBJECTIVE = "objective"
+    CONSTRAINT = "constraint"
+    ENTITY = "entity"
+    """An entity named by an established fact."""
+
+
 class BaselineReason(enum.Enum):
     """Why a query took the baseline path."""
 
@@ -95,14 +111,20 @@ def _optional_str(instance: object, attribute: attrs.Attribute[Any], value: obje
         )
 
 
-def _fragments(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if not isinstance(value, tuple):
-        raise TypeError(f"RecallQuery.fragments must be a tuple, got {type(value).__name__}")
-    for index, fragment in enumerate(value):
-        if not isinstance(fragment, str):
+def _tuple_of(kind: type) -> Callable[[object, attrs.Attribute[Any], object], None]:
+    """A validator: a tuple whose every item is a ``kind``."""
+
+    def check(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        if not isinstance(value, tuple):
             raise TypeError(
-                f"RecallQuery.fragments[{index}] must be str, got {type(fragment).__name__}"
+                f"RecallQuery.{attribute.name} must be a tuple, got {type(value).__name__}"
             )
+        for index, item in enumerate(value):
+            if not isinstance(item, kind):
+                raise TypeError(f"RecallQuery.{attribute.name}[{index}] must be "
+                                f"{kind.__name__}, got {type(item).__name__}")
+
+    return check
 
 
 @attrs.frozen(kw_only=True)
@@ -114,15 +136,20 @@ class RecallQuery:
     ``baseline_reason``), stable across processes. ``scope`` and ``principal`` are the trusted
     runtime arguments, never read from text. There is deliberately no date, ``as_of``,
     ``known_at`` or belief filter: dates and entities in the text are relevance hints only.
+
+    ``roles`` holds each fragment's :class:`FragmentRole`, one per fragment (the composers set
+    them; left empty, every fragment counts as the request). Roles are not part of the
+    fingerprint: the fragments, in order, already determine them for a given strategy.
     """
 
-    fragments: tuple[str, ...] = attrs.field(validator=_fragments)
+    fragments: tuple[str, ...] = attrs.field(validator=_tuple_of(str))
     strategy: QueryStrategy = attrs.field(validator=attrs.validators.instance_of(QueryStrategy))
     baseline_reason: BaselineReason | None = attrs.field(
         validator=attrs.validators.optional(attrs.validators.instance_of(BaselineReason))
     )
     scope: str | None = attrs.field(default=None, validator=_optional_str)
     principal: str | None = attrs.field(default=None, validator=_optional_str)
+    roles: tuple[FragmentRole, ...] = attrs.field(default=(), validator=_tuple_of(FragmentRole))
     text: str = attrs.field(init=False)
     fingerprint: str = attrs.field(init=False, repr=False)
 
@@ -131,6 +158,13 @@ class RecallQuery:
             raise ValueError(
                 "RecallQuery.baseline_reason must be set exactly when strategy is BASELINE, "
                 f"got {self.baseline_reason!r} for {self.strategy!r}"
+            )
+        if not self.roles:
+            object.__setattr__(self, "roles", (FragmentRole.REQUEST,) * len(self.fragments))
+        elif len(self.roles) != len(self.fragments):
+            raise ValueError(
+                f"RecallQuery.roles must give one role per fragment: {len(self.roles)} roles "
+                f"for {len(self.fragments)} fragments"
             )
         object.__setattr__(self, "text", "\n".join(self.fragments))
         object.__setattr__(
@@ -143,14 +177,15 @@ class RecallQuery:
 class _Fragments:
     """Collects whole, stripped, non-empty, deduplicated fragments under an optional bound."""
 
-    __slots__ = ("_keys", "_room", "fragments")
+    __slots__ = ("_keys", "_room", "fragments", "roles")
 
     def __init__(self, max_bytes: int | None) -> None:
         self._room = max_bytes
         self._keys: set[str] = set()
         self.fragments: list[str] = []
+        self.roles: list[FragmentRole] = []
 
-    def add(self, raw: str) -> None:
+    def add(self, raw: str, role: FragmentRole) -> None:
         fragment = raw.strip()
         if not fragment:
             return
@@ -169,12 +204,13 @@ class _Fragments:
             return
         self._keys.add(key)
         self.fragments.append(fragment)
+        self.roles.append(role)
         if room is not None:
             self._room = room - size
 
-    def extend(self, raws: Iterable[str]) -> None:
+    def extend(self, raws: Iterable[str], role: FragmentRole) -> None:
         for raw in raws:
-            self.add(raw)
+            self.add(raw, role)
 
 
 def _check_state(state: object) -> None:
@@ -194,11 +230,12 @@ def _baseline(
     state: WorkingState, scope: str | None, principal: str | None, reason: BaselineReason
 ) -> RecallQuery:
     parts = _Fragments(None)
-    parts.add(state.objective)
-    parts.extend(state.open_questions)
-    parts.add(state.current_request)
+    parts.add(state.objective, FragmentRole.OBJECTIVE)
+    parts.extend(state.open_questions, FragmentRole.QUESTION)
+    parts.add(state.current_request, FragmentRole.REQUEST)
     return RecallQuery(
         fragments=tuple(parts.fragments),
+        roles=tuple(parts.roles),
         strategy=QueryStrategy.BASELINE,
         baseline_reason=reason,
         scope=scope,
@@ -283,17 +320,18 @@ def compose_task_context(
         return _baseline(state, scope, principal, BaselineReason.REQUEST_TOO_LARGE)
 
     parts = _Fragments(max_bytes)
-    parts.add(request)
-    parts.add(state.next_action)
+    parts.add(request, FragmentRole.REQUEST)
+    parts.add(state.next_action, FragmentRole.NEXT_ACTION)
     unfinished = [task.text for task in islice(state.tasks, TASK_WINDOW) if not task.done]
-    parts.extend(unfinished[:MAX_TASKS])
-    parts.extend(islice(state.open_questions, MAX_QUESTIONS))
-    parts.add(state.objective)
-    parts.extend(islice(state.constraints, MAX_CONSTRAINTS))
+    parts.extend(unfinished[:MAX_TASKS], FragmentRole.TASK)
+    parts.extend(islice(state.open_questions, MAX_QUESTIONS), FragmentRole.QUESTION)
+    parts.add(state.objective, FragmentRole.OBJECTIVE)
+    parts.extend(islice(state.constraints, MAX_CONSTRAINTS), FragmentRole.CONSTRAINT)
     entities = chain.from_iterable(fact.entities for fact in islice(state.facts, TASK_WINDOW))
-    parts.extend(islice(entities, MAX_ENTITIES))
+    parts.extend(islice(entities, MAX_ENTITIES), FragmentRole.ENTITY)
     return RecallQuery(
         fragments=tuple(parts.fragments),
+        roles=tuple(parts.roles),
         strategy=QueryStrategy.TASK_CONTEXT,
         baseline_reason=None,
         scope=scope,

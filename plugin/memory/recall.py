@@ -3,7 +3,8 @@
 **Automatic** (:func:`automatic_round`): the round reserves ``automatic_slots``; the base
 search runs on one slot; the delta — a People-to-belief read — runs on another only when the
 base discovered people (a need it left unmet). Beliefs join the ranking before the context caps
-apply (after the base's best few), so a belief read that was paid for is not crowded out.
+apply, by their relevance to the query (:func:`~plugin.memory.ranking.with_beliefs`), so a
+belief read that was paid for is not crowded out by the base's evidence.
 
 **Deliberate** (:func:`deliberate_round`): one slot per search call plus one per call whose
 query names known People (its nested belief read); the calls take their slots in order, before
@@ -36,9 +37,17 @@ from plugin.errors import RetrieverFailedError
 from .enforce import beliefs_read, contained_sync, search_attempt
 from .preparation import PreparedRecall
 from .protocol import Bounded, ContextCaps, Retriever
-from .ranking import with_beliefs
+from .ranking import RankingPolicy, with_beliefs
 from .rendering import Rendered, render
 from .store import Evidence
+
+
+def _policy(retriever: Retriever) -> RankingPolicy:
+    """The retriever's ranking policy when it has one (the reference retriever), else the
+    default."""
+    policy = getattr(retriever, "ranking", None)
+    return policy if isinstance(policy, RankingPolicy) else RankingPolicy()
+
 
 NOTHING_TO_SEARCH = (
     "nothing to search: the query has no searchable terms (slot reserved, not executed)"
@@ -131,7 +140,8 @@ async def automatic_round(
                         else:
                             slots.append(slot)
                             dropped += foreign
-                            ranked = with_beliefs(ranked, beliefs)
+                            ranked = with_beliefs(ranked, beliefs, query=query,
+                                                  policy=_policy(retriever))
             except RetrieverFailedError as exc:
                 failure = exc.reason
                 notes.append(f"retriever failed: {exc.reason}")
