@@ -399,6 +399,11 @@ class RecallHooks:
         validate_run_id(run_id)
         return _trusted("scope", scope), _trusted("principal", principal)
 
+    async def _bind(self, run_id: str, scope: str, principal: str) -> None:
+        """Bind the run to its checked principal and scope in the ledger (first use wins;
+        another principal or scope raises :class:`~plugin.errors.RunIdentityError`)."""
+        await self.allowance.ledger.bind_identity(run_id, principal=principal, scope=scope)
+
     # -- preparation under its own bound ------------------------------------------------------
 
     async def _slots_left(self, run_id: str) -> int:
@@ -456,6 +461,7 @@ class RecallHooks:
             raise InvalidHookArgumentTypeError(
                 f"state must be a WorkingState, got {type(state).__name__}"
             )
+        await self._bind(run_id, scope, principal)
         started = self.allowance.clock.monotonic()
         withhold = None if await self._slots_left(run_id) > 0 else WithheldReason.NO_SLOT
 
@@ -535,6 +541,7 @@ class RecallHooks:
                 raise InvalidHookArgumentTypeError(
                     f"calls[{position}] must be a ToolCall, got {type(call).__name__}"
                 )
+        await self._bind(run_id, scope, principal)
         results: list[ToolResult | None] = [None] * len(calls)
         valid: list[tuple[int, SearchCall]] = []
         seen: set[str] = set()
@@ -677,6 +684,7 @@ class RecallHooks:
             )
         if not all(isinstance(i, str) for i in evidence_ids):
             raise InvalidHookArgumentTypeError("evidence_ids must all be str")
+        await self._bind(run_id, scope, principal)
         ids = list(dict.fromkeys(evidence_ids))
         verdicts = await self.allowance.ledger.take_validations(
             run_id, ids, limit=self.validation_limit
