@@ -6,8 +6,17 @@ is ``after_model``: :class:`RecallMiddleware` reads the last ``AIMessage``'s sea
 there, reserves ONE deliberate round for all of them (:meth:`RunRecall.dispatch_batch`) and
 returns one ``ToolMessage`` per call; the framework then skips every call that already has an
 answer, so the tool never runs for them. A refusal is a ``ToolMessage(status="error")`` whose
-content is the typed refusal as JSON. ``awrap_model_call`` runs the automatic round before each
-model request and adds the rendered context to the system message.
+content is the typed refusal as JSON.
+
+The automatic round belongs to the invocation (one ``ainvoke``/``astream`` of the agent):
+``abefore_agent`` runs it once, before the first model request, and keeps the rendered context
+in a private state field (``recall_context``); ``awrap_model_call`` adds that context to the
+system message of every model request of the invocation, which take no round of their own;
+``aafter_agent`` clears it, so it never reaches the next invocation (which prepares again).
+``automatic="per_request"`` runs a round before every model request instead.
+
+A call's identity is its id AND its arguments: a stored result answers only the same id with
+the same arguments; a reused id with other arguments is a new call.
 
 The run id, scope and principal come from the host's runtime context
 (``create_agent(context_schema=RecallContext)``, ``ainvoke(..., context=RecallContext(...))``),
@@ -24,25 +33,26 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import anyio.from_thread
 import anyio.lowlevel
 import attrs
 import sniffio
 from langchain.agents.middleware import AgentMiddleware, AgentState, ModelRequest
-from langchain.agents.middleware.types import ModelResponse
+from langchain.agents.middleware.types import ModelResponse, PrivateStateAttr
 from langchain.tools import ToolRuntime
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.tools import BaseTool, StructuredTool
 from langgraph.prebuilt import ToolNode
 from langgraph.runtime import Runtime
+from typing_extensions import NotRequired
 
-from plugin.errors import RecallboundError
+from plugin.errors import RecallboundError, RunIdentityError
 from plugin.memory.state import WorkingState
 from runtime_hooks.hooks import RecallHooks, ToolCall, ToolResult
 
-from .batch import RunRecall, RunRecalls
+from .batch import AutomaticMode, RunRecall, RunRecalls, automatic_mode
 from .tool import SEARCH_TOOL
 
 
@@ -50,8 +60,9 @@ class MissingRecallContextError(RecallboundError, TypeError):
     """The run's context does not carry the host's run id, scope and principal."""
 
 
-class RecallContextMismatchError(RecallboundError, ValueError):
-    """One run id was given with a different scope or principal than before."""
+RecallContextMismatchError = RunIdentityError
+"""One run id was given with a different scope or principal than before (the package's
+:class:`~plugin.errors.RunIdentityError`, under this module's older name)."""
 
 
 class NotDispatchedError(RecallboundError, RuntimeError):
@@ -168,10 +179,13 @@ class LangChainRecall:
             return []
         return [tool_message(r) for r in await self.run(context).dispatch_batch(calls)]
 
-    def stored(self, runtime: ToolRuntime[Any, Any]) -> ToolMessage:
-        """The tool's answer: the result its batch stored (never a search of its own)."""
+    def stored(
+        self, runtime: ToolRuntime[Any, Any], arguments: dict[str, Any] | None = None
+    ) -> ToolMessage:
+        """The tool's answer: the result its batch stored for this id and these arguments
+        (never a search of its own)."""
         call_id = runtime.tool_call_id or ""
-        result = self.run(runtime.context).result(call_id)
+        result = self.run(runtime.context).result(call_id, arguments or {})
         return tool_message(result if result is not None else _not_dispatched(call_id))
 
     def _search_tool(self) -> BaseTool:
@@ -180,10 +194,10 @@ class LangChainRecall:
         # The arguments are not validated here: the hooks validate them when the batch is
         # dispatched, and an invalid call gets its typed answer there.
         def search(*, runtime: ToolRuntime[Any, Any], **arguments: Any) -> ToolMessage:
-            return self.stored(runtime)
+            return self.stored(runtime, arguments)
 
         async def asearch(*, runtime: ToolRuntime[Any, Any], **arguments: Any) -> ToolMessage:
-            return self.stored(runtime)
+            return self.stored(runtime, arguments)
 
         return StructuredTool(
             name=SEARCH_TOOL.name, description=SEARCH_TOOL.description,
@@ -200,7 +214,14 @@ def system_with_context(system: SystemMessage | None, block: str) -> SystemMessa
     return SystemMessage(content=[*system.content, {"type": "text", "text": block}])
 
 
-class RecallMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
+class RecallState(AgentState[Any]):
+    """The agent state with the invocation's prepared recall context (private to the
+    middleware: neither input nor output of the agent; cleared when the invocation ends)."""
+
+    recall_context: NotRequired[Annotated[str | None, PrivateStateAttr]]
+
+
+class RecallMiddleware(AgentMiddleware[RecallState, Any, Any]):
     """Bounded recall for ``create_agent``; registers the ``search_memory`` tool itself.
 
     ``create_agent(model, tools=[...], middleware=[RecallMiddleware(hooks), ...],
@@ -208,32 +229,60 @@ class RecallMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
     List it BEFORE ``ToolCallLimitMiddleware``: ``after_model`` hooks run in reverse list
     order, so the limit answers its blocked calls first and this middleware reserves slots only
     for the calls that remain. Async only (``ainvoke``/``astream``).
+
+    ``automatic``: ``True`` (default) one automatic round per invocation, before its first
+    model request; ``"per_request"`` one before every model request; ``False`` none.
     """
+
+    state_schema = RecallState
 
     def __init__(
         self,
         hooks: RecallHooks,
         *,
-        automatic: bool = True,
+        automatic: bool | str = True,
         identify: Identify = context_of,
         working_state: StateOf = latest_request,
     ) -> None:
         super().__init__()
+        self.mode: AutomaticMode = automatic_mode(automatic)
         self.recall = LangChainRecall(hooks, identify=identify, working_state=working_state)
         self.automatic = automatic
         self.tools = [self.recall.tool]
+
+    async def abefore_agent(
+        self, state: RecallState, runtime: Runtime[Any]
+    ) -> dict[str, Any] | None:
+        """The invocation's automatic round, once, before its first model request."""
+        if self.mode != "per_invocation":
+            return None
+        block = await self.recall.automatic_context(state["messages"], runtime.context)
+        return {"recall_context": block}
+
+    async def aafter_agent(
+        self, state: RecallState, runtime: Runtime[Any]
+    ) -> dict[str, Any] | None:
+        """The invocation is over: its prepared context goes with it."""
+        if state.get("recall_context") is None:
+            return None
+        return {"recall_context": None}
 
     async def awrap_model_call(
         self,
         request: ModelRequest[Any],
         handler: Callable[[ModelRequest[Any]], Awaitable[ModelResponse[Any]]],
     ) -> ModelResponse[Any]:
-        """The automatic round, its rendered block added to this request's system message."""
-        if self.automatic:
+        """The automatic context added to this request's system message: the invocation's
+        (prepared once), or a round of this request's own under ``"per_request"``."""
+        block = ""
+        if self.mode == "per_invocation":
+            prepared = request.state.get("recall_context")
+            block = prepared if isinstance(prepared, str) else ""
+        elif self.mode == "per_request":
             block = await self.recall.automatic_context(request.messages, request.runtime.context)
-            if block:
-                system = system_with_context(request.system_message, block)
-                request = request.override(system_message=system)
+        if block:
+            system = system_with_context(request.system_message, block)
+            request = request.override(system_message=system)
         return await handler(request)
 
     async def aafter_model(
