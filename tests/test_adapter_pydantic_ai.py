@@ -32,6 +32,7 @@ from pydantic_ai.messages import (
     ToolReturnPart,
 )
 from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls, FunctionModel
+from pydantic_ai.tools import ToolDefinition
 
 from plugin import AllowancePolicy, ManualClock, WorkingState, compose_baseline
 from plugin.control import AttemptKind, AttemptOutcome
@@ -759,3 +760,34 @@ def test_one_run_identity_error_for_every_adapter() -> None:
     assert RunIdentityError is plugin.RunIdentityError
     assert issubclass(RunIdentityError, RecallboundError) and issubclass(RunIdentityError,
                                                                           ValueError)
+
+
+@attrs.define
+class _Evictor(AbstractCapability[Any]):
+    """Before each tool runs, other runs push the host's run out of the capability's registry
+    (``max_runs=1``): the window between a batch and its tools."""
+
+    target: RecallCapability
+    made: list[str] = attrs.Factory(list)
+
+    async def before_tool_execute(self, ctx: RunContext[Any], *, call: ToolCallPart,
+                                  tool_def: ToolDefinition, args: Any) -> Any:
+        run_id = f"other-{len(self.made)}"
+        self.made.append(run_id)
+        self.target.recall(RunIdentity(run_id=run_id, scope=SCOPE, principal=PRINCIPAL))
+        return args
+
+
+async def test_a_run_forgotten_between_its_batch_and_its_tools_is_not_dispatched_again(
+    hooks: RecallHooks,
+) -> None:
+    """The searches that ran on slots 1-4 reach the model as ok, never as refused, although the
+    registry forgot the run before each tool read its result: the invocation holds it."""
+    capability = RecallCapability(hooks, automatic=False, max_runs=1)
+    model = SixSearches()
+    agent = Agent(model.model(), deps_type=RunIdentity,
+                  capabilities=[_Evictor(capability), capability])
+    await agent.run("Continue", deps=IDENTITY)
+    grouped = _by_status(_returns(model.requests[1]))
+    assert len(grouped["ok"]) == 4 and len(grouped["refused"]) == 2
+    assert await _usage(hooks) == (1, 4, 4, 2)  # one round: nothing dispatched again

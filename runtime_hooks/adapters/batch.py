@@ -151,9 +151,12 @@ class Invocation:
     """One invocation's automatic round: run once, before its first model request.
 
     Every later request of the invocation gets the same rendered text and takes no round.
-    Create one per invocation and drop it when the invocation ends.
+    Create one per invocation and drop it when the invocation ends. ``run`` pins the run's
+    :class:`RunRecall` for the invocation: a registry that forgets the run meanwhile (under
+    pressure from other runs) cannot lose the results of a batch before its tools read them.
     """
 
+    run: RunRecall | None = attrs.field(default=None, init=False)
     _done: bool = attrs.field(default=False, init=False)
     _text: str = attrs.field(default="", init=False)
     _lock: anyio.Lock = attrs.field(factory=anyio.Lock, init=False, repr=False)

@@ -190,12 +190,20 @@ class RecallCapability(AbstractCapability[Any]):
                               principal=identity.principal)
 
     def _run_recall(self, ctx: RunContext[Any]) -> RunRecall:
+        """The run's recall, pinned for the invocation once resolved (the registry may forget
+        the run meanwhile; its batch's results must still reach its tools)."""
+        invocation = self._invocation.get()
+        if invocation is not None and invocation.run is not None:
+            return invocation.run
         identity = self.identity(ctx)
         if not isinstance(identity, RunIdentity):
             raise RunIdentityTypeError(
                 f"identity must return a RunIdentity, got {type(identity).__name__}"
             )
-        return self.recall(identity)
+        run = self.recall(identity)
+        if invocation is not None:
+            invocation.run = run
+        return run
 
     async def wrap_run(
         self, ctx: RunContext[Any], *, handler: WrapRunHandler
