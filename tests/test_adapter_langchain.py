@@ -34,6 +34,7 @@ from langchain_core.tools import tool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.prebuilt import ToolNode
 from langgraph.runtime import Runtime
 from langgraph.types import Command, interrupt
 from pydantic import Field
@@ -705,4 +706,28 @@ async def test_after_eviction_another_principal_is_still_refused(hooks: RecallHo
     with pytest.raises(RecallContextMismatchError, match=RUN):
         await recall.answer_batch(batch, dataclasses.replace(CONTEXT, principal="mallory"))
     assert RecallContextMismatchError is RunIdentityError
+    assert await _usage(hooks) == (1, 4, 4)
+
+
+async def test_a_run_forgotten_between_the_batch_and_the_tools_keeps_its_answers(
+    hooks: RecallHooks,
+) -> None:
+    """A sibling tool makes other runs push this run out of the registry (``max_runs=1``)
+    after the node dispatched the batch: the search tools still read its results."""
+    recall = LangChainRecall(hooks, max_runs=1)
+
+    @tool
+    async def crowd() -> str:
+        """Other runs arrive."""
+        for i in range(3):
+            recall.run(dataclasses.replace(CONTEXT, run_id=f"other-{i}"))
+        return "crowded"
+
+    node = RecallToolNode(recall, ToolNode([crowd, recall.tool]))
+    batch = _batch()
+    batch["messages"][-1].tool_calls.insert(0, {"name": "crowd", "args": {}, "id": "x",
+                                                "type": "tool_call"})
+    out = await _graph(node.ainvoke).ainvoke(batch, context=CONTEXT)
+    answers = _answers(out["messages"])
+    assert sorted(a["status"] for a in answers.values()) == ["ok"] * 4 + ["refused"] * 2
     assert await _usage(hooks) == (1, 4, 4)

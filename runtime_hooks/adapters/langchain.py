@@ -30,6 +30,7 @@ For a hand-built LangGraph graph, :class:`RecallToolNode` dispatches the batch a
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import json
 from collections.abc import Awaitable, Callable, Sequence
@@ -134,6 +135,12 @@ def pending_search_calls(messages: Sequence[AnyMessage]) -> list[ToolCall]:
     return []
 
 
+_node_run: contextvars.ContextVar[RunRecall | None] = contextvars.ContextVar(
+    "recallbound_langchain_node_run", default=None
+)
+"""The run a :class:`RecallToolNode` dispatched for, while its ToolNode's tools read results:
+pinned there, so a registry that forgets the run meanwhile cannot lose the batch's results."""
+
 Identify = Callable[[object], RecallContext]
 StateOf = Callable[[Sequence[AnyMessage]], WorkingState | None]
 
@@ -185,7 +192,12 @@ class LangChainRecall:
         """The tool's answer: the result its batch stored for this id and these arguments
         (never a search of its own)."""
         call_id = runtime.tool_call_id or ""
-        result = self.run(runtime.context).result(call_id, arguments or {})
+        trusted = self.identify(runtime.context)
+        pinned = _node_run.get()
+        same = pinned is not None and (pinned.run_id, pinned.scope, pinned.principal) == (
+            trusted.run_id, trusted.scope, trusted.principal)
+        run = pinned if same and pinned is not None else self.run(runtime.context)
+        result = run.result(call_id, arguments or {})
         return tool_message(result if result is not None else _not_dispatched(call_id))
 
     def _search_tool(self) -> BaseTool:
@@ -315,10 +327,13 @@ class RecallToolNode:
 
     async def ainvoke(self, state: dict[str, Any], runtime: Runtime[Any]) -> Any:
         """The async node: one round for the batch, then the ToolNode."""
-        await self.recall.run(runtime.context).dispatch_batch(
-            pending_search_calls(state["messages"])
-        )
-        return await self.tools.ainvoke(state)
+        run = self.recall.run(runtime.context)
+        await run.dispatch_batch(pending_search_calls(state["messages"]))
+        token = _node_run.set(run)  # the ToolNode's tool tasks copy this context
+        try:
+            return await self.tools.ainvoke(state)
+        finally:
+            _node_run.reset(token)
 
     def invoke(self, state: dict[str, Any], runtime: Runtime[Any]) -> Any:
         """The sync node: the batch dispatched on the hooks' loop, then the ToolNode."""
@@ -334,7 +349,11 @@ class RecallToolNode:
                     " not on the loop's own thread"
                 )
             anyio.from_thread.run(run.dispatch_batch, calls, token=self.token)
-        return self.tools.invoke(state)
+        token = _node_run.set(run)  # the ToolNode's pool threads run in copies of this context
+        try:
+            return self.tools.invoke(state)
+        finally:
+            _node_run.reset(token)
 
 
 def _on_event_loop_thread() -> bool:
