@@ -731,3 +731,66 @@ async def test_a_run_forgotten_between_the_batch_and_the_tools_keeps_its_answers
     answers = _answers(out["messages"])
     assert sorted(a["status"] for a in answers.values()) == ["ok"] * 4 + ["refused"] * 2
     assert await _usage(hooks) == (1, 4, 4)
+
+
+# -- resume after a restart: RecallToolNode with a checkpointer ---------------------------------
+
+
+def _approval_graph(recall: LangChainRecall, saver: InMemorySaver, approvals: list[object]
+                    ) -> Any:
+    @tool
+    def approve() -> str:
+        """Ask the user for approval."""
+        approvals.append(interrupt("approve?"))
+        return "approved"
+
+    async def model(state: dict[str, Any]) -> dict[str, Any]:
+        return {"messages": [calls_message(*search_calls(QUERIES[:3]), {
+            "name": "approve", "args": {}, "id": "a1", "type": "tool_call"})]}
+
+    graph = StateGraph(MessagesState, context_schema=RecallContext)
+    graph.add_node("model", model)
+    graph.add_node("tools", RecallToolNode.with_tools(recall, [approve]).ainvoke)
+    graph.add_edge(START, "model")
+    graph.add_edge("model", "tools")
+    graph.add_edge("tools", END)
+    return graph.compile(checkpointer=saver)
+
+
+@pytest.mark.parametrize("validation_limit", [8, 1])
+async def test_a_tools_node_resumed_in_a_new_process_never_dispatches_again(
+    tmp_path: Path, clock: ManualClock, validation_limit: int
+) -> None:
+    """An ``interrupt()`` in a sibling tool, then a resume in a fresh process (new hooks, new
+    node, the same checkpointer): the three searches that ran are neither run again nor
+    reported as refused; they answer with their evidence re-read under the validation bound
+    (what the bound no longer covers is said in the bounded wording)."""
+    saver = InMemorySaver()  # stands in for a durable checkpointer
+    config: Any = {"configurable": {"thread_id": "restart"}}
+    approvals: list[object] = []
+    async with open_hooks(_config(tmp_path), clock=clock) as hooks:
+        retriever = hooks.retriever
+        assert isinstance(retriever, MemoryRetriever)
+        await seed(retriever.store)
+        first = await _approval_graph(LangChainRecall(hooks), saver, approvals).ainvoke(
+            {"messages": [HumanMessage("Continue")]}, config, context=CONTEXT)
+        assert first["__interrupt__"]
+        assert await _usage(hooks) == (1, 3, 3)
+        before = await hooks.allowance.ledger.attempts(RUN)
+    async with open_hooks(_config(tmp_path), clock=clock) as hooks:
+        hooks.validation_limit = validation_limit
+        out = await _approval_graph(LangChainRecall(hooks), saver, approvals).ainvoke(
+            Command(resume="yes"), config, context=CONTEXT)
+        assert approvals == ["yes"]
+        answers = _answers(out["messages"])
+        assert sorted(answers) == ["c0", "c1", "c2"]
+        assert {a["status"] for a in answers.values()} == {"ok"}
+        assert await _usage(hooks) == (1, 3, 3)  # nothing reserved, nothing run again
+        assert await hooks.allowance.ledger.attempts(RUN) == before
+        assert (await hooks.allowance.ledger.usage(RUN)).refused == 0
+        assert "m-backfill" in answers["c0"]["evidence_ids"]
+        rechecked = [a for a in answers.values() if "could not be re-checked" in a["content"]]
+        if validation_limit == 8:
+            assert not rechecked
+        else:  # one re-check left for the run: the rest is said to be bounded
+            assert rechecked and all("not evidence" in a["content"] for a in rechecked)

@@ -24,14 +24,24 @@ from __future__ import annotations
 import collections
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Literal
+from typing import Literal, cast
 
 import anyio
 import attrs
 
 from plugin.errors import InvalidHookArgumentError, InvalidHookArgumentTypeError, RunIdentityError
+from plugin.memory.enforce import NOT_EVIDENCE, Bounded
+from plugin.memory.pipeline import render
 from plugin.memory.state import WorkingState
-from runtime_hooks.hooks import PreparedContext, RecallHooks, ToolCall, ToolResult
+from runtime_hooks.hooks import (
+    NOTHING_FOUND,
+    PARTLY_FOUND,
+    PreparedContext,
+    RecallHooks,
+    Status,
+    ToolCall,
+    ToolResult,
+)
 
 AutomaticMode = Literal["per_invocation", "per_request", "off"]
 """When the automatic round runs: once per invocation (the default), before every model
@@ -144,6 +154,56 @@ class RunRecall:
 
     def answered(self, call_id: str, arguments: Mapping[str, object] | str | None = None) -> bool:
         return self.result(call_id, arguments) is not None
+
+    @staticmethod
+    def record(call: ToolCall, result: ToolResult) -> dict[str, object]:
+        """A call's result as plain data a host can keep durably (its checkpoint)."""
+        return {"call_id": call.call_id, "arguments": call_key(call.call_id, call.arguments)[1],
+                **result.as_dict()}
+
+    async def replay(self, records: Sequence[Mapping[str, object]]) -> None:
+        """Store the results of a batch that ran before a restart, from the records
+        (:meth:`record`) the host kept, without dispatching anything.
+
+        A search that ran is never run again nor reported as refused: its evidence is re-read
+        under the run's validation bound (:meth:`RecallHooks.validate_retained`, kept in the
+        ledger); what is gone is left out, what the bound no longer lets be re-checked is said
+        in the bounded wording. A call that was refused or invalid then keeps that answer.
+        Records already stored in this process are left alone.
+        """
+        async with self._lock:
+            for record in records:
+                key = (str(record["call_id"]), str(record["arguments"]))
+                if key in self._results:
+                    continue
+                result = await self._replayed(record)
+                self._results[key] = result
+                self._latest[key[0]] = result
+
+    async def _replayed(self, record: Mapping[str, object]) -> ToolResult:
+        call_id, status, content = (str(record["call_id"]), str(record["status"]),
+                                    str(record["content"]))
+        found = record.get("evidence_ids")
+        ids = [str(i) for i in found] if isinstance(found, list) else []
+        if status != "ok" or not ids:
+            kept = status if status in ("ok", "refused", "invalid", "failed") else "failed"
+            return ToolResult(call_id=call_id, status=cast(Status, kept), content=content)
+        checks = await self.hooks.validate_retained(
+            ids, run_id=self.run_id, scope=self.scope, principal=self.principal)
+        valid = [c.evidence for c in checks if c.status == "valid" and c.evidence is not None]
+        unchecked = sum(1 for c in checks if c.status in ("bounded", "not_retained"))
+        rendered = render(valid, self.hooks.caps)
+        bounded: tuple[Bounded, ...] = ()
+        if unchecked:
+            bounded = (Bounded(
+                part="recheck", reason="validation",
+                message=f"{unchecked} item(s) this search found before the run was resumed "
+                        f"could not be re-checked: recall was bounded. {NOT_EVIDENCE}"),)
+        notes = [f"Note: {part.message}" for part in bounded]
+        text = "\n".join([rendered.text or (PARTLY_FOUND if notes else NOTHING_FOUND), *notes])
+        return ToolResult(call_id=call_id, status="ok", content=text,
+                          evidence=tuple(rendered.items), bounded=bounded,
+                          omitted=rendered.omitted)
 
 
 @attrs.define(eq=False)

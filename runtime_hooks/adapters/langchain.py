@@ -45,6 +45,7 @@ from langchain.agents.middleware.types import ModelResponse, PrivateStateAttr
 from langchain.tools import ToolRuntime
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.tools import BaseTool, StructuredTool
+from langgraph.func import task
 from langgraph.prebuilt import ToolNode
 from langgraph.runtime import Runtime
 from typing_extensions import NotRequired
@@ -326,9 +327,28 @@ class RecallToolNode:
         return cls(recall, ToolNode([recall.tool, *tools]))
 
     async def ainvoke(self, state: dict[str, Any], runtime: Runtime[Any]) -> Any:
-        """The async node: one round for the batch, then the ToolNode."""
+        """The async node: one round for the batch, then the ToolNode.
+
+        The batch runs as a LangGraph task: with a checkpointer, its results are kept in the
+        checkpoint, so a node re-run after an ``interrupt()`` in a sibling tool (in this process
+        or after a restart) never dispatches the batch again; in a new process its searches
+        answer with their evidence re-read under the run's validation bound
+        (:meth:`RunRecall.replay`).
+        """
         run = self.recall.run(runtime.context)
-        await run.dispatch_batch(pending_search_calls(state["messages"]))
+        calls = pending_search_calls(state["messages"])
+        if calls:
+            dispatched = False
+
+            async def recallbound_search_batch() -> list[dict[str, object]]:
+                nonlocal dispatched
+                dispatched = True
+                results = await run.dispatch_batch(calls)
+                return [run.record(c, r) for c, r in zip(calls, results, strict=True)]
+
+            records = await task(recallbound_search_batch)()
+            if not dispatched:  # the checkpoint's: the batch ran before this node re-ran
+                await run.replay(records)
         token = _node_run.set(run)  # the ToolNode's tool tasks copy this context
         try:
             return await self.tools.ainvoke(state)
