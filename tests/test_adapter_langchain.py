@@ -736,30 +736,38 @@ async def test_a_run_forgotten_between_the_batch_and_the_tools_keeps_its_answers
 # -- resume after a restart: RecallToolNode with a checkpointer ---------------------------------
 
 
-def _approval_graph(recall: LangChainRecall, saver: InMemorySaver, approvals: list[object]
-                    ) -> Any:
+def _approval_graph(recall: LangChainRecall, saver: InMemorySaver, approvals: list[object],
+                    sync: bool = False) -> Any:
     @tool
     def approve() -> str:
         """Ask the user for approval."""
         approvals.append(interrupt("approve?"))
         return "approved"
 
-    async def model(state: dict[str, Any]) -> dict[str, Any]:
+    def model(state: dict[str, Any]) -> dict[str, Any]:
         return {"messages": [calls_message(*search_calls(QUERIES[:3]), {
             "name": "approve", "args": {}, "id": "a1", "type": "tool_call"})]}
 
+    node = RecallToolNode.with_tools(recall, [approve])
     graph = StateGraph(MessagesState, context_schema=RecallContext)
     graph.add_node("model", model)
-    graph.add_node("tools", RecallToolNode.with_tools(recall, [approve]).ainvoke)
+    graph.add_node("tools", node.invoke if sync else node.ainvoke)
     graph.add_edge(START, "model")
     graph.add_edge("model", "tools")
     graph.add_edge("tools", END)
     return graph.compile(checkpointer=saver)
 
 
-@pytest.mark.parametrize("validation_limit", [8, 1])
+async def _invoke(graph: Any, given: Any, config: Any, sync: bool) -> Any:
+    if sync:  # a sync graph.invoke, from a worker thread of the hooks' loop
+        return await anyio.to_thread.run_sync(functools.partial(
+            graph.invoke, given, config, context=CONTEXT))
+    return await graph.ainvoke(given, config, context=CONTEXT)
+
+
+@pytest.mark.parametrize(("validation_limit", "sync"), [(8, False), (1, False), (8, True)])
 async def test_a_tools_node_resumed_in_a_new_process_never_dispatches_again(
-    tmp_path: Path, clock: ManualClock, validation_limit: int
+    tmp_path: Path, clock: ManualClock, validation_limit: int, sync: bool
 ) -> None:
     """An ``interrupt()`` in a sibling tool, then a resume in a fresh process (new hooks, new
     node, the same checkpointer): the three searches that ran are neither run again nor
@@ -772,15 +780,15 @@ async def test_a_tools_node_resumed_in_a_new_process_never_dispatches_again(
         retriever = hooks.retriever
         assert isinstance(retriever, MemoryRetriever)
         await seed(retriever.store)
-        first = await _approval_graph(LangChainRecall(hooks), saver, approvals).ainvoke(
-            {"messages": [HumanMessage("Continue")]}, config, context=CONTEXT)
+        first = await _invoke(_approval_graph(LangChainRecall(hooks), saver, approvals, sync),
+                              {"messages": [HumanMessage("Continue")]}, config, sync)
         assert first["__interrupt__"]
         assert await _usage(hooks) == (1, 3, 3)
         before = await hooks.allowance.ledger.attempts(RUN)
     async with open_hooks(_config(tmp_path), clock=clock) as hooks:
         hooks.validation_limit = validation_limit
-        out = await _approval_graph(LangChainRecall(hooks), saver, approvals).ainvoke(
-            Command(resume="yes"), config, context=CONTEXT)
+        out = await _invoke(_approval_graph(LangChainRecall(hooks), saver, approvals, sync),
+                            Command(resume="yes"), config, sync)
         assert approvals == ["yes"]
         answers = _answers(out["messages"])
         assert sorted(answers) == ["c0", "c1", "c2"]

@@ -356,7 +356,8 @@ class RecallToolNode:
             _node_run.reset(token)
 
     def invoke(self, state: dict[str, Any], runtime: Runtime[Any]) -> Any:
-        """The sync node: the batch dispatched on the hooks' loop, then the ToolNode."""
+        """The sync node: the batch dispatched on the hooks' loop (as a task, like
+        :meth:`ainvoke`), then the ToolNode."""
         calls = pending_search_calls(state["messages"])
         run = self.recall.run(runtime.context)
         if calls:
@@ -368,7 +369,17 @@ class RecallToolNode:
                     "the hooks' event loop (await anyio.to_thread.run_sync(graph.invoke, ...)),"
                     " not on the loop's own thread"
                 )
-            anyio.from_thread.run(run.dispatch_batch, calls, token=self.token)
+            dispatched = False
+
+            def recallbound_search_batch() -> list[dict[str, object]]:
+                nonlocal dispatched
+                dispatched = True
+                results = anyio.from_thread.run(run.dispatch_batch, calls, token=self.token)
+                return [run.record(c, r) for c, r in zip(calls, results, strict=True)]
+
+            records = task(recallbound_search_batch)().result()  # kept like ainvoke's
+            if not dispatched:
+                anyio.from_thread.run(run.replay, records, token=self.token)
         token = _node_run.set(run)  # the ToolNode's pool threads run in copies of this context
         try:
             return self.tools.invoke(state)
