@@ -395,11 +395,12 @@ async def test_a_hook_re_run_reuses_the_stored_answers(hooks: RecallHooks) -> No
     assert await hooks.allowance.ledger.attempts(RUN) == before
 
 
-async def test_a_hook_re_run_in_a_fresh_process_is_refused_honestly(
+async def test_a_hook_re_run_in_a_fresh_process_replays_the_checkpointed_batch(
     tmp_path: Path, clock: ManualClock
 ) -> None:
-    """A new process (new hooks, new middleware) re-runs the hook: nothing in memory survives,
-    so it reserves a new round of the same run, which the durable allowance refuses."""
+    """A new process (new hooks, new middleware) re-runs the hook: the batch's results come
+    from the checkpoint (never dispatched again): the two searches that ran answer with their
+    evidence re-read under the validation bound, the four refused then stay refused."""
     saver = InMemorySaver()  # stands in for a durable checkpointer
     config: Any = {"configurable": {"thread_id": "t3"}}
     async with open_hooks(_config(tmp_path), clock=clock) as hooks:
@@ -419,9 +420,13 @@ async def test_a_hook_re_run_in_a_fresh_process_is_refused_honestly(
         await agent.ainvoke(Command(resume="ok"), config, context=CONTEXT)
         answers = _answers(model.seen[0])
         assert len(answers) == 6
-        assert {a["refusal"]["reason"] for a in answers.values()} == {"rounds"}
-        rounds, reserved, _ = await _usage(hooks)
-        assert (rounds, reserved) == (2, 4)  # never more than the run's allowance
+        ok = [a for a in answers.values() if a["status"] == "ok"]
+        refused = [a for a in answers.values() if a["status"] == "refused"]
+        assert len(ok) == 2 and len(refused) == 4
+        assert all(a["evidence_ids"] for a in ok)
+        assert {a["refusal"]["reason"] for a in refused} == {"slots"}  # as they were
+        assert await _usage(hooks) == (2, 4, 4)  # nothing reserved or run again
+        assert (await hooks.allowance.ledger.usage(RUN)).refused == 4
 
 
 async def test_the_run_identity_comes_from_the_context_only(hooks: RecallHooks) -> None:

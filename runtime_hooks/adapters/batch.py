@@ -29,6 +29,7 @@ from typing import Literal, cast
 import anyio
 import attrs
 
+from plugin.control import BudgetRefusal, RefusalReason
 from plugin.errors import InvalidHookArgumentError, InvalidHookArgumentTypeError, RunIdentityError
 from plugin.memory.enforce import NOT_EVIDENCE, Bounded
 from plugin.memory.pipeline import render
@@ -180,6 +181,22 @@ class RunRecall:
                 self._results[key] = result
                 self._latest[key[0]] = result
 
+    def _refusal(self, given: object) -> BudgetRefusal | None:
+        """The typed refusal a record kept (:meth:`BudgetRefusal.as_tool_result`), rebuilt."""
+        if not isinstance(given, Mapping):
+            return None
+        reason, reserved, executed = (given.get("reason"), given.get("reserved"),
+                                      given.get("executed"))
+        if not (isinstance(reason, str) and isinstance(reserved, int)
+                and isinstance(executed, int)):
+            return None
+        try:
+            kind = RefusalReason(reason)
+        except ValueError:
+            return None
+        return BudgetRefusal(reason=kind, run_id=self.run_id, reserved=reserved,
+                             executed=executed)
+
     async def _replayed(self, record: Mapping[str, object]) -> ToolResult:
         call_id, status, content = (str(record["call_id"]), str(record["status"]),
                                     str(record["content"]))
@@ -187,7 +204,8 @@ class RunRecall:
         ids = [str(i) for i in found] if isinstance(found, list) else []
         if status != "ok" or not ids:
             kept = status if status in ("ok", "refused", "invalid", "failed") else "failed"
-            return ToolResult(call_id=call_id, status=cast(Status, kept), content=content)
+            return ToolResult(call_id=call_id, status=cast(Status, kept), content=content,
+                              refusal=self._refusal(record.get("refusal")))
         checks = await self.hooks.validate_retained(
             ids, run_id=self.run_id, scope=self.scope, principal=self.principal)
         valid = [c.evidence for c in checks if c.status == "valid" and c.evidence is not None]

@@ -45,6 +45,7 @@ from langchain.agents.middleware.types import ModelResponse, PrivateStateAttr
 from langchain.tools import ToolRuntime
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.tools import BaseTool, StructuredTool
+from langgraph.config import get_config
 from langgraph.func import task
 from langgraph.prebuilt import ToolNode
 from langgraph.runtime import Runtime
@@ -142,6 +143,33 @@ _node_run: contextvars.ContextVar[RunRecall | None] = contextvars.ContextVar(
 """The run a :class:`RecallToolNode` dispatched for, while its ToolNode's tools read results:
 pinned there, so a registry that forgets the run meanwhile cannot lose the batch's results."""
 
+async def dispatch_kept(run: RunRecall, calls: Sequence[ToolCall]) -> list[ToolResult]:
+    """One deliberate round for ``calls``, kept in the graph's checkpoint when there is one.
+
+    Inside a LangGraph node the batch runs as a task: a node re-run after an ``interrupt()``
+    (in this process or after a restart, with the same checkpointer) gets the batch's results
+    from the checkpoint and never dispatches it again; in a new process those searches answer
+    with their evidence re-read under the run's validation bound (:meth:`RunRecall.replay`).
+    Outside a graph it is :meth:`RunRecall.dispatch_batch`.
+    """
+    try:
+        get_config()
+    except RuntimeError:  # not inside a graph run: nothing to keep the batch in
+        return await run.dispatch_batch(calls)
+    dispatched = False
+
+    async def recallbound_search_batch() -> list[dict[str, object]]:
+        nonlocal dispatched
+        dispatched = True
+        results = await run.dispatch_batch(calls)
+        return [run.record(c, r) for c, r in zip(calls, results, strict=True)]
+
+    records = await task(recallbound_search_batch)()
+    if not dispatched:  # the checkpoint's: the batch ran before this node re-ran
+        await run.replay(records)
+    return await run.dispatch_batch(calls)  # every call is stored now: no round
+
+
 Identify = Callable[[object], RecallContext]
 StateOf = Callable[[Sequence[AnyMessage]], WorkingState | None]
 
@@ -185,7 +213,7 @@ class LangChainRecall:
         calls = pending_search_calls(messages)
         if not calls:
             return []
-        return [tool_message(r) for r in await self.run(context).dispatch_batch(calls)]
+        return [tool_message(r) for r in await dispatch_kept(self.run(context), calls)]
 
     def stored(
         self, runtime: ToolRuntime[Any, Any], arguments: dict[str, Any] | None = None
@@ -327,28 +355,13 @@ class RecallToolNode:
         return cls(recall, ToolNode([recall.tool, *tools]))
 
     async def ainvoke(self, state: dict[str, Any], runtime: Runtime[Any]) -> Any:
-        """The async node: one round for the batch, then the ToolNode.
-
-        The batch runs as a LangGraph task: with a checkpointer, its results are kept in the
-        checkpoint, so a node re-run after an ``interrupt()`` in a sibling tool (in this process
-        or after a restart) never dispatches the batch again; in a new process its searches
-        answer with their evidence re-read under the run's validation bound
-        (:meth:`RunRecall.replay`).
-        """
+        """The async node: one round for the batch (kept in the checkpoint:
+        :func:`dispatch_kept`), then the ToolNode; an ``interrupt()`` in a sibling tool never
+        makes the batch dispatch again, after a restart either."""
         run = self.recall.run(runtime.context)
         calls = pending_search_calls(state["messages"])
         if calls:
-            dispatched = False
-
-            async def recallbound_search_batch() -> list[dict[str, object]]:
-                nonlocal dispatched
-                dispatched = True
-                results = await run.dispatch_batch(calls)
-                return [run.record(c, r) for c, r in zip(calls, results, strict=True)]
-
-            records = await task(recallbound_search_batch)()
-            if not dispatched:  # the checkpoint's: the batch ran before this node re-ran
-                await run.replay(records)
+            await dispatch_kept(run, calls)
         token = _node_run.set(run)  # the ToolNode's tool tasks copy this context
         try:
             return await self.tools.ainvoke(state)
