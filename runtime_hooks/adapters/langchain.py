@@ -21,8 +21,10 @@ the same arguments; a reused id with other arguments is a new call.
 The run id, scope and principal come from the host's runtime context
 (``create_agent(context_schema=RecallContext)``, ``ainvoke(..., context=RecallContext(...))``),
 never from the state the model writes. A call that already has a ``ToolMessage`` in the state
-(another middleware's answer, or one checkpointed before a restart) is never dispatched, and a
-hook re-run in the same process reuses the stored results: a batch reserves at most once.
+(another middleware's answer, or one checkpointed before a restart) is never dispatched. Inside
+a graph the batch runs as a LangGraph task (:func:`dispatch_kept`), so its results are kept in
+the checkpoint: a hook or node re-run after an ``interrupt()``, in this process or a new one,
+never dispatches it again (a batch reserves at most once).
 
 For a hand-built LangGraph graph, :class:`RecallToolNode` dispatches the batch and then runs a
 ``ToolNode``; its sync form drives the async hooks on the host's event loop. Asyncio only.
