@@ -31,7 +31,7 @@ import attrs
 
 from plugin.control import BudgetRefusal, RefusalReason
 from plugin.errors import InvalidHookArgumentError, InvalidHookArgumentTypeError, RunIdentityError
-from plugin.memory.enforce import NOT_EVIDENCE, Bounded
+from plugin.memory.enforce import Bounded
 from plugin.memory.pipeline import render
 from plugin.memory.state import WorkingState
 from runtime_hooks.hooks import (
@@ -39,10 +39,11 @@ from runtime_hooks.hooks import (
     PARTLY_FOUND,
     PreparedContext,
     RecallHooks,
-    Status,
     ToolCall,
     ToolResult,
 )
+
+_Status = Literal["ok", "refused", "invalid", "failed"]
 
 AutomaticMode = Literal["per_invocation", "per_request", "off"]
 """When the automatic round runs: once per invocation (the default), before every model
@@ -204,7 +205,7 @@ class RunRecall:
         ids = [str(i) for i in found] if isinstance(found, list) else []
         if status != "ok" or not ids:
             kept = status if status in ("ok", "refused", "invalid", "failed") else "failed"
-            return ToolResult(call_id=call_id, status=cast(Status, kept), content=content,
+            return ToolResult(call_id=call_id, status=cast(_Status, kept), content=content,
                               refusal=self._refusal(record.get("refusal")))
         checks = await self.hooks.validate_retained(
             ids, run_id=self.run_id, scope=self.scope, principal=self.principal)
@@ -215,8 +216,10 @@ class RunRecall:
         if unchecked:
             bounded = (Bounded(
                 part="recheck", reason="validation",
-                message=f"{unchecked} item(s) this search found before the run was resumed "
-                        f"could not be re-checked: recall was bounded. {NOT_EVIDENCE}"),)
+                message=f"Memory recall was bounded: {unchecked} item(s) this search found "
+                        f"before the run was resumed could not be re-checked (the run's "
+                        f"re-check bound is spent). This is not evidence that they are "
+                        f"absent."),)
         notes = [f"Note: {part.message}" for part in bounded]
         text = "\n".join([rendered.text or (PARTLY_FOUND if notes else NOTHING_FOUND), *notes])
         return ToolResult(call_id=call_id, status="ok", content=text,
