@@ -145,6 +145,10 @@ _node_run: contextvars.ContextVar[RunRecall | None] = contextvars.ContextVar(
 """The run a :class:`RecallToolNode` dispatched for, while its ToolNode's tools read results:
 pinned there, so a registry that forgets the run meanwhile cannot lose the batch's results."""
 
+_CHECKPOINTER = "__pregel_checkpointer"
+"""Where LangGraph puts a run's checkpointer in its config (``CONFIG_KEY_CHECKPOINTER``)."""
+
+
 async def dispatch_kept(run: RunRecall, calls: Sequence[ToolCall]) -> list[ToolResult]:
     """One deliberate round for ``calls``, kept in the graph's checkpoint when there is one.
 
@@ -155,8 +159,12 @@ async def dispatch_kept(run: RunRecall, calls: Sequence[ToolCall]) -> list[ToolR
     Outside a graph it is :meth:`RunRecall.dispatch_batch`.
     """
     try:
-        get_config()
+        configurable = get_config().get("configurable", {})
     except RuntimeError:  # not inside a graph run: nothing to keep the batch in
+        return await run.dispatch_batch(calls)
+    if configurable.get(_CHECKPOINTER) is None:
+        # No checkpointer: nothing is kept, and nothing can be resumed (an interrupt needs
+        # one), so the task would only cost time (about 0.6 ms a batch).
         return await run.dispatch_batch(calls)
     dispatched = False
 
