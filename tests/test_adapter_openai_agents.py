@@ -710,3 +710,24 @@ async def test_after_eviction_another_principal_is_still_refused(hooks: RecallHo
         await recall.run(agent(model, recall), "Continue", run_id=RUN, scope=SCOPE,
                          principal="mallory", run_config=config())
     assert await usage(hooks) == (1, 1, 1, 0)
+
+
+async def test_a_run_forgotten_between_its_batch_and_its_tools_keeps_its_answers(
+    hooks: RecallHooks,
+) -> None:
+    """Other runs push the run out of the registry (``max_runs=1``) as each tool starts: the
+    bound run still answers every call from its batch, nothing is dispatched again."""
+    runner = RecallRunner(hooks, max_runs=1)
+    recall = attrs.evolve(agents_recall(hooks, automatic=False), runner=runner)
+    crowd: list[str] = []
+
+    class Crowd(RunHooks[Any]):
+        async def on_tool_start(self, context: Any, agent: Any, tool: Any) -> None:
+            crowd.append(f"other-{len(crowd)}")
+            runner.recall_for(crowd[-1], scope=SCOPE, principal=PRINCIPAL)
+
+    model = script()
+    await run(recall, model, hooks=Crowd())
+    seen = outputs(model.calls[1])
+    assert crowd and [v["status"] for v in seen.values()].count("ok") == 4
+    assert await usage(hooks) == (1, 4, 4, 2)
