@@ -7,8 +7,11 @@ each a median over ``ROUNDS`` runs, with the SQLite ledger and the store on a te
 * ``bare``: the SDK run with a plain tool that returns a constant (no recall at all);
 * ``guarded``: the bare run with a tool input guardrail that allows 2 calls and rejects 4
   (the SDK's own cost for the guardrail path the adapter uses);
-* ``adapter``: the same run through :func:`agents_recall` (automatic round before each model
-  request, one batch for the six calls, guardrail and stored results);
+* ``adapter``: the same run through :func:`agents_recall` (``automatic="per_request"``: an
+  automatic round before each model request, the same hooks calls as ``hooks``; one batch
+  for the six calls, guardrail and stored results);
+* ``adapter, once``: the same with the default, one automatic round per ``Runner.run`` (one
+  ``prepare`` fewer; printed for reference);
 * ``hooks``: the same recall work called directly on :class:`RecallHooks`, without the SDK
   (two ``prepare`` calls and one ``dispatch`` of six calls): what recall itself costs.
 
@@ -125,7 +128,8 @@ async def main() -> None:
         )
         async with open_hooks(recall_config) as hooks:
             await seed(hooks.retriever.store)  # type: ignore[attr-defined]
-            recall = agents_recall(hooks, state=_state)
+            recall = agents_recall(hooks, state=_state, automatic="per_request")
+            once = agents_recall(hooks, state=_state)
             calls = [ToolCall(call_id=f"call_{i}", arguments={"query": q})
                      for i, q in enumerate(QUERIES)]
             state = attrs.evolve(STATE, current_request="Continue")
@@ -146,6 +150,12 @@ async def main() -> None:
                 await recall.run(agent, "Continue", run_id=f"bench-{next(run_ids)}",
                                  scope=SCOPE, principal=PRINCIPAL, run_config=config)
 
+            async def adapter_once() -> None:
+                agent = Agent(name="a", instructions="Help.", model=_script(),
+                              tools=[once.tool])
+                await once.run(agent, "Continue", run_id=f"once-{next(run_ids)}",
+                               scope=SCOPE, principal=PRINCIPAL, run_config=config)
+
             async def direct() -> None:
                 run_id = f"direct-{next(run_ids)}"
                 ids = {"run_id": run_id, "scope": SCOPE, "principal": PRINCIPAL}
@@ -155,12 +165,14 @@ async def main() -> None:
                     await hooks.prepare(state, **ids)
 
             medians = await _medians(
-                {"bare": bare, "guarded": guarded, "adapter": adapter, "hooks": direct}
+                {"bare": bare, "guarded": guarded, "adapter": adapter, "once": adapter_once,
+                 "hooks": direct}
             )
     print(f"fake-model run, 6 parallel search calls, medians of {ROUNDS} (ms):")
     print(f"  {'':32} {'wall':>8} {'cpu':>8}")
     labels = {"bare": "bare SDK run (no recall)", "guarded": "bare run, tool guardrail",
-              "adapter": "with the adapter", "hooks": "the same recall, hooks direct"}
+              "adapter": "with the adapter", "once": "adapter, once per run (default)",
+              "hooks": "the same recall, hooks direct"}
     for name, label in labels.items():
         wall, cpu = medians[name]
         print(f"  {label:32} {wall:8.2f} {cpu:8.2f}")

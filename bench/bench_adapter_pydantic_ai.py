@@ -7,8 +7,9 @@ one run at a time, alternating, medians. Every side that recalls makes the same 
 context rendered, each result turned into its tool-result dict), and the model sees the same
 instructions and tool results on every side (checked before timing):
 
-* ``with``: the agent with :class:`RecallCapability`, which makes those calls from
-  pydantic-ai's hooks;
+* ``with``: the agent with :class:`RecallCapability` (``automatic="per_request"``, so that it
+  makes the same two ``prepare`` calls as the baselines; the default, once per invocation,
+  makes one and is cheaper), which makes those calls from pydantic-ai's hooks;
 * ``in the run`` (the baseline): the agent without the capability, making the same calls where
   a hand-written integration would: an instructions function runs ``prepare`` before each
   request, and the first search call dispatches the whole batch (the bench knows it);
@@ -270,7 +271,7 @@ class _InRun:
 
 def _adapter(hooks: RecallHooks, runs: count[int], seen: _Seen | None = None,
              ) -> tuple[_Timed, Callable[[], Awaitable[Any]]]:
-    capability = _Timed(hooks, working_state=lambda ctx: STATE)
+    capability = _Timed(hooks, working_state=lambda ctx: STATE, automatic="per_request")
     agent = Agent(FunctionModel(seen.model if seen else _model), deps_type=RunIdentity,
                   capabilities=[capability])
 

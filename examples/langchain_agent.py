@@ -1,7 +1,8 @@
 """Bounded recall in a LangChain ``create_agent`` run, offline, with a fake chat model.
 
 The user says "Continue"; the model answers with 6 parallel ``search_memory`` calls, then with
-a final text. ``RecallMiddleware`` runs the automatic round before each model request and
+a final text. ``RecallMiddleware`` runs the automatic round once for the invocation (before
+its first model request; the second request sees the same context and takes no round) and
 dispatches the 6 calls as one deliberate round in ``after_model``. The script prints what the
 model saw on each request and the ledger's counts.
 

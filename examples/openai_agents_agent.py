@@ -2,9 +2,10 @@
 
 The SDK's own ScriptedModel stands in for the LLM: the user says "Continue", the model emits
 six parallel ``search_memory`` calls, then answers. No API key, no network, tracing off. The
-script prints what the model saw: the automatic context in its first request, each call's
-answer (two searches on slots 3 and 4, four typed refusals) and the bounded notice in its
-second request, then the ledger's counts.
+script prints what the model saw: the automatic context in its first request (the automatic
+round runs once per ``Runner.run``), each call's answer (two searches on slots 3 and 4, four
+typed refusals) and the same prepared context again in its second request (no second
+automatic round), then the ledger's counts.
 
     python examples/openai_agents_agent.py
 """
@@ -82,7 +83,7 @@ async def main() -> None:
                     slot = f"slot {result_of.slot}" if result_of and result_of.slot else "no slot"
                     reason = answer.get("refusal", {}).get("reason", "")
                     print(f"    {item['call_id']}: {answer['status']:8} {slot:8} {reason}")
-            show("request 2: instructions (the next automatic round was bounded)",
+            show("request 2: instructions (the same prepared context: no second round)",
                  second.system_instructions or "")
             show("final answer", str(result.final_output))
             usage = await hooks.allowance.ledger.usage("example-run")

@@ -42,6 +42,7 @@ from .errors import MemoryStoreError as MemoryStoreError
 from .errors import RecallboundError as RecallboundError
 from .errors import RetrieverFailedError as RetrieverFailedError
 from .errors import RetrieverProtocolError as RetrieverProtocolError
+from .errors import RunIdentityError as RunIdentityError
 from .memory.embedding import EmbeddingAdapter as EmbeddingAdapter
 from .memory.planning import BaselineReason as BaselineReason
 from .memory.planning import QueryPlanner as QueryPlanner
@@ -81,9 +82,9 @@ __all__ = [
     "LedgerUnavailableError", "ManualClock", "MemoryStoreError", "Permit", "PostgresLedger",
     "PreparedRecall", "QueryPlanner", "QueryPreparation", "QueryStrategy", "RecallAllowance",
     "RecallBudgetExceeded", "RecallPreparer", "RecallQuery", "RecallboundError", "RefusalReason",
-    "Reservation", "RoundKind", "SemanticPreparation", "SqliteLedger", "SystemClock", "Task",
-    "Usage", "WithheldReason", "WorkingState", "bind_permits", "compose_baseline",
-    "compose_search_call", "compose_task_context", "current_permit",
+    "Reservation", "RoundKind", "RunIdentityError", "SemanticPreparation", "SqliteLedger",
+    "SystemClock", "Task", "Usage", "WithheldReason", "WorkingState", "bind_permits",
+    "compose_baseline", "compose_search_call", "compose_task_context", "current_permit",
 ]
 
 

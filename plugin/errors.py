@@ -178,10 +178,6 @@ class MemoryStoreError(StorageError):
 # The memory store's cause classes live in plugin.memory.store.errors, beside its translator.
 
 
-# --- turns: the one RunIdentityError (a run id reused with another principal or scope, refused
-# by the ledger and by every adapter) is defined here, once.
-
-
 # --- retriever
 
 
@@ -211,10 +207,6 @@ class RetrieverFailedError(RecallboundError):
 
 
 # --- mcp
-class RunIdentityError(RecallboundError, ValueError):
-    """A run id already bound to one principal and scope was used with another."""
-
-
 class McpAuthError(RecallboundError, ValueError):
     """The MCP server's caller cannot be trusted: no valid token, or a bad token table."""
 
@@ -229,3 +221,18 @@ class McpSessionError(RecallboundError, ValueError):
 class EvaluationError(RecallboundError):
     """``recallbound evaluate`` cannot run as asked: its semantic model is not installed, or
     the rankings differ between two processes (the determinism check)."""
+
+
+# --- turns: the one RunIdentityError
+
+
+class RunIdentityError(RecallboundError, ValueError):
+    """A run id was used with another principal or scope than the ones it is bound to.
+
+    A run is bound durably, in the ledger, to the principal and scope of its first use; every
+    worker and process sees that binding, so the mismatch is raised wherever it happens.
+    """
+
+
+class RunIdentityTypeError(RunIdentityError, TypeError):
+    """A run's identity was handed over as the wrong type (not the adapter's identity value)."""

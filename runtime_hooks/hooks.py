@@ -146,6 +146,11 @@ class RecallHooks:
         validate_run_id(run_id)
         return _trusted("scope", scope), _trusted("principal", principal)
 
+    async def _bind(self, run_id: str, scope: str, principal: str) -> None:
+        """Bind the run to its checked principal and scope in the ledger (first use wins;
+        another principal or scope raises :class:`~plugin.errors.RunIdentityError`)."""
+        await self.allowance.ledger.bind_identity(run_id, principal=principal, scope=scope)
+
     def _bound(self) -> PreparationBound:
         return PreparationBound(self.preparation_budget_s, self.allowance.clock)
 
@@ -167,6 +172,7 @@ class RecallHooks:
             raise InvalidHookArgumentTypeError(
                 f"state must be a WorkingState, got {type(state).__name__}"
             )
+        await self._bind(run_id, scope, principal)
         bound = self._bound()
         withhold = None if await self.allowance.headroom(run_id) > 0 else WithheldReason.NO_SLOT
 
@@ -258,6 +264,7 @@ class RecallHooks:
                 raise InvalidHookArgumentTypeError(
                     f"calls[{position}] must be a ToolCall, got {type(call).__name__}"
                 )
+        await self._bind(run_id, scope, principal)
         results: list[ToolResult | None] = [None] * len(calls)
         valid: list[tuple[int, SearchCall]] = []
         seen: set[str] = set()
@@ -379,6 +386,7 @@ class RecallHooks:
             )
         if not all(isinstance(i, str) for i in evidence_ids):
             raise InvalidHookArgumentTypeError("evidence_ids must all be str")
+        await self._bind(run_id, scope, principal)
         return await revalidate_retained(
             self.allowance.ledger, self.retriever, evidence_ids, run_id=run_id, scope=scope,
             principal=principal, limit=self.validation_limit,

@@ -34,11 +34,13 @@ from langchain_core.tools import tool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.prebuilt import ToolNode
 from langgraph.runtime import Runtime
 from langgraph.types import Command, interrupt
 from pydantic import Field
 
 from plugin import ManualClock, WorkingState, current_permit
+from plugin.errors import InvalidHookArgumentError, InvalidHookArgumentTypeError, RunIdentityError
 from plugin.memory.pipeline import MemoryRetriever
 from runtime_hooks import RecallHooks
 from runtime_hooks.adapters import SEARCH_TOOL
@@ -180,17 +182,42 @@ async def test_automatic_round_then_two_of_six_calls_run_on_slots_3_and_4(
         assert "bounded" in answer["content"] and "not evidence" in answer["content"]
     tool_status = {m.tool_call_id: m.status for m in second if isinstance(m, ToolMessage)}
     assert sorted(tool_status.values()) == ["error"] * 4 + ["success"] * 2
-    # The next request's automatic round is refused (rounds): the model is told, in words.
-    assert "bounded" in _system(second) and "not evidence" in _system(second)
+    # The next request of the invocation sees the same prepared context, and takes no round.
+    assert _system(second) == _system(first)
     assert out["messages"][-1].content == "Done."
+    assert "recall_context" not in out  # private to the middleware, and cleared at the end
 
     assert await _slots(hooks) == [(1, "base"), (2, "delta"), (3, "deliberate"),
                                    (4, "deliberate")]
     assert await _usage(hooks) == (2, 4, 4)
     refusals = await hooks.allowance.ledger.refusals(RUN)
-    # Four calls without a slot, then the second request's automatic round (rounds).
+    assert sorted(r.reason.value for r in refusals) == ["slots"] * 4  # the calls, no round
+    assert (await hooks.allowance.ledger.usage(RUN)).refused == 4
+
+
+async def test_per_request_runs_the_automatic_round_before_every_request(
+    hooks: RecallHooks,
+) -> None:
+    model = fake_model(*search_calls())
+    agent = _agent(model, RecallMiddleware(hooks, working_state=work_in_progress,
+                                           automatic="per_request"))
+    await agent.ainvoke({"messages": [HumanMessage("Continue")]}, context=CONTEXT)
+    first, second = model.seen
+    assert "m-backfill" in _system(first)
+    # The next request's own round is refused (rounds): the model is told, in words.
+    assert "bounded" in _system(second) and "not evidence" in _system(second)
+    assert "m-backfill" not in _system(second)
+    refusals = await hooks.allowance.ledger.refusals(RUN)
     assert sorted(r.reason.value for r in refusals) == ["rounds"] + ["slots"] * 4
-    assert (await hooks.allowance.ledger.usage(RUN)).refused == 5
+
+
+@pytest.mark.parametrize("automatic", ["each", 0.5])
+async def test_an_unknown_automatic_mode_is_refused(
+    hooks: RecallHooks, automatic: Any
+) -> None:
+    with pytest.raises((InvalidHookArgumentError, InvalidHookArgumentTypeError),
+                       match="automatic"):
+        RecallMiddleware(hooks, automatic=automatic)
 
 
 async def test_without_automatic_recall_four_calls_run_on_distinct_slots(
@@ -368,11 +395,12 @@ async def test_a_hook_re_run_reuses_the_stored_answers(hooks: RecallHooks) -> No
     assert await hooks.allowance.ledger.attempts(RUN) == before
 
 
-async def test_a_hook_re_run_in_a_fresh_process_is_refused_honestly(
+async def test_a_hook_re_run_in_a_fresh_process_replays_the_checkpointed_batch(
     tmp_path: Path, clock: ManualClock
 ) -> None:
-    """A new process (new hooks, new middleware) re-runs the hook: nothing in memory survives,
-    so it reserves a new round of the same run, which the durable allowance refuses."""
+    """A new process (new hooks, new middleware) re-runs the hook: the batch's results come
+    from the checkpoint (never dispatched again): the two searches that ran answer with their
+    evidence re-read under the validation bound, the four refused then stay refused."""
     saver = InMemorySaver()  # stands in for a durable checkpointer
     config: Any = {"configurable": {"thread_id": "t3"}}
     async with open_hooks(_config(tmp_path), clock=clock) as hooks:
@@ -392,9 +420,13 @@ async def test_a_hook_re_run_in_a_fresh_process_is_refused_honestly(
         await agent.ainvoke(Command(resume="ok"), config, context=CONTEXT)
         answers = _answers(model.seen[0])
         assert len(answers) == 6
-        assert {a["refusal"]["reason"] for a in answers.values()} == {"rounds"}
-        rounds, reserved, _ = await _usage(hooks)
-        assert (rounds, reserved) == (2, 4)  # never more than the run's allowance
+        ok = [a for a in answers.values() if a["status"] == "ok"]
+        refused = [a for a in answers.values() if a["status"] == "refused"]
+        assert len(ok) == 2 and len(refused) == 4
+        assert all(a["evidence_ids"] for a in ok)
+        assert {a["refusal"]["reason"] for a in refused} == {"slots"}  # as they were
+        assert await _usage(hooks) == (2, 4, 4)  # nothing reserved or run again
+        assert (await hooks.allowance.ledger.usage(RUN)).refused == 4
 
 
 async def test_the_run_identity_comes_from_the_context_only(hooks: RecallHooks) -> None:
@@ -548,3 +580,230 @@ def test_the_recall_block_is_appended_to_any_system_message() -> None:
     blocks = SystemMessage(content=[{"type": "text", "text": "S"}])
     assert system_with_context(blocks, "B").content == [{"type": "text", "text": "S"},
                                                         {"type": "text", "text": "B"}]
+
+
+# -- agent turns as create_agent runs them: one automatic round per invocation ----------------
+
+
+def scripted(*replies: AIMessage) -> FakeModel:
+    """A fake model answering with ``replies`` in order, then "Done."."""
+    return FakeModel(messages=iter([*replies, AIMessage(content="Done.")]), seen=[])
+
+
+def calls_message(*calls: dict[str, Any]) -> AIMessage:
+    return AIMessage(content="", tool_calls=list(calls))
+
+
+@tool
+def lookup_ticket() -> str:
+    """The ticket the user works on."""
+    return "BILL-7: invoice backfill"
+
+
+async def _drive_agent(agent: Any, mode: str, **kwargs: Any) -> None:
+    given = {"messages": [HumanMessage("Continue")]}
+    if mode == "ainvoke":
+        await agent.ainvoke(given, context=CONTEXT, **kwargs)
+    else:
+        async for _ in agent.astream(given, context=CONTEXT, **kwargs):
+            pass
+
+
+@pytest.mark.parametrize("mode", ["ainvoke", "astream"])
+async def test_another_tool_first_then_six_searches_two_run_on_slots_3_and_4(
+    hooks: RecallHooks, mode: str
+) -> None:
+    model = scripted(calls_message({"name": "lookup_ticket", "args": {}, "id": "t1",
+                                    "type": "tool_call"}),
+                     calls_message(*search_calls()))
+    agent = _agent(model, RecallMiddleware(hooks, working_state=work_in_progress),
+                   tools=[lookup_ticket])
+    await _drive_agent(agent, mode)
+
+    first, second, third = model.seen
+    assert "m-backfill" in _system(first)
+    assert _system(first) == _system(second) == _system(third)  # one round, one context
+    answers = _answers(third)
+    assert list(answers) == [f"c{i}" for i in range(6)]
+    refused = [a for a in answers.values() if a["status"] == "refused"]
+    assert len(refused) == 4 and [a["status"] for a in answers.values()].count("ok") == 2
+    assert {a["refusal"]["reason"] for a in refused} == {"slots"}
+    assert all("Memory recall was bounded" in a["content"] for a in refused)
+    assert sorted(s for s, k in await _slots(hooks) if k == "deliberate") == [3, 4]
+    kinds = [r.kind.value for r in await hooks.allowance.ledger.reservations(RUN)]
+    assert kinds == ["automatic", "deliberate"]
+    assert (await hooks.allowance.ledger.usage(RUN)).refused == 4
+
+
+async def test_two_searches_in_each_of_two_model_messages(hooks: RecallHooks) -> None:
+    model = scripted(calls_message(*search_calls(QUERIES[:2], prefix="a")),
+                     calls_message(*search_calls(QUERIES[2:4], prefix="b")))
+    agent = _agent(model, RecallMiddleware(hooks, working_state=work_in_progress))
+    await _drive_agent(agent, "ainvoke")
+    answers = _answers(model.seen[-1])
+    assert {c: a["status"] for c, a in answers.items()} == {
+        "a0": "ok", "a1": "ok", "b0": "refused", "b1": "refused"}
+    assert {answers[c]["refusal"]["reason"] for c in ("b0", "b1")} == {"rounds"}
+    assert sorted(s for s, k in await _slots(hooks) if k == "deliberate") == [3, 4]
+    assert len({_system(seen) for seen in model.seen}) == 1
+
+
+async def test_each_invocation_prepares_its_own_context_and_none_leaks(
+    hooks: RecallHooks,
+) -> None:
+    """Three invocations of one run on one checkpointed thread: each prepares again (round 1,
+    round 2, then the bounded notice); none sees the context prepared for another."""
+    model = FakeModel(messages=iter([AIMessage(content="Done.")] * 3), seen=[])
+    agent = _agent(model, RecallMiddleware(hooks, working_state=work_in_progress),
+                   checkpointer=InMemorySaver())
+    config: Any = {"configurable": {"thread_id": "turns"}}
+    for _ in range(3):
+        await agent.ainvoke({"messages": [HumanMessage("Continue")]}, config,
+                            context=CONTEXT)
+    systems = [_system(seen) for seen in model.seen]
+    assert "m-backfill" in systems[0] and "Recalled memory:" in systems[1]
+    assert "Memory recall was bounded" in systems[2] and "Recalled memory:" not in systems[2]
+    state = await agent.aget_state(config)
+    assert state.values.get("recall_context") is None  # cleared when each invocation ended
+    usage = await hooks.allowance.ledger.usage(RUN)
+    assert (usage.rounds, usage.reserved, usage.refused) == (2, 4, 1)
+
+
+async def test_a_reused_call_id_with_other_arguments_is_a_new_call(hooks: RecallHooks) -> None:
+    model = scripted(
+        calls_message({"name": SEARCH_TOOL.name, "args": {"query": "invoice backfill"},
+                       "id": "c0", "type": "tool_call"}),
+        calls_message({"name": SEARCH_TOOL.name, "args": {"query": "cutover date"},
+                       "id": "c0", "type": "tool_call"}),
+    )
+    agent = _agent(model, RecallMiddleware(hooks, automatic=False))
+    await _drive_agent(agent, "ainvoke")
+    first = [json.loads(str(m.content)) for m in model.seen[1] if isinstance(m, ToolMessage)]
+    second = [json.loads(str(m.content)) for m in model.seen[2] if isinstance(m, ToolMessage)]
+    assert [a["status"] for a in second] == ["ok", "ok"]
+    assert "m-backfill" in first[0]["evidence_ids"]
+    assert "m-cutover" in second[1]["evidence_ids"]
+    assert "m-backfill" not in second[1]["evidence_ids"]
+    assert sorted(s for s, _ in await _slots(hooks)) == [1, 2]
+    assert await _usage(hooks) == (2, 2, 2)
+
+
+async def test_a_reused_call_id_in_a_hand_built_graph_is_a_new_call(hooks: RecallHooks) -> None:
+    node = RecallToolNode.with_tools(LangChainRecall(hooks))
+    graph = _graph(node.ainvoke)
+    first = await graph.ainvoke({"messages": [HumanMessage("Continue"), calls_message(
+        {"name": SEARCH_TOOL.name, "args": {"query": "invoice backfill"}, "id": "c0",
+         "type": "tool_call"})]}, context=CONTEXT)
+    second = await graph.ainvoke({"messages": [*first["messages"], calls_message(
+        {"name": SEARCH_TOOL.name, "args": {"query": "cutover date"}, "id": "c0",
+         "type": "tool_call"})]}, context=CONTEXT)
+    last = json.loads(str(second["messages"][-1].content))
+    assert last["status"] == "ok" and "m-cutover" in last["evidence_ids"]
+    assert "m-backfill" not in last["evidence_ids"]
+    assert await _usage(hooks) == (2, 2, 2)
+
+
+async def test_after_eviction_another_principal_is_still_refused(hooks: RecallHooks) -> None:
+    recall = LangChainRecall(hooks, max_runs=1)
+    batch = _batch()["messages"]
+    await recall.answer_batch(batch, CONTEXT)
+    recall.run(dataclasses.replace(CONTEXT, run_id="another"))  # evicts RUN from the registry
+    with pytest.raises(RecallContextMismatchError, match=RUN):
+        await recall.answer_batch(batch, dataclasses.replace(CONTEXT, principal="mallory"))
+    assert RecallContextMismatchError is RunIdentityError
+    assert await _usage(hooks) == (1, 4, 4)
+
+
+async def test_a_run_forgotten_between_the_batch_and_the_tools_keeps_its_answers(
+    hooks: RecallHooks,
+) -> None:
+    """A sibling tool makes other runs push this run out of the registry (``max_runs=1``)
+    after the node dispatched the batch: the search tools still read its results."""
+    recall = LangChainRecall(hooks, max_runs=1)
+
+    @tool
+    async def crowd() -> str:
+        """Other runs arrive."""
+        for i in range(3):
+            recall.run(dataclasses.replace(CONTEXT, run_id=f"other-{i}"))
+        return "crowded"
+
+    node = RecallToolNode(recall, ToolNode([crowd, recall.tool]))
+    batch = _batch()
+    batch["messages"][-1].tool_calls.insert(0, {"name": "crowd", "args": {}, "id": "x",
+                                                "type": "tool_call"})
+    out = await _graph(node.ainvoke).ainvoke(batch, context=CONTEXT)
+    answers = _answers(out["messages"])
+    assert sorted(a["status"] for a in answers.values()) == ["ok"] * 4 + ["refused"] * 2
+    assert await _usage(hooks) == (1, 4, 4)
+
+
+# -- resume after a restart: RecallToolNode with a checkpointer ---------------------------------
+
+
+def _approval_graph(recall: LangChainRecall, saver: InMemorySaver, approvals: list[object],
+                    sync: bool = False) -> Any:
+    @tool
+    def approve() -> str:
+        """Ask the user for approval."""
+        approvals.append(interrupt("approve?"))
+        return "approved"
+
+    def model(state: dict[str, Any]) -> dict[str, Any]:
+        return {"messages": [calls_message(*search_calls(QUERIES[:3]), {
+            "name": "approve", "args": {}, "id": "a1", "type": "tool_call"})]}
+
+    node = RecallToolNode.with_tools(recall, [approve])
+    graph = StateGraph(MessagesState, context_schema=RecallContext)
+    graph.add_node("model", model)
+    graph.add_node("tools", node.invoke if sync else node.ainvoke)
+    graph.add_edge(START, "model")
+    graph.add_edge("model", "tools")
+    graph.add_edge("tools", END)
+    return graph.compile(checkpointer=saver)
+
+
+async def _invoke(graph: Any, given: Any, config: Any, sync: bool) -> Any:
+    if sync:  # a sync graph.invoke, from a worker thread of the hooks' loop
+        return await anyio.to_thread.run_sync(functools.partial(
+            graph.invoke, given, config, context=CONTEXT))
+    return await graph.ainvoke(given, config, context=CONTEXT)
+
+
+@pytest.mark.parametrize(("validation_limit", "sync"), [(8, False), (1, False), (8, True)])
+async def test_a_tools_node_resumed_in_a_new_process_never_dispatches_again(
+    tmp_path: Path, clock: ManualClock, validation_limit: int, sync: bool
+) -> None:
+    """An ``interrupt()`` in a sibling tool, then a resume in a fresh process (new hooks, new
+    node, the same checkpointer): the three searches that ran are neither run again nor
+    reported as refused; they answer with their evidence re-read under the validation bound
+    (what the bound no longer covers is said in the bounded wording)."""
+    saver = InMemorySaver()  # stands in for a durable checkpointer
+    config: Any = {"configurable": {"thread_id": "restart"}}
+    approvals: list[object] = []
+    async with open_hooks(_config(tmp_path), clock=clock) as hooks:
+        retriever = hooks.retriever
+        assert isinstance(retriever, MemoryRetriever)
+        await seed(retriever.store)
+        first = await _invoke(_approval_graph(LangChainRecall(hooks), saver, approvals, sync),
+                              {"messages": [HumanMessage("Continue")]}, config, sync)
+        assert first["__interrupt__"]
+        assert await _usage(hooks) == (1, 3, 3)
+        before = await hooks.allowance.ledger.attempts(RUN)
+    async with open_hooks(_config(tmp_path), clock=clock) as hooks:
+        hooks.validation_limit = validation_limit
+        out = await _invoke(_approval_graph(LangChainRecall(hooks), saver, approvals, sync),
+                            Command(resume="yes"), config, sync)
+        assert approvals == ["yes"]
+        answers = _answers(out["messages"])
+        assert sorted(answers) == ["c0", "c1", "c2"]
+        assert {a["status"] for a in answers.values()} == {"ok"}
+        assert await _usage(hooks) == (1, 3, 3)  # nothing reserved, nothing run again
+        assert await hooks.allowance.ledger.attempts(RUN) == before
+        assert (await hooks.allowance.ledger.usage(RUN)).refused == 0
+        assert "m-backfill" in answers["c0"]["evidence_ids"]
+        rechecked = [a for a in answers.values() if "could not be re-checked" in a["content"]]
+        if validation_limit == 8:
+            assert not rechecked
+        else:  # one re-check left for the run: the rest is said to be bounded
+            assert rechecked and all("not evidence" in a["content"] for a in rechecked)

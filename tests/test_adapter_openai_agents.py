@@ -33,6 +33,7 @@ from agents.run_config import CallModelData, ModelInputData
 from agents.testing import ModelCall, ModelStep, ScriptedModel, assistant_message, function_call
 
 from plugin import ManualClock, QueryStrategy, WorkingState
+from plugin.errors import InvalidHookArgumentError, InvalidHookArgumentTypeError
 from plugin.memory.pipeline import MemoryRetriever
 from runtime_hooks import RecallHooks
 from runtime_hooks.adapters import SEARCH_TOOL
@@ -185,16 +186,37 @@ async def test_automatic_round_then_six_calls_two_run_four_refused_visibly(
         assert value["refusal"]["reason"] == "slots"
         assert value["refusal"]["status"] == "recall_bounded"
         assert "bounded" in value["content"] and "not evidence" in value["content"]
-    # The second request's automatic round is refused (2 rounds used): the notice says so.
-    assert second.system_instructions is not None
-    assert "Note: Memory recall was bounded" in second.system_instructions
+    # The second request of the invocation sees the same context and takes no round.
+    assert second.system_instructions == first.system_instructions
 
     # The ledger: the automatic round (base, then the delta for Priya) on slots 1-2, the batch
-    # on 3-4; 2 rounds, 4 reserved, 4 executed, 5 refused (4 calls without a slot, and the
-    # second request's automatic round).
+    # on 3-4; 2 rounds, 4 reserved, 4 executed, 4 refused (the calls without a slot).
     assert await slots(hooks) == [(1, "base"), (2, "delta"), (3, "deliberate"),
                                   (4, "deliberate")]
+    assert await usage(hooks) == (2, 4, 4, 4)
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["run", "run_streamed"])
+async def test_per_request_runs_the_automatic_round_before_every_request(
+    hooks: RecallHooks, streamed: bool
+) -> None:
+    recall = agents_recall(hooks, state=host_state, automatic="per_request")
+    model = script()
+    await run(recall, model, streamed=streamed)
+    first, second = model.calls
+    assert first.system_instructions is not None
+    assert "Recalled memory:" in first.system_instructions
+    # The second request's own round is refused (2 rounds used): the notice says so.
+    assert second.system_instructions is not None
+    assert "Note: Memory recall was bounded" in second.system_instructions
     assert await usage(hooks) == (2, 4, 4, 5)
+
+
+@pytest.mark.parametrize("automatic", ["always", 2])
+def test_an_unknown_automatic_mode_is_refused(automatic: Any) -> None:
+    with pytest.raises((InvalidHookArgumentError, InvalidHookArgumentTypeError),
+                       match="automatic"):
+        agents_recall(None, automatic=automatic)  # type: ignore[arg-type]
 
 
 async def test_automatic_recall_off_four_calls_on_distinct_slots_two_refused(
@@ -215,10 +237,11 @@ async def test_automatic_recall_off_four_calls_on_distinct_slots_two_refused(
     assert await usage(hooks) == (1, 4, 4, 2)
 
 
+@pytest.mark.parametrize("automatic", [True, "per_request"])
 async def test_automatic_round_and_tool_calls_share_one_deadline(
-    hooks: RecallHooks, clock: ManualClock
+    hooks: RecallHooks, clock: ManualClock, automatic: bool | str
 ) -> None:
-    recall = agents_recall(hooks, state=host_state)
+    recall = agents_recall(hooks, state=host_state, automatic=automatic)
 
     def late(call: ModelCall) -> list[Any]:
         # Between the model request (the automatic round opened the reservation) and the
@@ -234,7 +257,10 @@ async def test_automatic_round_and_tool_calls_share_one_deadline(
     seen = outputs(second)
     assert [v["refusal"]["reason"] for v in seen.values()] == ["deadline"] * 6
     assert second.system_instructions is not None
-    assert "recall deadline has passed" in second.system_instructions
+    if automatic == "per_request":
+        assert "recall deadline has passed" in second.system_instructions
+    else:  # the invocation's context, prepared before the deadline
+        assert second.system_instructions == first.system_instructions
     rounds, reserved, _, _ = await usage(hooks)
     assert (rounds, reserved) == (1, 2)  # only the automatic round; the batch was refused
     assert all(kind != "deliberate" for _, kind in await slots(hooks))
@@ -512,7 +538,7 @@ async def test_installing_the_pieces_twice_never_doubles_a_round(hooks: RecallHo
     model = script()
     # A host that installed the filter and the hooks itself, then used recall.run anyway.
     await run(recall, model, hooks=recall.run_hooks(), run_config=recall.run_config(config()))
-    assert await usage(hooks) == (2, 4, 4, 5)
+    assert await usage(hooks) == (2, 4, 4, 4)
 
 
 def test_the_default_state_is_the_latest_user_message() -> None:
@@ -537,3 +563,171 @@ async def test_a_run_without_user_text_still_runs(hooks: RecallHooks) -> None:
     assert result.final_output == "Done."
     rounds, reserved, _, _ = await usage(hooks)
     assert (rounds, reserved) == (1, 2)  # the automatic round ran on the empty request
+
+
+# -- agent turns as the SDK runs them: one automatic round per Runner.run --------------------
+
+
+def lookup_ticket_tool() -> FunctionTool:
+    async def invoke(context: Any, arguments: str) -> str:
+        return "BILL-7: invoice backfill"
+
+    return FunctionTool(name="lookup_ticket", description="The ticket the user works on.",
+                        params_json_schema={"type": "object", "properties": {},
+                                            "additionalProperties": False},
+                        on_invoke_tool=invoke)
+
+
+def search_outputs(call: ModelCall, *call_ids: str) -> dict[str, dict[str, Any]]:
+    """The outputs of these search calls that a model request carried, parsed from JSON."""
+    return {
+        item["call_id"]: json.loads(item["output"])
+        for item in call.input
+        if isinstance(item, Mapping) and item.get("type") == "function_call_output"
+        and item["call_id"] in call_ids
+    }
+
+
+def deliberate_slots(traces: list[tuple[int, str]]) -> list[int]:
+    return sorted(slot for slot, kind in traces if kind == "deliberate")
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["run", "run_streamed"])
+async def test_another_tool_first_then_six_searches_two_run_on_slots_3_and_4(
+    hooks: RecallHooks, streamed: bool
+) -> None:
+    recall = agents_recall(hooks, state=host_state)
+    model = ScriptedModel([[function_call("lookup_ticket", {}, call_id="t1")], six_calls(),
+                           [assistant_message("Done.")]])
+    the_agent = agent(model, recall, lookup_ticket_tool())
+    await run(recall, model, streamed=streamed, the_agent=the_agent)
+
+    first, second, third = model.calls
+    assert first.system_instructions is not None
+    assert "Recalled memory:" in first.system_instructions
+    assert second.system_instructions == third.system_instructions == first.system_instructions
+    seen = search_outputs(third, *CALL_IDS)
+    assert list(seen) == CALL_IDS
+    assert [v["status"] for v in seen.values()].count("ok") == 2
+    refused = [v for v in seen.values() if v["status"] == "refused"]
+    assert len(refused) == 4
+    assert {v["refusal"]["reason"] for v in refused} == {"slots"}
+    assert all("Memory recall was bounded" in v["content"] for v in refused)
+    assert deliberate_slots(await slots(hooks)) == [3, 4]
+    kinds = [r.kind.value for r in await hooks.allowance.ledger.reservations(RUN)]
+    assert kinds == ["automatic", "deliberate"]
+    assert await usage(hooks) == (2, 4, 4, 4)
+
+
+async def test_two_searches_in_each_of_two_model_messages(hooks: RecallHooks) -> None:
+    recall = agents_recall(hooks, state=host_state)
+    model = ScriptedModel([
+        [function_call(SEARCH_TOOL.name, {"query": QUERIES[0]}, call_id="a0"),
+         function_call(SEARCH_TOOL.name, {"query": QUERIES[1]}, call_id="a1")],
+        [function_call(SEARCH_TOOL.name, {"query": QUERIES[2]}, call_id="b0"),
+         function_call(SEARCH_TOOL.name, {"query": QUERIES[3]}, call_id="b1")],
+        [assistant_message("Done.")],
+    ])
+    await run(recall, model)
+    firsts = search_outputs(model.calls[1], "a0", "a1")
+    seconds = search_outputs(model.calls[2], "b0", "b1")
+    assert {c: v["status"] for c, v in firsts.items()} == {"a0": "ok", "a1": "ok"}
+    assert {c: v["status"] for c, v in seconds.items()} == {"b0": "refused", "b1": "refused"}
+    assert {v["refusal"]["reason"] for v in seconds.values()} == {"rounds"}
+    assert deliberate_slots(await slots(hooks)) == [3, 4]
+    assert await usage(hooks) == (2, 4, 4, 1)
+    assert len({call.system_instructions for call in model.calls}) == 1
+
+
+async def test_a_handoffs_specialist_can_still_search(hooks: RecallHooks) -> None:
+    """One Runner.run with a handoff: the automatic round runs once for the whole run, so the
+    specialist (the search tool on both agents) searches on round 2's slots."""
+    recall = agents_recall(hooks, state=host_state)
+    model = ScriptedModel([
+        [function_call("transfer_to_specialist", {}, call_id="h1")],
+        [function_call(SEARCH_TOOL.name, {"query": QUERIES[0]}, call_id="s0"),
+         function_call(SEARCH_TOOL.name, {"query": QUERIES[2]}, call_id="s1")],
+        [assistant_message("Done.")],
+    ])
+    specialist = Agent(name="specialist", instructions="You know billing.", model=model,
+                       tools=[recall.tool])
+    triage = Agent(name="triage", instructions=INSTRUCTIONS, model=model,
+                   tools=[recall.tool], handoffs=[specialist])
+    result = await run(recall, model, the_agent=triage)
+    assert result.final_output == "Done."
+    seen = search_outputs(model.calls[2], "s0", "s1")
+    assert {c: v["status"] for c, v in seen.items()} == {"s0": "ok", "s1": "ok"}
+    assert deliberate_slots(await slots(hooks)) == [3, 4]
+    kinds = [r.kind.value for r in await hooks.allowance.ledger.reservations(RUN)]
+    assert kinds == ["automatic", "deliberate"]
+    # the specialist's requests carry the context prepared for the run
+    assert model.calls[1].system_instructions is not None
+    assert "Recalled memory:" in model.calls[1].system_instructions
+    assert (await usage(hooks))[3] == 0
+
+
+async def test_a_new_run_of_the_same_run_id_prepares_again(hooks: RecallHooks) -> None:
+    recall = agents_recall(hooks, state=host_state)
+    instructions = []
+    for _ in range(3):
+        model = ScriptedModel([[assistant_message("Done.")]])
+        await run(recall, model)
+        instructions.append(model.calls[0].system_instructions or "")
+    assert "Recalled memory:" in instructions[0] and "Recalled memory:" in instructions[1]
+    assert "Note: Memory recall was bounded" in instructions[2]
+    assert "Recalled memory:" not in instructions[2]
+    rounds, reserved, _, refused = await usage(hooks)
+    assert (rounds, reserved, refused) == (2, 4, 1)
+
+
+async def test_a_reused_call_id_with_other_arguments_is_a_new_call(hooks: RecallHooks) -> None:
+    """The SDK itself lets one id come back in a later run (a continued conversation): the
+    second call is its own search, never the first one's answer."""
+    recall = agents_recall(hooks, automatic=False)
+    first = ScriptedModel([[function_call(SEARCH_TOOL.name, {"query": "invoice backfill"},
+                                          call_id="call_0")], [assistant_message("Done.")]])
+    await run(recall, first)
+    second = ScriptedModel([[function_call(SEARCH_TOOL.name, {"query": "cutover date"},
+                                           call_id="call_0")], [assistant_message("Done.")]])
+    await run(recall, second)
+    before, after = outputs(first.calls[1])["call_0"], outputs(second.calls[1])["call_0"]
+    assert (before["status"], after["status"]) == ("ok", "ok")
+    assert before["evidence_ids"] != after["evidence_ids"]
+    assert deliberate_slots(await slots(hooks)) == [1, 2]
+    assert (await usage(hooks))[:2] == (2, 2)
+
+
+async def test_after_eviction_another_principal_is_still_refused(hooks: RecallHooks) -> None:
+    runner = RecallRunner(hooks, max_runs=1)
+    recall = attrs.evolve(agents_recall(hooks, automatic=False), runner=runner)
+    await run(recall, ScriptedModel([[function_call(SEARCH_TOOL.name, {"query": QUERIES[0]},
+                                                    call_id="c0")],
+                                     [assistant_message("Done.")]]))
+    runner.recall_for("another-run", scope=SCOPE, principal=PRINCIPAL)  # evicts RUN
+    model = ScriptedModel([[function_call(SEARCH_TOOL.name, {"query": QUERIES[1]},
+                                          call_id="c1")], [assistant_message("Done.")]])
+    with pytest.raises(RunIdentityError, match=RUN):
+        await recall.run(agent(model, recall), "Continue", run_id=RUN, scope=SCOPE,
+                         principal="mallory", run_config=config())
+    assert await usage(hooks) == (1, 1, 1, 0)
+
+
+async def test_a_run_forgotten_between_its_batch_and_its_tools_keeps_its_answers(
+    hooks: RecallHooks,
+) -> None:
+    """Other runs push the run out of the registry (``max_runs=1``) as each tool starts: the
+    bound run still answers every call from its batch, nothing is dispatched again."""
+    runner = RecallRunner(hooks, max_runs=1)
+    recall = attrs.evolve(agents_recall(hooks, automatic=False), runner=runner)
+    crowd: list[str] = []
+
+    class Crowd(RunHooks[Any]):
+        async def on_tool_start(self, context: Any, agent: Any, tool: Any) -> None:
+            crowd.append(f"other-{len(crowd)}")
+            runner.recall_for(crowd[-1], scope=SCOPE, principal=PRINCIPAL)
+
+    model = script()
+    await run(recall, model, hooks=Crowd())
+    seen = outputs(model.calls[1])
+    assert crowd and [v["status"] for v in seen.values()].count("ok") == 4
+    assert await usage(hooks) == (1, 4, 4, 2)

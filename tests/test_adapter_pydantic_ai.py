@@ -32,9 +32,11 @@ from pydantic_ai.messages import (
     ToolReturnPart,
 )
 from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls, FunctionModel
+from pydantic_ai.tools import ToolDefinition
 
 from plugin import AllowancePolicy, ManualClock, WorkingState, compose_baseline
 from plugin.control import AttemptKind, AttemptOutcome
+from plugin.errors import InvalidHookArgumentError, InvalidHookArgumentTypeError
 from plugin.memory.enforce import AttemptHandle
 from plugin.memory.pipeline import MemoryRetriever
 from plugin.memory.preparation import PreparedRecall
@@ -214,12 +216,35 @@ async def test_automatic_round_then_one_batch_two_slots_four_typed_refusals(
     # The automatic round took slots 1-2 (base ran; no people, so no delta), the batch 3 and 4.
     assert await _slots(hooks, AttemptKind.BASE) == [1]
     assert await _slots(hooks, AttemptKind.DELIBERATE) == [3, 4]
-    # The next request's automatic round is refused (no round left): the bounded notice.
+    # The next request of the same invocation sees the same prepared context and takes no
+    # round: no third round is asked for, so none is refused.
+    assert model.instructions[1] == model.instructions[0]
+    # rounds, reserved, executed, refused: 2 rounds of 2 slots; base + 2 searches ran;
+    # the 4 attempts without a slot were refused.
+    assert await _usage(hooks) == (2, 4, 3, 4)
+
+
+async def test_per_request_runs_the_automatic_round_before_every_request(
+    hooks: RecallHooks,
+) -> None:
+    model = SixSearches()
+    capability = RecallCapability(hooks, working_state=lambda ctx: STATE,
+                                  automatic="per_request")
+    await _drive(_agent(model, capability), "run")
+
+    assert model.instructions[0] is not None and "Recalled memory:" in model.instructions[0]
+    # The second request's own automatic round is refused (no round left): the bounded notice.
     assert model.instructions[1] is not None
     assert "Memory recall was bounded" in model.instructions[1]
-    # rounds, reserved, executed, refused: 2 rounds of 2 slots; base + 2 searches ran;
-    # 4 attempts without a slot and the third (automatic) round were refused.
+    assert "Recalled memory:" not in model.instructions[1]
     assert await _usage(hooks) == (2, 4, 3, 5)
+
+
+@pytest.mark.parametrize("automatic", ["sometimes", 1, None])
+async def test_an_unknown_automatic_mode_is_refused(hooks: RecallHooks, automatic: Any) -> None:
+    with pytest.raises((InvalidHookArgumentError, InvalidHookArgumentTypeError),
+                       match="automatic"):
+        RecallCapability(hooks, automatic=automatic)
 
 
 async def test_automatic_off_four_calls_on_distinct_slots_two_refused(
@@ -266,8 +291,9 @@ class _ManualRunClock(AbstractCapability[Any]):
         return lambda: datetime.fromtimestamp(self.clock.wall(), tz=timezone.utc)
 
 
+@pytest.mark.parametrize("automatic", [True, "per_request"])
 async def test_the_framework_deadline_when_earlier_bounds_recall_too(
-    tmp_path: Path, clock: ManualClock
+    tmp_path: Path, clock: ManualClock, automatic: bool | str
 ) -> None:
     """``run(timeout=30)`` under a 60 s allowance: at 40 s the batch is refused (deadline)
     without reserving, although the permit would still have 20 s."""
@@ -275,15 +301,19 @@ async def test_the_framework_deadline_when_earlier_bounds_recall_too(
         await seed(_store(hooks))
         model = SixSearches(on_calls=lambda: clock.advance(40.0))
         agent = Agent(model.model(), deps_type=RunIdentity,
-                      capabilities=[_ManualRunClock(clock), RecallCapability(hooks)])
+                      capabilities=[_ManualRunClock(clock),
+                                    RecallCapability(hooks, automatic=automatic)])
         await agent.run("Continue", deps=IDENTITY, timeout=30.0)
 
         returns = _returns(model.requests[1])
         assert _by_status(returns) == {"refused": [f"c{i}" for i in range(6)]}
         assert {content["refusal"]["reason"] for content in returns.values()} == {"deadline"}
-        # The next request's automatic round is not run either: the notice says deadline.
         assert model.instructions[1] is not None
-        assert "recall deadline has passed" in model.instructions[1]
+        if automatic == "per_request":
+            # The next request's automatic round is not run either: the notice says deadline.
+            assert "recall deadline has passed" in model.instructions[1]
+        else:  # the invocation's context, prepared before the first request, unchanged
+            assert model.instructions[1] == model.instructions[0]
         usage = await hooks.allowance.ledger.usage(IDENTITY.run_id)
         assert usage.deadline_wall == START_WALL + 60.0  # the allowance's own, unchanged
         assert (usage.rounds, usage.reserved, usage.executed) == (1, 2, 1)
@@ -532,7 +562,7 @@ def test_the_example_runs_offline_and_shows_what_the_model_saw() -> None:
     out = result.stdout
     assert "--- model request 2 ---" in out
     assert out.count('"status": "refused"') == 4 and out.count('"status": "ok"') == 2
-    assert "rounds=2 reserved=4 executed=3 refused=5" in out
+    assert "rounds=2 reserved=4 executed=3 refused=4" in out
     assert "slot 3: deliberate (ok)" in out and "slot 4: deliberate (ok)" in out
 
 
@@ -548,3 +578,216 @@ def test_only_the_adapter_module_imports_pydantic_ai() -> None:
                             cwd=root, check=False, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["False", "True"]
+
+
+# -- agent turns as the framework runs them: one automatic round per invocation ---------------
+
+
+def _search(call_id: str, query: str) -> ToolCallPart:
+    return ToolCallPart(SEARCH_TOOL.name, {"query": query}, tool_call_id=call_id)
+
+
+@attrs.define
+class Scripted:
+    """A FunctionModel script: one response per request (tool calls, or text), recorded."""
+
+    steps: list[list[ToolCallPart] | str]
+    requests: list[list[ModelMessage]] = attrs.Factory(list)
+    instructions: list[str | None] = attrs.Factory(list)
+
+    def _next(self, messages: list[ModelMessage], info: AgentInfo) -> list[ToolCallPart] | str:
+        self.requests.append(list(messages))
+        self.instructions.append(info.instructions)
+        index = len(self.requests) - 1
+        return self.steps[index] if index < len(self.steps) else "done"
+
+    async def respond(self, messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        step = self._next(messages, info)
+        return ModelResponse(parts=[TextPart(step)] if isinstance(step, str) else list(step))
+
+    async def stream(
+        self, messages: list[ModelMessage], info: AgentInfo
+    ) -> AsyncIterator[str | DeltaToolCalls]:
+        step = self._next(messages, info)
+        if isinstance(step, str):
+            yield step
+        else:
+            yield {
+                i: DeltaToolCall(part.tool_name, json.dumps(part.args),
+                                 tool_call_id=part.tool_call_id)
+                for i, part in enumerate(step)
+            }
+
+    def agent(self, capability: AbstractCapability[Any]) -> Agent[Any]:
+        agent = Agent(FunctionModel(self.respond, stream_function=self.stream),
+                      deps_type=RunIdentity, capabilities=[capability])
+
+        @agent.tool_plain
+        def lookup_ticket() -> str:
+            """The ticket the user works on."""
+            return "BILL-7: invoice backfill"
+
+        return agent
+
+
+def _all_returns(messages: Sequence[ModelMessage]) -> dict[str, Any]:
+    return {p.tool_call_id: p.content for m in messages if isinstance(m, ModelRequest)
+            for p in m.parts if isinstance(p, ToolReturnPart)}
+
+
+@pytest.mark.parametrize("mode", ["run", "iter", "run_stream", "events"])
+async def test_another_tool_first_then_six_searches_two_run_on_slots_3_and_4(
+    hooks: RecallHooks, mode: str
+) -> None:
+    """The turn the frameworks really run: a non-search tool, then six parallel searches.
+    One automatic round for the whole invocation; the searches get round 2's slots 3-4."""
+    model = Scripted([[ToolCallPart("lookup_ticket", {}, tool_call_id="t1")],
+                      [_search(f"c{i}", q) for i, q in enumerate(QUERIES)]])
+    await _drive(model.agent(RecallCapability(hooks, working_state=lambda ctx: STATE)), mode)
+
+    assert len(model.requests) == 3
+    assert model.instructions[0] is not None and "Recalled memory:" in model.instructions[0]
+    # later requests see the invocation's context, and took no round of their own
+    assert model.instructions[1] == model.instructions[2] == model.instructions[0]
+    returns = _returns(model.requests[2])
+    grouped = _by_status(returns)
+    assert len(grouped["ok"]) == 2 and len(grouped["refused"]) == 4
+    for call_id in grouped["refused"]:
+        refusal = returns[call_id]["refusal"]
+        assert (refusal["status"], refusal["reason"]) == ("recall_bounded", "slots")
+        assert "Memory recall was bounded" in refusal["message"]
+    assert await _slots(hooks, AttemptKind.DELIBERATE) == [3, 4]
+    # one automatic round (slots 1-2), one deliberate round; only the 4 calls refused
+    assert await _usage(hooks) == (2, 4, 3, 4)
+    assert [r.kind.value for r in await hooks.allowance.ledger.reservations(IDENTITY.run_id)
+            ] == ["automatic", "deliberate"]
+
+
+async def test_two_searches_in_each_of_two_model_messages(hooks: RecallHooks) -> None:
+    model = Scripted([[_search("a0", QUERIES[0]), _search("a1", QUERIES[1])],
+                      [_search("b0", QUERIES[2]), _search("b1", QUERIES[3])]])
+    await _drive(model.agent(RecallCapability(hooks, working_state=lambda ctx: STATE)), "run")
+
+    returns = _all_returns(model.requests[-1])
+    # round 1 automatic, round 2 the first message's two searches, the second message's
+    # round refused for rounds: no automatic round took its place
+    assert {c: returns[c]["status"] for c in returns} == {
+        "a0": "ok", "a1": "ok", "b0": "refused", "b1": "refused"}
+    assert await _slots(hooks, AttemptKind.DELIBERATE) == [3, 4]
+    assert {returns[c]["refusal"]["reason"] for c in ("b0", "b1")} == {"rounds"}
+    assert await _usage(hooks) == (2, 4, 3, 1)
+    assert len(set(model.instructions)) == 1
+
+
+async def test_two_searches_in_each_of_two_messages_without_automatic(
+    hooks: RecallHooks,
+) -> None:
+    model = Scripted([[_search("a0", QUERIES[0]), _search("a1", QUERIES[1])],
+                      [_search("b0", QUERIES[2]), _search("b1", QUERIES[3])]])
+    await _drive(model.agent(RecallCapability(hooks, automatic=False)), "run")
+    returns = _all_returns(model.requests[-1])
+    assert {c: returns[c]["status"] for c in returns} == dict.fromkeys(returns, "ok")
+    assert sorted(returns) == ["a0", "a1", "b0", "b1"]
+    assert await _slots(hooks, AttemptKind.DELIBERATE) == [1, 2, 3, 4]
+    assert await _usage(hooks) == (2, 4, 4, 0)
+
+
+async def test_a_new_invocation_of_the_run_prepares_again_then_gets_the_notice(
+    hooks: RecallHooks,
+) -> None:
+    """Each run of the host's run id is an invocation: it may reserve a new automatic round
+    while the allowance has one; after that it gets the bounded notice. Nothing prepared for
+    one invocation is shown to the next."""
+    capability = RecallCapability(hooks, working_state=lambda ctx: STATE)
+    seen: list[str | None] = []
+    for _ in range(3):
+        model = Scripted(["done"])
+        await _drive(model.agent(capability), "run")
+        seen.extend(model.instructions)
+    assert seen[0] is not None and "Recalled memory:" in seen[0]
+    assert seen[1] is not None and "Recalled memory:" in seen[1]  # round 2, slots 3-4
+    assert seen[2] is not None and "Memory recall was bounded" in seen[2]
+    assert "Recalled memory:" not in seen[2]
+    usage = await hooks.allowance.ledger.usage(IDENTITY.run_id)
+    assert (usage.rounds, usage.reserved, usage.refused) == (2, 4, 1)
+
+
+async def test_a_reused_call_id_with_other_arguments_is_a_new_call(hooks: RecallHooks) -> None:
+    """``c0`` for the backfill, then ``c0`` again for the cutover date: the second call gets
+    its own search (its own round and slot), never the backfill's evidence."""
+    model = Scripted([[_search("c0", "invoice backfill dry-run")],
+                      [_search("c0", "cutover date")]])
+    await _drive(model.agent(RecallCapability(hooks, automatic=False)), "run")
+
+    first = _returns(model.requests[1])["c0"]
+    second = _returns(model.requests[2])["c0"]
+    assert (first["status"], second["status"]) == ("ok", "ok")
+    assert await _slots(hooks, AttemptKind.DELIBERATE) == [1, 2]
+    assert "m-backfill" in first["evidence_ids"]
+    assert "m-cutover" in second["evidence_ids"] and "m-backfill" not in second["evidence_ids"]
+    assert await _usage(hooks) == (2, 2, 2, 0)
+
+
+async def test_a_genuine_replay_returns_the_stored_result(hooks: RecallHooks) -> None:
+    """The same id and the same arguments on a re-run of the host's run: stored, no round."""
+    capability = RecallCapability(hooks, automatic=False)
+    first = Scripted([[_search("c0", "invoice backfill dry-run")]])
+    await _drive(first.agent(capability), "run")
+    again = Scripted([[_search("c0", '"invoice backfill dry-run"'[1:-1])]])
+    await _drive(again.agent(capability), "run")
+    assert _returns(again.requests[1]) == _returns(first.requests[1])
+    assert await _usage(hooks) == (1, 1, 1, 0)
+
+
+async def test_after_eviction_another_principal_is_still_refused(hooks: RecallHooks) -> None:
+    """The run registry forgets (max_runs=1), the ledger does not: the run stays bound to the
+    principal and scope of its first use."""
+    capability = RecallCapability(hooks, automatic=False, max_runs=1)
+    await _drive(Scripted([[_search("c0", QUERIES[0])]]).agent(capability), "run")
+    other = RunIdentity(run_id="host-run-2", scope=SCOPE, principal=PRINCIPAL)
+    await Scripted([[_search("c0", QUERIES[1])]]).agent(capability).run("Continue", deps=other)
+    intruder = attrs.evolve(IDENTITY, principal="mallory")
+    with pytest.raises(RunIdentityError, match="host-run-1"):
+        await Scripted([[_search("c9", QUERIES[2])]]).agent(capability).run(
+            "Continue", deps=intruder)
+    assert await _usage(hooks) == (1, 1, 1, 0)  # the intruder reserved nothing
+
+
+def test_one_run_identity_error_for_every_adapter() -> None:
+    import plugin
+    from plugin.errors import RecallboundError
+
+    assert RunIdentityError is plugin.RunIdentityError
+    assert issubclass(RunIdentityError, RecallboundError) and issubclass(RunIdentityError,
+                                                                          ValueError)
+
+
+@attrs.define
+class _Evictor(AbstractCapability[Any]):
+    """Before each tool runs, other runs push the host's run out of the capability's registry
+    (``max_runs=1``): the window between a batch and its tools."""
+
+    target: RecallCapability
+    made: list[str] = attrs.Factory(list)
+
+    async def before_tool_execute(self, ctx: RunContext[Any], *, call: ToolCallPart,
+                                  tool_def: ToolDefinition, args: Any) -> Any:
+        run_id = f"other-{len(self.made)}"
+        self.made.append(run_id)
+        self.target.recall(RunIdentity(run_id=run_id, scope=SCOPE, principal=PRINCIPAL))
+        return args
+
+
+async def test_a_run_forgotten_between_its_batch_and_its_tools_is_not_dispatched_again(
+    hooks: RecallHooks,
+) -> None:
+    """The searches that ran on slots 1-4 reach the model as ok, never as refused, although the
+    registry forgot the run before each tool read its result: the invocation holds it."""
+    capability = RecallCapability(hooks, automatic=False, max_runs=1)
+    model = SixSearches()
+    agent = Agent(model.model(), deps_type=RunIdentity,
+                  capabilities=[_Evictor(capability), capability])
+    await agent.run("Continue", deps=IDENTITY)
+    grouped = _by_status(_returns(model.requests[1]))
+    assert len(grouped["ok"]) == 4 and len(grouped["refused"]) == 2
+    assert await _usage(hooks) == (1, 4, 4, 2)  # one round: nothing dispatched again

@@ -51,12 +51,15 @@ from . import _postgres
 from .ledger import (
     AttemptOutcome,
     AttemptTrace,
+    IdentityCache,
     RefusalRecord,
     Reservation,
     Usage,
     Validity,
     WallTime,
+    check_identity,
     grant_validations,
+    identity_arguments,
     read_time,
 )
 from .ledger_admin import LedgerAdmin
@@ -123,6 +126,13 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         """CREATE TABLE {s}.validations (
             run_id text PRIMARY KEY,
             used   bigint NOT NULL)""",
+    ),
+    # version 3: each run bound to the principal and scope of its first use
+    (
+        """CREATE TABLE {s}.run_identity (
+            run_id    text PRIMARY KEY,
+            principal text NOT NULL,
+            scope     text NOT NULL)""",
     ),
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
@@ -322,6 +332,7 @@ class PostgresLedger:
         # the one-key lock of schema creation).
         self._space = zlib.crc32(schema.encode()) - 2**31
         self._driver: _postgres.Driver | None = None
+        self._identities = IdentityCache()
 
     @property
     def schema(self) -> str:
@@ -575,6 +586,26 @@ class PostgresLedger:
                                     [(run_id, i) for i in fresh])
 
         await self._write(write, f"retaining evidence of run {run_id!r}")
+
+    async def bind_identity(self, run_id: str, *, principal: str, scope: str) -> None:
+        identity_arguments(run_id, principal, scope)
+        bound = self._identities.get(run_id)
+        if bound is None:
+
+            async def write(s: _postgres.Session) -> tuple[str, str]:
+                # Two statements: the SELECT takes a new snapshot, so it sees the row of a
+                # concurrent first writer that the INSERT waited for and skipped.
+                await s.fetchall(
+                    f"INSERT INTO {self._q}.run_identity VALUES (%s, %s, %s) "
+                    "ON CONFLICT (run_id) DO NOTHING", (run_id, principal, scope))
+                ((who, where),) = await s.fetchall(
+                    f"SELECT principal, scope FROM {self._q}.run_identity WHERE run_id = %s",
+                    (run_id,))
+                return str(who), str(where)
+
+            bound = self._identities.put(
+                run_id, await self._write(write, f"binding the identity of run {run_id!r}"))
+        check_identity(run_id, bound, principal, scope)
 
     async def take_validations(
         self, run_id: str, evidence_ids: Sequence[str], *, limit: int

@@ -41,12 +41,15 @@ from ._sqlite.translate import translate as translate_sqlite
 from .ledger import (
     AttemptOutcome,
     AttemptTrace,
+    IdentityCache,
     RefusalRecord,
     Reservation,
     Usage,
     Validity,
     WallTime,
+    check_identity,
     grant_validations,
+    identity_arguments,
     read_time,
 )
 from .policy import AllowancePolicy, RoundKind
@@ -55,8 +58,8 @@ from .refusal import BudgetRefusal, RefusalReason
 T = TypeVar("T")
 
 APPLICATION_ID = 0x52424C44  # "RBLD"
-SCHEMA_VERSION = 2
-_MIGRATABLE = frozenset({1})
+SCHEMA_VERSION = 3
+_MIGRATABLE = frozenset({1, 2})
 """Older schema versions this ledger upgrades in place (their tables are a subset)."""
 
 _SCHEMA = """
@@ -113,6 +116,11 @@ CREATE TABLE IF NOT EXISTS retained (
 CREATE TABLE IF NOT EXISTS validations (
     run_id      TEXT PRIMARY KEY,
     used        INTEGER NOT NULL
+) STRICT;
+CREATE TABLE IF NOT EXISTS run_identity (
+    run_id      TEXT PRIMARY KEY,
+    principal   TEXT NOT NULL,
+    scope       TEXT NOT NULL
 ) STRICT;
 """
 
@@ -268,6 +276,7 @@ class SqliteLedger:
             raise LedgerPathError(f"invalid ledger path {self._path!r}")
         self._timeout = _busy_timeout(timeout)
         self._conn: _sqlite.Connection | None = None
+        self._identities = IdentityCache()
         # One connection, many tasks: a transaction must never interleave with another task's
         # statements on the same connection ("cannot start a transaction within a transaction").
         self._lock = anyio.Lock()
@@ -517,6 +526,21 @@ class SqliteLedger:
                 await conn.executemany(
                     "INSERT INTO retained VALUES (?, ?)", [(run_id, i) for i in fresh]
                 )
+
+    async def bind_identity(self, run_id: str, *, principal: str, scope: str) -> None:
+        identity_arguments(run_id, principal, scope)
+        bound = self._identities.get(run_id)
+        if bound is None:
+            select = "SELECT principal, scope FROM run_identity WHERE run_id = ?"
+            rows = await self._read(lambda conn: conn.fetchall(select, (run_id,)))
+            if not rows:  # first writer wins; everyone reads back the winner
+                async with self._write() as conn:
+                    await conn.fetchall(
+                        "INSERT INTO run_identity VALUES (?, ?, ?) "
+                        "ON CONFLICT (run_id) DO NOTHING", (run_id, principal, scope))
+                    rows = await conn.fetchall(select, (run_id,))
+            bound = self._identities.put(run_id, (rows[0][0], rows[0][1]))
+        check_identity(run_id, bound, principal, scope)
 
     async def take_validations(
         self, run_id: str, evidence_ids: Sequence[str], *, limit: int

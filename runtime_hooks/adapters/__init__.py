@@ -1,7 +1,8 @@
 """Adapters for real agent frameworks (optional extras; asyncio only).
 
 ``runtime_hooks.adapters`` itself imports no framework: the search tool's definition
-(:data:`SEARCH_TOOL`) and the per-run batch (:class:`RunRecall`) are shared by every adapter.
+(:data:`SEARCH_TOOL`), the per-run batch (:class:`RunRecall`) and the per-invocation automatic
+round (:class:`Invocation`, :func:`automatic_mode`) are shared by every adapter.
 Each framework's adapter lives in its own module and imports its framework there:
 ``runtime_hooks.adapters.pydantic_ai`` (extra ``pydantic-ai``),
 ``runtime_hooks.adapters.langchain`` (extra ``langchain``) and
@@ -11,9 +12,11 @@ None of these frameworks runs under trio, so the adapters are asyncio-only; the 
 allowance, the ledger, the hooks) stays on both loops.
 """
 
+from .batch import Invocation as Invocation
 from .batch import RunRecall as RunRecall
 from .batch import RunRecalls as RunRecalls
+from .batch import automatic_mode as automatic_mode
 from .tool import SEARCH_TOOL as SEARCH_TOOL
 from .tool import SearchTool as SearchTool
 
-__all__ = ["SEARCH_TOOL", "RunRecall", "RunRecalls", "SearchTool"]
+__all__ = ["SEARCH_TOOL", "Invocation", "RunRecall", "RunRecalls", "SearchTool", "automatic_mode"]

@@ -1,4 +1,4 @@
-"""One run's deliberate rounds, batched per model response.
+"""One run's deliberate rounds, batched per model response, and its automatic round per invocation.
 
 Frameworks call each tool separately (pydantic-ai, the Agents SDK, LangChain's ``Send``). One
 ``dispatch([call])`` per tool call would open one round per call and lose calls to the
@@ -7,18 +7,94 @@ batch of a model response to :meth:`RunRecall.dispatch_batch` from the one hook 
 before any tool runs; each tool call then returns its stored result
 (:meth:`RunRecall.result`). A batch seen again (a resume, a re-run hook) never reserves twice:
 calls that already have a result are skipped.
+
+A call's identity is its id AND its arguments: a stored result answers only the call with the
+same id and the same arguments (a genuine replay). A reused id with other arguments is a new
+call, which the allowance decides like any other; it never gets another call's evidence.
+
+The automatic round belongs to the *invocation* (one call into the framework for one user
+turn), not to each model request: :class:`Invocation` runs it once, before the first model
+request, and hands the same prepared context to every later request of that invocation. An
+invocation object lives only as long as its invocation, so prepared evidence is never carried
+into the next one.
 """
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Sequence
+import json
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Literal, cast
 
 import anyio
 import attrs
 
+from plugin.control import BudgetRefusal, RefusalReason
+from plugin.errors import InvalidHookArgumentError, InvalidHookArgumentTypeError, RunIdentityError
+from plugin.memory.enforce import Bounded
+from plugin.memory.pipeline import render
 from plugin.memory.state import WorkingState
-from runtime_hooks.hooks import PreparedContext, RecallHooks, ToolCall, ToolResult
+from runtime_hooks.hooks import (
+    NOTHING_FOUND,
+    PARTLY_FOUND,
+    PreparedContext,
+    RecallHooks,
+    ToolCall,
+    ToolResult,
+)
+
+_Status = Literal["ok", "refused", "invalid", "failed"]
+
+AutomaticMode = Literal["per_invocation", "per_request", "off"]
+"""When the automatic round runs: once per invocation (the default), before every model
+request (the older behaviour, ``automatic="per_request"``), or never (``automatic=False``)."""
+
+def automatic_mode(value: object) -> AutomaticMode:
+    """An adapter's ``automatic=`` argument as a mode.
+
+    ``True`` or ``"per_invocation"``: once per invocation; ``"per_request"``: before every
+    model request; ``False``: never. Anything else raises
+    :class:`~plugin.errors.InvalidHookArgumentTypeError` (a wrong type) or
+    :class:`~plugin.errors.InvalidHookArgumentError` (an unknown word).
+    """
+    if value is True or value == "per_invocation":
+        return "per_invocation"
+    if value is False:
+        return "off"
+    if value == "per_request":
+        return "per_request"
+    if not isinstance(value, (bool, str)):
+        raise InvalidHookArgumentTypeError(
+            f"automatic must be True, False, 'per_invocation' or 'per_request', "
+            f"got {type(value).__name__}"
+        )
+    raise InvalidHookArgumentError(
+        f"automatic must be True, False, 'per_invocation' or 'per_request', got {value!r}"
+    )
+
+
+def _canonical(arguments: Mapping[str, object] | str | None) -> str:
+    """The arguments as one comparable text: JSON objects compare by content, not spelling."""
+    if arguments is None:
+        return "{}"
+    value: object = arguments
+    if isinstance(arguments, str):
+        try:
+            value = json.loads(arguments)
+        except ValueError:
+            return arguments  # not JSON: the raw text is the identity (the hooks reject it)
+    try:
+        return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+CallKey = tuple[str, str]
+
+
+def call_key(call_id: str, arguments: Mapping[str, object] | str | None) -> CallKey:
+    """A tool call's identity: its id and its (canonical) arguments."""
+    return call_id, _canonical(arguments)
 
 
 @attrs.define(eq=False)
@@ -33,11 +109,12 @@ class RunRecall:
     run_id: str
     scope: str
     principal: str
-    _results: dict[str, ToolResult] = attrs.field(factory=dict, init=False, repr=False)
+    _results: dict[CallKey, ToolResult] = attrs.field(factory=dict, init=False, repr=False)
+    _latest: dict[str, ToolResult] = attrs.field(factory=dict, init=False, repr=False)
     _lock: anyio.Lock = attrs.field(factory=anyio.Lock, init=False, repr=False)
 
     async def prepare(self, state: WorkingState) -> PreparedContext:
-        """The automatic round for this model request."""
+        """The automatic round, now (an adapter calls it through its :class:`Invocation`)."""
         return await self.hooks.prepare(
             state, run_id=self.run_id, scope=self.scope, principal=self.principal
         )
@@ -46,24 +123,137 @@ class RunRecall:
         """One deliberate round for the calls of one model response that have no result yet.
 
         Returns the results of every call in ``calls`` (stored ones included), in order.
-        Batches of one run are serialized, so a batch seen twice reserves once.
+        Batches of one run are serialized, so a batch seen twice reserves once. A stored
+        result answers only a call with the same id and the same arguments.
+        """
+        keys = [call_key(call.call_id, call.arguments) for call in calls]
+        async with self._lock:
+            pending: dict[CallKey, ToolCall] = {}
+            for key, call in zip(keys, calls, strict=True):
+                if key not in self._results:
+                    pending.setdefault(key, call)
+            if pending:
+                results = await self.hooks.dispatch(
+                    list(pending.values()), run_id=self.run_id, scope=self.scope,
+                    principal=self.principal,
+                )
+                for key, result in zip(pending, results, strict=True):
+                    self._results[key] = result
+                    self._latest[key[0]] = result
+        return [self._results[key] for key in keys]
+
+    def result(
+        self, call_id: str, arguments: Mapping[str, object] | str | None = None
+    ) -> ToolResult | None:
+        """The stored result of the call with this id and these ``arguments``, or None.
+
+        Without ``arguments``: the latest result stored under ``call_id`` (for inspection; a
+        tool answering the model always passes the call's arguments).
+        """
+        if arguments is None:
+            return self._latest.get(call_id)
+        return self._results.get(call_key(call_id, arguments))
+
+    def answered(self, call_id: str, arguments: Mapping[str, object] | str | None = None) -> bool:
+        return self.result(call_id, arguments) is not None
+
+    @staticmethod
+    def record(call: ToolCall, result: ToolResult) -> dict[str, object]:
+        """A call's result as plain data a host can keep durably (its checkpoint)."""
+        return {"call_id": call.call_id, "arguments": call_key(call.call_id, call.arguments)[1],
+                **result.as_dict()}
+
+    async def replay(self, records: Sequence[Mapping[str, object]]) -> None:
+        """Store the results of a batch that ran before a restart, from the records
+        (:meth:`record`) the host kept, without dispatching anything.
+
+        A search that ran is never run again nor reported as refused: its evidence is re-read
+        under the run's validation bound (:meth:`RecallHooks.validate_retained`, kept in the
+        ledger); what is gone is left out, what the bound no longer lets be re-checked is said
+        in the bounded wording. A call that was refused or invalid then keeps that answer.
+        Records already stored in this process are left alone.
         """
         async with self._lock:
-            unique = {call.call_id: call for call in calls}
-            pending = [call for call in unique.values() if call.call_id not in self._results]
-            if pending:
-                for result in await self.hooks.dispatch(
-                    pending, run_id=self.run_id, scope=self.scope, principal=self.principal
-                ):
-                    self._results[result.call_id] = result
-        return [self._results[call.call_id] for call in calls]
+            for record in records:
+                key = (str(record["call_id"]), str(record["arguments"]))
+                if key in self._results:
+                    continue
+                result = await self._replayed(record)
+                self._results[key] = result
+                self._latest[key[0]] = result
 
-    def result(self, call_id: str) -> ToolResult | None:
-        """The stored result of a call dispatched in a batch, or None."""
-        return self._results.get(call_id)
+    def _refusal(self, given: object) -> BudgetRefusal | None:
+        """The typed refusal a record kept (:meth:`BudgetRefusal.as_tool_result`), rebuilt."""
+        if not isinstance(given, Mapping):
+            return None
+        reason, reserved, executed = (given.get("reason"), given.get("reserved"),
+                                      given.get("executed"))
+        if not (isinstance(reason, str) and isinstance(reserved, int)
+                and isinstance(executed, int)):
+            return None
+        try:
+            kind = RefusalReason(reason)
+        except ValueError:
+            return None
+        return BudgetRefusal(reason=kind, run_id=self.run_id, reserved=reserved,
+                             executed=executed)
 
-    def answered(self, call_id: str) -> bool:
-        return call_id in self._results
+    async def _replayed(self, record: Mapping[str, object]) -> ToolResult:
+        call_id, status, content = (str(record["call_id"]), str(record["status"]),
+                                    str(record["content"]))
+        found = record.get("evidence_ids")
+        ids = [str(i) for i in found] if isinstance(found, list) else []
+        if status != "ok" or not ids:
+            kept = status if status in ("ok", "refused", "invalid", "failed") else "failed"
+            return ToolResult(call_id=call_id, status=cast(_Status, kept), content=content,
+                              refusal=self._refusal(record.get("refusal")))
+        checks = await self.hooks.validate_retained(
+            ids, run_id=self.run_id, scope=self.scope, principal=self.principal)
+        valid = [c.evidence for c in checks if c.status == "valid" and c.evidence is not None]
+        unchecked = sum(1 for c in checks if c.status in ("bounded", "not_retained"))
+        rendered = render(valid, self.hooks.caps)
+        bounded: tuple[Bounded, ...] = ()
+        if unchecked:
+            bounded = (Bounded(
+                part="recheck", reason="validation",
+                message=f"Memory recall was bounded: {unchecked} item(s) this search found "
+                        f"before the run was resumed could not be re-checked (the run's "
+                        f"re-check bound is spent). This is not evidence that they are "
+                        f"absent."),)
+        notes = [f"Note: {part.message}" for part in bounded]
+        text = "\n".join([rendered.text or (PARTLY_FOUND if notes else NOTHING_FOUND), *notes])
+        return ToolResult(call_id=call_id, status="ok", content=text,
+                          evidence=tuple(rendered.items), bounded=bounded,
+                          omitted=rendered.omitted)
+
+
+@attrs.define(eq=False)
+class Invocation:
+    """One invocation's automatic round: run once, before its first model request.
+
+    Every later request of the invocation gets the same rendered text and takes no round.
+    Create one per invocation and drop it when the invocation ends. ``run`` pins the run's
+    :class:`RunRecall` for the invocation: a registry that forgets the run meanwhile (under
+    pressure from other runs) cannot lose the results of a batch before its tools read them.
+    """
+
+    run: RunRecall | None = attrs.field(default=None, init=False)
+    _done: bool = attrs.field(default=False, init=False)
+    _text: str = attrs.field(default="", init=False)
+    _lock: anyio.Lock = attrs.field(factory=anyio.Lock, init=False, repr=False)
+
+    async def context(self, prepare: Callable[[], Awaitable[str]]) -> str:
+        """The invocation's rendered context: ``prepare()`` the first time, the same after."""
+        async with self._lock:
+            if not self._done:
+                self._text = await prepare()
+                self._done = True
+            return self._text
+
+    @property
+    def prepared(self) -> bool:
+        """Whether the invocation's automatic round has run."""
+        return self._done
 
 
 @attrs.define(eq=False)
@@ -72,12 +262,13 @@ class RunRecalls:
 
     A run continued, resumed or re-run in this process finds the answers its batches stored.
     The most recent ``max_runs`` runs are kept (oldest forgotten first). A run id asked for
-    again with another scope or principal raises ``mismatch(message)``: the adapter's own
-    error type.
+    again with another scope or principal raises :class:`~plugin.errors.RunIdentityError`
+    here; the ledger binds every run to its first principal and scope durably, so the same
+    mismatch is refused after this registry forgot the run, and in every other process.
     """
 
     hooks: RecallHooks
-    mismatch: Callable[[str], Exception]
+    mismatch: Callable[[str], Exception] = RunIdentityError
     max_runs: int = 1024
     _runs: collections.OrderedDict[str, RunRecall] = attrs.field(
         factory=collections.OrderedDict, init=False, repr=False

@@ -6,14 +6,25 @@ is ``after_model``: :class:`RecallMiddleware` reads the last ``AIMessage``'s sea
 there, reserves ONE deliberate round for all of them (:meth:`RunRecall.dispatch_batch`) and
 returns one ``ToolMessage`` per call; the framework then skips every call that already has an
 answer, so the tool never runs for them. A refusal is a ``ToolMessage(status="error")`` whose
-content is the typed refusal as JSON. ``awrap_model_call`` runs the automatic round before each
-model request and adds the rendered context to the system message.
+content is the typed refusal as JSON.
+
+The automatic round belongs to the invocation (one ``ainvoke``/``astream`` of the agent):
+``abefore_agent`` runs it once, before the first model request, and keeps the rendered context
+in a private state field (``recall_context``); ``awrap_model_call`` adds that context to the
+system message of every model request of the invocation, which take no round of their own;
+``aafter_agent`` clears it, so it never reaches the next invocation (which prepares again).
+``automatic="per_request"`` runs a round before every model request instead.
+
+A call's identity is its id AND its arguments: a stored result answers only the same id with
+the same arguments; a reused id with other arguments is a new call.
 
 The run id, scope and principal come from the host's runtime context
 (``create_agent(context_schema=RecallContext)``, ``ainvoke(..., context=RecallContext(...))``),
 never from the state the model writes. A call that already has a ``ToolMessage`` in the state
-(another middleware's answer, or one checkpointed before a restart) is never dispatched, and a
-hook re-run in the same process reuses the stored results: a batch reserves at most once.
+(another middleware's answer, or one checkpointed before a restart) is never dispatched. Inside
+a graph the batch runs as a LangGraph task (:func:`dispatch_kept`), so its results are kept in
+the checkpoint: a hook or node re-run after an ``interrupt()``, in this process or a new one,
+never dispatches it again (a batch reserves at most once).
 
 For a hand-built LangGraph graph, :class:`RecallToolNode` dispatches the batch and then runs a
 ``ToolNode``; its sync form drives the async hooks on the host's event loop. Asyncio only.
@@ -21,28 +32,32 @@ For a hand-built LangGraph graph, :class:`RecallToolNode` dispatches the batch a
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import json
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import anyio.from_thread
 import anyio.lowlevel
 import attrs
 import sniffio
 from langchain.agents.middleware import AgentMiddleware, AgentState, ModelRequest
-from langchain.agents.middleware.types import ModelResponse
+from langchain.agents.middleware.types import ModelResponse, PrivateStateAttr
 from langchain.tools import ToolRuntime
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.tools import BaseTool, StructuredTool
+from langgraph.config import get_config
+from langgraph.func import task
 from langgraph.prebuilt import ToolNode
 from langgraph.runtime import Runtime
+from typing_extensions import NotRequired
 
-from plugin.errors import RecallboundError
+from plugin.errors import RecallboundError, RunIdentityError
 from plugin.memory.state import WorkingState
 from runtime_hooks.hooks import RecallHooks, ToolCall, ToolResult
 
-from .batch import RunRecall, RunRecalls
+from .batch import AutomaticMode, RunRecall, RunRecalls, automatic_mode
 from .tool import SEARCH_TOOL
 
 
@@ -50,8 +65,9 @@ class MissingRecallContextError(RecallboundError, TypeError):
     """The run's context does not carry the host's run id, scope and principal."""
 
 
-class RecallContextMismatchError(RecallboundError, ValueError):
-    """One run id was given with a different scope or principal than before."""
+RecallContextMismatchError = RunIdentityError
+"""One run id was given with a different scope or principal than before (the package's
+:class:`~plugin.errors.RunIdentityError`, under this module's older name)."""
 
 
 class NotDispatchedError(RecallboundError, RuntimeError):
@@ -123,6 +139,47 @@ def pending_search_calls(messages: Sequence[AnyMessage]) -> list[ToolCall]:
     return []
 
 
+_node_run: contextvars.ContextVar[RunRecall | None] = contextvars.ContextVar(
+    "recallbound_langchain_node_run", default=None
+)
+"""The run a :class:`RecallToolNode` dispatched for, while its ToolNode's tools read results:
+pinned there, so a registry that forgets the run meanwhile cannot lose the batch's results."""
+
+_CHECKPOINTER = "__pregel_checkpointer"
+"""Where LangGraph puts a run's checkpointer in its config (``CONFIG_KEY_CHECKPOINTER``)."""
+
+
+async def dispatch_kept(run: RunRecall, calls: Sequence[ToolCall]) -> list[ToolResult]:
+    """One deliberate round for ``calls``, kept in the graph's checkpoint when there is one.
+
+    Inside a LangGraph node the batch runs as a task: a node re-run after an ``interrupt()``
+    (in this process or after a restart, with the same checkpointer) gets the batch's results
+    from the checkpoint and never dispatches it again; in a new process those searches answer
+    with their evidence re-read under the run's validation bound (:meth:`RunRecall.replay`).
+    Outside a graph it is :meth:`RunRecall.dispatch_batch`.
+    """
+    try:
+        configurable = get_config().get("configurable", {})
+    except RuntimeError:  # not inside a graph run: nothing to keep the batch in
+        return await run.dispatch_batch(calls)
+    if configurable.get(_CHECKPOINTER) is None:
+        # No checkpointer: nothing is kept, and nothing can be resumed (an interrupt needs
+        # one), so the task would only cost time (about 0.6 ms a batch).
+        return await run.dispatch_batch(calls)
+    dispatched = False
+
+    async def recallbound_search_batch() -> list[dict[str, object]]:
+        nonlocal dispatched
+        dispatched = True
+        results = await run.dispatch_batch(calls)
+        return [run.record(c, r) for c, r in zip(calls, results, strict=True)]
+
+    records = await task(recallbound_search_batch)()
+    if not dispatched:  # the checkpoint's: the batch ran before this node re-ran
+        await run.replay(records)
+    return await run.dispatch_batch(calls)  # every call is stored now: no round
+
+
 Identify = Callable[[object], RecallContext]
 StateOf = Callable[[Sequence[AnyMessage]], WorkingState | None]
 
@@ -166,12 +223,20 @@ class LangChainRecall:
         calls = pending_search_calls(messages)
         if not calls:
             return []
-        return [tool_message(r) for r in await self.run(context).dispatch_batch(calls)]
+        return [tool_message(r) for r in await dispatch_kept(self.run(context), calls)]
 
-    def stored(self, runtime: ToolRuntime[Any, Any]) -> ToolMessage:
-        """The tool's answer: the result its batch stored (never a search of its own)."""
+    def stored(
+        self, runtime: ToolRuntime[Any, Any], arguments: dict[str, Any] | None = None
+    ) -> ToolMessage:
+        """The tool's answer: the result its batch stored for this id and these arguments
+        (never a search of its own)."""
         call_id = runtime.tool_call_id or ""
-        result = self.run(runtime.context).result(call_id)
+        trusted = self.identify(runtime.context)
+        pinned = _node_run.get()
+        same = pinned is not None and (pinned.run_id, pinned.scope, pinned.principal) == (
+            trusted.run_id, trusted.scope, trusted.principal)
+        run = pinned if same and pinned is not None else self.run(runtime.context)
+        result = run.result(call_id, arguments or {})
         return tool_message(result if result is not None else _not_dispatched(call_id))
 
     def _search_tool(self) -> BaseTool:
@@ -180,10 +245,10 @@ class LangChainRecall:
         # The arguments are not validated here: the hooks validate them when the batch is
         # dispatched, and an invalid call gets its typed answer there.
         def search(*, runtime: ToolRuntime[Any, Any], **arguments: Any) -> ToolMessage:
-            return self.stored(runtime)
+            return self.stored(runtime, arguments)
 
         async def asearch(*, runtime: ToolRuntime[Any, Any], **arguments: Any) -> ToolMessage:
-            return self.stored(runtime)
+            return self.stored(runtime, arguments)
 
         return StructuredTool(
             name=SEARCH_TOOL.name, description=SEARCH_TOOL.description,
@@ -200,7 +265,14 @@ def system_with_context(system: SystemMessage | None, block: str) -> SystemMessa
     return SystemMessage(content=[*system.content, {"type": "text", "text": block}])
 
 
-class RecallMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
+class RecallState(AgentState[Any]):
+    """The agent state with the invocation's prepared recall context (private to the
+    middleware: neither input nor output of the agent; cleared when the invocation ends)."""
+
+    recall_context: NotRequired[Annotated[str | None, PrivateStateAttr]]
+
+
+class RecallMiddleware(AgentMiddleware[RecallState, Any, Any]):
     """Bounded recall for ``create_agent``; registers the ``search_memory`` tool itself.
 
     ``create_agent(model, tools=[...], middleware=[RecallMiddleware(hooks), ...],
@@ -208,32 +280,60 @@ class RecallMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
     List it BEFORE ``ToolCallLimitMiddleware``: ``after_model`` hooks run in reverse list
     order, so the limit answers its blocked calls first and this middleware reserves slots only
     for the calls that remain. Async only (``ainvoke``/``astream``).
+
+    ``automatic``: ``True`` (default) one automatic round per invocation, before its first
+    model request; ``"per_request"`` one before every model request; ``False`` none.
     """
+
+    state_schema = RecallState
 
     def __init__(
         self,
         hooks: RecallHooks,
         *,
-        automatic: bool = True,
+        automatic: bool | str = True,
         identify: Identify = context_of,
         working_state: StateOf = latest_request,
     ) -> None:
         super().__init__()
+        self.mode: AutomaticMode = automatic_mode(automatic)
         self.recall = LangChainRecall(hooks, identify=identify, working_state=working_state)
         self.automatic = automatic
         self.tools = [self.recall.tool]
+
+    async def abefore_agent(
+        self, state: RecallState, runtime: Runtime[Any]
+    ) -> dict[str, Any] | None:
+        """The invocation's automatic round, once, before its first model request."""
+        if self.mode != "per_invocation":
+            return None
+        block = await self.recall.automatic_context(state["messages"], runtime.context)
+        return {"recall_context": block}
+
+    async def aafter_agent(
+        self, state: RecallState, runtime: Runtime[Any]
+    ) -> dict[str, Any] | None:
+        """The invocation is over: its prepared context goes with it."""
+        if state.get("recall_context") is None:
+            return None
+        return {"recall_context": None}
 
     async def awrap_model_call(
         self,
         request: ModelRequest[Any],
         handler: Callable[[ModelRequest[Any]], Awaitable[ModelResponse[Any]]],
     ) -> ModelResponse[Any]:
-        """The automatic round, its rendered block added to this request's system message."""
-        if self.automatic:
+        """The automatic context added to this request's system message: the invocation's
+        (prepared once), or a round of this request's own under ``"per_request"``."""
+        block = ""
+        if self.mode == "per_invocation":
+            prepared = request.state.get("recall_context")
+            block = prepared if isinstance(prepared, str) else ""
+        elif self.mode == "per_request":
             block = await self.recall.automatic_context(request.messages, request.runtime.context)
-            if block:
-                system = system_with_context(request.system_message, block)
-                request = request.override(system_message=system)
+        if block:
+            system = system_with_context(request.system_message, block)
+            request = request.override(system_message=system)
         return await handler(request)
 
     async def aafter_model(
@@ -265,14 +365,22 @@ class RecallToolNode:
         return cls(recall, ToolNode([recall.tool, *tools]))
 
     async def ainvoke(self, state: dict[str, Any], runtime: Runtime[Any]) -> Any:
-        """The async node: one round for the batch, then the ToolNode."""
-        await self.recall.run(runtime.context).dispatch_batch(
-            pending_search_calls(state["messages"])
-        )
-        return await self.tools.ainvoke(state)
+        """The async node: one round for the batch (kept in the checkpoint:
+        :func:`dispatch_kept`), then the ToolNode; an ``interrupt()`` in a sibling tool never
+        makes the batch dispatch again, after a restart either."""
+        run = self.recall.run(runtime.context)
+        calls = pending_search_calls(state["messages"])
+        if calls:
+            await dispatch_kept(run, calls)
+        token = _node_run.set(run)  # the ToolNode's tool tasks copy this context
+        try:
+            return await self.tools.ainvoke(state)
+        finally:
+            _node_run.reset(token)
 
     def invoke(self, state: dict[str, Any], runtime: Runtime[Any]) -> Any:
-        """The sync node: the batch dispatched on the hooks' loop, then the ToolNode."""
+        """The sync node: the batch dispatched on the hooks' loop (as a task, like
+        :meth:`ainvoke`), then the ToolNode."""
         calls = pending_search_calls(state["messages"])
         run = self.recall.run(runtime.context)
         if calls:
@@ -284,8 +392,22 @@ class RecallToolNode:
                     "the hooks' event loop (await anyio.to_thread.run_sync(graph.invoke, ...)),"
                     " not on the loop's own thread"
                 )
-            anyio.from_thread.run(run.dispatch_batch, calls, token=self.token)
-        return self.tools.invoke(state)
+            dispatched = False
+
+            def recallbound_search_batch() -> list[dict[str, object]]:
+                nonlocal dispatched
+                dispatched = True
+                results = anyio.from_thread.run(run.dispatch_batch, calls, token=self.token)
+                return [run.record(c, r) for c, r in zip(calls, results, strict=True)]
+
+            records = task(recallbound_search_batch)().result()  # kept like ainvoke's
+            if not dispatched:
+                anyio.from_thread.run(run.replay, records, token=self.token)
+        token = _node_run.set(run)  # the ToolNode's pool threads run in copies of this context
+        try:
+            return self.tools.invoke(state)
+        finally:
+            _node_run.reset(token)
 
 
 def _on_event_loop_thread() -> bool:

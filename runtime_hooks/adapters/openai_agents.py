@@ -8,8 +8,11 @@ calls, and :func:`agents_recall` builds them all::
     result = await recall.run(agent, "Continue", run_id=..., scope=..., principal=...)
 
 * **Automatic round** (:class:`RecallInputFilter`, a ``RunConfig.call_model_input_filter``):
-  before each model request, ``RunRecall.prepare(state)`` and the rendered context appended to
-  the request's instructions.
+  once per invocation (one ``Runner.run`` or ``Runner.run_streamed``, its handoffs included),
+  before its first model request, ``RunRecall.prepare(state)``; the rendered context is
+  appended to the instructions of that request and of every later request of the invocation
+  (a handoff's specialist included), which take no round of their own. With
+  ``automatic="per_request"`` a round runs before every model request instead.
 * **Deliberate round** (:class:`RecallRunHooks.on_llm_end`): the one hook that sees every
   function call of a model response before any guardrail or tool runs (under ``Runner.run``
   and ``Runner.run_streamed``). All ``search_memory`` calls of the response go to
@@ -20,13 +23,15 @@ calls, and :func:`agents_recall` builds them all::
   :data:`~runtime_hooks.adapters.SEARCH_TOOL`; its input guardrail answers a refused, invalid
   or failed call with ``reject_content`` carrying the typed result as JSON (the model reads it
   as the call's output), and the tool returns a successful call's stored result, looked up by
-  ``ToolContext.tool_call_id``. Neither ever reserves.
+  ``ToolContext.tool_call_id`` and the call's arguments (a call is its id AND its
+  arguments). Neither ever reserves.
 * **Run boundary** (:class:`RecallRunner`): the SDK runs hooks in copied contexts, so the run
   is bound around ``Runner.run`` / ``Runner.run_streamed``: ``RecallHooks.bind_run()`` and
   the run's :class:`RunRecall`, whose run id, scope and principal the host passes in, never
   the model. The ``RunRecall`` of a run id is kept, so a continued or resumed run (a
   ``RunState`` after an approval, ``result.to_input_list()`` fed to a new run) reuses the
-  stored answers and never reserves a call twice.
+  stored answers and never reserves a call twice. Each bound run is one invocation: the
+  context its automatic round prepared ends with it.
 """
 
 from __future__ import annotations
@@ -61,11 +66,11 @@ from agents.tool_context import ToolContext
 from openai.types.responses import ResponseFunctionToolCall
 
 from plugin.control import BudgetRefusal, RefusalReason
-from plugin.errors import RecallboundError
+from plugin.errors import RecallboundError, RunIdentityError
 from plugin.memory.state import WorkingState
 from runtime_hooks.hooks import RecallHooks, ToolCall, ToolResult
 
-from .batch import RunRecall, RunRecalls
+from .batch import AutomaticMode, Invocation, RunRecall, RunRecalls, automatic_mode
 from .tool import SEARCH_TOOL
 
 __all__ = [
@@ -90,12 +95,11 @@ class RunNotBoundError(RecallboundError, RuntimeError):
     """A recall hook ran outside a run bound by :class:`RecallRunner` (no trusted identity)."""
 
 
-class RunIdentityError(RecallboundError, ValueError):
-    """A run id came back with a different scope or principal than it was bound with."""
-
-
 _run: contextvars.ContextVar[RunRecall | None] = contextvars.ContextVar(
     "recallbound_agents_run", default=None
+)
+_invocation: contextvars.ContextVar[Invocation | None] = contextvars.ContextVar(
+    "recallbound_agents_invocation", default=None
 )
 
 
@@ -136,10 +140,13 @@ class RecallInputFilter:
 
     ``then`` is the host's own filter, applied first, so the rendered context is never trimmed
     away by it. The state comes from ``state`` (the host's), never from what the model wrote.
+    ``per_request=False`` (default): the round runs once per invocation (the bound run) and
+    every later request of it gets the same context; ``True``: a round before every request.
     """
 
     state: StateSource = latest_user_request
     then: Callable[[CallModelData[Any]], Any] | None = None
+    per_request: bool = False
 
     async def __call__(self, data: CallModelData[Any]) -> ModelInputData:
         if self.then is not None:
@@ -148,10 +155,15 @@ class RecallInputFilter:
                 updated = await updated
             data = dataclasses.replace(data, model_data=updated)
         run = _bound_run("the recall input filter")
-        state = self.state(data)
-        if inspect.isawaitable(state):
-            state = await state
-        rendered = (await run.prepare(state)).render()
+
+        async def prepare() -> str:
+            state = self.state(data)
+            if inspect.isawaitable(state):
+                state = await state
+            return (await run.prepare(state)).render()
+
+        invocation = None if self.per_request else _invocation.get()
+        rendered = await (prepare() if invocation is None else invocation.context(prepare))
         model_data = data.model_data
         if not rendered:
             return model_data
@@ -233,7 +245,7 @@ class RecallRunHooks(RunHooks[Any]):
 # -- the tool and its guardrail -----------------------------------------------------------
 
 
-async def _stored(run: RunRecall, call_id: str) -> ToolResult:
+async def _stored(run: RunRecall, call_id: str, arguments: str) -> ToolResult:
     """The stored result of a call; a call this run never dispatched is refused, not searched.
 
     With :class:`RecallRunHooks` installed, a call reaches its tool without a stored result
@@ -242,7 +254,7 @@ async def _stored(run: RunRecall, call_id: str) -> ToolResult:
     reserve it twice. (Without the hooks, e.g. ``RecallRunner.run`` instead of
     ``AgentsRecall.run``, every call lands here: nothing is searched, and the model is told so.)
     """
-    result = run.result(call_id)
+    result = run.result(call_id, arguments)
     if result is not None:
         return result
     usage = await run.hooks.allowance.ledger.usage(run.run_id)
@@ -257,7 +269,8 @@ def _json(result: ToolResult) -> str:
 
 
 async def _guard(data: ToolInputGuardrailData) -> ToolGuardrailFunctionOutput:
-    result = await _stored(_bound_run("the search_memory guardrail"), data.context.tool_call_id)
+    result = await _stored(_bound_run("the search_memory guardrail"),
+                           data.context.tool_call_id, data.context.tool_arguments)
     if result.status == "ok":
         return ToolGuardrailFunctionOutput.allow()
     # The model reads this message as the call's output: the typed refusal, visibly.
@@ -266,7 +279,8 @@ async def _guard(data: ToolInputGuardrailData) -> ToolGuardrailFunctionOutput:
 
 async def _invoke(context: ToolContext[Any], arguments: str) -> str:
     # The search ran in the batch (on_llm_end); the arguments were validated there.
-    return _json(await _stored(_bound_run("the search_memory tool"), context.tool_call_id))
+    return _json(await _stored(_bound_run("the search_memory tool"), context.tool_call_id,
+                               arguments))
 
 
 def search_tool() -> FunctionTool:
@@ -315,9 +329,11 @@ class RecallRunner:
         run = self.recall_for(run_id, scope=scope, principal=principal)
         with self.hooks.bind_run():
             token = _run.set(run)
+            invocation = _invocation.set(Invocation())  # this run's alone
             try:
                 yield run
             finally:
+                _invocation.reset(invocation)
                 _run.reset(token)
 
     async def run(
@@ -399,16 +415,21 @@ class AgentsRecall:
 
 
 def agents_recall(
-    hooks: RecallHooks, *, automatic: bool = True, state: StateSource = latest_user_request,
+    hooks: RecallHooks, *, automatic: bool | str = True,
+    state: StateSource = latest_user_request,
 ) -> AgentsRecall:
     """Build the tool, the run hooks, the input filter and the runner for ``hooks``.
 
-    ``automatic=False`` leaves out the automatic round (only the model's search calls recall).
+    ``automatic=True`` (default): one automatic round per invocation (one ``Runner.run``, its
+    handoffs included), before its first model request; ``"per_request"``: a round before
+    every model request; ``False``: no automatic round (only the model's search calls recall).
     ``state`` gives the working state for each model request (default: the latest user
     message); run id, scope and principal are passed to :meth:`AgentsRecall.run` by the host.
     """
+    mode: AutomaticMode = automatic_mode(automatic)
     return AgentsRecall(
         runner=RecallRunner(hooks),
         tool=search_tool(),
-        input_filter=RecallInputFilter(state) if automatic else None,
+        input_filter=(None if mode == "off"
+                      else RecallInputFilter(state, per_request=mode == "per_request")),
     )

@@ -5,9 +5,13 @@
 hooks, each a thin translation to :class:`~runtime_hooks.adapters.RunRecall`:
 
 * ``wrap_run`` binds the run-scoped permit holder (the other hooks and the tools run in copied
-  contexts, so a permit bound inside one of them would not reach the tools);
-* ``before_model_request`` runs the automatic round and appends its rendered context to that
-  request's instructions (``InstructionPart(..., dynamic=True)``);
+  contexts, so a permit bound inside one of them would not reach the tools) and opens the
+  invocation: one pydantic-ai run (``run``, ``run_sync``, ``run_stream``, ``iter``);
+* ``before_model_request`` appends the invocation's automatic context to the request's
+  instructions (``InstructionPart(..., dynamic=True)``). The automatic round runs once per
+  invocation, before its first model request; every later request of the run gets the same
+  context in its instructions and takes no round. ``automatic="per_request"`` runs a round
+  before every request instead, ``automatic=False`` never;
 * ``before_node_run`` on a ``CallToolsNode`` sees every tool call of the model response before
   any runs, under ``run``, ``iter``, ``run_stream`` and event-stream handlers alike, and
   reserves ONE deliberate round for all its search calls. (``wrap_node_run`` would not do:
@@ -15,7 +19,8 @@ hooks, each a thin translation to :class:`~runtime_hooks.adapters.RunRecall`:
   (``node.tool_call_results``, as on an approval resume) are left out, so a resume never
   reserves them again;
 * ``before_tool_execute`` raises ``SkipToolExecution`` with the typed refusal for a call that
-  got no slot; a call that did returns its stored result from the tool.
+  got no slot; a call that did returns its stored result from the tool. A stored result
+  answers only the call with the same id and the same arguments.
 
 The key of a run is the HOST's run id (from deps, through ``identity``): pydantic-ai's
 ``ctx.run_id`` is new on each resume. When the run has a deadline (``run(timeout=)``), recall
@@ -25,6 +30,7 @@ runs each round inside a cancel scope ending at the framework's; neither is ever
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -45,18 +51,16 @@ from pydantic_ai.tools import DeferredToolResult, Tool, ToolApproved, ToolDefini
 from pydantic_ai.toolsets import FunctionToolset
 
 from plugin.control import BoundedRecallNotice, BudgetRefusal, RefusalReason
-from plugin.errors import RecallboundError
+from plugin.errors import RunIdentityError, RunIdentityTypeError
 from plugin.memory.state import WorkingState
 from runtime_hooks.hooks import PreparedContext, RecallHooks, ToolCall, ToolResult
 
-from .batch import RunRecall, RunRecalls
+from .batch import AutomaticMode, Invocation, RunRecall, RunRecalls, automatic_mode
 from .tool import SEARCH_TOOL
 
 __all__ = ["RecallCapability", "RunIdentity", "RunIdentityError", "latest_user_request"]
-
-
-class RunIdentityError(RecallboundError, TypeError):
-    """The host gave no usable run identity (run id, scope, principal) for this run."""
+# RunIdentityError (plugin.errors): a run id used with another scope or principal; its
+# subclass RunIdentityTypeError (also a TypeError): the host gave no usable RunIdentity.
 
 
 @attrs.frozen(kw_only=True)
@@ -77,7 +81,7 @@ def identity_from_deps(ctx: RunContext[Any]) -> RunIdentity:
     deps = ctx.deps
     found = deps if isinstance(deps, RunIdentity) else getattr(deps, "recall", None)
     if not isinstance(found, RunIdentity):
-        raise RunIdentityError(
+        raise RunIdentityTypeError(
             "RecallCapability needs the run's identity: pass deps=RunIdentity(...) (or deps "
             "with a .recall RunIdentity), or give RecallCapability an identity= callable; "
             f"got deps of type {type(deps).__name__}"
@@ -140,19 +144,26 @@ class RecallCapability(AbstractCapability[Any]):
     ``identity`` gives the host's run id, scope and principal from the run context (default:
     :func:`identity_from_deps`); ``working_state`` gives the state the automatic round plans
     from (default: :func:`latest_user_request`; return None for no automatic round on a
-    request); ``automatic=False`` turns the automatic round off.
+    request). ``automatic`` is when the automatic round runs: ``True`` (default) once per
+    invocation (one pydantic-ai run), ``"per_request"`` before every model request, ``False``
+    never.
     """
 
     hooks: RecallHooks
     identity: Callable[[RunContext[Any]], RunIdentity] = identity_from_deps
     working_state: Callable[[RunContext[Any]], WorkingState | None] = latest_user_request
-    automatic: bool = True
+    automatic: bool | str = True
     max_runs: int = 4096
     """Runs whose batches are remembered (oldest forgotten first), like the hooks' own bound."""
     _runs: RunRecalls = field(init=False, repr=False)
+    _mode: AutomaticMode = field(init=False, repr=False)
+    _invocation: contextvars.ContextVar[Invocation | None] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        self._mode = automatic_mode(self.automatic)
         self._runs = RunRecalls(self.hooks, RunIdentityError, self.max_runs)
+        self._invocation = contextvars.ContextVar("recallbound_pydantic_ai_invocation",
+                                                  default=None)
 
     # -- the tool ---------------------------------------------------------------------------
 
@@ -179,39 +190,52 @@ class RecallCapability(AbstractCapability[Any]):
                               principal=identity.principal)
 
     def _run_recall(self, ctx: RunContext[Any]) -> RunRecall:
+        """The run's recall, pinned for the invocation once resolved (the registry may forget
+        the run meanwhile; its batch's results must still reach its tools)."""
+        invocation = self._invocation.get()
+        if invocation is not None and invocation.run is not None:
+            return invocation.run
         identity = self.identity(ctx)
         if not isinstance(identity, RunIdentity):
-            raise RunIdentityError(
+            raise RunIdentityTypeError(
                 f"identity must return a RunIdentity, got {type(identity).__name__}"
             )
-        return self.recall(identity)
+        run = self.recall(identity)
+        if invocation is not None:
+            invocation.run = run
+        return run
 
     async def wrap_run(
         self, ctx: RunContext[Any], *, handler: WrapRunHandler
     ) -> AgentRunResult[Any]:
-        with self.hooks.bind_run():
-            return await handler()
+        # One invocation per run: its automatic context dies with it (never reused by the
+        # next run, a resume included).
+        token = self._invocation.set(Invocation())
+        try:
+            with self.hooks.bind_run():
+                return await handler()
+        finally:
+            self._invocation.reset(token)
 
     # -- preparation: the automatic round ---------------------------------------------------
 
     async def before_model_request(
         self, ctx: RunContext[Any], request_context: ModelRequestContext
     ) -> ModelRequestContext:
-        if not self.automatic:
+        if self._mode == "off":
             return request_context
-        state = self.working_state(ctx)
-        if state is None:
-            return request_context
-        recall = self._run_recall(ctx)
-        context: PreparedContext | None = None
-        if not _framework_deadline_passed(ctx):
-            with _until_framework_deadline(ctx):
-                context = await recall.prepare(state)
-        if context is not None:
-            text = context.render()
-        else:  # the framework's deadline came first
-            refusal = await self._deadline_refusal(recall)
-            text = f"Note: {BoundedRecallNotice.from_refusal(refusal).message}"
+        invocation = self._invocation.get() if self._mode == "per_invocation" else None
+        if invocation is not None and invocation.prepared:
+            text = await invocation.context(self._no_round)
+        else:
+            state = self.working_state(ctx)
+            if state is None:
+                return request_context
+
+            async def prepare() -> str:
+                return await self._automatic_text(ctx, state)
+
+            text = await (invocation.context(prepare) if invocation is not None else prepare())
         if not text:
             return request_context
         parameters = request_context.model_request_parameters
@@ -220,6 +244,23 @@ class RecallCapability(AbstractCapability[Any]):
             parameters, instruction_parts=InstructionPart.sorted(parts)
         )
         return request_context
+
+    @staticmethod
+    async def _no_round() -> str:
+        raise AssertionError("the invocation's context was prepared already")
+
+    async def _automatic_text(self, ctx: RunContext[Any], state: WorkingState) -> str:
+        """The automatic round now, rendered (or the bounded notice if the run's own
+        deadline came first)."""
+        recall = self._run_recall(ctx)
+        context: PreparedContext | None = None
+        if not _framework_deadline_passed(ctx):
+            with _until_framework_deadline(ctx):
+                context = await recall.prepare(state)
+        if context is not None:
+            return context.render()
+        refusal = await self._deadline_refusal(recall)  # the framework's deadline came first
+        return f"Note: {BoundedRecallNotice.from_refusal(refusal).message}"
 
     # -- tool dispatch: the deliberate round ------------------------------------------------
 
@@ -257,7 +298,7 @@ class RecallCapability(AbstractCapability[Any]):
         """The call's result: the stored one (the usual case: looked up before anything is
         built for the call), else a round of its own."""
         recall = self._run_recall(ctx)
-        stored = recall.result(call_id)
+        stored = recall.result(call_id, _arguments(arguments))
         if stored is not None:
             return stored
         # Not dispatched with a batch (the framework's deadline cut the batch short, or the
@@ -273,7 +314,7 @@ class RecallCapability(AbstractCapability[Any]):
                 return await recall.dispatch_batch(calls)
         refusal = await self._deadline_refusal(recall)
         return [
-            recall.result(call.call_id)
+            recall.result(call.call_id, call.arguments)
             or ToolResult(call_id=call.call_id, status="refused", content=refusal.message,
                           refusal=refusal)
             for call in calls
