@@ -104,7 +104,7 @@ def test_a_content_free_request_stays_in_the_query_but_weighs_nothing() -> None:
     state = WorkingState("Continue", next_action="Run the invoice backfill",
                          tasks=(Task("Rotate the keys"), Task("Write the runbook")))
     query = compose_task_context(state, scope=S, principal=P)
-    assert query.fragments[0] == "Continue"  # ADR order, in the query text
+    assert query.fragments[0] == "Continue"  # fragment order, in the query text
     weights = fragment_weights(query, RankingPolicy(lead=4.0, decay=0.5))
     assert weights == (0.0, 4.0, 1.0, 0.5)  # the next action leads
     content = compose_task_context(attrs.evolve(state, current_request="Rotate the keys now"))

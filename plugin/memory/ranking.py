@@ -6,7 +6,7 @@ arms keep that structure instead of flattening it:
 
 - **Weights.** The first fragment that carries information gets ``lead``, the next 1, every
   later one ``decay`` times the one before. A request with no information of its own
-  ("Continue", "go on", "do that", "yes", "ok, next") stays in the query text, in ADR order,
+  ("Continue", "go on", "do that", "yes", "ok, next") stays in the query text, in fragment order,
   but weighs 0, so the next action leads. A request that points back ("do that one Priya
   raised", "pick that up again": an anaphor and at most three words of its own) keeps a weight
   but does not lead: what it points at does.
