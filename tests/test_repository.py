@@ -8,6 +8,7 @@ a decision record). The rule is stated where it applies instead.
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import subprocess
@@ -150,3 +151,33 @@ def test_ci_builds_the_documentation_strictly() -> None:
 def test_readme_is_a_landing_page() -> None:
     lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
     assert len(lines) <= 250
+
+
+# The pages whose examples this module keeps honest (other pages keep their own).
+EXAMPLE_PAGES = ("README.md", "docs/index.md", "docs/getting-started.md", "docs/behaviour.md",
+                 "docs/performance.md")
+
+
+@pytest.mark.parametrize("page", EXAMPLE_PAGES)
+def test_python_examples_are_valid_python(page: str) -> None:
+    text = (ROOT / page).read_text(encoding="utf-8")
+    for number, block in enumerate(re.findall(r"```python\n(.*?)```", text, re.DOTALL)):
+        # Examples may use `async with` and `await` at the top level, as in an async REPL.
+        compile(block, f"{page} example {number}", "exec",
+                flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True)
+
+
+def test_the_readme_example_brings_its_own_retriever() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    (example,) = [block for block in re.findall(r"```python\n(.*?)```", readme, re.DOTALL)
+                  if "SimpleRetriever" in block]
+    tree = ast.parse(example)
+    imported = {(node.module, alias.name) for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) for alias in node.names}
+    assert {("plugin", "SimpleRetriever"), ("plugin", "Evidence"),
+            ("runtime_hooks.bootstrap", "RecallConfig"),
+            ("runtime_hooks.bootstrap", "open_hooks")} <= imported
+    search = next(node for node in ast.walk(tree)
+                  if isinstance(node, ast.AsyncFunctionDef) and node.name == "search")
+    assert [arg.arg for arg in search.args.args] == ["request"]
+    assert len(example.splitlines()) <= 25
