@@ -29,7 +29,7 @@ frequent words (so the sparse arm has matches).
 queries. Every cell is timed one call at a time, all cells interleaved (order rotated) after a
 warm-up (the first semantic call builds the cached matrix). p50 and p95 in milliseconds; the
 baseline is the same cell on the smallest store (1k per principal unless ``--sizes`` says
-otherwise), measured in this run. The only target here is issue #10's semantic p50 <= 10 ms at
+otherwise), measured in this run. The only target here is a semantic p50 <= 10 ms at
 100k memories per principal (the semantic arm); every other figure is an observation.
 """
 

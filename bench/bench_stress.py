@@ -3,7 +3,7 @@
 Run from the repository root (it imports the workload of ``tests/stress``)::
 
     python -m bench.bench_stress                 # 2,000 concurrent runs per loop, 3 repeats
-    python -m bench.bench_stress --runs 10000    # the load size
+    python -m bench.bench_stress --runs 10000    # the full load size
 
 Each repeat runs the stress workload (:func:`tests.stress.workload.load`: every agent run at
 once, each an automatic round of a base and a delta attempt, then a deliberate round of six

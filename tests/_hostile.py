@@ -1,5 +1,5 @@
-"""Hostile search and state text, shared by every test that must survive it (DESIGN: "Safe
-FTS5"): FTS5 syntax that raises or changes meaning, SQL fragments, NUL bytes, lone surrogates
+"""Hostile search and state text, shared by every test that must survive it (safe
+FTS5): FTS5 syntax that raises or changes meaning, SQL fragments, NUL bytes, lone surrogates
 and megabyte strings."""
 
 from __future__ import annotations

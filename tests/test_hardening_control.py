@@ -1,4 +1,4 @@
-"""Attacks on the enforcement boundary's control half (issue: harden the enforcement boundary).
+"""Attacks on the enforcement boundary's control half.
 
 Each test is an attack a hostile tool author, a stepped clock or a busy database would make:
 a copied or forged permit, a round entered twice, a wall clock stepped at the worst moment, a

@@ -1,4 +1,4 @@
-"""The hooks against hostile input and honest degradation (issue 7), on both loops."""
+"""The hooks against hostile input and honest degradation, on both loops."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The contract every :class:`~plugin.control.ledger.Ledger` must keep, on asyncio and trio.
 
-One suite for the interface (STYLE.md, "one contract suite per interface"): every test that
+One suite for the interface (one contract suite per interface): every test that
 takes the ``ledger`` (an opened ledger) or ``open_ledger`` (a factory of unopened ledgers over
 one store) fixture runs against each kind in :data:`LEDGER_KINDS`: SQLite (a file),
 PostgreSQL (a schema of its own on the test server, dropped afterwards; judged by the caller's

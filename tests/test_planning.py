@@ -1,4 +1,4 @@
-"""The query composers (ADR-0193) and the per-call admission of the task-context experiment."""
+"""The query composers and the per-call admission of the task-context experiment."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ on asyncio and half on trio, judged by the server's clock. The parent checks the
 reported against them.
 
 Size: ``RECALLBOUND_FLEET_WORKERS`` x ``RECALLBOUND_FLEET_RUNS`` (default 8 x 500, the
-issue's full size).
+full size).
 """
 
 from __future__ import annotations

@@ -76,7 +76,7 @@ TOP_K_RANKINGS = 10
 def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``evaluate`` options to ``parser`` (the ``recallbound evaluate`` subparser)."""
     parser.add_argument("--scenarios", required=True, type=Path,
-                        help="a JSONL scenario file (DESIGN's format; corpora may be shared)")
+                        help="a JSONL scenario file (one scenario a line; corpora may be shared)")
     parser.add_argument("--out", required=True, type=Path,
                         help="folder for report.json, report.md and chart.png")
     parser.add_argument("--k", default="5,10", type=_ks,

@@ -1,5 +1,5 @@
-"""Evaluation scenarios: the evaluator's input, one JSON object a line (DESIGN, "Evaluation
-scenarios").
+"""Evaluation scenarios: the evaluator's input, one JSON object a line (the
+format is documented on the evaluation page).
 
 :func:`load_scenarios` reads any such file: UTF-8 text, one scenario a line, blank lines
 skipped. Everything is checked when read, so a malformed file fails here with an

@@ -1,4 +1,4 @@
-"""Query planning (ADR-0193): one deterministic information-need query per round.
+"""Query planning: one deterministic information-need query per round.
 
 ``compose_baseline`` and ``compose_task_context`` are pure functions of a
 :class:`~plugin.memory.state.WorkingState` and the trusted ``scope``/``principal`` arguments.

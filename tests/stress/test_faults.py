@@ -109,7 +109,7 @@ async def test_sigkill_at_random_points_loses_no_reservation(tmp_path: Path) -> 
         for run_id in run_ids:
             await agent_run(allowance, run_id, report)
         await check_invariants_allowing_in_flight(ledger, run_ids)
-    # The kills landed in each region the issue names (a random schedule; over 24+ trials
+    # The kills landed in each region the trials target (a random schedule; over 24+ trials
     # every region is hit with overwhelming probability for this seed).
     assert {"between_reserve_and_attempt", "inside_attempt"} <= set(killed_in), killed_in
 

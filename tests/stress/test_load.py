@@ -1,6 +1,6 @@
 """Load: thousands of concurrent agent runs on one SQLite ledger, on asyncio and on trio.
 
-``RECALLBOUND_STRESS=full`` runs the issue's size (10,000 runs per loop); CI runs 600.
+``RECALLBOUND_STRESS=full`` runs the full size (10,000 runs per loop); CI runs 600.
 Required: zero over-admission, zero permits left open, every attempt traced.
 """
 

@@ -28,7 +28,7 @@ from plugin.control import (
 )
 
 SCALE = os.environ.get("RECALLBOUND_STRESS", "ci")
-"""``ci`` (the reduced sizes CI runs) or ``full`` (the sizes the issue names)."""
+"""``ci`` (the reduced sizes CI runs) or ``full`` (the full sizes each test names)."""
 
 
 def size(ci: int, full: int) -> int:
