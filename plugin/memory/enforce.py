@@ -272,23 +272,3 @@ async def beliefs_read(
         admitted, dropped = admit(beliefs, principal=principal, scope=scope,
                                   run_id=permit.run_id, what="beliefs")
     return slot, admitted, dropped
-
-
-async def beliefs_attempt(
-    permit: Permit,
-    retriever: Retriever,
-    people: Sequence[str],
-    *,
-    kind: AttemptKind,
-    principal: str,
-    scope: str,
-    caps: ContextCaps,
-    key: bytes | None = None,
-) -> tuple[int, tuple[Evidence, ...]]:
-    """A People-to-belief read on a slot of its own (the automatic delta, or a nested read).
-
-    Its evidence is admitted like a search's (see :func:`admit`).
-    """
-    slot, beliefs, _ = await beliefs_read(permit, retriever, people, kind=kind,
-                                      principal=principal, scope=scope, caps=caps, key=key)
-    return slot, beliefs
