@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import tempfile
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import attrs
@@ -20,7 +20,7 @@ from plugin.control import Clock, Ledger, SystemClock
 from plugin.memory.embedding import EmbeddingAdapter
 from plugin.memory.planning import QueryStrategy
 from plugin.memory.state import Fact, Task, WorkingState
-from plugin.memory.store import MemoryRecord, MemoryStore
+from plugin.memory.store import Evidence, MemoryRecord, MemoryStore
 from plugin.memory.store.errors import MemoryConflictError
 
 from .bootstrap import RecallConfig, Semantic, best_installed, load_embedding, open_hooks
@@ -131,6 +131,14 @@ def _show_context(out: Callable[[str], None], context: PreparedContext) -> None:
     _say(out, context.render() or "(nothing)", 4)
 
 
+def _placed(evidence: Sequence[Evidence]) -> str:
+    """Where the next action's memory stands in what the model reads."""
+    ids = [item.id for item in evidence]
+    if "m-backfill" not in ids:
+        return f"NOT retrieved ({len(ids)} items shown)"
+    return f"retrieved, item {ids.index('m-backfill') + 1} of {len(ids)} shown"
+
+
 async def _compare(
     out: Callable[[str], None],
     config: RecallConfig,
@@ -156,8 +164,7 @@ async def _compare(
         out("")
         _say(out, f"{strategy.value}:")
         _show_context(out, context)
-        found = any(item.id == "m-backfill" for item in context.evidence)
-        _say(out, f"-> next-action memory (m-backfill) retrieved: {'yes' if found else 'NO'}", 2)
+        _say(out, f"-> next-action memory (m-backfill): {_placed(context.evidence)}", 2)
 
 
 def _calls(*queries: str) -> tuple[ToolCall, ...]:
