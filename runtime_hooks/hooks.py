@@ -63,7 +63,7 @@ from plugin.memory.protocol import ContextCaps, Retriever, check_retriever
 from plugin.memory.recall import deliberate_round
 from plugin.memory.safe_text import one_line
 from plugin.memory.state import WorkingState
-from plugin.memory.turn import CorrectionsShare, prepare_turn
+from plugin.memory.turn import PREPARATION_BUDGET_S, CorrectionsShare, prepare_turn
 
 from .calls import MAX_ARGUMENT_CHARS as MAX_ARGUMENT_CHARS
 from .calls import MAX_ARGUMENT_DEPTH as MAX_ARGUMENT_DEPTH
@@ -125,7 +125,7 @@ class RecallHooks:
     """Re-checks of retained deliberate evidence allowed per run (kept in the ledger)."""
     max_retained: int = 64
     """Evidence items retained per run from deliberate searches (kept in the ledger)."""
-    preparation_budget_s: float = attrs.field(default=2.0, kw_only=True,
+    preparation_budget_s: float = attrs.field(default=PREPARATION_BUDGET_S, kw_only=True,
                                               validator=_positive_seconds)
     """How long one hook call may spend preparing queries (planning, embedding, the People
     lookup) before the round; what is left unprepared runs without its semantic arm."""

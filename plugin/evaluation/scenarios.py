@@ -35,6 +35,7 @@ __all__ = [
     "Scenario",
     "ScenarioCorpus",
     "ScenarioBelief",
+    "ScenarioCorrection",
     "ScenarioMemory",
     "ScenarioPerson",
     "iter_scenarios",
@@ -95,6 +96,16 @@ class ScenarioBelief:
 
 
 @attrs.frozen(kw_only=True)
+class ScenarioCorrection:
+    """A current correction notice of the scenario's principal and scope (the preparation
+    hook shows current corrections, and they take their share of the context caps)."""
+
+    id: str
+    text: str
+    created_at: float | None = None
+
+
+@attrs.frozen(kw_only=True)
 class ScenarioPerson:
     """A person known to the scenario's principal, with what they believe."""
 
@@ -127,7 +138,10 @@ class Scenario:
     corpus: str | None = None
     """The corpus the memories and people came from (None: the scenario's own only)."""
     own_items: bool = True
-    """Whether the scenario adds memories or people of its own (beyond its corpus)."""
+    """Whether the scenario adds memories, people or corrections of its own (beyond its
+    corpus)."""
+    corrections: tuple[ScenarioCorrection, ...] = ()
+    """Current correction notices, stored as the store's corrections (the scenario's own)."""
 
     @property
     def foreign_ids(self) -> frozenset[str]:
@@ -259,7 +273,7 @@ def stream_scenarios(path: str | os.PathLike[str]) -> Generator[Scenario, None, 
 # -- parsing --------------------------------------------------------------------------------------
 
 _SCENARIO_KEYS = ("id", "family", "principal", "scope", "state", "relevant")
-_SCENARIO_OPTIONAL = ("memories", "people", "must_not", "corpus")
+_SCENARIO_OPTIONAL = ("memories", "people", "must_not", "corpus", "corrections")
 _CORPUS_KEYS = ("corpus", "memories")
 _CORPUS_OPTIONAL = ("people",)
 _MEMORY_KEYS = ("id", "text", "principal", "scope")
@@ -268,6 +282,8 @@ _PERSON_KEYS = ("name",)
 _PERSON_OPTIONAL = ("beliefs",)
 _BELIEF_KEYS = ("id", "text")
 _BELIEF_OPTIONAL = ("created_at",)
+_CORRECTION_KEYS = ("id", "text")
+_CORRECTION_OPTIONAL = ("created_at",)
 
 
 def _reject_constant(name: str) -> object:
@@ -398,6 +414,15 @@ def _belief(data: object, field: str) -> ScenarioBelief:
     )
 
 
+def _correction(data: object, field: str) -> ScenarioCorrection:
+    item = _object(data, field, _CORRECTION_KEYS, _CORRECTION_OPTIONAL)
+    return ScenarioCorrection(
+        id=_text(item["id"], f"{field}.id", key=True),
+        text=_text(item["text"], f"{field}.text"),
+        created_at=_time(item.get("created_at"), f"{field}.created_at"),
+    )
+
+
 def _person(data: object, field: str) -> ScenarioPerson:
     item = _object(data, field, _PERSON_KEYS, _PERSON_OPTIONAL)
     beliefs = _array(item.get("beliefs", []), f"{field}.beliefs")
@@ -470,7 +495,11 @@ def _scenario(data: object, corpora: Mapping[str, ScenarioCorpus]) -> Scenario:
     elif "memories" not in top:
         raise InvalidScenarioError("missing required key(s) 'memories' (or a 'corpus')")
     memories, people = _memories(top), _people(top)
-    own_items = bool(memories or people)
+    corrections = tuple(
+        _correction(item, f"corrections[{i}]")
+        for i, item in enumerate(_array(top.get("corrections", []), "corrections"))
+    )
+    own_items = bool(memories or people or corrections)
     if corpus_id is not None:
         corpus = corpora[corpus_id]
         memories = corpus.memories + memories if memories else corpus.memories
@@ -481,7 +510,7 @@ def _scenario(data: object, corpora: Mapping[str, ScenarioCorpus]) -> Scenario:
         _text(item, f"must_not[{i}]", key=True)
         for i, item in enumerate(_array(top.get("must_not", []), "must_not"))
     )
-    _check_ids(principal, scope, memories, people, relevant, must_not)
+    _check_ids(principal, scope, memories, people, relevant, must_not, corrections)
     return Scenario(
         id=scenario_id,
         family=family,
@@ -494,6 +523,7 @@ def _scenario(data: object, corpora: Mapping[str, ScenarioCorpus]) -> Scenario:
         must_not=must_not,
         corpus=corpus_id,
         own_items=own_items or corpus_id is None,
+        corrections=corrections,
     )
 
 
@@ -504,8 +534,10 @@ def _check_ids(
     people: tuple[ScenarioPerson, ...],
     relevant: Mapping[str, int],
     must_not: tuple[str, ...],
+    corrections: tuple[ScenarioCorrection, ...] = (),
 ) -> None:
-    """Ids name one item each; relevance and prohibitions name items the scenario has."""
+    """Ids name one item each (corrections included); relevance and prohibitions name
+    memories or beliefs the scenario has."""
     owners: dict[str, str] = {}
     foreign: set[str] = set()
     for index, memory in enumerate(memories):
@@ -533,9 +565,17 @@ def _check_ids(
                     f"id {belief.id!r} is already used by {owners[belief.id]}", field=field
                 )
             owners[belief.id] = f"people[{p_index}].beliefs[{b_index}]"
+    gradable = dict(owners)
+    for index, correction in enumerate(corrections):
+        field = f"corrections[{index}].id"
+        if correction.id in owners:
+            raise InvalidScenarioError(
+                f"id {correction.id!r} is already used by {owners[correction.id]}", field=field
+            )
+        owners[correction.id] = f"corrections[{index}]"
     for item_id in relevant:
         field = f"relevant.{item_id}"
-        if item_id not in owners:
+        if item_id not in gradable:
             raise InvalidScenarioError(f"no memory or belief has id {item_id!r}", field=field)
         if item_id in foreign:
             raise InvalidScenarioError(
@@ -544,7 +584,7 @@ def _check_ids(
             )
     for index, item_id in enumerate(must_not):
         field = f"must_not[{index}]"
-        if item_id not in owners:
+        if item_id not in gradable:
             raise InvalidScenarioError(f"no memory or belief has id {item_id!r}", field=field)
         if item_id in relevant:
             raise InvalidScenarioError(f"{item_id!r} is also graded relevant", field=field)

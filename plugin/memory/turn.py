@@ -33,12 +33,17 @@ from .state import WorkingState
 from .store import Evidence
 
 __all__ = [
+    "PREPARATION_BUDGET_S",
     "CorrectionsShare",
     "PreparedTurn",
     "correction_line",
     "corrections_share",
     "prepare_turn",
 ]
+
+
+PREPARATION_BUDGET_S = 2.0
+"""The default preparation bound of one hook call, in seconds."""
 
 
 def correction_line(correction: Evidence) -> str:
