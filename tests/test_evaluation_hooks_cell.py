@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
+import subprocess
+import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,6 +18,7 @@ import pytest
 from plugin import QueryStrategy
 from plugin.control import ManualClock, RecallAllowance, SqliteLedger
 from plugin.evaluation import (
+    DEFAULT_CELLS,
     HOOKS_CELLS,
     Arm,
     Cell,
@@ -26,6 +30,7 @@ from plugin.evaluation import (
     parse_scenarios,
     seed_store,
 )
+from plugin.evaluation.command import cells_for, configure
 from plugin.evaluation.evaluator import WALL_EPOCH, ScenarioResult
 from plugin.memory import MemoryRetriever, MemoryStore, QueryPlanner, QueryPreparation
 from plugin.memory.embedding import EmbeddingAdapter
@@ -38,6 +43,7 @@ pytestmark = pytest.mark.anyio
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "scenarios.jsonl"
+DEVSET = ROOT / "examples" / "devset.jsonl"
 HOLD = "zebraquill"
 """A word only the hung adapter's query contains (no memory text has it)."""
 
@@ -113,6 +119,7 @@ async def test_the_hooks_cell_renders_what_the_preparation_hook_renders(tmp_path
                 scenario, strategy, embedding, folder)
             row = _row(report.rows, scenario.id, strategy.value, "hooks")
             assert row.retrieved == tuple(item.id for item in context.evidence), scenario.id
+            assert row.ranked == row.retrieved  # judged on what the model sees
             assert row.corrections == tuple(item.id for item in context.corrections)
             assert row.query == context.query.text
             assert (row.reserved, row.executed) == (reserved, executed)
@@ -265,3 +272,39 @@ def test_the_hooks_arm_is_named_and_opt_in() -> None:
     for bad, error in cases:
         with pytest.raises(error, match=r"^Evaluator\.preparation_budget_s must be "):
             Evaluator(embedding=hashing_embedding(), preparation_budget_s=bad)
+
+
+# -- the command's --arms ------------------------------------------------------------------------
+
+
+def test_the_command_evaluates_the_arms_it_is_given(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-m", "plugin.evaluation", "--scenarios", str(DEVSET),
+         "--out", str(out), "--semantic", "hashing", "--limit", "3", "--arms", "fused,hooks",
+         "--determinism", "2", "--resamples", "50", "--quiet"],
+        capture_output=True, text=True, cwd=ROOT, check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads((out / "report.json").read_text(encoding="utf-8"))
+    assert list(report["results"]) == ["fused", "hooks"]
+    # the second process evaluated the same arms (else its digest would differ)
+    assert report["determinism"]["identical"] is True
+    assert report["determinism"]["processes"] == 2
+    lines = [json.loads(line) for line in
+             (out / "rankings.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert {(x["arm"], x["strategy"]) for x in lines} == {
+        (a, s) for a in ("fused", "hooks") for s in ("baseline", "task_context")}
+    hooks = [x for x in lines if x["arm"] == "hooks"]
+    assert all(len(x["top"]) <= ContextCaps().max_items for x in hooks)  # what the model sees
+
+
+@pytest.mark.parametrize("arms", ["", "fused,nope", " , "])
+def test_unknown_arms_are_a_usage_error(tmp_path: Path, arms: str) -> None:
+    parser = configure(argparse.ArgumentParser(prog="evaluate"))
+    with pytest.raises(SystemExit) as caught:
+        parser.parse_args(["--scenarios", "x", "--out", str(tmp_path), "--arms", arms])
+    assert caught.value.code == 2
+    args = parser.parse_args(["--scenarios", "x", "--out", str(tmp_path)])
+    assert args.arms == (Arm.SPARSE, Arm.SEMANTIC, Arm.FUSED)
+    assert cells_for(args.arms) == DEFAULT_CELLS

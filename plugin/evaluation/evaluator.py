@@ -200,7 +200,8 @@ class ScenarioResult:
     """Whether the round ended with a bounded-recall notice."""
     notes: tuple[str, ...] = ()
     ranked: tuple[str, ...] = ()
-    """Ids of the round's whole ranking before the context caps (at most :data:`RANKED`)."""
+    """Ids of the round's whole ranking before the context caps (at most :data:`RANKED`); for
+    the ``hooks`` arm, the rendered evidence (what the model sees, as ``retrieved``)."""
     scores: tuple[float, ...] = ()
     """The ranking's scores, one per id of ``ranked`` (fused scores for the fused arm)."""
     corrections: tuple[str, ...] = ()
@@ -553,6 +554,8 @@ class Evaluator:
         people = recall.people
         bounded = recall.refusal is not None
         retrieved = tuple(item.id for item in recall.evidence)
+        # the hooks arm is judged on what the model sees; the ablation on the whole ranking
+        ranking = recall.evidence if cell.arm is Arm.HOOKS else recall.candidates
         grades = dict(scenario.relevant)
         essential = scenario.essential
         forbidden = frozenset(scenario.must_not)
@@ -592,8 +595,8 @@ class Evaluator:
             refused=usage.refused,
             bounded=bounded,
             notes=tuple(notes),
-            ranked=tuple(item.id for item in recall.candidates[:RANKED]),
-            scores=tuple(float(item.score) for item in recall.candidates[:RANKED]),
+            ranked=tuple(item.id for item in ranking[:RANKED]),
+            scores=tuple(float(item.score) for item in ranking[:RANKED]),
             corrections=shown,
             latency_s=latency,
         )
