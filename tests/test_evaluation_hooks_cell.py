@@ -152,38 +152,22 @@ async def test_corrections_take_their_share_of_the_caps_in_the_hooks_cell(
 # -- the preparation bound ----------------------------------------------------------------------
 
 
-@attrs.define(eq=False)
-class HoldingEmbedding:
+@attrs.frozen(kw_only=True)
+class HoldingEmbedding(HashingEmbedding):
     """Hashing, except that a text with :data:`HOLD` blocks until released (a stuck model)."""
 
-    release: threading.Event = attrs.Factory(threading.Event)
-    inner: HashingEmbedding = attrs.Factory(HashingEmbedding.like_wordllama)
-    held: int = 0
-
-    @property
-    def name(self) -> str:
-        return self.inner.name
-
-    @property
-    def dimensions(self) -> int:
-        return self.inner.dimensions
-
-    @property
-    def token_limit(self) -> int:
-        return self.inner.token_limit
-
-    def count_tokens(self, text: str) -> int:
-        return self.inner.count_tokens(text)
+    release: threading.Event = attrs.field(factory=threading.Event, eq=False)
+    held: list[str] = attrs.field(factory=list, eq=False)
 
     def embed(self, texts: Sequence[str]) -> Any:
         if any(HOLD in text for text in texts):
-            self.held += 1
+            self.held.append(texts[0])
             self.release.wait(timeout=30)
-        return self.inner.embed(texts)
+        return super().embed(texts)
 
 
 async def test_a_preparation_bound_that_fires_withholds_semantic_in_both(tmp_path: Path) -> None:
-    holding = HoldingEmbedding()
+    holding = HoldingEmbedding(dimensions=256, token_limit=256)
     scenario = _corrected(2, request=f"Continue the invoice backfill {HOLD}")
     cells = (Cell("task_context", "hooks"),)
     try:
@@ -193,7 +177,7 @@ async def test_a_preparation_bound_that_fires_withholds_semantic_in_both(tmp_pat
             scenario, QueryStrategy.TASK_CONTEXT, holding, tmp_path, budget_s=0.01)
     finally:
         holding.release.set()
-    assert holding.held == 2  # the hooks cell, the hook
+    assert len(holding.held) == 2  # the hooks cell, the hook
     hooks = _row(report.rows, scenario.id, "task_context", "hooks")
     assert hooks.semantic_withheld == "preparation_bound"
     assert [(b.part, b.reason) for b in context.bounded] == [("semantic_arm", "preparation_bound")]

@@ -23,7 +23,7 @@ import math
 import os
 import types
 from collections.abc import Generator, Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
@@ -280,10 +280,8 @@ _MEMORY_KEYS = ("id", "text", "principal", "scope")
 _MEMORY_OPTIONAL = ("created_at", "cites")
 _PERSON_KEYS = ("name",)
 _PERSON_OPTIONAL = ("beliefs",)
-_BELIEF_KEYS = ("id", "text")
-_BELIEF_OPTIONAL = ("created_at",)
-_CORRECTION_KEYS = ("id", "text")
-_CORRECTION_OPTIONAL = ("created_at",)
+_DATED_KEYS = ("id", "text")
+_DATED_OPTIONAL = ("created_at",)
 
 
 def _reject_constant(name: str) -> object:
@@ -405,18 +403,13 @@ def _memory(data: object, field: str) -> ScenarioMemory:
     )
 
 
-def _belief(data: object, field: str) -> ScenarioBelief:
-    item = _object(data, field, _BELIEF_KEYS, _BELIEF_OPTIONAL)
-    return ScenarioBelief(
-        id=_text(item["id"], f"{field}.id", key=True),
-        text=_text(item["text"], f"{field}.text"),
-        created_at=_time(item.get("created_at"), f"{field}.created_at"),
-    )
+_Dated = TypeVar("_Dated", ScenarioBelief, ScenarioCorrection)
 
 
-def _correction(data: object, field: str) -> ScenarioCorrection:
-    item = _object(data, field, _CORRECTION_KEYS, _CORRECTION_OPTIONAL)
-    return ScenarioCorrection(
+def _dated(kind: type[_Dated], data: object, field: str) -> _Dated:
+    """A belief or a correction: ``id``, ``text`` and an optional ``created_at``."""
+    item = _object(data, field, _DATED_KEYS, _DATED_OPTIONAL)
+    return kind(
         id=_text(item["id"], f"{field}.id", key=True),
         text=_text(item["text"], f"{field}.text"),
         created_at=_time(item.get("created_at"), f"{field}.created_at"),
@@ -428,7 +421,9 @@ def _person(data: object, field: str) -> ScenarioPerson:
     beliefs = _array(item.get("beliefs", []), f"{field}.beliefs")
     return ScenarioPerson(
         name=_text(item["name"], f"{field}.name", key=True),
-        beliefs=tuple(_belief(b, f"{field}.beliefs[{i}]") for i, b in enumerate(beliefs)),
+        beliefs=tuple(
+            _dated(ScenarioBelief, b, f"{field}.beliefs[{i}]") for i, b in enumerate(beliefs)
+        ),
     )
 
 
@@ -496,7 +491,7 @@ def _scenario(data: object, corpora: Mapping[str, ScenarioCorpus]) -> Scenario:
         raise InvalidScenarioError("missing required key(s) 'memories' (or a 'corpus')")
     memories, people = _memories(top), _people(top)
     corrections = tuple(
-        _correction(item, f"corrections[{i}]")
+        _dated(ScenarioCorrection, item, f"corrections[{i}]")
         for i, item in enumerate(_array(top.get("corrections", []), "corrections"))
     )
     own_items = bool(memories or people or corrections)
@@ -539,14 +534,17 @@ def _check_ids(
     """Ids name one item each (corrections included); relevance and prohibitions name
     memories or beliefs the scenario has."""
     owners: dict[str, str] = {}
+
+    def claim(item_id: str, owner: str) -> None:
+        if item_id in owners:
+            raise InvalidScenarioError(
+                f"id {item_id!r} is already used by {owners[item_id]}", field=f"{owner}.id"
+            )
+        owners[item_id] = owner
+
     foreign: set[str] = set()
     for index, memory in enumerate(memories):
-        field = f"memories[{index}].id"
-        if memory.id in owners:
-            raise InvalidScenarioError(
-                f"id {memory.id!r} is already used by {owners[memory.id]}", field=field
-            )
-        owners[memory.id] = f"memories[{index}]"
+        claim(memory.id, f"memories[{index}]")
         if (memory.principal, memory.scope) != (principal, scope):
             foreign.add(memory.id)
     names: dict[str, int] = {}
@@ -559,20 +557,10 @@ def _check_ids(
             )
         names[key] = p_index
         for b_index, belief in enumerate(person.beliefs):
-            field = f"people[{p_index}].beliefs[{b_index}].id"
-            if belief.id in owners:
-                raise InvalidScenarioError(
-                    f"id {belief.id!r} is already used by {owners[belief.id]}", field=field
-                )
-            owners[belief.id] = f"people[{p_index}].beliefs[{b_index}]"
+            claim(belief.id, f"people[{p_index}].beliefs[{b_index}]")
     gradable = dict(owners)
     for index, correction in enumerate(corrections):
-        field = f"corrections[{index}].id"
-        if correction.id in owners:
-            raise InvalidScenarioError(
-                f"id {correction.id!r} is already used by {owners[correction.id]}", field=field
-            )
-        owners[correction.id] = f"corrections[{index}]"
+        claim(correction.id, f"corrections[{index}]")
     for item_id in relevant:
         field = f"relevant.{item_id}"
         if item_id not in gradable:
