@@ -2,11 +2,12 @@
 
 For each scenario the evaluator builds a fresh environment in a temporary folder: its own
 reference :class:`~plugin.memory.store.MemoryStore`, seeded with the scenario's memories,
-people and beliefs (foreign ones included), and, for every cell, its own
+people, beliefs and corrections (foreign memories included), and, for every cell, its own
 :class:`~plugin.control.SqliteLedger` with its own run. Nothing is shared between scenarios,
 and the cells of a scenario share only the seeded store, which they read and never write.
 
-Each cell runs the automatic recall round exactly as the preparation hook does: the query is
+Each ablation cell (``sparse``, ``semantic``, ``fused``) runs the automatic recall round as the
+preparation hook does, on the whole context caps and without the preparation bound: the query is
 planned once (release admission always granted, so ``task_context`` is what runs unless the
 request is too large), the round reserves ``automatic_slots`` under the policy, the base search
 runs on the cell's arms, and a delta People-to-belief read follows when the base found people.
