@@ -52,7 +52,7 @@ from plugin.errors import (
     InvalidHookArgumentTypeError,
     RetrieverFailedError,
 )
-from plugin.memory.enforce import admit, contained
+from plugin.memory.enforce import contained
 from plugin.memory.preparation import (
     PreparationBound,
     PreparedRecall,
@@ -60,11 +60,10 @@ from plugin.memory.preparation import (
     WithheldReason,
 )
 from plugin.memory.protocol import ContextCaps, Retriever, check_retriever
-from plugin.memory.recall import automatic_round, deliberate_round
-from plugin.memory.rendering import line_bytes, render
+from plugin.memory.recall import deliberate_round
 from plugin.memory.safe_text import one_line
 from plugin.memory.state import WorkingState
-from plugin.memory.store import Evidence
+from plugin.memory.turn import PREPARATION_BUDGET_S, CorrectionsShare, prepare_turn
 
 from .calls import MAX_ARGUMENT_CHARS as MAX_ARGUMENT_CHARS
 from .calls import MAX_ARGUMENT_DEPTH as MAX_ARGUMENT_DEPTH
@@ -78,7 +77,7 @@ from .results import PARTLY_FOUND as PARTLY_FOUND
 from .results import PreparedContext as PreparedContext
 from .results import ToolResult as ToolResult
 from .results import Validation as Validation
-from .results import correction_line, failure_message, preparation_bounded, search_content
+from .results import failure_message, preparation_bounded, search_content
 from .retained import revalidate_retained
 
 _log = logging.getLogger("recallbound.hooks")
@@ -126,7 +125,7 @@ class RecallHooks:
     """Re-checks of retained deliberate evidence allowed per run (kept in the ledger)."""
     max_retained: int = 64
     """Evidence items retained per run from deliberate searches (kept in the ledger)."""
-    preparation_budget_s: float = attrs.field(default=2.0, kw_only=True,
+    preparation_budget_s: float = attrs.field(default=PREPARATION_BUDGET_S, kw_only=True,
                                               validator=_positive_seconds)
     """How long one hook call may spend preparing queries (planning, embedding, the People
     lookup) before the round; what is left unprepared runs without its semantic arm."""
@@ -173,18 +172,18 @@ class RecallHooks:
                 f"state must be a WorkingState, got {type(state).__name__}"
             )
         await self._bind(run_id, scope, principal)
-        bound = self._bound()
-        withhold = None if await self.allowance.headroom(run_id) > 0 else WithheldReason.NO_SLOT
 
-        async def plan(reason: WithheldReason | None) -> PreparedRecall:
-            return await self.preparer.prepare(state, scope=scope, principal=principal,
-                                               withhold=reason)
+        def log_failed(share: CorrectionsShare) -> None:
+            if share.failure is not None:
+                log_event(_log, logging.WARNING, "corrections.retriever_failed", run_id=run_id,
+                          reason=share.failure)
 
-        prepared = await bound.prepare(plan, withhold)
-        shown, omitted, caps, failed = await self._corrections(run_id, principal, scope)
-        recall = await automatic_round(
-            self.allowance, self.retriever, prepared, run_id=run_id, caps=caps
+        turn = await prepare_turn(
+            self.allowance, self.preparer, self.retriever, state, run_id=run_id, scope=scope,
+            principal=principal, caps=self.caps, budget_s=self.preparation_budget_s,
+            on_corrections=log_failed,
         )
+        prepared, corrections, recall = turn.prepared, turn.corrections, turn.recall
         if recall.refusal is not None:
             log_event(_log, logging.INFO, "automatic.bounded", run_id=run_id,
                       reason=recall.refusal.reason.value)
@@ -199,48 +198,19 @@ class RecallHooks:
             query=prepared.query,
             evidence=recall.evidence,
             rendered=recall.rendered.text if recall.rendered is not None else "",
-            corrections=shown,
-            corrections_omitted=omitted,
+            corrections=corrections.shown,
+            corrections_omitted=corrections.omitted,
             notice=(
                 BoundedRecallNotice.from_refusal(recall.refusal)
                 if recall.refusal is not None
                 else None
             ),
             slots=recall.slots,
-            notes=(*failed, *recall.notes),
+            notes=(*corrections.notes, *recall.notes),
             bounded=bounded,
             failure=recall.failure,
             dropped=recall.dropped,
         )
-
-    async def _corrections(
-        self, run_id: str, principal: str, scope: str
-    ) -> tuple[tuple[Evidence, ...], int, ContextCaps, tuple[str, ...]]:
-        """Current corrections within at most half the context caps, newest first, the caps
-        left for the round's evidence (corrections and evidence share one cap), and a note
-        when the retriever failed to give them."""
-        try:
-            found = await contained(
-                lambda: self.retriever.corrections(principal=principal, scope=scope))
-            admitted, _ = admit(found, principal=principal, scope=scope, run_id=run_id,
-                                what="corrections")
-        except RetrieverFailedError as exc:
-            log_event(_log, logging.WARNING, "corrections.retriever_failed", run_id=run_id,
-                      reason=exc.reason)
-            return (), 0, self.caps, (f"corrections unavailable: retriever failed: "
-                                      f"{exc.reason}",)
-        newest = sorted(admitted, key=lambda c: (-c.created_at, c.id))
-        caps = self.caps
-        share = ContextCaps(max_items=max(1, caps.max_items // 2),
-                            max_bytes=max(1, caps.max_bytes // 2))
-        kept = render(newest, share).items
-        used = sum(line_bytes(correction_line(c)) + 1 for c in kept)
-        left = attrs.evolve(
-            caps,
-            max_items=max(1, caps.max_items - len(kept)),
-            max_bytes=max(1, caps.max_bytes - used - 1),
-        )
-        return tuple(kept), len(newest) - len(kept), left, ()
 
     # -- tool dispatch ----------------------------------------------------------------------
 

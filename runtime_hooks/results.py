@@ -19,8 +19,8 @@ from plugin.control.wording import NOT_EVIDENCE, left_out
 from plugin.memory.planning import RecallQuery
 from plugin.memory.preparation import PreparedRecall, WithheldReason
 from plugin.memory.protocol import Bounded
-from plugin.memory.rendering import evidence_line
 from plugin.memory.store import Evidence
+from plugin.memory.turn import correction_line as correction_line
 
 NOTHING_FOUND = "No matching memory was found."
 PARTLY_FOUND = "No memory was found by the parts of this search that ran."
@@ -89,11 +89,6 @@ class ToolResult:
         if self.failure is not None:
             result["failure"] = self.failure
         return result
-
-
-def correction_line(correction: Evidence) -> str:
-    """One current correction as one inert line."""
-    return evidence_line(correction, label="correction")
 
 
 def _corrections_block(corrections: Sequence[Evidence], omitted: int) -> str:

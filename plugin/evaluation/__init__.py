@@ -5,6 +5,7 @@ builds on :mod:`plugin.memory` and :mod:`plugin.control` only, never on ``runtim
 """
 
 from .evaluator import DEFAULT_CELLS as DEFAULT_CELLS
+from .evaluator import HOOKS_CELLS as HOOKS_CELLS
 from .evaluator import Arm as Arm
 from .evaluator import Cell as Cell
 from .evaluator import CellMetrics as CellMetrics
@@ -14,10 +15,12 @@ from .evaluator import ScenarioResult as ScenarioResult
 from .evaluator import default_embedding as default_embedding
 from .evaluator import evaluate_file as evaluate_file
 from .evaluator import hashing_embedding as hashing_embedding
+from .evaluator import seed_store as seed_store
 from .scenarios import InvalidScenarioError as InvalidScenarioError
 from .scenarios import Scenario as Scenario
 from .scenarios import ScenarioBelief as ScenarioBelief
 from .scenarios import ScenarioCorpus as ScenarioCorpus
+from .scenarios import ScenarioCorrection as ScenarioCorrection
 from .scenarios import ScenarioMemory as ScenarioMemory
 from .scenarios import ScenarioPerson as ScenarioPerson
 from .scenarios import iter_scenarios as iter_scenarios
@@ -27,8 +30,8 @@ from .scenarios import stream_scenarios as stream_scenarios
 
 __all__ = [
     "DEFAULT_CELLS", "Arm", "Cell", "CellMetrics", "Evaluator", "InvalidScenarioError", "Report",
-    "Scenario", "ScenarioBelief", "ScenarioCorpus", "ScenarioMemory", "ScenarioPerson",
-    "ScenarioResult",
-    "default_embedding", "evaluate_file", "hashing_embedding", "iter_scenarios",
+    "Scenario", "ScenarioBelief", "ScenarioCorpus", "ScenarioCorrection", "ScenarioMemory",
+    "ScenarioPerson", "ScenarioResult", "HOOKS_CELLS",
+    "default_embedding", "evaluate_file", "seed_store", "hashing_embedding", "iter_scenarios",
     "load_scenarios", "parse_scenarios", "stream_scenarios",
 ]

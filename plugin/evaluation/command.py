@@ -45,6 +45,7 @@ import attrs
 from plugin.errors import EvaluationError, RecallboundError
 from plugin.memory.embedding import EmbeddingAdapter
 from plugin.memory.embedding_choice import load_embedding
+from plugin.memory.planning import QueryStrategy
 
 from .analysis import (
     ALL,
@@ -57,6 +58,8 @@ from .analysis import (
     summarise,
 )
 from .evaluator import (
+    Arm,
+    Cell,
     Evaluator,
     ScenarioResult,
     default_embedding,
@@ -84,6 +87,10 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--semantic", choices=SEMANTIC_CHOICES, default=None,
                         help="the semantic arm's model (default: wordllama when installed)")
     parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
+    parser.add_argument("--arms", default=DEFAULT_ARMS, type=_arms,
+                        help="comma-separated arms to evaluate, each with baseline and "
+                        "task_context: sparse, semantic, fused, hooks (the preparation hook's "
+                        "whole turn) (default sparse,semantic,fused)")
     parser.add_argument("--limit", type=_count, default=None, metavar="N",
                         help="evaluate a seeded sample of N scenarios (default: all)")
     parser.add_argument("--seed", type=int, default=0,
@@ -106,6 +113,29 @@ def _count(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
     return value
+
+
+DEFAULT_ARMS = (Arm.SPARSE, Arm.SEMANTIC, Arm.FUSED)
+"""The arms evaluated without ``--arms``."""
+
+
+def _arms(text: str) -> tuple[Arm, ...]:
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    choices = ", ".join(arm.value for arm in Arm)
+    try:
+        arms = tuple(dict.fromkeys(Arm(name) for name in names))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--arms must name arms among {choices}, got {text!r}") from None
+    if not arms:
+        raise argparse.ArgumentTypeError(f"--arms must name at least one of {choices}")
+    return arms
+
+
+def cells_for(arms: Sequence[Arm]) -> tuple[Cell, ...]:
+    """Baseline and task_context on each of ``arms``, in order."""
+    return tuple(Cell(strategy, arm) for arm in arms
+                 for strategy in (QueryStrategy.BASELINE, QueryStrategy.TASK_CONTEXT))
 
 
 def _ks(text: str) -> tuple[int, ...]:
@@ -194,13 +224,14 @@ def run(
     progress: Callable[[Scenario, list[ScenarioResult]], None] | None = None,
     backend: str = "asyncio", keep: frozenset[int] | None = None,
     rankings: TextIO | None = None, second_process: Callable[[int], str] | None = None,
+    arms: Sequence[Arm] = DEFAULT_ARMS,
 ) -> dict[str, Any]:
     """Evaluate the file at ``path`` (the scenarios at the positions in ``keep``, or all) and
     return the report as a JSON-ready dict. ``rankings`` receives one JSON line per scenario x
     arm x strategy. ``second_process(n)`` returns the ranking digest of the first ``n``
     scenarios computed by another process (the determinism check; without it, this process
-    runs them again)."""
-    evaluator = Evaluator(embedding=embedding)
+    runs them again). ``arms`` are the arms evaluated, each with both strategies."""
+    evaluator = Evaluator(embedding=embedding, cells=cells_for(arms))
     scored: list[ScoredRow] = []
 
     def collect(scenario: Scenario, rows: list[ScenarioResult]) -> None:
@@ -470,7 +501,8 @@ def _fail(message: str) -> int:
 def _forwarded(args: argparse.Namespace) -> list[str]:
     """The options a second process needs to evaluate the same scenarios the same way."""
     forwarded = ["--scenarios", str(args.scenarios), "--out", str(args.out),
-                 "--backend", args.backend, "--seed", str(args.seed)]
+                 "--backend", args.backend, "--seed", str(args.seed),
+                 "--arms", ",".join(arm.value for arm in args.arms)]
     if args.semantic is not None:
         forwarded += ["--semantic", args.semantic]
     if args.limit is not None:
@@ -527,7 +559,8 @@ def main(args: argparse.Namespace, command_line: Sequence[str] | None = None) ->
         with (args.out / "rankings.jsonl").open("w", encoding="utf-8") as rankings:
             report = run(path, embedding=embedding, ks=args.k, determinism=args.determinism,
                          resamples=args.resamples, progress=progress, backend=args.backend,
-                         keep=keep, rankings=rankings, second_process=_second_process(args))
+                         keep=keep, rankings=rankings, second_process=_second_process(args),
+                         arms=args.arms)
     except InvalidScenarioError as exc:
         return _fail(f"{path}: {exc}")
     except (RecallboundError, OSError) as exc:
@@ -553,7 +586,7 @@ def _digest_only(args: argparse.Namespace, path: Path, embedding: EmbeddingAdapt
                  keep: frozenset[int] | None) -> int:
     """The determinism check's second process: print the ranking digest of the first
     ``--digest-only`` scenarios."""
-    evaluator = Evaluator(embedding=embedding)
+    evaluator = Evaluator(embedding=embedding, cells=cells_for(args.arms))
     try:
         report = anyio.run(
             lambda: evaluator.evaluate(itertools.islice(_selected(path, keep),

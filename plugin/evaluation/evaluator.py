@@ -2,15 +2,22 @@
 
 For each scenario the evaluator builds a fresh environment in a temporary folder: its own
 reference :class:`~plugin.memory.store.MemoryStore`, seeded with the scenario's memories,
-people and beliefs (foreign ones included), and, for every cell, its own
+people, beliefs and corrections (foreign memories included), and, for every cell, its own
 :class:`~plugin.control.SqliteLedger` with its own run. Nothing is shared between scenarios,
 and the cells of a scenario share only the seeded store, which they read and never write.
 
-Each cell runs the automatic recall round exactly as the preparation hook does: the query is
+Each ablation cell (``sparse``, ``semantic``, ``fused``) runs the automatic recall round as the
+preparation hook does, on the whole context caps and without the preparation bound: the query is
 planned once (release admission always granted, so ``task_context`` is what runs unless the
 request is too large), the round reserves ``automatic_slots`` under the policy, the base search
 runs on the cell's arms, and a delta People-to-belief read follows when the base found people.
 Time is a :class:`~plugin.control.ManualClock`, so the same file gives the same report.
+
+The ``hooks`` arm is the preparation hook's whole turn (:func:`plugin.memory.turn.prepare_turn`,
+the one code path :meth:`runtime_hooks.RecallHooks.prepare` runs): on all arms fused, over an
+in-memory ledger, the query is planned under the preparation bound, current corrections take
+their share of the context caps, and the automatic round gets what is left. Its ``retrieved``
+are the evidence ids the model would see.
 
 Metrics, at ``k`` = the context cap's item count: recall of grade-2 items, nDCG with the graded
 relevance (gain ``2**grade - 1``), the reciprocal rank of the first grade-2 item, ``must_not``
@@ -40,19 +47,22 @@ from plugin.control import (
     ManualClock,
     RecallAllowance,
     SqliteLedger,
+    Usage,
 )
 from plugin.memory.embedding import EmbeddingAdapter
 from plugin.memory.pipeline import ContextCaps, MemoryRetriever
 from plugin.memory.planning import QueryPlanner, QueryStrategy
-from plugin.memory.preparation import QueryPreparation
+from plugin.memory.preparation import PreparedRecall, QueryPreparation
 from plugin.memory.ranking import RankingPolicy
-from plugin.memory.recall import automatic_round
+from plugin.memory.recall import AutomaticRecall, automatic_round
 from plugin.memory.store import MemoryRecord, MemoryStore
+from plugin.memory.turn import PREPARATION_BUDGET_S, prepare_turn
 
 from .scenarios import Scenario, load_scenarios
 
 __all__ = [
     "DEFAULT_CELLS",
+    "HOOKS_CELLS",
     "Arm",
     "Cell",
     "CellMetrics",
@@ -61,6 +71,7 @@ __all__ = [
     "ScenarioResult",
     "default_embedding",
     "evaluate_file",
+    "seed_store",
 ]
 
 WALL_EPOCH = 1_800_000_000.0
@@ -84,10 +95,14 @@ class Arm(enum.Enum):
     """The embedding arm alone."""
     FUSED = "fused"
     """Sparse, semantic and the recent control, fused by reciprocal rank (the default)."""
+    HOOKS = "hooks"
+    """The fused arms, run exactly as the preparation hook runs them: under the preparation
+    bound, with current corrections taking their share of the context caps (not in
+    :data:`DEFAULT_CELLS`; add it to ``Evaluator.cells``)."""
 
     @property
     def arms(self) -> frozenset[str]:
-        if self is Arm.FUSED:
+        if self is Arm.FUSED or self is Arm.HOOKS:
             return frozenset({"sparse", "semantic", "recent"})
         return frozenset({self.value})
 
@@ -110,6 +125,11 @@ DEFAULT_CELLS: tuple[Cell, ...] = tuple(
     for strategy in (QueryStrategy.BASELINE, QueryStrategy.TASK_CONTEXT)
 )
 """Baseline and task_context on the sparse arm, the semantic arm, and all arms fused."""
+
+HOOKS_CELLS: tuple[Cell, ...] = tuple(
+    Cell(strategy, Arm.HOOKS) for strategy in (QueryStrategy.BASELINE, QueryStrategy.TASK_CONTEXT)
+)
+"""Baseline and task_context run as the preparation hook runs them."""
 
 
 def default_embedding() -> EmbeddingAdapter:
@@ -181,9 +201,12 @@ class ScenarioResult:
     """Whether the round ended with a bounded-recall notice."""
     notes: tuple[str, ...] = ()
     ranked: tuple[str, ...] = ()
-    """Ids of the round's whole ranking before the context caps (at most :data:`RANKED`)."""
+    """Ids of the round's whole ranking before the context caps (at most :data:`RANKED`); for
+    the ``hooks`` arm, the rendered evidence (what the model sees, as ``retrieved``)."""
     scores: tuple[float, ...] = ()
     """The ranking's scores, one per id of ``ranked`` (fused scores for the fused arm)."""
+    corrections: tuple[str, ...] = ()
+    """Ids of the current corrections shown before the evidence (the ``hooks`` arm only)."""
     latency_s: float = attrs.field(default=0.0, eq=False)
     """Real seconds the automatic round took (not part of the report's equality or JSON)."""
 
@@ -405,6 +428,13 @@ async def _admit_always(experiment: str) -> bool:
     return True
 
 
+def _positive_seconds(instance: object, attribute: attrs.Attribute[float], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"Evaluator.{attribute.name} must be a number, got {type(value).__name__}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"Evaluator.{attribute.name} must be finite and > 0, got {value!r}")
+
+
 def _cells(value: Iterable[Cell]) -> tuple[Cell, ...]:
     cells = tuple(value)
     if not cells or not all(isinstance(cell, Cell) for cell in cells):
@@ -436,6 +466,10 @@ class Evaluator:
     """The retriever's ranking policy (the evaluator compares variants of it)."""
     min_similarity: float | None = None
     """The retriever's absolute semantic floor (None: no floor, fusion decides)."""
+    preparation_budget_s: float = attrs.field(
+        default=PREPARATION_BUDGET_S, validator=_positive_seconds
+    )
+    """The ``hooks`` arm's preparation bound (the hooks' default)."""
 
     @property
     def k(self) -> int:
@@ -487,7 +521,8 @@ class Evaluator:
         self, scenario: Scenario, cell: Cell, store: MemoryStore, ledger_path: Path, *,
         run_id: str,
     ) -> ScenarioResult:
-        """The automatic round, as the preparation hook runs it, on this cell's arms."""
+        """The automatic round on this cell's arms; for the ``hooks`` arm, the preparation
+        hook's whole turn (bound, corrections' share, round) over an in-memory ledger."""
         principal, scope, caps = scenario.principal, scenario.scope, self.caps
         clock = ManualClock(wall=WALL_EPOCH, monotonic=0.0)
         preparation = QueryPreparation(
@@ -495,21 +530,33 @@ class Evaluator:
         )
         retriever = MemoryRetriever(store, arms=cell.arm.arms, ranking=self.ranking,
                                     min_similarity=self.min_similarity)
-        async with SqliteLedger(ledger_path) as ledger:
-            started = time.perf_counter()
-            prepared = await preparation.prepare(
-                scenario.state, scope=scope, principal=principal
+        shown: tuple[str, ...] = ()
+        notes: list[str] = []
+        if cell.arm is Arm.HOOKS:
+            async with SqliteLedger(":memory:") as ledger:
+                allowance = RecallAllowance(ledger, policy=self.policy, clock=clock)
+                await ledger.bind_identity(run_id, principal=principal, scope=scope)
+                started = time.perf_counter()
+                turn = await prepare_turn(
+                    allowance, preparation, retriever, scenario.state, run_id=run_id,
+                    scope=scope, principal=principal, caps=caps,
+                    budget_s=self.preparation_budget_s,
+                )
+                latency = time.perf_counter() - started
+                usage = await ledger.usage(run_id)
+            prepared, recall = turn.prepared, turn.recall
+            shown = tuple(item.id for item in turn.corrections.shown)
+            notes.extend(turn.corrections.notes)
+        else:
+            prepared, recall, latency, usage = await self._round(
+                scenario, preparation, retriever, clock, ledger_path, run_id=run_id
             )
-            allowance = RecallAllowance(ledger, policy=self.policy, clock=clock)
-            recall = await automatic_round(allowance, retriever, prepared, run_id=run_id,
-                                           caps=caps)
-            latency = time.perf_counter() - started
-            usage = await ledger.usage(run_id)
-        await anyio.Path(ledger_path).unlink(missing_ok=True)
-        notes = list(recall.notes)
+        notes.extend(recall.notes)
         people = recall.people
         bounded = recall.refusal is not None
         retrieved = tuple(item.id for item in recall.evidence)
+        # the hooks arm is judged on what the model sees; the ablation on the whole ranking
+        ranking = recall.evidence if cell.arm is Arm.HOOKS else recall.candidates
         grades = dict(scenario.relevant)
         essential = scenario.essential
         forbidden = frozenset(scenario.must_not)
@@ -549,10 +596,31 @@ class Evaluator:
             refused=usage.refused,
             bounded=bounded,
             notes=tuple(notes),
-            ranked=tuple(item.id for item in recall.candidates[:RANKED]),
-            scores=tuple(float(item.score) for item in recall.candidates[:RANKED]),
+            ranked=tuple(item.id for item in ranking[:RANKED]),
+            scores=tuple(float(item.score) for item in ranking[:RANKED]),
+            corrections=shown,
             latency_s=latency,
         )
+
+    async def _round(
+        self, scenario: Scenario, preparation: QueryPreparation, retriever: MemoryRetriever,
+        clock: ManualClock, ledger_path: Path, *, run_id: str,
+    ) -> tuple[PreparedRecall, AutomaticRecall, float, Usage]:
+        """The automatic round alone (the ablation cells): planned before the round, on the
+        whole caps, with its own ledger file."""
+        principal, scope = scenario.principal, scenario.scope
+        async with SqliteLedger(ledger_path) as ledger:
+            started = time.perf_counter()
+            prepared = await preparation.prepare(
+                scenario.state, scope=scope, principal=principal
+            )
+            allowance = RecallAllowance(ledger, policy=self.policy, clock=clock)
+            recall = await automatic_round(allowance, retriever, prepared, run_id=run_id,
+                                           caps=self.caps)
+            latency = time.perf_counter() - started
+            usage = await ledger.usage(run_id)
+        await anyio.Path(ledger_path).unlink(missing_ok=True)
+        return prepared, recall, latency, usage
 
     def _report(self, rows: list[ScenarioResult]) -> Report:
         families = tuple(dict.fromkeys(row.family for row in rows))
@@ -607,7 +675,7 @@ class _Stores:
         await store.__aenter__()
         self._store, self._folder = store, folder
         try:
-            await _seed(store, scenario)
+            await seed_store(store, scenario)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await self.aclose()
@@ -624,9 +692,12 @@ class _Stores:
             await anyio.to_thread.run_sync(shutil.rmtree, folder, True)
 
 
-async def _seed(store: MemoryStore, scenario: Scenario) -> None:
-    """Store the scenario's memories (foreign ones under their own principal and scope) and
-    its people and beliefs (under the scenario's principal and scope)."""
+async def seed_store(store: MemoryStore, scenario: Scenario) -> None:
+    """Store the scenario's memories (foreign ones under their own principal and scope), and
+    its people, beliefs and correction notices (under the scenario's principal and scope).
+
+    Corrections without ``created_at`` are stamped like memories, from the seed epoch, a
+    minute apart in file order (later is newer)."""
     await store.add_memories(
         [
             MemoryRecord(
@@ -658,6 +729,15 @@ async def _seed(store: MemoryStore, scenario: Scenario) -> None:
                 ),
             )
             order += 1
+    for index, correction in enumerate(scenario.corrections):
+        await store.add_correction(
+            correction.id, correction.text, principal=scenario.principal, scope=scenario.scope,
+            created_at=(
+                correction.created_at
+                if correction.created_at is not None
+                else SEED_EPOCH + index * SEED_STEP_S
+            ),
+        )
 
 
 async def evaluate_file(

@@ -23,7 +23,7 @@ import math
 import os
 import types
 from collections.abc import Generator, Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
@@ -35,6 +35,7 @@ __all__ = [
     "Scenario",
     "ScenarioCorpus",
     "ScenarioBelief",
+    "ScenarioCorrection",
     "ScenarioMemory",
     "ScenarioPerson",
     "iter_scenarios",
@@ -95,6 +96,16 @@ class ScenarioBelief:
 
 
 @attrs.frozen(kw_only=True)
+class ScenarioCorrection:
+    """A current correction notice of the scenario's principal and scope (the preparation
+    hook shows current corrections, and they take their share of the context caps)."""
+
+    id: str
+    text: str
+    created_at: float | None = None
+
+
+@attrs.frozen(kw_only=True)
 class ScenarioPerson:
     """A person known to the scenario's principal, with what they believe."""
 
@@ -127,7 +138,10 @@ class Scenario:
     corpus: str | None = None
     """The corpus the memories and people came from (None: the scenario's own only)."""
     own_items: bool = True
-    """Whether the scenario adds memories or people of its own (beyond its corpus)."""
+    """Whether the scenario adds memories, people or corrections of its own (beyond its
+    corpus)."""
+    corrections: tuple[ScenarioCorrection, ...] = ()
+    """Current correction notices, stored as the store's corrections (the scenario's own)."""
 
     @property
     def foreign_ids(self) -> frozenset[str]:
@@ -259,15 +273,15 @@ def stream_scenarios(path: str | os.PathLike[str]) -> Generator[Scenario, None, 
 # -- parsing --------------------------------------------------------------------------------------
 
 _SCENARIO_KEYS = ("id", "family", "principal", "scope", "state", "relevant")
-_SCENARIO_OPTIONAL = ("memories", "people", "must_not", "corpus")
+_SCENARIO_OPTIONAL = ("memories", "people", "must_not", "corpus", "corrections")
 _CORPUS_KEYS = ("corpus", "memories")
 _CORPUS_OPTIONAL = ("people",)
 _MEMORY_KEYS = ("id", "text", "principal", "scope")
 _MEMORY_OPTIONAL = ("created_at", "cites")
 _PERSON_KEYS = ("name",)
 _PERSON_OPTIONAL = ("beliefs",)
-_BELIEF_KEYS = ("id", "text")
-_BELIEF_OPTIONAL = ("created_at",)
+_DATED_KEYS = ("id", "text")
+_DATED_OPTIONAL = ("created_at",)
 
 
 def _reject_constant(name: str) -> object:
@@ -389,9 +403,13 @@ def _memory(data: object, field: str) -> ScenarioMemory:
     )
 
 
-def _belief(data: object, field: str) -> ScenarioBelief:
-    item = _object(data, field, _BELIEF_KEYS, _BELIEF_OPTIONAL)
-    return ScenarioBelief(
+_Dated = TypeVar("_Dated", ScenarioBelief, ScenarioCorrection)
+
+
+def _dated(kind: type[_Dated], data: object, field: str) -> _Dated:
+    """A belief or a correction: ``id``, ``text`` and an optional ``created_at``."""
+    item = _object(data, field, _DATED_KEYS, _DATED_OPTIONAL)
+    return kind(
         id=_text(item["id"], f"{field}.id", key=True),
         text=_text(item["text"], f"{field}.text"),
         created_at=_time(item.get("created_at"), f"{field}.created_at"),
@@ -403,7 +421,9 @@ def _person(data: object, field: str) -> ScenarioPerson:
     beliefs = _array(item.get("beliefs", []), f"{field}.beliefs")
     return ScenarioPerson(
         name=_text(item["name"], f"{field}.name", key=True),
-        beliefs=tuple(_belief(b, f"{field}.beliefs[{i}]") for i, b in enumerate(beliefs)),
+        beliefs=tuple(
+            _dated(ScenarioBelief, b, f"{field}.beliefs[{i}]") for i, b in enumerate(beliefs)
+        ),
     )
 
 
@@ -470,7 +490,11 @@ def _scenario(data: object, corpora: Mapping[str, ScenarioCorpus]) -> Scenario:
     elif "memories" not in top:
         raise InvalidScenarioError("missing required key(s) 'memories' (or a 'corpus')")
     memories, people = _memories(top), _people(top)
-    own_items = bool(memories or people)
+    corrections = tuple(
+        _dated(ScenarioCorrection, item, f"corrections[{i}]")
+        for i, item in enumerate(_array(top.get("corrections", []), "corrections"))
+    )
+    own_items = bool(memories or people or corrections)
     if corpus_id is not None:
         corpus = corpora[corpus_id]
         memories = corpus.memories + memories if memories else corpus.memories
@@ -481,7 +505,7 @@ def _scenario(data: object, corpora: Mapping[str, ScenarioCorpus]) -> Scenario:
         _text(item, f"must_not[{i}]", key=True)
         for i, item in enumerate(_array(top.get("must_not", []), "must_not"))
     )
-    _check_ids(principal, scope, memories, people, relevant, must_not)
+    _check_ids(principal, scope, memories, people, relevant, must_not, corrections)
     return Scenario(
         id=scenario_id,
         family=family,
@@ -494,6 +518,7 @@ def _scenario(data: object, corpora: Mapping[str, ScenarioCorpus]) -> Scenario:
         must_not=must_not,
         corpus=corpus_id,
         own_items=own_items or corpus_id is None,
+        corrections=corrections,
     )
 
 
@@ -504,17 +529,22 @@ def _check_ids(
     people: tuple[ScenarioPerson, ...],
     relevant: Mapping[str, int],
     must_not: tuple[str, ...],
+    corrections: tuple[ScenarioCorrection, ...] = (),
 ) -> None:
-    """Ids name one item each; relevance and prohibitions name items the scenario has."""
+    """Ids name one item each (corrections included); relevance and prohibitions name
+    memories or beliefs the scenario has."""
     owners: dict[str, str] = {}
+
+    def claim(item_id: str, owner: str) -> None:
+        if item_id in owners:
+            raise InvalidScenarioError(
+                f"id {item_id!r} is already used by {owners[item_id]}", field=f"{owner}.id"
+            )
+        owners[item_id] = owner
+
     foreign: set[str] = set()
     for index, memory in enumerate(memories):
-        field = f"memories[{index}].id"
-        if memory.id in owners:
-            raise InvalidScenarioError(
-                f"id {memory.id!r} is already used by {owners[memory.id]}", field=field
-            )
-        owners[memory.id] = f"memories[{index}]"
+        claim(memory.id, f"memories[{index}]")
         if (memory.principal, memory.scope) != (principal, scope):
             foreign.add(memory.id)
     names: dict[str, int] = {}
@@ -527,15 +557,13 @@ def _check_ids(
             )
         names[key] = p_index
         for b_index, belief in enumerate(person.beliefs):
-            field = f"people[{p_index}].beliefs[{b_index}].id"
-            if belief.id in owners:
-                raise InvalidScenarioError(
-                    f"id {belief.id!r} is already used by {owners[belief.id]}", field=field
-                )
-            owners[belief.id] = f"people[{p_index}].beliefs[{b_index}]"
+            claim(belief.id, f"people[{p_index}].beliefs[{b_index}]")
+    gradable = dict(owners)
+    for index, correction in enumerate(corrections):
+        claim(correction.id, f"corrections[{index}]")
     for item_id in relevant:
         field = f"relevant.{item_id}"
-        if item_id not in owners:
+        if item_id not in gradable:
             raise InvalidScenarioError(f"no memory or belief has id {item_id!r}", field=field)
         if item_id in foreign:
             raise InvalidScenarioError(
@@ -544,7 +572,7 @@ def _check_ids(
             )
     for index, item_id in enumerate(must_not):
         field = f"must_not[{index}]"
-        if item_id not in owners:
+        if item_id not in gradable:
             raise InvalidScenarioError(f"no memory or belief has id {item_id!r}", field=field)
         if item_id in relevant:
             raise InvalidScenarioError(f"{item_id!r} is also graded relevant", field=field)
