@@ -12,6 +12,7 @@ import ast
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -181,3 +182,20 @@ def test_the_readme_example_brings_its_own_retriever() -> None:
                   if isinstance(node, ast.AsyncFunctionDef) and node.name == "search")
     assert [arg.arg for arg in search.args.args] == ["request"]
     assert len(example.splitlines()) <= 25
+
+
+def test_the_readme_example_runs(tmp_path: Path) -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    (example,) = [block for block in re.findall(r"```python\n(.*?)```", readme, re.DOTALL)
+                  if "SimpleRetriever" in block]
+    script = tmp_path / "example.py"
+    script.write_text(example, encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {name: value for name, value in env.items()
+           if not name.startswith("RECALLBOUND_") or name.startswith("RECALLBOUND_TEST_")}
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "[memory m1]" in done.stdout and "[memory m2]" in done.stdout
+    assert (tmp_path / "recall-ledger.db").exists()
+    assert not (tmp_path / "unused.db").exists()  # your own retriever: the store is not opened
