@@ -121,6 +121,38 @@ async def test_a_failing_request_fails_alone(tmp_path: Path) -> None:
                 assert (await ledger.usage(f"run-{i}")).reserved == 1
 
 
+class _ClockStopped(BaseException):
+    """Not an Exception: what a caller's clock may raise (as KeyboardInterrupt is)."""
+
+
+async def test_a_clock_raising_a_base_exception_fails_its_request_alone(tmp_path: Path) -> None:
+    def stopped_clock() -> float:
+        raise _ClockStopped("this caller's clock stopped")
+
+    async with SqliteLedger(tmp_path / "l.db") as ledger:
+        spy = _Spy(ledger)
+        outcomes: dict[str, object] = {}
+
+        async def one(run_id: str, now: Any) -> None:
+            try:
+                outcomes[run_id] = await ledger.reserve(run_id, DELIB, 1, AllowancePolicy(), now)
+            except _ClockStopped as exc:
+                outcomes[run_id] = exc
+
+        async with anyio.create_task_group() as tg:
+            for i in range(30):
+                tg.start_soon(one, f"run-{i}", stopped_clock if i % 5 == 2 else WALL)
+        assert max(spy.sizes) > 1
+        for i in range(30):
+            usage = await ledger.usage(f"run-{i}")
+            if i % 5 == 2:
+                assert isinstance(outcomes[f"run-{i}"], _ClockStopped)
+                assert usage.rounds == 0
+            else:
+                assert isinstance(outcomes[f"run-{i}"], Reservation)
+                assert usage.reserved == 1
+
+
 async def test_cancelled_waiters_never_lose_or_double_count_a_reservation(
     tmp_path: Path,
 ) -> None:

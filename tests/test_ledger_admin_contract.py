@@ -214,10 +214,40 @@ async def test_prune_never_removes_a_run_whose_deadline_has_not_passed(pair: Pai
                                     dry_run=False)
     assert report.run_ids == ("old", "mid")
     assert [r.run_id for r in await pair.admin.runs(limit=10)] == ["live"]
-    # At the deadline exactly, the run is finished (a round then is refused): prunable.
-    report = await pair.admin.prune(before_wall=WALL + 10**6, now_wall=WALL + 8600,
+    # At the deadline exactly, the run is finished (a round then is refused): prunable, once
+    # the ledger itself has recorded that time.
+    await _run(pair.ledger, "later", WALL + 8600)
+    report = await pair.admin.prune(before_wall=WALL + 8600.5, now_wall=WALL + 8600,
                                     dry_run=False)
     assert report.run_ids == ("live",)
+
+
+async def test_prune_by_an_operator_clock_ahead_never_removes_a_live_run(pair: Pair) -> None:
+    # The workers recorded times up to WALL + 0.1; the run's deadline is WALL + 600. An
+    # operator whose clock is an hour ahead asks to prune everything finished by then.
+    await _run(pair.ledger, "live", WALL, policy=attrs.evolve(POLICY, deadline_s=600.0))
+    report = await pair.admin.prune(before_wall=WALL + 3600, now_wall=WALL + 3600,
+                                    dry_run=False)
+    assert report.run_ids == ()
+    assert (await pair.ledger.usage("live")).rounds == 1
+    # Once the ledger's own records pass the deadline (a later run opened), it is finished.
+    await _run(pair.ledger, "next", WALL + 600)
+    report = await pair.admin.prune(before_wall=WALL + 3600, now_wall=WALL + 3600,
+                                    dry_run=False)
+    assert report.run_ids == ("live",)
+
+
+async def test_prune_ignores_a_non_finite_recorded_time(pair: Pair) -> None:
+    # A doctored far-future time must not make the ledger's own clock run ahead.
+    await _run(pair.ledger, "live", WALL, policy=attrs.evolve(POLICY, deadline_s=600.0))
+    pair.raw("INSERT INTO refusals (run_id, round_index, what, kind, reason, at_wall) "
+             "VALUES ('live', NULL, 'round', 'automatic', 'deadline', '+Infinity')"
+             if isinstance(pair.ledger, PostgresLedger) else
+             "INSERT INTO refusals (run_id, round_index, what, kind, reason, at_wall) "
+             "VALUES ('live', NULL, 'round', 'automatic', 'deadline', 1e999)")
+    report = await pair.admin.prune(before_wall=WALL + 3600, now_wall=WALL + 3600,
+                                    dry_run=True)
+    assert report.run_ids == ()
 
 
 async def test_prune_dry_run_reports_and_removes_nothing(pair: Pair) -> None:
@@ -240,7 +270,9 @@ async def test_prune_with_nothing_to_remove(pair: Pair) -> None:
 async def test_a_pruned_run_id_opens_afresh(pair: Pair) -> None:
     # Documented consequence: the ledger forgets a pruned run entirely.
     await _run(pair.ledger, "a", WALL)
-    await pair.admin.prune(before_wall=WALL + 20, now_wall=WALL + 20, dry_run=False)
+    await _run(pair.ledger, "b", WALL + 20)
+    report = await pair.admin.prune(before_wall=WALL + 20, now_wall=WALL + 20, dry_run=False)
+    assert report.run_ids == ("a",)
     again = await pair.ledger.reserve("a", AUTO, 2, POLICY, WALL + 30)
     assert isinstance(again, Reservation) and again.round_index == 1
 
@@ -280,6 +312,55 @@ async def test_check_reports_a_slot_the_run_never_reserved(pair: Pair) -> None:
     await pair.ledger.record([_trace("a", 3, at=WALL + 1)], [])  # reserved: slots 1-2
     (problem,) = (await pair.admin.check()).problems
     assert problem == "run a: attempt a-3-False holds slot 3, which the run never reserved"
+
+
+async def test_check_reports_more_attempts_than_reserved_slots(pair: Pair) -> None:
+    await _run(pair.ledger, "a", WALL, attempts=2)  # round 1: slots 1-2
+    # A third executed attempt in round 1 (slot 2 again: the run reserved only 2).
+    pair.raw("INSERT INTO attempts SELECT 'a-extra', run_id, round_index, 2, kind, strategy, "
+             "fingerprint, outcome, started_wall, elapsed_s, legacy FROM attempts "
+             "WHERE attempt_id = 'a-2-False'")
+    assert set((await pair.admin.check()).problems) == {
+        "run a: 3 attempts executed, over its 2 reserved slots",
+        "run a: round 1 executed 3 attempts, over its 2 slots",
+        "run a: slot 2 used by 2 attempts",
+    }
+
+
+async def test_check_reports_more_attempts_in_a_round_than_its_slots(pair: Pair) -> None:
+    await _run(pair.ledger, "a", WALL, attempts=2)  # round 1: slots 1-2
+    assert isinstance(await pair.ledger.reserve("a", DELIB, 2, POLICY, WALL + 1), Reservation)
+    # The run's totals add up (2 executed of 4 reserved), but round 1's grant shrank to 1.
+    pair.raw("UPDATE rounds SET slots = 1 WHERE run_id = 'a' AND round_index = 1")
+    pair.raw("UPDATE rounds SET slots = 3, first_slot = 2 WHERE run_id = 'a' "
+             "AND round_index = 2")
+    assert (await pair.admin.check()).problems == (
+        "run a: round 1 executed 2 attempts, over its 1 slots",)
+
+
+async def test_check_reports_a_slot_used_twice(pair: Pair) -> None:
+    await _run(pair.ledger, "a", WALL, attempts=1)
+    pair.raw("UPDATE runs SET reserved = 4, rounds = 2 WHERE run_id = 'a'")
+    pair.raw("INSERT INTO rounds SELECT run_id, 2, kind, 2, 3, 2, 1, reserved_wall FROM rounds "
+             "WHERE run_id = 'a'")
+    await pair.ledger.record([attrs.evolve(_trace("a", 1, at=WALL + 1), attempt_id="a-again",
+                                           round_index=2)], [])
+    assert (await pair.admin.check()).problems == ("run a: slot 1 used by 2 attempts",)
+
+
+async def test_check_reports_non_finite_stored_times(pair: Pair) -> None:
+    await _run(pair.ledger, "a", WALL)
+    await _run(pair.ledger, "b", WALL)
+    infinity = "'Infinity'::float8" if isinstance(pair.ledger, PostgresLedger) else "1e999"
+    pair.raw(f"UPDATE runs SET deadline_wall = {infinity} WHERE run_id = 'a'")
+    pair.raw(f"UPDATE attempts SET elapsed_s = -{infinity} WHERE run_id = 'b'")
+    pair.raw(f"UPDATE rounds SET reserved_wall = {infinity} WHERE run_id = 'b'")
+    problems = set((await pair.admin.check()).problems)
+    assert problems == {
+        "run a: runs.deadline_wall is inf, not a finite time",
+        "run b: attempts.elapsed_s is -inf, not a finite time",
+        "run b: rounds.reserved_wall is inf, not a finite time",
+    }
 
 
 async def test_check_reports_the_schema_version(pair: Pair) -> None:

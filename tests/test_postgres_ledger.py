@@ -332,11 +332,11 @@ async def test_commits_are_synchronous_whatever_the_connection_default(schema: s
     async with PostgresLedger(dsn, schema=schema, max_size=1, statement_timeout=3.0,
                               lock_timeout=0.5) as ledger:
         _granted(await ledger.reserve("run", AUTO, 2, POLICY, 0.0))
-        shown = await ledger._session(
+        shown = await ledger._transact(
             lambda s: s.fetchall(
                 "SELECT current_setting('synchronous_commit'), "
-                "current_setting('statement_timeout'), current_setting('lock_timeout')"),
-            "test", write=True,
+                "current_setting('statement_timeout'), current_setting('lock_timeout')", {}),
+            "test",
         )
     assert shown == [("on", "3s", "500ms")]
 

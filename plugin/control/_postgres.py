@@ -10,11 +10,15 @@ psycopg's async API runs on asyncio only (under trio ``AsyncConnection.connect``
   statement limiter (``max_size`` threads) can never be starved by tasks waiting for a
   connection.
 
-Connections are in autocommit mode: a read is one statement; a write is an explicit
-``BEGIN`` … ``COMMIT`` (see :mod:`plugin.control.postgres_ledger`). Every new connection is
-configured once: ``synchronous_commit = on`` (a commit returns only once its WAL is flushed,
-whatever the server's or the role's default), ``statement_timeout``, ``lock_timeout`` and
-``idle_in_transaction_session_timeout`` (a hung worker cannot hold a run's lock forever).
+Connections are in autocommit mode and every unit of work is an explicit ``BEGIN`` …
+``COMMIT`` that sets what it needs for itself (``SET LOCAL``, see
+:mod:`plugin.control.postgres_ledger`): no state lives in the session, so a pooler in
+transaction mode (PgBouncer) may hand each transaction another server connection. Nothing is
+prepared on the server (``prepare_threshold=None``) for the same reason. The pool checks a
+connection before lending it (``check=``): one lost while idle (a server restart) is replaced.
+
+:meth:`Session.pipeline` sends several statements in one round trip (psycopg's pipeline mode)
+and, on trio, in one hop to a worker thread.
 """
 
 from __future__ import annotations
@@ -43,6 +47,13 @@ class Session(Protocol):
 
     async def executemany(self, sql: str, rows: Iterable[Params]) -> None:
         """Execute one statement once per parameter set (pipelined by psycopg)."""
+        ...
+
+    async def pipeline(self, statements: Sequence[tuple[str, Params | None]]) -> list[list[Row]]:
+        """Execute ``statements`` in one round trip; each one's rows, in order.
+
+        The first failure raises (the statements after it are skipped by the server).
+        """
         ...
 
     @property
@@ -83,6 +94,12 @@ class _AsyncSession:
     async def executemany(self, sql: str, rows: Iterable[Params]) -> None:
         async with self._conn.cursor() as cur:
             await cur.executemany(sql, list(rows))
+
+    async def pipeline(self, statements: Sequence[tuple[str, Params | None]]) -> list[list[Row]]:
+        conn = self._conn
+        async with conn.pipeline():
+            cursors = [await conn.execute(sql, params) for sql, params in statements]
+        return [await cur.fetchall() if _rows(cur) else [] for cur in cursors]
 
     @property
     def broken(self) -> bool:
@@ -145,6 +162,16 @@ class _ThreadedSession:
 
         await self._run(run)
 
+    async def pipeline(self, statements: Sequence[tuple[str, Params | None]]) -> list[list[Row]]:
+        conn = self._conn
+
+        def run() -> list[list[Row]]:
+            with conn.pipeline():
+                cursors = [conn.execute(sql, params) for sql, params in statements]
+            return [cur.fetchall() if _rows(cur) else [] for cur in cursors]
+
+        return await self._run(run)
+
     @property
     def broken(self) -> bool:
         return bool(self._conn.closed or self._conn.broken)
@@ -197,7 +224,6 @@ def make_driver(
     *,
     min_size: int,
     max_size: int,
-    settings: Mapping[str, str],
     connect_timeout: float,
     pool_timeout: float,
     name: str,
@@ -209,27 +235,21 @@ def make_driver(
         "application_name": name,
         # libpq counts whole seconds, at least 2.
         "connect_timeout": max(2, round(connect_timeout)),
+        # Server-side prepared statements are session state a transaction pooler loses.
+        "prepare_threshold": None,
     }
-    assignments = "; ".join(f"SET {key} = '{value}'" for key, value in settings.items())
-
     common: dict[str, Any] = {
         "min_size": min_size, "max_size": max_size, "kwargs": kwargs, "open": False,
         "timeout": pool_timeout, "name": name,
     }
     if sniffio.current_async_library() == "asyncio":
-
-        async def configure_async(conn: psycopg.AsyncConnection[Any]) -> None:
-            await conn.execute(assignments.encode())
-
         return AsyncDriver(
-            psycopg_pool.AsyncConnectionPool(conninfo, configure=configure_async, **common),
+            psycopg_pool.AsyncConnectionPool(
+                conninfo, check=psycopg_pool.AsyncConnectionPool.check_connection, **common),
             connect_timeout, conninfo, kwargs,
         )
-
-    def configure(conn: psycopg.Connection[Any]) -> None:
-        conn.execute(assignments.encode())
-
     return ThreadedDriver(
-        psycopg_pool.ConnectionPool(conninfo, configure=configure, **common), connect_timeout,
-        conninfo, kwargs,
+        psycopg_pool.ConnectionPool(
+            conninfo, check=psycopg_pool.ConnectionPool.check_connection, **common),
+        connect_timeout, conninfo, kwargs,
     )
