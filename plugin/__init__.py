@@ -40,6 +40,7 @@ from .errors import LedgerPathError as LedgerPathError
 from .errors import LedgerUnavailableError as LedgerUnavailableError
 from .errors import MemoryStoreError as MemoryStoreError
 from .errors import RecallboundError as RecallboundError
+from .errors import RunIdentityError as RunIdentityError
 from .memory.embedding import EmbeddingAdapter as EmbeddingAdapter
 from .memory.planning import BaselineReason as BaselineReason
 from .memory.planning import QueryPlanner as QueryPlanner
@@ -69,9 +70,9 @@ __all__ = [
     "LedgerUnavailableError", "ManualClock", "MemoryStoreError", "Permit", "PostgresLedger",
     "PreparedRecall", "QueryPlanner", "QueryPreparation", "QueryStrategy", "RecallAllowance",
     "RecallBudgetExceeded", "RecallPreparer", "RecallQuery", "RecallboundError", "RefusalReason",
-    "Reservation", "RoundKind", "SemanticPreparation", "SqliteLedger", "SystemClock", "Task",
-    "Usage", "WithheldReason", "WorkingState", "bind_permits", "compose_baseline",
-    "compose_search_call", "compose_task_context", "current_permit",
+    "Reservation", "RoundKind", "RunIdentityError", "SemanticPreparation", "SqliteLedger",
+    "SystemClock", "Task", "Usage", "WithheldReason", "WorkingState", "bind_permits",
+    "compose_baseline", "compose_search_call", "compose_task_context", "current_permit",
 ]
 
 

@@ -119,3 +119,18 @@ class InvalidConfigTypeError(RecallboundError, TypeError):
 
 class AttemptHandleError(RecallboundError, RuntimeError):
     """A retriever used its attempt handle for something the attempt does not offer."""
+
+
+# --- turns
+
+
+class RunIdentityError(RecallboundError, ValueError):
+    """A run id was used with another principal or scope than the ones it is bound to.
+
+    A run is bound durably, in the ledger, to the principal and scope of its first use; every
+    worker and process sees that binding, so the mismatch is raised wherever it happens.
+    """
+
+
+class RunIdentityTypeError(RunIdentityError, TypeError):
+    """A run's identity was handed over as the wrong type (not the adapter's identity value)."""

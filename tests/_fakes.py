@@ -23,7 +23,14 @@ from plugin.control import (
     RoundKind,
     Usage,
 )
-from plugin.control.ledger import Validity, WallTime, grant_validations, read_time
+from plugin.control.ledger import (
+    Validity,
+    WallTime,
+    check_identity,
+    grant_validations,
+    identity_arguments,
+    read_time,
+)
 from plugin.errors import LedgerClosedError
 
 
@@ -49,6 +56,7 @@ class MemoryStore:
     refused: list[RefusalRecord] = attrs.Factory(list)
     retained: dict[str, list[str]] = attrs.Factory(dict)
     validations_used: dict[str, int] = attrs.Factory(dict)
+    identities: dict[str, tuple[str, str]] = attrs.Factory(dict)
 
 
 @attrs.define(eq=False)
@@ -184,6 +192,11 @@ class MemoryLedger:
         for evidence_id in dict.fromkeys(evidence_ids):
             if evidence_id not in held and len(held) < limit:
                 held.append(evidence_id)
+
+    async def bind_identity(self, run_id: str, *, principal: str, scope: str) -> None:
+        identity_arguments(run_id, principal, scope)
+        bound = self._open().identities.setdefault(run_id, (principal, scope))
+        check_identity(run_id, bound, principal, scope)
 
     async def take_validations(
         self, run_id: str, evidence_ids: Sequence[str], *, limit: int

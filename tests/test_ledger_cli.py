@@ -189,9 +189,9 @@ def test_prune_needs_older_than(ledger_file: Path, capsys: pytest.CaptureFixture
 def test_check_ok(ledger_file: Path) -> None:
     code, out, _ = cli("ledger", "--ledger", str(ledger_file), "check")
     assert code == 0
-    assert out == f"{ledger_file} (sqlite): schema version 2 (expected 2): ok\n"
+    assert out == f"{ledger_file} (sqlite): schema version 3 (expected 3): ok\n"
     document = json.loads(cli("ledger", "--ledger", str(ledger_file), "check", "--json")[1])
-    assert (document["ok"], document["schema_version"], document["problems"]) == (True, 2, [])
+    assert (document["ok"], document["schema_version"], document["problems"]) == (True, 3, [])
 
 
 def test_check_reports_broken_invariants(ledger_file: Path) -> None:

@@ -146,10 +146,10 @@ def test_prune_keeps_a_run_whose_deadline_has_not_passed(location: str) -> None:
 
 def test_check_ok(location: str) -> None:
     code, out, _ = cli("ledger", "--ledger", location, "check")
-    assert (code, out) == (0, f"{location} (postgresql): schema version 2 (expected 2): ok\n")
+    assert (code, out) == (0, f"{location} (postgresql): schema version 3 (expected 3): ok\n")
     document = json.loads(cli("ledger", "--ledger", location, "check", "--json")[1])
     assert (document["backend"], document["ok"], document["schema_version"],
-            document["problems"]) == ("postgresql", True, 2, [])
+            document["problems"]) == ("postgresql", True, 3, [])
 
 
 def test_check_reports_broken_invariants(location: str, schema: str) -> None:

@@ -12,6 +12,7 @@ PostgreSQL-only ones.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -42,6 +43,7 @@ from plugin.control import (
 )
 from plugin.control.refusal import BudgetRefusal
 from plugin.errors import (
+    InvalidArgumentTypeError,
     LedgerClosedError,
     LedgerCorruptError,
     LedgerError,
@@ -49,6 +51,7 @@ from plugin.errors import (
     LedgerPathError,
     LedgerUnavailableError,
     RecallboundError,
+    RunIdentityError,
 )
 
 from ._fakes import MemoryLedger, MemoryStore
@@ -706,3 +709,165 @@ async def test_the_validation_bound_survives_reopening(open_ledger: Callable[...
         assert await ledger.take_validations("run", ["m1", "m2"], limit=1) == {
             "m1": Validity.BOUNDED, "m2": Validity.BOUNDED,
         }
+
+
+# -- run identity: a run is bound to the principal and scope of its first use --------------------
+
+
+async def test_a_run_is_bound_to_its_first_principal_and_scope(ledger: Ledger) -> None:
+    await ledger.bind_identity("run", principal="alice", scope="proj")
+    await ledger.bind_identity("run", principal="alice", scope="proj")  # the same: fine
+    with pytest.raises(RunIdentityError, match="'run'"):
+        await ledger.bind_identity("run", principal="mallory", scope="proj")
+    with pytest.raises(RunIdentityError):
+        await ledger.bind_identity("run", principal="alice", scope="other")
+    # the mismatch stored nothing: the first binding still holds, and only it
+    await ledger.bind_identity("run", principal="alice", scope="proj")
+    with pytest.raises(RunIdentityError):
+        await ledger.bind_identity("run", principal="mallory", scope="proj")
+    await ledger.bind_identity("another", principal="mallory", scope="other")
+
+
+async def test_the_run_identity_is_a_value_error_of_the_package() -> None:
+    assert issubclass(RunIdentityError, RecallboundError)
+    assert issubclass(RunIdentityError, ValueError)
+
+
+async def test_the_run_identity_survives_reopening(open_ledger: Callable[..., Any]) -> None:
+    async with open_ledger() as ledger:
+        await ledger.bind_identity("run", principal="alice", scope="proj")
+    async with open_ledger() as ledger:
+        with pytest.raises(RunIdentityError):
+            await ledger.bind_identity("run", principal="mallory", scope="proj")
+        await ledger.bind_identity("run", principal="alice", scope="proj")
+
+
+async def test_another_connection_sees_the_binding_at_once(
+    open_ledger: Callable[..., Any]
+) -> None:
+    async with open_ledger() as first, open_ledger() as second:
+        await second.bind_identity("run", principal="bob", scope="proj")
+        with pytest.raises(RunIdentityError):
+            await first.bind_identity("run", principal="alice", scope="proj")
+        with pytest.raises(RunIdentityError):
+            await second.bind_identity("run", principal="alice", scope="proj")
+
+
+async def test_concurrent_first_uses_agree_on_one_binding(
+    open_ledger: Callable[..., Any]
+) -> None:
+    principals = [f"p{i}" for i in range(8)]
+    winners: list[str] = []
+    losers: list[str] = []
+    async with open_ledger() as a, open_ledger() as b:
+
+        async def bind(ledger: Ledger, principal: str) -> None:
+            try:
+                await ledger.bind_identity("run", principal=principal, scope="proj")
+            except RunIdentityError:
+                losers.append(principal)
+            else:
+                winners.append(principal)
+
+        async with anyio.create_task_group() as tg:
+            for i, principal in enumerate(principals):
+                tg.start_soon(bind, (a, b)[i % 2], principal)
+    assert len(winners) == 1 and sorted(winners + losers) == principals
+    async with open_ledger() as ledger:
+        await ledger.bind_identity("run", principal=winners[0], scope="proj")
+
+
+@pytest.mark.parametrize("field", ["run_id", "principal", "scope"])
+async def test_a_binding_of_the_wrong_type_is_refused(ledger: Ledger, field: str) -> None:
+    given: dict[str, Any] = {"run_id": "run", "principal": "alice", "scope": "proj"}
+    given[field] = 7
+    with pytest.raises(InvalidArgumentTypeError, match=field):
+        await ledger.bind_identity(given.pop("run_id"), **given)
+    await ledger.bind_identity("run", principal="bob", scope="proj")  # nothing was bound
+
+
+async def test_a_version_2_ledger_file_is_migrated_and_binds(
+    anyio_backend: object, tmp_path: Path
+) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    async with SqliteLedger(path) as ledger:
+        _granted(await ledger.reserve("run", AUTO, 2, POLICY, WALL))
+    conn = sqlite3.connect(path)
+    conn.execute("DROP TABLE run_identity")
+    conn.execute("PRAGMA user_version = 2")
+    conn.commit()
+    conn.close()
+    async with SqliteLedger(path) as ledger:
+        assert (await ledger.usage("run")).reserved == 2
+        await ledger.bind_identity("run", principal="alice", scope="proj")
+        with pytest.raises(RunIdentityError):
+            await ledger.bind_identity("run", principal="bob", scope="proj")
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("PRAGMA user_version").fetchone() == (3,)
+    finally:
+        conn.close()
+
+
+_BINDER = """
+import sys, anyio
+from plugin.control import PostgresLedger, SqliteLedger
+from plugin.errors import RunIdentityError
+
+async def main(kind, where, principal):
+    ledger = (SqliteLedger(where) if kind == "sqlite"
+              else PostgresLedger(sys.argv[4], schema=where, time_source="caller"))
+    async with ledger:
+        sys.stdout.write("ready\\n"); sys.stdout.flush()
+        sys.stdin.readline()
+        try:
+            await ledger.bind_identity("run", principal=principal, scope="proj")
+        except RunIdentityError:
+            print("refused")
+        else:
+            print("bound")
+
+anyio.run(main, *sys.argv[1:4])
+"""
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_two_processes_race_to_bind_one_run_and_one_wins(tmp_path: Path, kind: str) -> None:
+    import subprocess
+    import sys
+
+    with contextlib.ExitStack() as stack:
+        where = (str(tmp_path / "ledger.sqlite3") if kind == "sqlite"
+                 else stack.enter_context(fresh_schema("identity")))
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", _BINDER, kind, where, principal, DSN],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                text=True,
+            )
+            for principal in ("alice", "bob")
+        ]
+        try:
+            for proc in procs:
+                assert proc.stdout is not None
+                assert proc.stdout.readline() == "ready\n", proc.communicate(timeout=60)[1]
+            outs = [proc.communicate("go\n", timeout=60) for proc in procs]
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        assert all(proc.returncode == 0 for proc in procs), outs
+        assert sorted(out.strip() for out, _ in outs) == ["bound", "refused"]
+        winner = ("alice", "bob")[[out.strip() for out, _ in outs].index("bound")]
+
+        async def check() -> None:
+            ledger: SqliteLedger | PostgresLedger = (
+                SqliteLedger(where) if kind == "sqlite"
+                else PostgresLedger(DSN, schema=where, time_source="caller"))
+            async with ledger as opened:
+                await opened.bind_identity("run", principal=winner, scope="proj")
+                with pytest.raises(RunIdentityError):
+                    await opened.bind_identity("run", principal="carol", scope="proj")
+
+        anyio.run(check)

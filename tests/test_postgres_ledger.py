@@ -274,7 +274,8 @@ async def test_eight_workers_opening_at_once_create_one_schema(schema: str) -> N
         ("recallbound", SCHEMA_VERSION)
     ]
     assert _schema_tables(schema) == [
-        "attempts", "recallbound_meta", "refusals", "retained", "rounds", "runs", "validations"
+        "attempts", "recallbound_meta", "refusals", "retained", "rounds", "run_identity", "runs",
+        "validations",
     ]
 
 
@@ -297,6 +298,8 @@ async def test_a_version_1_schema_is_migrated_in_place(schema: str) -> None:
         assert second.deadline_wall == 110.0
         await ledger.retain("old", ["m1"], limit=4)
         assert (await ledger.take_validations("old", ["m1"], limit=1))["m1"].value == "granted"
+        await ledger.bind_identity("old", principal="alice", scope="proj")
+    assert _sql(f'SELECT principal, scope FROM "{schema}".run_identity') == [("alice", "proj")]
     assert _sql(f'SELECT version FROM "{schema}".recallbound_meta') == [(SCHEMA_VERSION,)]
     async with PostgresLedger(_pg.DSN, schema=schema) as ledger:  # and reopening is a no-op
         assert (await ledger.usage("old")).rounds == 2

@@ -15,6 +15,8 @@ from typing import Protocol, TypeAlias
 
 import attrs
 
+from plugin.errors import InvalidArgumentTypeError, RunIdentityError
+
 from .policy import AllowancePolicy, RoundKind
 from .refusal import BudgetRefusal, RefusalReason
 
@@ -53,6 +55,47 @@ def grant_validations(
             used += 1
             answers[evidence_id] = Validity.GRANTED
     return answers, used
+
+
+def check_identity(
+    run_id: str, bound: tuple[str, str], principal: str, scope: str
+) -> tuple[str, str]:
+    """``bound`` (the run's principal and scope as the ledger holds them) if the caller's match.
+
+    Raises :class:`~plugin.errors.RunIdentityError` otherwise.
+    """
+    if bound != (principal, scope):
+        raise RunIdentityError(
+            f"run {run_id!r} is bound to another principal or scope than this call's"
+        )
+    return bound
+
+
+def identity_arguments(run_id: object, principal: object, scope: object) -> None:
+    """Type-check :meth:`Ledger.bind_identity`'s arguments (every ledger does, before storing)."""
+    for name, value in (("run_id", run_id), ("principal", principal), ("scope", scope)):
+        if not isinstance(value, str):
+            raise InvalidArgumentTypeError(
+                f"bind_identity {name} must be a str, got {type(value).__name__}"
+            )
+
+
+class IdentityCache:
+    """Bindings a ledger object has already read back: a binding never changes once written,
+    so a repeated check of one run costs no statement. Bounded (oldest dropped first)."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self._size = size
+        self._bound: dict[str, tuple[str, str]] = {}
+
+    def get(self, run_id: str) -> tuple[str, str] | None:
+        return self._bound.get(run_id)
+
+    def put(self, run_id: str, bound: tuple[str, str]) -> tuple[str, str]:
+        self._bound[run_id] = bound
+        while len(self._bound) > self._size:
+            del self._bound[next(iter(self._bound))]
+        return bound
 
 
 class AttemptOutcome(enum.Enum):
@@ -194,6 +237,15 @@ class Ledger(Protocol):
 
         At most ``limit`` distinct ids per run are kept (the first ones); a repeated id is kept
         once. This is what :meth:`take_validations` later re-checks, after a resume too.
+        """
+        ...
+
+    async def bind_identity(self, run_id: str, *, principal: str, scope: str) -> None:
+        """Bind the run to ``principal`` and ``scope`` on its first use; check it after.
+
+        The first binding of a run id wins, atomically and durably, across every process that
+        shares the ledger; it never changes. A call with another principal or scope raises
+        :class:`~plugin.errors.RunIdentityError` and stores nothing.
         """
         ...
 

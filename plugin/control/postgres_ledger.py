@@ -48,7 +48,7 @@ from plugin.errors import (
 
 from . import _postgres
 from ._group import GroupCommit
-from .ledger import Reservation, WallTime, read_time
+from .ledger import IdentityCache, Reservation, WallTime, read_time
 from .ledger_admin import PRUNED_TABLES
 from .policy import AllowancePolicy, RoundKind
 from .refusal import BudgetRefusal, RefusalReason
@@ -122,6 +122,13 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         """CREATE TABLE {s}.validations (
             run_id text PRIMARY KEY,
             used   bigint NOT NULL)""",
+    ),
+    # version 3: each run bound to the principal and scope of its first use
+    (
+        """CREATE TABLE {s}.run_identity (
+            run_id    text PRIMARY KEY,
+            principal text NOT NULL,
+            scope     text NOT NULL)""",
     ),
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
@@ -340,6 +347,7 @@ class PostgresLedger(SqlLedger):
         # the one-key lock of schema creation).
         self._space = zlib.crc32(schema.encode()) - 2**31
         self._driver: _postgres.Driver | None = None
+        self._identities = IdentityCache()
         self._group: GroupCommit[ReserveRequest, Reservation | BudgetRefusal] = GroupCommit(
             anyio.Lock(), self._reserve_batch, self._shared_failure)
 

@@ -28,12 +28,15 @@ import attrs
 from .ledger import (
     AttemptOutcome,
     AttemptTrace,
+    IdentityCache,
     RefusalRecord,
     Reservation,
     Usage,
     Validity,
     WallTime,
+    check_identity,
     grant_validations,
+    identity_arguments,
 )
 from .policy import AllowancePolicy, RoundKind
 from .refusal import RefusalReason
@@ -148,6 +151,12 @@ INSERT INTO {q}validations (run_id, used) VALUES (:run_id, :used)
 ON CONFLICT (run_id) DO UPDATE SET used = excluded.used
 """
 
+_BIND = """
+INSERT INTO {q}run_identity (run_id, principal, scope) VALUES (:run_id, :principal, :scope)
+ON CONFLICT (run_id) DO NOTHING
+"""
+_BOUND = "SELECT principal, scope FROM {q}run_identity WHERE run_id = :run_id"
+
 _USAGE = """
 SELECT u.rounds, u.reserved, u.deadline_wall,
        (SELECT count(*) FROM {q}attempts a WHERE a.run_id = :run_id AND a.legacy = false),
@@ -210,6 +219,8 @@ class SqlLedger(abc.ABC):
     """The shared part of the SQL ledgers (see the module). Not a ledger on its own."""
 
     _dialect: Dialect
+    _identities: IdentityCache
+    """Bindings this ledger object already read back (a binding never changes)."""
 
     # -- what a database module provides -----------------------------------------------------
 
@@ -324,6 +335,25 @@ class SqlLedger(abc.ABC):
                                     [{"run_id": run_id, "evidence_id": i} for i in fresh])
 
         await self._transact(write, f"retaining evidence of run {run_id!r}")
+
+    async def bind_identity(self, run_id: str, *, principal: str, scope: str) -> None:
+        identity_arguments(run_id, principal, scope)
+        bound = self._identities.get(run_id)
+        if bound is None:
+            where = f"binding the identity of run {run_id!r}"
+            rows = await self._read(_BOUND, {"run_id": run_id}, where)
+            if not rows:  # the first writer wins; everyone reads the winner back
+
+                async def write(s: Session) -> list[Row]:
+                    await s.fetchall(self._sql(_BIND), {"run_id": run_id, "principal": principal,
+                                                       "scope": scope})
+                    # A statement of its own: on PostgreSQL it takes a new snapshot, so it
+                    # sees the row of a concurrent first writer the INSERT waited for.
+                    return await s.fetchall(self._sql(_BOUND), {"run_id": run_id})
+
+                rows = await self._transact(write, where)
+            bound = self._identities.put(run_id, (str(rows[0][0]), str(rows[0][1])))
+        check_identity(run_id, bound, principal, scope)
 
     async def take_validations(
         self, run_id: str, evidence_ids: Sequence[str], *, limit: int

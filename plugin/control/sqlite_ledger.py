@@ -32,7 +32,7 @@ from plugin.errors import (
 
 from . import _sqlite
 from ._group import GroupCommit
-from .ledger import Reservation, WallTime, read_time
+from .ledger import IdentityCache, Reservation, WallTime, read_time
 from .policy import AllowancePolicy, RoundKind
 from .refusal import BudgetRefusal, RefusalReason
 from .sql_ledger import (
@@ -48,8 +48,8 @@ from .sql_ledger import (
 T = TypeVar("T")
 
 APPLICATION_ID = 0x52424C44  # "RBLD"
-SCHEMA_VERSION = 2
-_MIGRATABLE = frozenset({1})
+SCHEMA_VERSION = 3
+_MIGRATABLE = frozenset({1, 2})
 """Older schema versions this ledger upgrades in place (their tables are a subset)."""
 
 _SCHEMA = """
@@ -106,6 +106,11 @@ CREATE TABLE IF NOT EXISTS retained (
 CREATE TABLE IF NOT EXISTS validations (
     run_id      TEXT PRIMARY KEY,
     used        INTEGER NOT NULL
+) STRICT;
+CREATE TABLE IF NOT EXISTS run_identity (
+    run_id      TEXT PRIMARY KEY,
+    principal   TEXT NOT NULL,
+    scope       TEXT NOT NULL
 ) STRICT;
 """
 
@@ -235,6 +240,7 @@ class SqliteLedger(SqlLedger):
             raise LedgerPathError(f"invalid ledger path {self._path!r}")
         self._timeout = _busy_timeout(timeout)
         self._conn: _sqlite.Connection | None = None
+        self._identities = IdentityCache()
         # One connection, many tasks: a transaction must never interleave with another task's
         # statements on the same connection ("cannot start a transaction within a transaction").
         self._lock = anyio.Lock()
