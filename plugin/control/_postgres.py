@@ -15,7 +15,8 @@ Connections are in autocommit mode and every unit of work is an explicit ``BEGIN
 :mod:`plugin.control.postgres_ledger`): no state lives in the session, so a pooler in
 transaction mode (PgBouncer) may hand each transaction another server connection. Nothing is
 prepared on the server (``prepare_threshold=None``) for the same reason. The pool checks a
-connection before lending it (``check=``): one lost while idle (a server restart) is replaced.
+connection before lending it (``check=``, :func:`check_idle`, no round trip): one lost while
+idle (a server restart, a terminated backend) is replaced.
 
 :meth:`Session.pipeline` sends several statements in one round trip (psycopg's pipeline mode)
 and, on trio, in one hop to a worker thread.
@@ -219,6 +220,27 @@ class ThreadedDriver:
                     )
 
 
+def check_idle(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+    """The pool's health check of an idle connection, without a round trip to the server.
+
+    It reads what the server sent while the connection sat idle: a server that terminated it
+    sent a notice (parsed by ``is_busy``), then closed the stream, which the second read
+    reports. Raises :class:`psycopg.OperationalError` for a lost connection (the pool then
+    discards it and lends another). psycopg_pool's own ``check_connection`` asks the server
+    (an empty query): one more round trip on every checkout, which a lone reservation pays.
+    """
+    pgconn = conn.pgconn
+    pgconn.consume_input()
+    pgconn.is_busy()
+    pgconn.consume_input()
+    if conn.closed or conn.broken or pgconn.status != psycopg.pq.ConnStatus.OK:
+        raise psycopg.OperationalError("the connection was lost while idle in the pool")
+
+
+async def _check_idle_async(conn: psycopg.AsyncConnection[Any]) -> None:
+    check_idle(conn)
+
+
 def make_driver(
     conninfo: str,
     *,
@@ -245,11 +267,11 @@ def make_driver(
     if sniffio.current_async_library() == "asyncio":
         return AsyncDriver(
             psycopg_pool.AsyncConnectionPool(
-                conninfo, check=psycopg_pool.AsyncConnectionPool.check_connection, **common),
+                conninfo, check=_check_idle_async, **common),
             connect_timeout, conninfo, kwargs,
         )
     return ThreadedDriver(
         psycopg_pool.ConnectionPool(
-            conninfo, check=psycopg_pool.ConnectionPool.check_connection, **common),
+            conninfo, check=check_idle, **common),
         connect_timeout, conninfo, kwargs,
     )

@@ -68,6 +68,74 @@ TimeSource = Literal["server", "caller"]
 APPLICATION = "recallbound"
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
+_RESERVE_WAVE = """
+CREATE FUNCTION {s}.reserve_wave(
+    p_server boolean, p_ord int4[], p_run_id text[], p_kind text[], p_requested int8[],
+    p_deadline_s float8[], p_max_searches int8[], p_max_rounds int8[], p_now float8[],
+    p_floor float8[])
+RETURNS TABLE (ord int4, judged float8, executed int8, rounds int8, reserved int8,
+               granted int8, deadline float8, opened float8, reason text,
+               reserved_before int8)
+LANGUAGE plpgsql VOLATILE AS $body$
+#variable_conflict use_column
+BEGIN
+RETURN QUERY
+WITH req AS MATERIALIZED (
+    SELECT * FROM unnest(p_ord, p_run_id, p_kind, p_requested, p_deadline_s, p_max_searches,
+                         p_max_rounds, p_now, p_floor)
+        AS t(ord, run_id, kind, requested, deadline_s, max_searches, max_rounds, now, floor)
+), p AS MATERIALIZED (
+    SELECT req.ord, req.run_id, req.kind, req.requested, req.deadline_s, req.max_searches,
+           req.max_rounds,
+           greatest(CASE WHEN p_server THEN extract(epoch FROM clock_timestamp())::float8
+                         ELSE req.now END, req.floor) AS now
+    FROM req
+), cur AS MATERIALIZED (
+    SELECT u.run_id, u.reserved, """ + REFUSAL_REASON + """ AS reason
+    FROM {s}.runs u WHERE u.run_id = ANY(p_run_id)
+), exe AS MATERIALIZED (
+    SELECT a.run_id, count(*) AS n FROM {s}.attempts a
+    WHERE a.run_id = ANY(p_run_id) AND a.legacy = false GROUP BY a.run_id
+), up AS (
+    INSERT INTO {s}.runs AS r (run_id, opened_wall, deadline_wall, max_searches, max_rounds,
+                               rounds, reserved, last_grant)
+    SELECT p.run_id, p.now, p.now + p.deadline_s, p.max_searches, p.max_rounds,
+           1, least(p.requested, p.max_searches), least(p.requested, p.max_searches)
+    FROM p ORDER BY p.run_id
+    ON CONFLICT (run_id) DO UPDATE SET
+        rounds = r.rounds + 1,
+        last_grant = least((SELECT p.requested FROM p WHERE p.run_id = excluded.run_id),
+                           r.max_searches - r.reserved),
+        reserved = r.reserved + least((SELECT p.requested FROM p
+                                       WHERE p.run_id = excluded.run_id),
+                                      r.max_searches - r.reserved)
+    WHERE r.rounds < r.max_rounds AND r.reserved < r.max_searches
+      AND excluded.opened_wall < r.deadline_wall
+    RETURNING r.run_id, r.rounds, r.reserved, r.last_grant, r.deadline_wall, r.opened_wall
+), rnd AS (
+    INSERT INTO {s}.rounds (run_id, round_index, kind, requested, first_slot, slots, executed,
+                            reserved_wall)
+    SELECT p.run_id, up.rounds, p.kind, p.requested, up.reserved - up.last_grant + 1,
+           up.last_grant, coalesce(exe.n, 0), p.now
+    FROM p JOIN up ON up.run_id = p.run_id LEFT JOIN exe ON exe.run_id = p.run_id
+), ref AS (
+    INSERT INTO {s}.refusals (run_id, round_index, what, kind, reason, at_wall)
+    SELECT p.run_id, NULL, 'round', p.kind, cur.reason, p.now
+    FROM p JOIN cur ON cur.run_id = p.run_id
+    WHERE NOT EXISTS (SELECT FROM up WHERE up.run_id = p.run_id)
+)
+SELECT p.ord, p.now, coalesce(exe.n, 0)::int8, up.rounds, up.reserved, up.last_grant,
+       up.deadline_wall, up.opened_wall, cur.reason, cur.reserved
+FROM p LEFT JOIN exe ON exe.run_id = p.run_id LEFT JOIN up ON up.run_id = p.run_id
+       LEFT JOIN cur ON cur.run_id = p.run_id
+ORDER BY p.ord;
+END
+$body$
+"""
+"""One wave of a batch judged and recorded in one statement over arrays of requests: the
+round, or the refusal, of each, in the order of ``ord``. Called after the batch's locks, so
+every time it reads is current (each query of a volatile function takes a new snapshot)."""
+
 _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # version 1: runs, rounds, attempts, refusals
     (
@@ -130,6 +198,9 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
             principal text NOT NULL,
             scope     text NOT NULL)""",
     ),
+    # version 4: the reserving statement, kept in the schema (its plan is cached per server
+    # connection, where a client-side prepared statement would not survive a transaction pooler)
+    (_RESERVE_WAVE,),
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 """The schema version this code writes; older versions are migrated in place at open."""
@@ -153,57 +224,11 @@ FROM (SELECT DISTINCT hashtext(r) AS h FROM unnest(:runs::text[]) AS r ORDER BY 
 never wait for each other in a cycle."""
 
 _RESERVE = """
-WITH req AS MATERIALIZED (
-    SELECT * FROM unnest(:ord::int4[], :run_id::text[], :kind::text[], :requested::int8[],
-                         :deadline_s::float8[], :max_searches::int8[], :max_rounds::int8[],
-                         :now::float8[], :floor::float8[])
-        AS t(ord, run_id, kind, requested, deadline_s, max_searches, max_rounds, now, floor)
-), p AS MATERIALIZED (
-    SELECT ord, run_id, kind, requested, deadline_s, max_searches, max_rounds,
-           greatest({now}, floor) AS now
-    FROM req
-), cur AS MATERIALIZED (
-    SELECT u.run_id, u.reserved, """ + REFUSAL_REASON + """ AS reason
-    FROM {q}runs u WHERE u.run_id = ANY(:run_id::text[])
-), exe AS MATERIALIZED (
-    SELECT a.run_id, count(*) AS n FROM {q}attempts a
-    WHERE a.run_id = ANY(:run_id::text[]) AND a.legacy = false GROUP BY a.run_id
-), up AS (
-    INSERT INTO {q}runs AS r (run_id, opened_wall, deadline_wall, max_searches, max_rounds,
-                              rounds, reserved, last_grant)
-    SELECT run_id, now, now + deadline_s, max_searches, max_rounds,
-           1, least(requested, max_searches), least(requested, max_searches)
-    FROM p ORDER BY run_id
-    ON CONFLICT (run_id) DO UPDATE SET
-        rounds = r.rounds + 1,
-        last_grant = least((SELECT requested FROM p WHERE p.run_id = excluded.run_id),
-                           r.max_searches - r.reserved),
-        reserved = r.reserved + least((SELECT requested FROM p WHERE p.run_id = excluded.run_id),
-                                      r.max_searches - r.reserved)
-    WHERE r.rounds < r.max_rounds AND r.reserved < r.max_searches
-      AND excluded.opened_wall < r.deadline_wall
-    RETURNING r.run_id, r.rounds, r.reserved, r.last_grant, r.deadline_wall, r.opened_wall
-), rnd AS (
-    INSERT INTO {q}rounds (run_id, round_index, kind, requested, first_slot, slots, executed,
-                           reserved_wall)
-    SELECT p.run_id, up.rounds, p.kind, p.requested, up.reserved - up.last_grant + 1,
-           up.last_grant, coalesce(exe.n, 0), p.now
-    FROM p JOIN up ON up.run_id = p.run_id LEFT JOIN exe ON exe.run_id = p.run_id
-), ref AS (
-    INSERT INTO {q}refusals (run_id, round_index, what, kind, reason, at_wall)
-    SELECT p.run_id, NULL, 'round', p.kind, cur.reason, p.now
-    FROM p JOIN cur ON cur.run_id = p.run_id
-    WHERE NOT EXISTS (SELECT FROM up WHERE up.run_id = p.run_id)
-)
-SELECT p.ord, p.now, coalesce(exe.n, 0), up.rounds, up.reserved, up.last_grant,
-       up.deadline_wall, up.opened_wall, cur.reason, cur.reserved
-FROM p LEFT JOIN exe ON exe.run_id = p.run_id LEFT JOIN up ON up.run_id = p.run_id
-       LEFT JOIN cur ON cur.run_id = p.run_id
-ORDER BY p.ord
+SELECT * FROM {q}reserve_wave(:server::boolean, :ord::int4[], :run_id::text[], :kind::text[],
+    :requested::int8[], :deadline_s::float8[], :max_searches::int8[], :max_rounds::int8[],
+    :now::float8[], :floor::float8[])
 """
-"""One wave of a batch (at most one request per run) judged and recorded in ONE statement
-over arrays of requests: the round, or the refusal, of each, in the order of ``ord``. Run
-after the batch's locks, so every time it reads is current."""
+"""One wave of a batch (at most one request per run), judged and recorded in ONE statement."""
 
 _TABLES = ("recallbound_meta", *PRUNED_TABLES)
 """Every table of a ledger schema."""
@@ -340,8 +365,7 @@ class PostgresLedger(SqlLedger):
             lock_run=_LOCK_RUN, for_update=" FOR UPDATE", binary_order=' COLLATE "C"',
             clock=_SERVER_CLOCK if server else None,
         )
-        self._reserve_sql = self._dialect.sql(
-            _RESERVE.replace("{now}", _SERVER_CLOCK if server else "now"))
+        self._reserve_sql = self._dialect.sql(_RESERVE)
         self._lock_runs_sql = self._dialect.sql(_LOCK_RUNS)
         # Advisory locks on runs live in their own space per schema (two-key locks never meet
         # the one-key lock of schema creation).
@@ -576,8 +600,10 @@ class PostgresLedger(SqlLedger):
             except BaseException as exc:  # that caller's clock, whatever it raises: alone
                 outcomes[i] = exc
         waves = _waves(batch, list(times))
-        statements = [*head, *((self._reserve_sql, _wave(batch, wave, times)) for wave in waves),
-                      ("COMMIT", None)]
+        statements = [
+            *head, *((self._reserve_sql, _wave(batch, wave, times, not caller)) for wave in waves),
+            ("COMMIT", None),
+        ]
         results = await s.pipeline(statements)
         for rows in results[len(head):len(head) + len(waves)]:
             for (i, judged, executed, rounds, reserved, grant, deadline, opened, reason,
@@ -609,11 +635,11 @@ def _waves(batch: Sequence[ReserveRequest], ready: list[int]) -> list[list[int]]
 
 
 def _wave(batch: Sequence[ReserveRequest], wave: list[int],
-          times: Mapping[int, tuple[float | None, float]]) -> dict[str, list[Any]]:
+          times: Mapping[int, tuple[float | None, float]], server: bool) -> dict[str, Any]:
     """The array parameters of one wave's statement."""
     requests = [batch[i] for i in wave]
     return {
-        "ord": wave, "run_id": [r.run_id for r in requests],
+        "server": server, "ord": wave, "run_id": [r.run_id for r in requests],
         "kind": [r.kind.value for r in requests], "requested": [r.requested for r in requests],
         "deadline_s": [r.policy.deadline_s for r in requests],
         "max_searches": [r.policy.max_searches for r in requests],
