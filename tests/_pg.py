@@ -7,11 +7,20 @@ reached, the tests that need it fail, and say so.
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
 import secrets
+import shutil
+import signal
+import socket
 import subprocess
+import tempfile
+import time
+import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import psycopg
 from psycopg import sql
@@ -53,3 +62,56 @@ def restart_server() -> None:
         ["pg_ctlcluster", "--skip-systemctl-redirect", versions[-1], "main", "restart"],
         check=True, capture_output=True, timeout=120,
     )
+
+
+PGBOUNCER_POOL = 2
+"""Server connections PgBouncer keeps per database: far fewer than a ledger's pool, so its
+transactions keep landing on server connections other transactions used."""
+
+
+@functools.cache
+def pooled_dsn() -> str:
+    """The test server's DSN through PgBouncer in transaction mode (started once per process,
+    stopped at exit): every transaction may run on another server connection, so a ledger
+    that relied on session state (settings, prepared statements, session locks) would fail.
+
+    Needs the ``pgbouncer`` program (Debian: ``apt-get install pgbouncer``); there is no skip.
+    """
+    program = shutil.which("pgbouncer") or shutil.which("/usr/sbin/pgbouncer")
+    if program is None:
+        raise AssertionError("the pgbouncer program is not installed (apt-get install pgbouncer)")
+    target = urllib.parse.urlsplit(DSN)
+    folder = Path(tempfile.mkdtemp(prefix="rb-pgbouncer-"))
+    folder.chmod(0o777)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = folder / "pgbouncer.ini"
+    config.write_text(
+        "[databases]\n"
+        f"* = host={target.hostname} port={target.port or 5432} user={target.username}\n"
+        "[pgbouncer]\n"
+        f"listen_addr = 127.0.0.1\nlisten_port = {port}\nauth_type = any\n"
+        f"pool_mode = transaction\ndefault_pool_size = {PGBOUNCER_POOL}\n"
+        "max_client_conn = 500\nunix_socket_dir =\n"
+        f"logfile = {folder}/pgbouncer.log\npidfile = {folder}/pgbouncer.pid\n"
+    )
+    config.chmod(0o644)
+    # PgBouncer refuses to run as root: it switches to the server's own user.
+    user = ["-u", "postgres"] if os.geteuid() == 0 else []
+    subprocess.run([program, "-d", *user, str(config)], check=True, capture_output=True,
+                   timeout=30)
+    dsn = target._replace(netloc=f"{target.username}@127.0.0.1:{port}").geturl()
+    pidfile = folder / "pgbouncer.pid"
+    for _ in range(200):  # the daemon writes its pid file, then listens
+        try:
+            pid = int(pidfile.read_text().strip())
+            with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+                conn.execute("SELECT 1")
+        except (OSError, ValueError, psycopg.OperationalError):
+            time.sleep(0.05)
+            continue
+        atexit.register(os.kill, pid, signal.SIGTERM)
+        return dsn
+    raise AssertionError(f"PgBouncer did not answer on port {port}: "
+                         f"{(folder / 'pgbouncer.log').read_text()}")

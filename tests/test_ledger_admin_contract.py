@@ -2,7 +2,8 @@
 
 Every test takes ``pair`` (an opened ledger and its admin) and runs against each kind in
 :data:`ADMIN_KINDS`: SQLite (a file) and PostgreSQL (a schema of its own on the test server,
-dropped afterwards; judged by the caller's explicit times), each admin from ``admin_for``.
+dropped afterwards; judged by the caller's explicit times; directly and through PgBouncer in
+transaction mode), each admin from ``admin_for``.
 Times are explicit wall values (``WALL``), as in the ledger contract.
 tests/test_postgres_admin.py has the PostgreSQL-only admin tests (the server's clock, locks).
 """
@@ -39,7 +40,7 @@ from plugin.control.ledger_admin import (
 )
 from runtime_hooks.ledgers import admin_for
 
-from ._pg import DSN, connect, fresh_schema
+from ._pg import DSN, connect, fresh_schema, pooled_dsn
 
 pytestmark = pytest.mark.anyio
 
@@ -47,7 +48,7 @@ WALL = 1_700_000_000.0
 POLICY = AllowancePolicy()  # 4 searches, 2 rounds, 10 s
 AUTO, DELIB = RoundKind.AUTOMATIC, RoundKind.DELIBERATE
 
-ADMIN_KINDS = ["sqlite", "postgres"]
+ADMIN_KINDS = ["sqlite", "postgres", "postgres-pgbouncer"]
 """Every ledger whose admin the contract runs against."""
 
 
@@ -84,10 +85,12 @@ async def _open(kind: str, tmp_path: Path) -> AsyncIterator[Pair]:
         async with SqliteLedger(path) as ledger:
             yield Pair(ledger, admin_for(ledger), _raw_sqlite(path))
         return
-    if kind == "postgres":
+    if kind.startswith("postgres"):
+        # Through PgBouncer in transaction mode too: no session state may be relied on.
+        dsn = pooled_dsn() if kind == "postgres-pgbouncer" else DSN
         with fresh_schema("admin") as schema:
             # The contract's explicit times are the caller's: judge by them.
-            async with PostgresLedger(DSN, schema=schema, time_source="caller") as ledger:
+            async with PostgresLedger(dsn, schema=schema, time_source="caller") as ledger:
                 yield Pair(ledger, admin_for(ledger), _raw_postgres(schema))
         return
     raise AssertionError(f"unknown ledger kind {kind!r}")
