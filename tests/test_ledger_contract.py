@@ -5,7 +5,8 @@ takes the ``ledger`` (an opened ledger) or ``open_ledger`` (a factory of unopene
 one store) fixture runs against each kind in :data:`LEDGER_KINDS`: SQLite (a file),
 PostgreSQL (a schema of its own on the test server, dropped afterwards; judged by the caller's
 explicit times; directly, and through PgBouncer in transaction mode, which proves that no
-session state is relied on) and the in-memory test double. The tests near the end that name
+session state is relied on; and judged by the server's clock, the production path, through
+``ServerClockLedger``) and the in-memory test double. The tests near the end that name
 ``SqliteLedger`` check failures only a file-backed ledger has (missing folder, foreign or
 damaged file, a lock held by another connection); tests/test_postgres_ledger.py has the
 PostgreSQL-only ones.
@@ -56,7 +57,7 @@ from plugin.errors import (
 )
 
 from ._fakes import MemoryLedger, MemoryStore
-from ._pg import DSN, fresh_schema, pooled_dsn
+from ._pg import DSN, ServerClockLedger, fresh_schema, pooled_dsn
 
 pytestmark = pytest.mark.anyio
 
@@ -64,7 +65,7 @@ WALL = 1_700_000_000.0
 POLICY = AllowancePolicy()  # 4 searches, 2 rounds, 10 s, 2 automatic slots
 AUTO, DELIB = RoundKind.AUTOMATIC, RoundKind.DELIBERATE
 
-LEDGER_KINDS = ["sqlite", "postgres", "postgres-pgbouncer", "memory"]
+LEDGER_KINDS = ["sqlite", "postgres", "postgres-pgbouncer", "postgres-server-clock", "memory"]
 """Every ledger implementation the contract runs against."""
 
 
@@ -75,6 +76,9 @@ def _make_ledger(kind: str, store: Any, **options: Any) -> Any:
     if kind == "postgres":
         # The contract's explicit times are the caller's: judge by them, not the server clock.
         return PostgresLedger(DSN, schema=store, time_source="caller", **options)
+    if kind == "postgres-server-clock":
+        # The production path: judged by the server's clock, driven through the floor.
+        return ServerClockLedger(PostgresLedger(DSN, schema=store, **options))
     if kind == "postgres-pgbouncer":
         # Through a pooler in transaction mode: no session state may be relied on.
         return PostgresLedger(pooled_dsn(), schema=store, time_source="caller", **options)
