@@ -3,7 +3,8 @@
 Every test takes ``pair`` (an opened ledger and its admin) and runs against each kind in
 :data:`ADMIN_KINDS`: SQLite (a file) and PostgreSQL (a schema of its own on the test server,
 dropped afterwards; judged by the caller's explicit times; directly and through PgBouncer in
-transaction mode), each admin from ``admin_for``.
+transaction mode) and the in-memory test double, each admin from ``admin_for`` (every ledger's
+``admin()``). The tests that damage a ledger with SQL take ``sql_pair``: the SQL ledgers only.
 Times are explicit wall values (``WALL``), as in the ledger contract.
 tests/test_postgres_admin.py has the PostgreSQL-only admin tests (the server's clock, locks).
 """
@@ -40,6 +41,7 @@ from plugin.control.ledger_admin import (
 )
 from runtime_hooks.ledgers import admin_for
 
+from ._fakes import MemoryLedger, MemoryStore
 from ._pg import DSN, connect, fresh_schema, pooled_dsn
 
 pytestmark = pytest.mark.anyio
@@ -48,7 +50,9 @@ WALL = 1_700_000_000.0
 POLICY = AllowancePolicy()  # 4 searches, 2 rounds, 10 s
 AUTO, DELIB = RoundKind.AUTOMATIC, RoundKind.DELIBERATE
 
-ADMIN_KINDS = ["sqlite", "postgres", "postgres-pgbouncer"]
+SQL_KINDS = ["sqlite", "postgres", "postgres-pgbouncer"]
+"""The SQL ledgers: the tests that damage a ledger behind its back (``sql_pair``) run on these."""
+ADMIN_KINDS = [*SQL_KINDS, "memory"]
 """Every ledger whose admin the contract runs against."""
 
 
@@ -57,7 +61,8 @@ class Pair:
     ledger: Ledger
     admin: LedgerAdmin
     raw: Callable[[str], None]
-    """Run one SQL statement on the ledger's tables behind its back (to damage it)."""
+    """Run one SQL statement on the ledger's tables behind its back (to damage it); only for
+    the SQL ledgers (``sql_pair``)."""
 
 
 def _raw_sqlite(path: Path) -> Callable[[str], None]:
@@ -93,12 +98,27 @@ async def _open(kind: str, tmp_path: Path) -> AsyncIterator[Pair]:
             async with PostgresLedger(dsn, schema=schema, time_source="caller") as ledger:
                 yield Pair(ledger, admin_for(ledger), _raw_postgres(schema))
         return
+    if kind == "memory":
+        async with MemoryLedger.over(MemoryStore()) as ledger:
+            yield Pair(ledger, admin_for(ledger), _no_sql)
+        return
     raise AssertionError(f"unknown ledger kind {kind!r}")
+
+
+def _no_sql(statement: str) -> None:
+    raise AssertionError("the in-memory ledger has no SQL: damage tests take `sql_pair`")
 
 
 @pytest.fixture(params=ADMIN_KINDS)
 async def pair(anyio_backend: object, request: pytest.FixtureRequest,
                tmp_path: Path) -> AsyncIterator[Pair]:
+    async with _open(str(request.param), tmp_path) as opened:
+        yield opened
+
+
+@pytest.fixture(params=SQL_KINDS)
+async def sql_pair(anyio_backend: object, request: pytest.FixtureRequest,
+                   tmp_path: Path) -> AsyncIterator[Pair]:
     async with _open(str(request.param), tmp_path) as opened:
         yield opened
 
@@ -240,7 +260,8 @@ async def test_prune_by_an_operator_clock_ahead_never_removes_a_live_run(pair: P
     assert report.run_ids == ("live",)
 
 
-async def test_prune_ignores_a_non_finite_recorded_time(pair: Pair) -> None:
+async def test_prune_ignores_a_non_finite_recorded_time(sql_pair: Pair) -> None:
+    pair = sql_pair
     # A doctored far-future time must not make the ledger's own clock run ahead.
     await _run(pair.ledger, "live", WALL, policy=attrs.evolve(POLICY, deadline_s=600.0))
     pair.raw("INSERT INTO refusals (run_id, round_index, what, kind, reason, at_wall) "
@@ -290,7 +311,8 @@ async def test_check_passes_on_a_sound_ledger(pair: Pair) -> None:
     assert result.ok and result.schema_version == result.expected_version
 
 
-async def test_check_reports_each_broken_invariant(pair: Pair) -> None:
+async def test_check_reports_each_broken_invariant(sql_pair: Pair) -> None:
+    pair = sql_pair
     await _populate(pair.ledger)
     pair.raw("UPDATE runs SET reserved = 9 WHERE run_id = 'old'")
     pair.raw("UPDATE runs SET rounds = 3 WHERE run_id = 'mid'")
@@ -317,7 +339,8 @@ async def test_check_reports_a_slot_the_run_never_reserved(pair: Pair) -> None:
     assert problem == "run a: attempt a-3-False holds slot 3, which the run never reserved"
 
 
-async def test_check_reports_more_attempts_than_reserved_slots(pair: Pair) -> None:
+async def test_check_reports_more_attempts_than_reserved_slots(sql_pair: Pair) -> None:
+    pair = sql_pair
     await _run(pair.ledger, "a", WALL, attempts=2)  # round 1: slots 1-2
     # A third executed attempt in round 1 (slot 2 again: the run reserved only 2).
     pair.raw("INSERT INTO attempts SELECT 'a-extra', run_id, round_index, 2, kind, strategy, "
@@ -330,7 +353,8 @@ async def test_check_reports_more_attempts_than_reserved_slots(pair: Pair) -> No
     }
 
 
-async def test_check_reports_more_attempts_in_a_round_than_its_slots(pair: Pair) -> None:
+async def test_check_reports_more_attempts_in_a_round_than_its_slots(sql_pair: Pair) -> None:
+    pair = sql_pair
     await _run(pair.ledger, "a", WALL, attempts=2)  # round 1: slots 1-2
     assert isinstance(await pair.ledger.reserve("a", DELIB, 2, POLICY, WALL + 1), Reservation)
     # The run's totals add up (2 executed of 4 reserved), but round 1's grant shrank to 1.
@@ -341,7 +365,8 @@ async def test_check_reports_more_attempts_in_a_round_than_its_slots(pair: Pair)
         "run a: round 1 executed 2 attempts, over its 1 slots",)
 
 
-async def test_check_reports_a_slot_used_twice(pair: Pair) -> None:
+async def test_check_reports_a_slot_used_twice(sql_pair: Pair) -> None:
+    pair = sql_pair
     await _run(pair.ledger, "a", WALL, attempts=1)
     pair.raw("UPDATE runs SET reserved = 4, rounds = 2 WHERE run_id = 'a'")
     pair.raw("INSERT INTO rounds SELECT run_id, 2, kind, 2, 3, 2, 1, reserved_wall FROM rounds "
@@ -351,7 +376,8 @@ async def test_check_reports_a_slot_used_twice(pair: Pair) -> None:
     assert (await pair.admin.check()).problems == ("run a: slot 1 used by 2 attempts",)
 
 
-async def test_check_reports_non_finite_stored_times(pair: Pair) -> None:
+async def test_check_reports_non_finite_stored_times(sql_pair: Pair) -> None:
+    pair = sql_pair
     await _run(pair.ledger, "a", WALL)
     await _run(pair.ledger, "b", WALL)
     infinity = "'Infinity'::float8" if isinstance(pair.ledger, PostgresLedger) else "1e999"
@@ -366,7 +392,8 @@ async def test_check_reports_non_finite_stored_times(pair: Pair) -> None:
     }
 
 
-async def test_check_reports_the_schema_version(pair: Pair) -> None:
+async def test_check_reports_the_schema_version(sql_pair: Pair) -> None:
+    pair = sql_pair
     await _run(pair.ledger, "a", WALL)
     current = (await pair.admin.check()).schema_version
     assert current == type(pair.ledger).schema_version  # type: ignore[attr-defined]
