@@ -359,3 +359,45 @@ def test_invalid_settings_are_refused_at_construction(options: dict[str, Any]) -
     assert isinstance(caught.value, ValueError)
     with pytest.raises(LedgerConfigError):
         PostgresLedger("")
+
+
+# -- group commit: one trip to the server, one hop to a worker thread ---------------------------
+
+
+@pytest.mark.parametrize("time_source", ["server", "caller"])
+async def test_a_batch_crosses_to_a_worker_thread_once_per_trip(
+    schema: str, anyio_backend_name: str, time_source: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async with PostgresLedger(_pg.DSN, schema=schema, time_source=time_source) as ledger:
+        _granted(await ledger.reserve("warm", AUTO, 1, POLICY, 100.0))
+        batches: list[int] = []
+        inner = ledger._group.run
+
+        async def spy(batch: Any) -> Any:
+            batches.append(len(batch))
+            return await inner(batch)
+
+        ledger._group.run = spy
+        hops: list[str] = []
+        real = anyio.to_thread.run_sync
+
+        async def counted(fn: Any, *args: Any, **options: Any) -> Any:
+            hops.append(getattr(fn, "__name__", repr(fn)))
+            return await real(fn, *args, **options)
+
+        monkeypatch.setattr(anyio.to_thread, "run_sync", counted)
+        async with anyio.create_task_group() as tg:
+            for i in range(60):
+                tg.start_soon(ledger.reserve, f"run-{i % 20}", DELIB, 1, POLICY, 100.0)
+        monkeypatch.setattr(anyio.to_thread, "run_sync", real)
+        assert sum(batches) == 60 and max(batches) > 1
+        if anyio_backend_name == "asyncio":
+            assert hops == []  # psycopg's own async connections: no thread at all
+        else:
+            # Per batch: a checkout, the batch's statements (one trip by the server's clock;
+            # by the callers' clocks, read between the locks and the rounds, two), a return.
+            trips = 1 if time_source == "server" else 2
+            assert len(hops) == len(batches) * (2 + trips), hops
+        for i in range(20):  # three requests per run, in batches: exactly judged
+            usage = await ledger.usage(f"run-{i}")
+            assert (usage.rounds, usage.reserved, usage.refused) == (2, 2, 1)
