@@ -394,10 +394,11 @@ async def test_a_batch_crosses_to_a_worker_thread_once_per_trip(
         if anyio_backend_name == "asyncio":
             assert hops == []  # psycopg's own async connections: no thread at all
         else:
-            # Per batch: a checkout, the batch's statements (one trip by the server's clock;
-            # by the callers' clocks, read between the locks and the rounds, two), a return.
-            trips = 1 if time_source == "server" else 2
-            assert len(hops) == len(batches) * (2 + trips), hops
+            # Per batch, by the server's clock: one hop (checkout, the whole transaction in one
+            # trip, return). By the callers' clocks, read between the locks and the rounds: a
+            # checkout, two trips, a return.
+            per_batch = 1 if time_source == "server" else 4
+            assert len(hops) == len(batches) * per_batch, hops
         for i in range(20):  # three requests per run, in batches: exactly judged
             usage = await ledger.usage(f"run-{i}")
             assert (usage.rounds, usage.reserved, usage.refused) == (2, 2, 1)

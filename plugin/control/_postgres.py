@@ -79,9 +79,28 @@ class Driver(Protocol):
         """Check a connection out of the pool for the block; always given back."""
         ...
 
+    async def transaction(self, statements: Sequence[tuple[str, Params | None]]) -> list[list[Row]]:
+        """Check a connection out, run ``statements`` (a whole transaction, ``BEGIN`` to
+        ``COMMIT``) in one round trip, roll back on failure, give the connection back: on trio
+        all of it in one hop to a worker thread. Each statement's rows, in order."""
+        ...
+
 
 def _rows(cur: psycopg.Cursor[Row] | psycopg.AsyncCursor[Row]) -> bool:
     return cur.description is not None
+
+
+def _pipeline(
+    conn: psycopg.Connection[Row], statements: Sequence[tuple[str, Params | None]]
+) -> list[list[Row]]:
+    with conn.pipeline():
+        cursors = [conn.execute(sql, params) for sql, params in statements]
+    return [cur.fetchall() if _rows(cur) else [] for cur in cursors]
+
+
+def _rollback(conn: psycopg.Connection[Row] | psycopg.AsyncConnection[Row]) -> bool:
+    """Whether a failed transaction on ``conn`` still needs a ``ROLLBACK`` (not if lost)."""
+    return not (conn.closed or conn.broken)
 
 
 class _AsyncSession:
@@ -136,6 +155,22 @@ class AsyncDriver:
             with anyio.CancelScope(shield=True):
                 await self._pool.putconn(conn)
 
+    async def transaction(self, statements: Sequence[tuple[str, Params | None]]) -> list[list[Row]]:
+        conn = await self._pool.getconn()
+        try:
+            with anyio.CancelScope(shield=True):
+                try:
+                    rows = await _AsyncSession(conn).pipeline(statements)
+                except BaseException:
+                    if _rollback(conn):
+                        with contextlib.suppress(psycopg.Error):
+                            await conn.execute("ROLLBACK")
+                    raise
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._pool.putconn(conn)
+        return rows
+
 
 class _ThreadedSession:
     def __init__(self, conn: psycopg.Connection[Row], limiter: anyio.CapacityLimiter) -> None:
@@ -165,13 +200,7 @@ class _ThreadedSession:
 
     async def pipeline(self, statements: Sequence[tuple[str, Params | None]]) -> list[list[Row]]:
         conn = self._conn
-
-        def run() -> list[list[Row]]:
-            with conn.pipeline():
-                cursors = [conn.execute(sql, params) for sql, params in statements]
-            return [cur.fetchall() if _rows(cur) else [] for cur in cursors]
-
-        return await self._run(run)
+        return await self._run(lambda: _pipeline(conn, statements))
 
     @property
     def broken(self) -> bool:
@@ -218,6 +247,25 @@ class ThreadedDriver:
                     await anyio.to_thread.run_sync(
                         self._pool.putconn, conn, limiter=self._limiter
                     )
+
+    async def transaction(self, statements: Sequence[tuple[str, Params | None]]) -> list[list[Row]]:
+        pool = self._pool
+
+        def run() -> list[list[Row]]:
+            conn = pool.getconn()
+            try:
+                return _pipeline(conn, statements)
+            except BaseException:
+                if _rollback(conn):
+                    with contextlib.suppress(psycopg.Error):
+                        conn.execute("ROLLBACK")
+                raise
+            finally:
+                pool.putconn(conn)
+
+        async with self._admitted:
+            # One hop: a worker thread is never abandoned, so the connection always goes back.
+            return await anyio.to_thread.run_sync(run, limiter=self._limiter)
 
 
 def check_idle(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:

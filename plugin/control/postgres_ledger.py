@@ -28,7 +28,7 @@ import math
 import re
 import zlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeAlias, TypeVar
 
 import anyio
 import psycopg
@@ -566,7 +566,9 @@ class PostgresLedger(SqlLedger):
         where = (f"reserving a round of run {batch[0].run_id!r}" if len(batch) == 1
                  else f"reserving {len(batch)} rounds")
         try:
-            return await self._session(lambda s: self._judge(s, batch), where)
+            if self._time_source == "server":
+                return await self._judge(batch, self._one_trip(where))
+            return await self._session(lambda s: self._judge(batch, s.pipeline), where)
         except (LedgerUnavailableError, LedgerLockedError):
             raise  # the server, not one request: every request of the batch fails with it
         except LedgerError:
@@ -582,16 +584,31 @@ class PostgresLedger(SqlLedger):
                 outcomes.append(exc)
         return outcomes
 
+    def _one_trip(self, where: str) -> _Send:
+        """Send a whole transaction: a connection checked out, the statements, back (on trio,
+        one hop to a worker thread); errors typed."""
+        driver = self._connected()
+
+        async def send(statements: Sequence[tuple[str, Any]]) -> list[list[Row]]:
+            try:
+                return await driver.transaction(statements)
+            except psycopg.Error as exc:
+                raise _translate(exc, where, self._secret) from exc
+
+        return send
+
     async def _judge(
-        self, s: _postgres.Session, batch: Sequence[ReserveRequest]
+        self, batch: Sequence[ReserveRequest], send: _Send
     ) -> list[Reservation | BudgetRefusal | BaseException]:
+        """The batch's transaction through ``send``: the run locks, the waves, ``COMMIT`` in one
+        trip; by the callers' clocks, two (the clocks are read after the locks)."""
         outcomes: dict[int, Reservation | BudgetRefusal | BaseException] = {}
         caller = self._time_source == "caller"
         locks = (self._lock_runs_sql,
                  {"space": self._space, "runs": sorted({r.run_id for r in batch})})
         head: list[tuple[str, Any]] = [*self._begin(read_only=False), locks]
         if caller:
-            await s.pipeline(head)  # the callers' clocks are read after the locks
+            await send(head)
             head = []
         times: dict[int, tuple[float | None, float]] = {}
         for i, request in enumerate(batch):
@@ -604,7 +621,7 @@ class PostgresLedger(SqlLedger):
             *head, *((self._reserve_sql, _wave(batch, wave, times, not caller)) for wave in waves),
             ("COMMIT", None),
         ]
-        results = await s.pipeline(statements)
+        results = await send(statements)
         for rows in results[len(head):len(head) + len(waves)]:
             for (i, judged, executed, rounds, reserved, grant, deadline, opened, reason,
                  reserved_before) in rows:
@@ -618,6 +635,10 @@ class PostgresLedger(SqlLedger):
                                 deadline=deadline, opened=opened, judged=judged)
                 )
         return [outcomes[i] for i in range(len(batch))]
+
+
+_Send: TypeAlias = "Callable[[Sequence[tuple[str, Any]]], Awaitable[list[list[Row]]]]"
+"""Sends statements to the server, one trip, and returns each one's rows."""
 
 
 def _waves(batch: Sequence[ReserveRequest], ready: list[int]) -> list[list[int]]:
