@@ -375,11 +375,6 @@ class PostgresLedger(SqlLedger):
         self._group: GroupCommit[ReserveRequest, Reservation | BudgetRefusal] = GroupCommit(
             anyio.Lock(), self._reserve_batch, self._shared_failure)
 
-    def _shared_failure(self, error: BaseException) -> BaseException:
-        if isinstance(error, LedgerError):
-            return type(error)(str(error))
-        return LedgerError(f"ledger schema {self._schema!r}: a group commit failed: {error!r}")
-
     @property
     def schema(self) -> str:
         return self._schema

@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias, TypeVar
 
 import attrs
 
+from plugin.errors import LedgerError
+
 from .ledger import (
     AttemptOutcome,
     AttemptTrace,
@@ -281,6 +283,13 @@ class SqlLedger(abc.ABC):
         from .sql_admin import SqlAdmin  # it builds on this module
 
         return SqlAdmin(self)
+
+    def _shared_failure(self, error: BaseException) -> BaseException:
+        """What each other request of a group commit gets when its whole batch failed: a
+        fresh error of its own (the same type for a ledger error)."""
+        if isinstance(error, LedgerError):
+            return type(error)(str(error))
+        return LedgerError(f"ledger {self.location}: a group commit failed: {error!r}")
 
     def _sql(self, template: str) -> str:
         return self._dialect.sql(template)

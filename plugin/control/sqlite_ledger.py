@@ -253,11 +253,6 @@ class SqliteLedger(SqlLedger):
             if group_commit else None
         )
 
-    def _shared_failure(self, error: BaseException) -> BaseException:
-        if isinstance(error, LedgerError):
-            return type(error)(str(error))
-        return LedgerError(f"ledger {self._path!r}: a group commit failed: {error!r}")
-
     @property
     def path(self) -> str:
         return self._path
