@@ -18,7 +18,13 @@ import anyio
 import pytest
 
 from plugin import AllowancePolicy, PostgresLedger, RoundKind, SqliteLedger
-from plugin.control import BudgetRefusal, RefusalReason, Reservation
+from plugin.control import (
+    AttemptOutcome,
+    AttemptTrace,
+    BudgetRefusal,
+    RefusalReason,
+    Reservation,
+)
 
 from ._pg import DSN, fresh_schema
 
@@ -217,3 +223,40 @@ async def test_a_closed_ledger_refuses_before_joining_a_batch(
 def test_group_commit_must_be_a_bool(tmp_path: Path) -> None:
     with pytest.raises(TypeError):
         SqliteLedger(tmp_path / "l.db", group_commit="no")  # type: ignore[arg-type]
+
+
+def _attempt(run_id: str, slot: int) -> AttemptTrace:
+    return AttemptTrace(
+        attempt_id=f"{run_id}-{slot}", run_id=run_id, round_index=1, slot=slot,
+        kind="deliberate", outcome=AttemptOutcome.OK, started_wall=WALL, elapsed_s=0.1,
+    )
+
+
+async def test_concurrent_trace_writes_share_transactions_and_fail_alone(
+    make: Callable[[], Ledger],
+) -> None:
+    async with make() as ledger:
+        sizes: list[int] = []
+        inner = ledger._writes.run
+
+        async def spy(batch: Sequence[Any]) -> Any:
+            sizes.append(len(batch))
+            return await inner(batch)
+
+        ledger._writes.run = spy
+        failures: dict[int, Exception] = {}
+
+        async def one(i: int) -> None:
+            # Run 7's trace holds slot 2**63: beyond a 64-bit integer, its write fails.
+            try:
+                await ledger.record([_attempt(f"run-{i}", 2**63 if i == 7 else 1)], [])
+            except Exception as exc:
+                failures[i] = exc
+
+        async with anyio.create_task_group() as tg:
+            for i in range(40):
+                tg.start_soon(one, i)
+        assert sum(sizes) == 40 and max(sizes) > 1 and len(sizes) < 40
+        assert list(failures) == [7]
+        for i in range(40):
+            assert len(await ledger.attempts(f"run-{i}")) == (0 if i == 7 else 1)

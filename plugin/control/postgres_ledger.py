@@ -48,7 +48,7 @@ from plugin.errors import (
 
 from . import _postgres
 from ._group import GroupCommit
-from .ledger import IdentityCache, Reservation, WallTime, read_time
+from .ledger import Reservation, WallTime, read_time
 from .ledger_admin import PRUNED_TABLES
 from .policy import AllowancePolicy, RoundKind
 from .refusal import BudgetRefusal, RefusalReason
@@ -57,6 +57,7 @@ from .sql_ledger import (
     Dialect,
     ReserveRequest,
     Row,
+    Rows,
     Session,
     SqlLedger,
     reservation,
@@ -371,7 +372,7 @@ class PostgresLedger(SqlLedger):
         # the one-key lock of schema creation).
         self._space = zlib.crc32(schema.encode()) - 2**31
         self._driver: _postgres.Driver | None = None
-        self._identities = IdentityCache()
+        super().__init__()
         self._group: GroupCommit[ReserveRequest, Reservation | BudgetRefusal] = GroupCommit(
             anyio.Lock(), self._reserve_batch, self._shared_failure)
 
@@ -514,6 +515,14 @@ class PostgresLedger(SqlLedger):
 
         return await self._session(run, where)
 
+    async def _write_rows(self, statements: Rows, where: str) -> None:
+        # The whole transaction in one round trip (on trio, one hop to a worker thread).
+        await self._one_trip(where)([
+            *self._begin(read_only=False),
+            *((sql, row) for sql, rows in statements for row in rows),
+            ("COMMIT", None),
+        ])
+
     def _lock_params(self, run_id: str) -> dict[str, Any]:
         return {"run_id": run_id, "space": self._space}
 
@@ -566,7 +575,7 @@ class PostgresLedger(SqlLedger):
             return await self._session(lambda s: self._judge(batch, s.pipeline), where)
         except (LedgerUnavailableError, LedgerLockedError):
             raise  # the server, not one request: every request of the batch fails with it
-        except LedgerError:
+        except Exception:  # a statement, or a value the driver cannot take
             if len(batch) == 1:
                 raise
         # One request's statement failed and the batch rolled back whole (nothing of it was
@@ -575,7 +584,7 @@ class PostgresLedger(SqlLedger):
         for request in batch:
             try:
                 outcomes.extend(await self._reserve_batch([request]))
-            except LedgerError as exc:
+            except Exception as exc:
                 outcomes.append(exc)
         return outcomes
 

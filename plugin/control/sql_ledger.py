@@ -23,10 +23,12 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias, TypeVar
 
+import anyio
 import attrs
 
-from plugin.errors import LedgerError
+from plugin.errors import LedgerError, LedgerLockedError, LedgerUnavailableError
 
+from ._group import GroupCommit
 from .ledger import (
     AttemptOutcome,
     AttemptTrace,
@@ -48,6 +50,8 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 Row: TypeAlias = "tuple[Any, ...]"
+Rows: TypeAlias = "list[tuple[str, Sequence[Mapping[str, Any]]]]"
+"""Statements to run once per row of theirs, in one transaction."""
 Self = TypeVar("Self", bound="SqlLedger")
 
 _NAMED = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
@@ -221,8 +225,13 @@ class SqlLedger(abc.ABC):
     """The shared part of the SQL ledgers (see the module). Not a ledger on its own."""
 
     _dialect: Dialect
-    _identities: IdentityCache
-    """Bindings this ledger object already read back (a binding never changes)."""
+
+    def __init__(self) -> None:
+        self._identities = IdentityCache()
+        """Bindings this ledger object already read back (a binding never changes)."""
+        self._writes: GroupCommit[Rows, bool] = GroupCommit(
+            anyio.Lock(), self._write_batch, self._shared_failure)
+        """Trace writes that arrive while one is in flight share the next transaction."""
 
     # -- what a database module provides -----------------------------------------------------
 
@@ -312,15 +321,43 @@ class SqlLedger(abc.ABC):
         if not attempts and not refusals:
             return
 
-        async def write(s: Session) -> None:
-            if attempts:
-                await s.executemany(self._sql(_RECORD_ATTEMPT),
-                                    [attempt_row(t) for t in attempts])
-            if refusals:
-                await s.executemany(self._sql(_RECORD_REFUSAL),
-                                    [refusal_row(r) for r in refusals])
+        statements: Rows = [
+            (self._sql(_RECORD_ATTEMPT), [attempt_row(t) for t in attempts]),
+            (self._sql(_RECORD_REFUSAL), [refusal_row(r) for r in refusals]),
+        ]
+        await self._writes.submit(statements)
 
-        await self._transact(write, "recording traces")
+    async def _write_batch(self, batch: Sequence[Rows]) -> list[bool | BaseException]:
+        """The trace writes of ``batch`` in one transaction; if one of them fails (a statement,
+        not the database), each again on its own, so that it fails alone."""
+        where = "recording traces"
+        try:
+            await self._write_rows([statement for rows in batch for statement in rows], where)
+            return [True] * len(batch)
+        except (LedgerUnavailableError, LedgerLockedError):
+            raise  # the database, not one request: every request of the batch fails with it
+        except Exception:  # a statement, or a value the driver cannot take
+            if len(batch) == 1:
+                raise
+        outcomes: list[bool | BaseException] = []
+        for rows in batch:
+            try:
+                await self._write_rows(rows, where)
+                outcomes.append(True)
+            except Exception as exc:
+                outcomes.append(exc)
+        return outcomes
+
+    async def _write_rows(self, statements: Rows, where: str) -> None:
+        """Each statement once per row, all in one transaction (a database that can send it
+        all at once does: one round trip)."""
+
+        async def write(s: Session) -> None:
+            for sql, rows in statements:
+                if rows:
+                    await s.executemany(sql, rows)
+
+        await self._transact(write, where)
 
     async def _retained_among(self, s: Session, run_id: str, ids: list[str]) -> set[str]:
         rows = await s.fetchall(

@@ -32,7 +32,7 @@ from plugin.errors import (
 
 from . import _sqlite
 from ._group import GroupCommit
-from .ledger import IdentityCache, Reservation, WallTime, read_time
+from .ledger import Reservation, WallTime, read_time
 from .policy import AllowancePolicy, RoundKind
 from .refusal import BudgetRefusal, RefusalReason
 from .sql_ledger import (
@@ -240,7 +240,7 @@ class SqliteLedger(SqlLedger):
             raise LedgerPathError(f"invalid ledger path {self._path!r}")
         self._timeout = _busy_timeout(timeout)
         self._conn: _sqlite.Connection | None = None
-        self._identities = IdentityCache()
+        super().__init__()
         # One connection, many tasks: a transaction must never interleave with another task's
         # statements on the same connection ("cannot start a transaction within a transaction").
         self._lock = anyio.Lock()
