@@ -18,6 +18,9 @@ contenders' batches alternate, and each figure is the median over the batches:
 
 Ratios: PostgreSQL / SQLite and PostgreSQL / raw psycopg (above 1: the ledger is faster).
 
+**Other writes.** Trace writes (``record``, one attempt each; group-committed like
+reservations) and ``retain`` calls (one transaction each) per second, 1,000 runs at once.
+
 **A fleet.** 8 worker processes (asyncio, one ``PostgresLedger`` each) on one schema, started
 together; each runs 1,000 tasks, task ``i`` of every process reserving rounds of run ``i``
 (8 processes contend for each run). Reported: the total reservations (granted or refused) per
@@ -46,7 +49,14 @@ import psycopg_pool
 import sniffio
 
 from plugin import PostgresLedger
-from plugin.control import AllowancePolicy, Reservation, RoundKind, SqliteLedger
+from plugin.control import (
+    AllowancePolicy,
+    AttemptOutcome,
+    AttemptTrace,
+    Reservation,
+    RoundKind,
+    SqliteLedger,
+)
 
 DSN = os.environ.get("RECALLBOUND_TEST_PG_DSN", "postgresql://root@127.0.0.1:5432/test")
 POOL = 8
@@ -157,6 +167,47 @@ async def measure(folder: Path, schema: str) -> list[tuple[int, float, float, fl
     return rows
 
 
+WRITES = 2000
+"""Trace writes (or retains) per batch, by 1,000 concurrent runs."""
+
+
+async def _writes(ledger: Any, what: str) -> float:
+    """Trace writes (``record``, one attempt each) or ``retain`` calls per second, 1,000 runs."""
+    per_task = WRITES // 1000
+
+    async def task() -> None:
+        run_id = f"run-{next(_ids)}"
+        for slot in range(1, per_task + 1):
+            if what == "record":
+                await ledger.record([AttemptTrace(
+                    attempt_id=f"{run_id}-{slot}", run_id=run_id, round_index=1, slot=slot,
+                    kind="deliberate", outcome=AttemptOutcome.OK, started_wall=time.time(),
+                    elapsed_s=0.1)], [])
+            else:
+                await ledger.retain(run_id, [f"m{slot}"], limit=100)
+
+    start = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for _ in range(1000):
+            tg.start_soon(task)
+    return per_task * 1000 / (time.perf_counter() - start)
+
+
+async def measure_writes(folder: Path, schema: str) -> list[tuple[str, float, float]]:
+    """(what, PostgreSQL, SQLite median calls/s) of the other writes, 1,000 runs at once."""
+    rows = []
+    async with SqliteLedger(folder / "writes.sqlite3") as sqlite, PostgresLedger(
+        DSN, schema=schema, max_size=POOL, min_size=POOL
+    ) as postgres:
+        for what in ("record", "retain"):
+            figures: list[list[float]] = [[], []]
+            for _ in range(BATCHES):
+                for figure, ledger in zip(figures, (postgres, sqlite), strict=True):
+                    figure.append(await _writes(ledger, what))
+            rows.append((what, *(statistics.median(f) for f in figures)))
+    return rows
+
+
 # -- the fleet ---------------------------------------------------------------------------------
 
 
@@ -256,6 +307,15 @@ def main() -> None:
                                                             backend=backend):
                     print(f"  {backend:<8} {concurrency:>5} {pg:>9.0f}/s {lite:>7.0f}/s "
                           f"{raw:>10.0f}/s {pg / lite:>11.2f}x {pg / raw:>8.2f}x")
+            print(f"\n  other writes, 1,000 runs at once (median of {BATCHES} batches)")
+            print(f"  {'loop':<8} {'write':<7} {'PostgreSQL':>11} {'SQLite':>9} "
+                  f"{'PG / SQLite':>12}")
+            for backend in BACKENDS:
+                folder = Path(name) / backend
+                for what, pg, lite in anyio.run(measure_writes, folder,
+                                                f"{schema}_{backend}_w", backend=backend):
+                    print(f"  {backend:<8} {what:<7} {pg:>9.0f}/s {lite:>7.0f}/s "
+                          f"{pg / lite:>11.2f}x")
         figures = fleet(fleet_schema)
         print(f"\n  fleet: {FLEET_WORKERS} processes x {FLEET_RUNS} runs x {FLEET_ROUNDS} rounds "
               f"on one PostgreSQL ledger (asyncio, pools of 2)")
@@ -267,7 +327,7 @@ def main() -> None:
               f"ledger check: {list(figures['problems']) or 'ok'}")
         print(f"  load average after: {Path('/proc/loadavg').read_text().split()[:3]}")
     finally:
-        _drop(*(f"{schema}_{b}" for b in BACKENDS), *(f"{schema}_{b}_raw" for b in BACKENDS),
+        _drop(*(f"{schema}_{b}{suffix}" for b in BACKENDS for suffix in ("", "_raw", "_w")),
               fleet_schema)
 
 
