@@ -24,6 +24,7 @@ from plugin.control import (
     BudgetRefusal,
     RefusalReason,
     Reservation,
+    Validity,
 )
 
 from ._pg import DSN, fresh_schema
@@ -260,3 +261,31 @@ async def test_concurrent_trace_writes_share_transactions_and_fail_alone(
         assert list(failures) == [7]
         for i in range(40):
             assert len(await ledger.attempts(f"run-{i}")) == (0 if i == 7 else 1)
+
+
+async def test_concurrent_retains_of_one_run_from_two_ledgers_keep_its_limit(
+    make: Callable[[], Ledger],
+) -> None:
+    # Two ledger objects on one store (two connections, two pools): their batches race.
+    async with make() as first, make() as second:
+        sizes: list[int] = []
+        inner = first._writes.run
+
+        async def spy(batch: Sequence[Any]) -> Any:
+            sizes.append(len(batch))
+            return await inner(batch)
+
+        first._writes.run = spy
+
+        async def one(ledger: Ledger, i: int) -> None:
+            await ledger.retain(f"run-{i % 4}", [f"m{i}", f"m{i + 1}", "shared"], limit=5)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(60):
+                tg.start_soon(one, first if i % 2 else second, i)
+        assert max(sizes) > 1
+        for run in range(4):
+            answers = await first.take_validations(
+                f"run-{run}", [f"m{i}" for i in range(62)] + ["shared"], limit=100)
+            kept = [i for i, validity in answers.items() if validity is not Validity.NOT_RETAINED]
+            assert len(kept) == 5, (run, kept)

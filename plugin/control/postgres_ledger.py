@@ -363,6 +363,7 @@ class PostgresLedger(SqlLedger):
         server = time_source == "server"
         self._dialect = Dialect(
             name="postgresql", prefix=quoted + ".", pyformat=True, id_list="= ANY(:{name})",
+            id_rows="unnest(:{name}::text[]) WITH ORDINALITY AS j(value, key)", greatest="greatest",
             lock_run=_LOCK_RUN, for_update=" FOR UPDATE", binary_order=' COLLATE "C"',
             clock=_SERVER_CLOCK if server else None,
         )

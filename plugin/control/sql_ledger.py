@@ -91,6 +91,10 @@ class Dialect:
     has one (SQLite's write lock already covers the whole file)."""
     for_update: str = ""
     """Appended to a ``SELECT`` of ``runs`` rows to lock them for the transaction."""
+    id_rows: str = "json_each(:{name}) AS j"
+    """The list parameter ``name`` as a table ``j`` of ``(value, key)``, ``key`` its order."""
+    greatest: str = "max"
+    """The larger-of-several function."""
     binary_order: str = ""
     """Appended to an ``ORDER BY`` of run ids so that they sort byte-wise."""
     clock: str | None = None
@@ -148,9 +152,16 @@ INSERT INTO {q}refusals (run_id, round_index, what, kind, reason, at_wall)
 VALUES (:run_id, :round_index, :what, :kind, :reason, :at_wall)
 """
 
-_RETAINED_COUNT = "SELECT count(*) FROM {q}retained WHERE run_id = :run_id"
 _RETAINED_AMONG = "SELECT evidence_id FROM {q}retained WHERE run_id = :run_id AND evidence_id "
-_RETAIN = "INSERT INTO {q}retained (run_id, evidence_id) VALUES (:run_id, :evidence_id)"
+_RETAIN = """
+INSERT INTO {q}retained (run_id, evidence_id)
+SELECT :run_id, j.value FROM {ids}
+WHERE NOT EXISTS (SELECT 1 FROM {q}retained r WHERE r.run_id = :run_id AND r.evidence_id = j.value)
+ORDER BY j.key
+LIMIT {greatest}(0, :limit - (SELECT count(*) FROM {q}retained c WHERE c.run_id = :run_id))
+"""
+"""The first ids of ``:ids`` the run has not retained yet, as many as its limit leaves room
+for, in one statement (under the run's lock)."""
 _USED = "SELECT used FROM {q}validations WHERE run_id = :run_id"
 _SET_USED = """
 INSERT INTO {q}validations (run_id, used) VALUES (:run_id, :used)
@@ -229,9 +240,10 @@ class SqlLedger(abc.ABC):
     def __init__(self) -> None:
         self._identities = IdentityCache()
         """Bindings this ledger object already read back (a binding never changes)."""
-        self._writes: GroupCommit[Rows, bool] = GroupCommit(
+        self._writes: GroupCommit[tuple[str, Rows], bool] = GroupCommit(
             anyio.Lock(), self._write_batch, self._shared_failure)
-        """Trace writes that arrive while one is in flight share the next transaction."""
+        """Writes (traces, retained evidence; each with the run it locks, or "") that arrive
+        while one is in flight share the next transaction."""
 
     # -- what a database module provides -----------------------------------------------------
 
@@ -325,14 +337,20 @@ class SqlLedger(abc.ABC):
             (self._sql(_RECORD_ATTEMPT), [attempt_row(t) for t in attempts]),
             (self._sql(_RECORD_REFUSAL), [refusal_row(r) for r in refusals]),
         ]
-        await self._writes.submit(statements)
+        await self._writes.submit(("", statements))
 
-    async def _write_batch(self, batch: Sequence[Rows]) -> list[bool | BaseException]:
-        """The trace writes of ``batch`` in one transaction; if one of them fails (a statement,
-        not the database), each again on its own, so that it fails alone."""
-        where = "recording traces"
+    async def _write_batch(
+        self, batch: Sequence[tuple[str, Rows]]
+    ) -> list[bool | BaseException]:
+        """The writes of ``batch`` (trace writes, retained evidence) in one transaction, those
+        that lock a run ordered by it (two batches never wait for each other in a cycle); if
+        one of them fails (a statement, not the database), each again on its own, so that it
+        fails alone."""
+        where = "writing traces and retained evidence"
+        ordered = sorted(batch, key=lambda request: request[0])  # stable: traces keep order
         try:
-            await self._write_rows([statement for rows in batch for statement in rows], where)
+            await self._write_rows([statement for _, rows in ordered for statement in rows],
+                                   where)
             return [True] * len(batch)
         except (LedgerUnavailableError, LedgerLockedError):
             raise  # the database, not one request: every request of the batch fails with it
@@ -340,7 +358,7 @@ class SqlLedger(abc.ABC):
             if len(batch) == 1:
                 raise
         outcomes: list[bool | BaseException] = []
-        for rows in batch:
+        for _, rows in batch:
             try:
                 await self._write_rows(rows, where)
                 outcomes.append(True)
@@ -371,16 +389,17 @@ class SqlLedger(abc.ABC):
         if not ids or limit < 1:
             return
 
-        async def write(s: Session) -> None:
-            await self._lock_run(s, run_id)
-            ((held,),) = await s.fetchall(self._sql(_RETAINED_COUNT), {"run_id": run_id})
-            known = await self._retained_among(s, run_id, ids)
-            fresh = [i for i in ids if i not in known][: max(0, limit - held)]
-            if fresh:
-                await s.executemany(self._sql(_RETAIN),
-                                    [{"run_id": run_id, "evidence_id": i} for i in fresh])
-
-        await self._transact(write, f"retaining evidence of run {run_id!r}")
+        dialect = self._dialect
+        statements: Rows = []
+        if dialect.lock_run is not None:
+            statements.append((self._sql(dialect.lock_run), [self._lock_params(run_id)]))
+        retain = _RETAIN.replace("{ids}", dialect.id_rows.format(name="ids"))
+        statements.append((
+            self._sql(retain.replace("{greatest}", dialect.greatest)),
+            [{"run_id": run_id, "ids": dialect.ids(ids), "limit": limit}],
+        ))
+        # Group-committed with the trace writes; a batch takes its runs' locks in one order.
+        await self._writes.submit((run_id, statements))
 
     async def bind_identity(self, run_id: str, *, principal: str, scope: str) -> None:
         identity_arguments(run_id, principal, scope)
