@@ -217,12 +217,12 @@ _SERVER_CLOCK = "extract(epoch FROM clock_timestamp())::float8"
 _LOCK_RUN = "SELECT pg_advisory_xact_lock(:space::int4, hashtext(:run_id))"
 
 _LOCK_RUNS = """
-SELECT count(pg_advisory_xact_lock(:space::int4, h))
-FROM (SELECT DISTINCT hashtext(r) AS h FROM unnest(:runs::text[]) AS r ORDER BY 1 OFFSET 0)
+SELECT count(pg_advisory_xact_lock(:space::int4, hashtext(r)))
+FROM (SELECT DISTINCT r COLLATE "C" AS r FROM unnest(:runs::text[]) AS r ORDER BY 1 OFFSET 0)
     AS ordered
 """
-"""The per-run locks of a batch, taken in one order (by hash) so that two workers' batches
-never wait for each other in a cycle."""
+"""The per-run locks of a batch, taken in one order, by run id byte-wise (as a batch of writes
+orders its runs), so that two workers' batches never wait for each other in a cycle."""
 
 _RESERVE = """
 SELECT * FROM {q}reserve_wave(:server::boolean, :ord::int4[], :run_id::text[], :kind::text[],
