@@ -18,8 +18,8 @@ contenders' batches alternate, and each figure is the median over the batches:
 
 Ratios: PostgreSQL / SQLite and PostgreSQL / raw psycopg (above 1: the ledger is faster).
 
-**Other writes.** Trace writes (``record``, one attempt each; group-committed like
-reservations) and ``retain`` calls (one transaction each) per second, 1,000 runs at once.
+**Other writes.** Trace writes (``record``, one attempt each) and ``retain`` calls per second,
+1,000 runs at once; both group-commit together, as reservations do.
 
 **A fleet.** 8 worker processes (asyncio, one ``PostgresLedger`` each) on one schema, started
 together; each runs 1,000 tasks, task ``i`` of every process reserving rounds of run ``i``
