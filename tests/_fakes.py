@@ -23,14 +23,8 @@ from plugin.control import (
     RoundKind,
     Usage,
 )
-from plugin.control.ledger import (
-    Validity,
-    WallTime,
-    check_identity,
-    grant_validations,
-    identity_arguments,
-    read_time,
-)
+from plugin.control import ledger as rules
+from plugin.control.ledger import Validity, WallTime, grant_validations, read_time
 from plugin.control.ledger_admin import (
     PRUNED_TABLES,
     LedgerCheck,
@@ -201,9 +195,9 @@ class MemoryLedger:
                 held.append(evidence_id)
 
     async def bind_identity(self, run_id: str, *, principal: str, scope: str) -> None:
-        identity_arguments(run_id, principal, scope)
+        rules.identity_arguments(run_id, principal, scope)
         bound = self._open().identities.setdefault(run_id, (principal, scope))
-        check_identity(run_id, bound, principal, scope)
+        rules.check_identity(run_id, bound, principal, scope)
 
     async def take_validations(
         self, run_id: str, evidence_ids: Sequence[str], *, limit: int

@@ -619,15 +619,23 @@ async def test_a_foreign_database_is_left_untouched(anyio_backend: object, tmp_p
     assert path.read_bytes() == before
 
 
-async def test_a_ledger_of_another_schema_version_is_refused(
-    anyio_backend: object, tmp_path: Path
-) -> None:
+async def _ledger_file_then(tmp_path: Path, *statements: str) -> Path:
+    """A ledger file holding one round of run "run", then changed by raw ``statements``."""
     path = tmp_path / "ledger.sqlite3"
     async with SqliteLedger(path) as ledger:
         _granted(await ledger.reserve("run", AUTO, 2, POLICY, WALL))
     conn = sqlite3.connect(path)
-    conn.execute("PRAGMA user_version = 99")
+    for statement in statements:
+        conn.execute(statement)
+    conn.commit()
     conn.close()
+    return path
+
+
+async def test_a_ledger_of_another_schema_version_is_refused(
+    anyio_backend: object, tmp_path: Path
+) -> None:
+    path = await _ledger_file_then(tmp_path, "PRAGMA user_version = 99")
     with pytest.raises(LedgerCorruptError):
         async with SqliteLedger(path):
             pass
@@ -797,14 +805,8 @@ async def test_a_binding_of_the_wrong_type_is_refused(ledger: Ledger, field: str
 async def test_a_version_2_ledger_file_is_migrated_and_binds(
     anyio_backend: object, tmp_path: Path
 ) -> None:
-    path = tmp_path / "ledger.sqlite3"
-    async with SqliteLedger(path) as ledger:
-        _granted(await ledger.reserve("run", AUTO, 2, POLICY, WALL))
-    conn = sqlite3.connect(path)
-    conn.execute("DROP TABLE run_identity")
-    conn.execute("PRAGMA user_version = 2")
-    conn.commit()
-    conn.close()
+    path = await _ledger_file_then(tmp_path, "DROP TABLE run_identity",
+                                   "PRAGMA user_version = 2")
     async with SqliteLedger(path) as ledger:
         assert (await ledger.usage("run")).reserved == 2
         await ledger.bind_identity("run", principal="alice", scope="proj")
