@@ -124,9 +124,11 @@ async def path_problem(path: str) -> str | None:
 async def switch_to_wal(conn: Connection, *, timeout: float) -> str:
     """Switch ``conn``'s file to WAL and return the journal mode it is in now.
 
-    A journal-mode switch needs an exclusive lock and, unlike ordinary statements, may fail
-    busy at once; several processes opening one file retry here until ``timeout`` (the busy
-    timeout), then fail with SQLite's own "database is locked" error. Shielded.
+    A journal-mode switch needs an exclusive lock: while another connection reads the file it
+    fails busy (once SQLite's busy handler gives up, or at once), where an ordinary statement
+    would have waited its turn; several processes opening one file retry here for up to a
+    second beyond ``timeout`` (the busy timeout), then fail with SQLite's own "database is
+    locked" error. Shielded.
     """
     try:
         with anyio.fail_after(timeout + 1.0, shield=True):
