@@ -54,12 +54,14 @@ from .policy import AllowancePolicy, RoundKind
 from .refusal import BudgetRefusal, RefusalReason
 from .sql_ledger import (
     REFUSAL_REASON,
+    TABLES,
     Dialect,
     ReserveRequest,
     Row,
     Rows,
     Session,
     SqlLedger,
+    create_table,
     reservation,
 )
 
@@ -137,67 +139,17 @@ $body$
 round, or the refusal, of each, in the order of ``ord``. Called after the batch's locks, so
 every time it reads is current (each query of a volatile function takes a new snapshot)."""
 
+_TYPES = {"text": "text", "real": "float8", "int": "bigint", "bool": "boolean",
+          "serial": "bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY"}
+
 _MIGRATIONS: tuple[tuple[str, ...], ...] = (
-    # version 1: runs, rounds, attempts, refusals
-    (
-        """CREATE TABLE {s}.runs (
-            run_id        text PRIMARY KEY,
-            opened_wall   float8 NOT NULL,
-            deadline_wall float8 NOT NULL,
-            max_searches  bigint NOT NULL,
-            max_rounds    bigint NOT NULL,
-            rounds        bigint NOT NULL,
-            reserved      bigint NOT NULL,
-            last_grant    bigint NOT NULL)""",
-        """CREATE TABLE {s}.rounds (
-            run_id        text NOT NULL,
-            round_index   bigint NOT NULL,
-            kind          text NOT NULL,
-            requested     bigint NOT NULL,
-            first_slot    bigint NOT NULL,
-            slots         bigint NOT NULL,
-            executed      bigint NOT NULL,
-            reserved_wall float8 NOT NULL,
-            PRIMARY KEY (run_id, round_index))""",
-        """CREATE TABLE {s}.attempts (
-            attempt_id   text PRIMARY KEY,
-            run_id       text NOT NULL,
-            round_index  bigint NOT NULL,
-            slot         bigint NOT NULL,
-            kind         text NOT NULL,
-            strategy     text,
-            fingerprint  text,
-            outcome      text NOT NULL,
-            started_wall float8 NOT NULL,
-            elapsed_s    float8,
-            legacy       boolean NOT NULL)""",
-        "CREATE INDEX attempts_by_run ON {s}.attempts (run_id, legacy)",
-        """CREATE TABLE {s}.refusals (
-            id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-            run_id      text NOT NULL,
-            round_index bigint,
-            what        text NOT NULL,
-            kind        text NOT NULL,
-            reason      text NOT NULL,
-            at_wall     float8 NOT NULL)""",
-        "CREATE INDEX refusals_by_run ON {s}.refusals (run_id)",
-    ),
-    # version 2: retained evidence and its re-check bound, kept with the run
-    (
-        """CREATE TABLE {s}.retained (
-            run_id      text NOT NULL,
-            evidence_id text NOT NULL,
-            PRIMARY KEY (run_id, evidence_id))""",
-        """CREATE TABLE {s}.validations (
-            run_id text PRIMARY KEY,
-            used   bigint NOT NULL)""",
-    ),
-    # version 3: each run bound to the principal and scope of its first use
-    (
-        """CREATE TABLE {s}.run_identity (
-            run_id    text PRIMARY KEY,
-            principal text NOT NULL,
-            scope     text NOT NULL)""",
+    # versions 1 to 3, the ledger's tables by the version that added them: 1 runs, rounds,
+    # attempts, refusals; 2 retained evidence and its re-check bound; 3 each run bound to the
+    # principal and scope of its first use
+    *(
+        tuple(statement for table in TABLES if table.since == version
+              for statement in create_table(table, _TYPES, prefix="{s}."))
+        for version in (1, 2, 3)
     ),
     # version 4: the reserving statement, kept in the schema (its plan is cached per server
     # connection, where a client-side prepared statement would not survive a transaction pooler)

@@ -134,6 +134,64 @@ rounds are used up, else its slots, else (the only other refusal) its deadline p
 SQL ledger records its refusals through this one expression."""
 
 
+@attrs.frozen
+class Table:
+    """One table of a ledger, written once for every database (see :func:`create_table`)."""
+
+    name: str
+    columns: tuple[str, ...]
+    """Column and constraint definitions; ``{text}``, ``{real}``, ``{int}``, ``{bool}`` and
+    ``{serial}`` (an auto-numbered primary key) stand for the database's types."""
+    since: int
+    """The schema version that added it."""
+    indexes: tuple[tuple[str, str], ...] = ()
+    """(name, column list) of its indexes."""
+
+
+TABLES = (
+    Table("runs", (
+        "run_id {text} PRIMARY KEY", "opened_wall {real} NOT NULL",
+        "deadline_wall {real} NOT NULL", "max_searches {int} NOT NULL",
+        "max_rounds {int} NOT NULL", "rounds {int} NOT NULL", "reserved {int} NOT NULL",
+        "last_grant {int} NOT NULL"), since=1),
+    Table("rounds", (
+        "run_id {text} NOT NULL", "round_index {int} NOT NULL", "kind {text} NOT NULL",
+        "requested {int} NOT NULL", "first_slot {int} NOT NULL", "slots {int} NOT NULL",
+        "executed {int} NOT NULL", "reserved_wall {real} NOT NULL",
+        "PRIMARY KEY (run_id, round_index)"), since=1),
+    Table("attempts", (
+        "attempt_id {text} PRIMARY KEY", "run_id {text} NOT NULL",
+        "round_index {int} NOT NULL", "slot {int} NOT NULL", "kind {text} NOT NULL",
+        "strategy {text}", "fingerprint {text}", "outcome {text} NOT NULL",
+        "started_wall {real} NOT NULL", "elapsed_s {real}", "legacy {bool} NOT NULL"),
+        since=1, indexes=(("attempts_by_run", "run_id, legacy"),)),
+    Table("refusals", (
+        "id {serial}", "run_id {text} NOT NULL", "round_index {int}", "what {text} NOT NULL",
+        "kind {text} NOT NULL", "reason {text} NOT NULL", "at_wall {real} NOT NULL"),
+        since=1, indexes=(("refusals_by_run", "run_id"),)),
+    Table("retained", (
+        "run_id {text} NOT NULL", "evidence_id {text} NOT NULL",
+        "PRIMARY KEY (run_id, evidence_id)"), since=2),
+    Table("validations", ("run_id {text} PRIMARY KEY", "used {int} NOT NULL"), since=2),
+    Table("run_identity", (
+        "run_id {text} PRIMARY KEY", "principal {text} NOT NULL", "scope {text} NOT NULL"),
+        since=3),
+)
+"""Every table of a ledger, the same on every database."""
+
+
+def create_table(table: Table, types: Mapping[str, str], *, prefix: str = "",
+                 if_not_exists: bool = False, suffix: str = "") -> list[str]:
+    """The statements creating ``table`` (and its indexes) with the database's ``types``."""
+    exists = " IF NOT EXISTS" if if_not_exists else ""
+    columns = ",\n    ".join(column.format(**types) for column in table.columns)
+    return [
+        f"CREATE TABLE{exists} {prefix}{table.name} (\n    {columns}){suffix}",
+        *(f"CREATE INDEX{exists} {name} ON {prefix}{table.name} ({keys})"
+          for name, keys in table.indexes),
+    ]
+
+
 # -- the shared statements --------------------------------------------------------------------
 
 EXECUTED = "(SELECT count(*) FROM {q}attempts a WHERE a.run_id = u.run_id AND a.legacy = false)"

@@ -37,11 +37,13 @@ from .policy import AllowancePolicy, RoundKind
 from .refusal import BudgetRefusal, RefusalReason
 from .sql_ledger import (
     REFUSAL_REASON,
+    TABLES,
     Dialect,
     ReserveRequest,
     Row,
     Session,
     SqlLedger,
+    create_table,
     reservation,
 )
 
@@ -52,67 +54,11 @@ SCHEMA_VERSION = 3
 _MIGRATABLE = frozenset({1, 2})
 """Older schema versions this ledger upgrades in place (their tables are a subset)."""
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS runs (
-    run_id        TEXT PRIMARY KEY,
-    opened_wall   REAL NOT NULL,
-    deadline_wall REAL NOT NULL,
-    max_searches  INTEGER NOT NULL,
-    max_rounds    INTEGER NOT NULL,
-    rounds        INTEGER NOT NULL,
-    reserved      INTEGER NOT NULL,
-    last_grant    INTEGER NOT NULL
-) STRICT;
-CREATE TABLE IF NOT EXISTS rounds (
-    run_id        TEXT NOT NULL,
-    round_index   INTEGER NOT NULL,
-    kind          TEXT NOT NULL,
-    requested     INTEGER NOT NULL,
-    first_slot    INTEGER NOT NULL,
-    slots         INTEGER NOT NULL,
-    executed      INTEGER NOT NULL,
-    reserved_wall REAL NOT NULL,
-    PRIMARY KEY (run_id, round_index)
-) STRICT;
-CREATE TABLE IF NOT EXISTS attempts (
-    attempt_id   TEXT PRIMARY KEY,
-    run_id       TEXT NOT NULL,
-    round_index  INTEGER NOT NULL,
-    slot         INTEGER NOT NULL,
-    kind         TEXT NOT NULL,
-    strategy     TEXT,
-    fingerprint  TEXT,
-    outcome      TEXT NOT NULL,
-    started_wall REAL NOT NULL,
-    elapsed_s    REAL,
-    legacy       INTEGER NOT NULL
-) STRICT;
-CREATE INDEX IF NOT EXISTS attempts_by_run ON attempts (run_id, legacy);
-CREATE TABLE IF NOT EXISTS refusals (
-    id          INTEGER PRIMARY KEY,
-    run_id      TEXT NOT NULL,
-    round_index INTEGER,
-    what        TEXT NOT NULL,
-    kind        TEXT NOT NULL,
-    reason      TEXT NOT NULL,
-    at_wall     REAL NOT NULL
-) STRICT;
-CREATE INDEX IF NOT EXISTS refusals_by_run ON refusals (run_id);
-CREATE TABLE IF NOT EXISTS retained (
-    run_id      TEXT NOT NULL,
-    evidence_id TEXT NOT NULL,
-    PRIMARY KEY (run_id, evidence_id)
-) STRICT;
-CREATE TABLE IF NOT EXISTS validations (
-    run_id      TEXT PRIMARY KEY,
-    used        INTEGER NOT NULL
-) STRICT;
-CREATE TABLE IF NOT EXISTS run_identity (
-    run_id      TEXT PRIMARY KEY,
-    principal   TEXT NOT NULL,
-    scope       TEXT NOT NULL
-) STRICT;
-"""
+_TYPES = {"text": "TEXT", "real": "REAL", "int": "INTEGER", "bool": "INTEGER",
+          "serial": "INTEGER PRIMARY KEY"}
+_SCHEMA = [statement for table in TABLES
+           for statement in create_table(table, _TYPES, if_not_exists=True, suffix=" STRICT")]
+"""The whole schema, created up to date (an older version's tables are a subset)."""
 
 _IDENTITY = """
 SELECT (SELECT application_id FROM pragma_application_id()),
@@ -319,9 +265,8 @@ class SqliteLedger(SqlLedger):
             # Checked again under the write lock: another process may have created it since.
             if not await self._check_identity(conn):
                 # One statement at a time: executescript would commit the transaction first.
-                for statement in _SCHEMA.split(";"):
-                    if statement.strip():
-                        await conn.fetchall(statement)
+                for statement in _SCHEMA:
+                    await conn.fetchall(statement)
                 await conn.fetchall(f"PRAGMA application_id = {APPLICATION_ID}")
                 await conn.fetchall(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
