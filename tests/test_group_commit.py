@@ -54,19 +54,20 @@ def make(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[]
 
 
 class _Spy:
-    """Records the size of every batch the ledger commits."""
+    """Records the size of every batch the ledger commits (its reservations, or with
+    ``writes``, its trace and retain writes)."""
 
-    def __init__(self, ledger: Ledger) -> None:
+    def __init__(self, ledger: Ledger, *, writes: bool = False) -> None:
         self.sizes: list[int] = []
-        inner = ledger._reserve_batch
+        group = ledger._writes if writes else ledger._group
+        assert group is not None
+        inner = group.run
 
         async def spy(batch: Sequence[Any]) -> Any:
             self.sizes.append(len(batch))
             return await inner(batch)
 
-        ledger._reserve_batch = spy  # type: ignore[method-assign]
-        assert ledger._group is not None
-        ledger._group.run = spy
+        group.run = spy
 
 
 async def _many(ledger: Ledger, requests: list[tuple[str, int, AllowancePolicy]]) -> list[
@@ -237,14 +238,7 @@ async def test_concurrent_trace_writes_share_transactions_and_fail_alone(
     make: Callable[[], Ledger],
 ) -> None:
     async with make() as ledger:
-        sizes: list[int] = []
-        inner = ledger._writes.run
-
-        async def spy(batch: Sequence[Any]) -> Any:
-            sizes.append(len(batch))
-            return await inner(batch)
-
-        ledger._writes.run = spy
+        sizes = _Spy(ledger, writes=True).sizes
         failures: dict[int, Exception] = {}
 
         async def one(i: int) -> None:
@@ -268,14 +262,7 @@ async def test_concurrent_retains_of_one_run_from_two_ledgers_keep_its_limit(
 ) -> None:
     # Two ledger objects on one store (two connections, two pools): their batches race.
     async with make() as first, make() as second:
-        sizes: list[int] = []
-        inner = first._writes.run
-
-        async def spy(batch: Sequence[Any]) -> Any:
-            sizes.append(len(batch))
-            return await inner(batch)
-
-        first._writes.run = spy
+        sizes = _Spy(first, writes=True).sizes
 
         async def one(ledger: Ledger, i: int) -> None:
             await ledger.retain(f"run-{i % 4}", [f"m{i}", f"m{i + 1}", "shared"], limit=5)

@@ -62,39 +62,23 @@ def _journal_mode(path: Path) -> str:
     return mode
 
 
-async def test_the_store_retries_a_busy_switch_to_wal(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("opener", ["store", "ledger"])
+async def test_a_busy_switch_to_wal_is_retried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, opener: str
 ) -> None:
-    fresh = tmp_path / "fresh.db"
-    sqlite3.connect(fresh).close()
-    holder = sqlite3.connect(fresh, isolation_level=None)
+    path = tmp_path / f"{opener}.db"
+    sqlite3.connect(path).close()
+    holder = sqlite3.connect(path, isolation_level=None)
     holder.execute("BEGIN")
     holder.execute("SELECT count(*) FROM sqlite_schema").fetchall()  # a read lock, no table
     attempts: list[str] = []
-    _patch(monkeypatch, store_database, holder, attempts)
+    _patch(monkeypatch, store_database if opener == "store" else _sqlite, holder, attempts)
+    opened = MemoryStore(path, timeout=0.1) if opener == "store" else SqliteLedger(path,
+                                                                                  timeout=0.1)
     try:
-        async with MemoryStore(fresh, timeout=0.1):
+        async with opened:
             pass
     finally:
         holder.close()
     assert attempts == ["busy"]  # the first switch found the file busy, the retry did not
-    assert _journal_mode(fresh) == "wal"
-
-
-async def test_the_ledger_retries_a_busy_switch_to_wal(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    path = tmp_path / "ledger.db"
-    sqlite3.connect(path).close()
-    holder = sqlite3.connect(path, isolation_level=None)
-    holder.execute("BEGIN")
-    holder.execute("SELECT count(*) FROM sqlite_schema").fetchall()
-    attempts: list[str] = []
-    _patch(monkeypatch, _sqlite, holder, attempts)
-    try:
-        async with SqliteLedger(path, timeout=0.1):
-            pass
-    finally:
-        holder.close()
-    assert attempts == ["busy"]
     assert _journal_mode(path) == "wal"
