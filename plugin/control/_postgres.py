@@ -25,6 +25,7 @@ and, on trio, in one hop to a worker thread.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeAlias, TypeVar
 
@@ -268,25 +269,48 @@ class ThreadedDriver:
             return await anyio.to_thread.run_sync(run, limiter=self._limiter)
 
 
+_TERMINATED: weakref.WeakSet[Any] = weakref.WeakSet()
+"""Connections the server said it terminated (a FATAL notice while idle)."""
+
+
+def watch(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+    """Note, on the client side only, when the server terminates ``conn`` while it is idle: the
+    server says so first (a FATAL message, delivered as a notice), then closes the stream."""
+    ref = weakref.ref(conn)
+
+    def noticed(diagnostic: psycopg.errors.Diagnostic) -> None:
+        target = ref()
+        if target is not None and diagnostic.severity_nonlocalized in ("FATAL", "PANIC"):
+            _TERMINATED.add(target)
+
+    conn.add_notice_handler(noticed)
+
+
 def check_idle(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
     """The pool's health check of an idle connection, without a round trip to the server.
 
     It reads what the server sent while the connection sat idle: a server that terminated it
-    sent a notice (parsed by ``is_busy``), then closed the stream, which the second read
-    reports. Raises :class:`psycopg.OperationalError` for a lost connection (the pool then
-    discards it and lends another). psycopg_pool's own ``check_connection`` asks the server
-    (an empty query): one more round trip on every checkout, which a lone reservation pays.
+    sent a FATAL message (parsed by ``is_busy``, noted by :func:`watch`), then closed the
+    stream (which the second read reports). Raises :class:`psycopg.OperationalError` for a
+    lost connection (the pool then discards it and lends another). psycopg_pool's own
+    ``check_connection`` asks the server (an empty query): one more round trip on every
+    checkout, which a lone reservation pays.
     """
     pgconn = conn.pgconn
     pgconn.consume_input()
     pgconn.is_busy()
     pgconn.consume_input()
-    if conn.closed or conn.broken or pgconn.status != psycopg.pq.ConnStatus.OK:
+    if (conn in _TERMINATED or conn.closed or conn.broken
+            or pgconn.status != psycopg.pq.ConnStatus.OK):
         raise psycopg.OperationalError("the connection was lost while idle in the pool")
 
 
 async def _check_idle_async(conn: psycopg.AsyncConnection[Any]) -> None:
     check_idle(conn)
+
+
+async def _watch_async(conn: psycopg.AsyncConnection[Any]) -> None:
+    watch(conn)
 
 
 def make_driver(
@@ -315,11 +339,11 @@ def make_driver(
     if sniffio.current_async_library() == "asyncio":
         return AsyncDriver(
             psycopg_pool.AsyncConnectionPool(
-                conninfo, check=_check_idle_async, **common),
+                conninfo, check=_check_idle_async, configure=_watch_async, **common),
             connect_timeout, conninfo, kwargs,
         )
     return ThreadedDriver(
         psycopg_pool.ConnectionPool(
-            conninfo, check=check_idle, **common),
+            conninfo, check=check_idle, configure=watch, **common),
         connect_timeout, conninfo, kwargs,
     )

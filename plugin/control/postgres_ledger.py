@@ -24,6 +24,7 @@ restarted or too slow is :class:`~plugin.errors.LedgerUnavailableError`, a lock 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import re
 import zlib
@@ -72,10 +73,7 @@ APPLICATION = "recallbound"
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 _RESERVE_WAVE = """
-CREATE FUNCTION {s}.reserve_wave(
-    p_server boolean, p_ord int4[], p_run_id text[], p_kind text[], p_requested int8[],
-    p_deadline_s float8[], p_max_searches int8[], p_max_rounds int8[], p_now float8[],
-    p_floor float8[])
+CREATE FUNCTION {s}.reserve_wave(p_server boolean, p_requests jsonb)
 RETURNS TABLE (ord int4, judged float8, executed int8, rounds int8, reserved int8,
                granted int8, deadline float8, opened float8, reason text,
                reserved_before int8)
@@ -84,9 +82,11 @@ LANGUAGE plpgsql VOLATILE AS $body$
 BEGIN
 RETURN QUERY
 WITH req AS MATERIALIZED (
-    SELECT * FROM unnest(p_ord, p_run_id, p_kind, p_requested, p_deadline_s, p_max_searches,
-                         p_max_rounds, p_now, p_floor)
-        AS t(ord, run_id, kind, requested, deadline_s, max_searches, max_rounds, now, floor)
+    -- times travel as text: JSON has no infinity (a floor of -inf is the usual one)
+    SELECT t.ord, t.run_id, t.kind, t.requested, t.deadline_s::float8 AS deadline_s,
+           t.max_searches, t.max_rounds, t.now::float8 AS now, t.floor::float8 AS floor
+    FROM jsonb_to_recordset(p_requests) AS t(ord int4, run_id text, kind text, requested int8,
+        deadline_s text, max_searches int8, max_rounds int8, now text, floor text)
 ), p AS MATERIALIZED (
     SELECT req.ord, req.run_id, req.kind, req.requested, req.deadline_s, req.max_searches,
            req.max_rounds,
@@ -95,10 +95,10 @@ WITH req AS MATERIALIZED (
     FROM req
 ), cur AS MATERIALIZED (
     SELECT u.run_id, u.reserved, """ + REFUSAL_REASON + """ AS reason
-    FROM {s}.runs u WHERE u.run_id = ANY(p_run_id)
+    FROM {s}.runs u WHERE u.run_id IN (SELECT req.run_id FROM req)
 ), exe AS MATERIALIZED (
     SELECT a.run_id, count(*) AS n FROM {s}.attempts a
-    WHERE a.run_id = ANY(p_run_id) AND a.legacy = false GROUP BY a.run_id
+    WHERE a.run_id IN (SELECT req.run_id FROM req) AND a.legacy = false GROUP BY a.run_id
 ), up AS (
     INSERT INTO {s}.runs AS r (run_id, opened_wall, deadline_wall, max_searches, max_rounds,
                                rounds, reserved, last_grant)
@@ -177,9 +177,7 @@ FROM (SELECT DISTINCT r COLLATE "C" AS r FROM unnest(:runs::text[]) AS r ORDER B
 orders its runs), so that two workers' batches never wait for each other in a cycle."""
 
 _RESERVE = """
-SELECT * FROM {q}reserve_wave(:server::boolean, :ord::int4[], :run_id::text[], :kind::text[],
-    :requested::int8[], :deadline_s::float8[], :max_searches::int8[], :max_rounds::int8[],
-    :now::float8[], :floor::float8[])
+SELECT * FROM {q}reserve_wave(:server::boolean, :requests::jsonb)
 """
 """One wave of a batch (at most one request per run), judged and recorded in ONE statement."""
 
@@ -614,13 +612,16 @@ def _waves(batch: Sequence[ReserveRequest], ready: list[int]) -> list[list[int]]
 
 def _wave(batch: Sequence[ReserveRequest], wave: list[int],
           times: Mapping[int, tuple[float | None, float]], server: bool) -> dict[str, Any]:
-    """The array parameters of one wave's statement."""
-    requests = [batch[i] for i in wave]
-    return {
-        "server": server, "ord": wave, "run_id": [r.run_id for r in requests],
-        "kind": [r.kind.value for r in requests], "requested": [r.requested for r in requests],
-        "deadline_s": [r.policy.deadline_s for r in requests],
-        "max_searches": [r.policy.max_searches for r in requests],
-        "max_rounds": [r.policy.max_rounds for r in requests],
-        "now": [times[i][0] for i in wave], "floor": [times[i][1] for i in wave],
-    }
+    """The parameters of one wave's statement: its requests as one JSON array (one value to
+    send instead of ten arrays), times as exact text (``repr``; ``-inf`` and ``inf`` too)."""
+    requests = []
+    for i in wave:
+        request, (now, floor) = batch[i], times[i]
+        policy = request.policy
+        requests.append({
+            "ord": i, "run_id": request.run_id, "kind": request.kind.value,
+            "requested": request.requested, "deadline_s": repr(float(policy.deadline_s)),
+            "max_searches": policy.max_searches, "max_rounds": policy.max_rounds,
+            "now": None if now is None else repr(float(now)), "floor": repr(float(floor)),
+        })
+    return {"server": server, "requests": json.dumps(requests)}
