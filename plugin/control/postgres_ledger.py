@@ -460,18 +460,15 @@ class PostgresLedger(SqlLedger):
         return await self._session(run, where)
 
     async def _fetch(self, sql: str, params: Mapping[str, Any], where: str) -> list[Row]:
-        async def run(s: _postgres.Session) -> list[Row]:
-            statements = [*self._begin(read_only=True), (sql, params), ("COMMIT", None)]
-            return (await s.pipeline(statements))[2]
-
-        return await self._session(run, where)
+        # The settings and the read, one implicit transaction (a pipeline, up to its sync).
+        return (await self._one_trip(where)([(self._settings, None), (sql, params)]))[1]
 
     async def _write_rows(self, statements: Rows, where: str) -> None:
-        # The whole transaction in one round trip (on trio, one hop to a worker thread).
+        # The whole transaction in one round trip (on trio, one hop to a worker thread): the
+        # statements of one pipeline, up to its sync, are one implicit transaction, committed
+        # whole or not at all.
         await self._one_trip(where)([
-            *self._begin(read_only=False),
-            *((sql, row) for sql, rows in statements for row in rows),
-            ("COMMIT", None),
+            (self._settings, None), *((sql, row) for sql, rows in statements for row in rows),
         ])
 
     def _lock_params(self, run_id: str) -> dict[str, Any]:
@@ -561,10 +558,12 @@ class PostgresLedger(SqlLedger):
         caller = self._time_source == "caller"
         locks = (self._lock_runs_sql,
                  {"space": self._space, "runs": sorted({r.run_id for r in batch})})
-        head: list[tuple[str, Any]] = [*self._begin(read_only=False), locks]
+        head: list[tuple[str, Any]] = [(self._settings, None), locks]
+        tail: list[tuple[str, Any]] = []
         if caller:
-            await send(head)
-            head = []
+            # Two trips: an explicit transaction across them; the clocks are read between.
+            await send([("BEGIN", None), *head])
+            head, tail = [], [("COMMIT", None)]
         times: dict[int, tuple[float | None, float]] = {}
         for i, request in enumerate(batch):
             try:
@@ -574,7 +573,7 @@ class PostgresLedger(SqlLedger):
         waves = _waves(batch, list(times))
         statements = [
             *head, *((self._reserve_sql, _wave(batch, wave, times, not caller)) for wave in waves),
-            ("COMMIT", None),
+            *tail,
         ]
         results = await send(statements)
         for rows in results[len(head):len(head) + len(waves)]:
