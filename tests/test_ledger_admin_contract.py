@@ -339,6 +339,21 @@ async def test_check_reports_a_slot_the_run_never_reserved(pair: Pair) -> None:
     assert problem == "run a: attempt a-3-False holds slot 3, which the run never reserved"
 
 
+async def test_check_says_what_it_checked(sql_pair: Pair) -> None:
+    result = await sql_pair.admin.check()
+    assert result.ok and "the schema version" in result.checked
+    storage = ("storage integrity (PRAGMA integrity_check)" if
+               isinstance(sql_pair.ledger, SqliteLedger) else "the schema's tables")
+    assert result.checked[0] == storage
+    invariants = result.checked[-1]
+    assert invariants.startswith("the ledger's invariants (")
+    for what in ("no run executed more attempts than it reserved slots",
+                 "no round executed more attempts than its slots", "no slot used twice in a run",
+                 "every stored time is finite", "every attempt holds a slot its run reserved"):
+        assert what in invariants
+    assert not any("; " in item for item in result.checked)  # the CLI joins them with "; "
+
+
 async def test_check_reports_more_attempts_than_reserved_slots(sql_pair: Pair) -> None:
     pair = sql_pair
     await _run(pair.ledger, "a", WALL, attempts=2)  # round 1: slots 1-2

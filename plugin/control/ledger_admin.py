@@ -97,6 +97,8 @@ class LedgerCheck:
     schema_version: int
     expected_version: int
     problems: tuple[str, ...] = ()
+    checked: tuple[str, ...] = ()
+    """What the check covered, one item each (storage, identity, version, each invariant)."""
 
     @property
     def ok(self) -> bool:

@@ -254,6 +254,7 @@ class PostgresLedger(SqlLedger):
 
     schema_version = SCHEMA_VERSION
     backend = "postgresql"
+    storage_checks = ("the schema's tables", "the schema's identity (its meta table)")
 
     def __init__(
         self,

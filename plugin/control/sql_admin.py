@@ -54,51 +54,68 @@ _NEWEST = "SELECT max(t) FROM (" + " UNION ALL ".join(
 ) + ") AS recorded"
 """The newest time the ledger recorded: the ledger's own clock when the database has none."""
 
-INVARIANTS: tuple[tuple[str, str], ...] = (
-    ("run {0}: {1} rounds recorded but the run counts {2}",
+INVARIANTS: tuple[tuple[str, str, str], ...] = (
+    ("each run's rounds add up to its round count",
+     "run {0}: {1} rounds recorded but the run counts {2}",
      "SELECT u.run_id, (SELECT count(*) FROM {q}rounds r WHERE r.run_id = u.run_id), u.rounds "
      "FROM {q}runs u "
      "WHERE u.rounds != (SELECT count(*) FROM {q}rounds r WHERE r.run_id = u.run_id)"),
-    ("run {0}: its rounds granted {1} slots but the run counts {2} reserved",
+    ("each run's rounds' slots add up to its reserved count",
+     "run {0}: its rounds granted {1} slots but the run counts {2} reserved",
      "SELECT run_id, granted, reserved FROM (SELECT u.run_id, u.reserved, "
      "(SELECT CAST(coalesce(sum(slots), 0) AS bigint) FROM {q}rounds r "
      "WHERE r.run_id = u.run_id) AS granted FROM {q}runs u) AS g WHERE granted != reserved"),
-    ("run {0}: {1} slots reserved, over its limit of {2}",
+    ("no run reserved more slots than its limit",
+     "run {0}: {1} slots reserved, over its limit of {2}",
      "SELECT run_id, reserved, max_searches FROM {q}runs WHERE reserved > max_searches"),
-    ("run {0}: {1} rounds, over its limit of {2}",
+    ("no run had more rounds than its limit",
+     "run {0}: {1} rounds, over its limit of {2}",
      "SELECT run_id, rounds, max_rounds FROM {q}runs WHERE rounds > max_rounds"),
-    ("run {0}: {1} attempts executed, over its {2} reserved slots",
+    ("no run executed more attempts than it reserved slots",
+     "run {0}: {1} attempts executed, over its {2} reserved slots",
      "SELECT u.run_id, " + EXECUTED + ", u.reserved FROM {q}runs u "
      "WHERE " + EXECUTED + " > u.reserved"),
-    ("run {0}: round {1} executed {2} attempts, over its {3} slots",
+    ("no round executed more attempts than its slots",
+     "run {0}: round {1} executed {2} attempts, over its {3} slots",
      "SELECT r.run_id, r.round_index, count(*), r.slots FROM {q}rounds r "
      "JOIN {q}attempts a ON a.run_id = r.run_id AND a.round_index = r.round_index "
      "WHERE a.legacy = false GROUP BY r.run_id, r.round_index, r.slots "
      "HAVING count(*) > r.slots"),
-    ("run {0}: slot {1} used by {2} attempts",
+    ("no slot used twice in a run",
+     "run {0}: slot {1} used by {2} attempts",
      "SELECT run_id, slot, count(*) FROM {q}attempts WHERE legacy = false "
      "GROUP BY run_id, slot HAVING count(*) > 1"),
-    ("run {0}: attempt {1} holds slot {2}, which the run never reserved",
+    ("every attempt holds a slot its run reserved",
+     "run {0}: attempt {1} holds slot {2}, which the run never reserved",
      "SELECT a.run_id, a.attempt_id, a.slot FROM {q}attempts a "
      "LEFT JOIN {q}runs u ON u.run_id = a.run_id "
      "WHERE a.legacy = false AND (u.run_id IS NULL OR a.slot < 1 OR a.slot > u.reserved)"),
     *(
-        ("run {0}: {1} is {2}, not a finite time",
+        ("every stored time is finite", "run {0}: {1} is {2}, not a finite time",
          f"SELECT run_id, '{table}.{column}', {column} FROM {{q}}{table} "
          f"WHERE NOT ({column} {_FINITE})")
         for table, column in TIMES
     ),
-    ("run {0}: {1} round rows but no run",
+    ("no round rows without a run",
+     "run {0}: {1} round rows but no run",
      "SELECT run_id, count(*) FROM {q}rounds "
      "WHERE run_id NOT IN (SELECT run_id FROM {q}runs) GROUP BY run_id"),
-    ("run {0}: {1} retained evidence rows but no run",
+    ("no retained evidence without a run",
+     "run {0}: {1} retained evidence rows but no run",
      "SELECT run_id, count(*) FROM {q}retained "
      "WHERE run_id NOT IN (SELECT run_id FROM {q}runs) GROUP BY run_id"),
-    ("run {0}: a validation count ({1}) but no run",
+    ("no validation count without a run",
+     "run {0}: a validation count ({1}) but no run",
      "SELECT run_id, used FROM {q}validations "
      "WHERE run_id NOT IN (SELECT run_id FROM {q}runs)"),
 )
-"""Each invariant of a ledger: a message template and a query of the rows that break it."""
+"""Each invariant of a ledger: what it says, a message template for a row that breaks it,
+and the query of those rows."""
+
+
+_INVARIANTS_CHECKED = "the ledger's invariants ({})".format(
+    ", ".join(dict.fromkeys(what for what, _, _ in INVARIANTS)))
+"""What a check says it verified of the ledger itself (one item, the invariants listed)."""
 
 
 @attrs.define(eq=False)
@@ -157,7 +174,7 @@ class SqlAdmin:
         async def inspect(s: Session) -> int:
             version, readable = await self.ledger._inspect_storage(s, problems)
             if readable:
-                for template, query in INVARIANTS:
+                for _, template, query in INVARIANTS:
                     for row in await s.fetchall(self.ledger._sql(query + " ORDER BY 1, 2"), {}):
                         problems.append(template.format(*row))
             return version
@@ -171,4 +188,5 @@ class SqlAdmin:
             backend=self.ledger.backend, location=self.ledger.location,
             schema_version=version, expected_version=self.ledger.schema_version,
             problems=tuple(problems),
+            checked=(*self.ledger.storage_checks, "the schema version", _INVARIANTS_CHECKED),
         )

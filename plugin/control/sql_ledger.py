@@ -343,6 +343,9 @@ class SqlLedger(abc.ABC):
     backend: str
     """The database's name in an admin check."""
 
+    storage_checks: tuple[str, ...]
+    """What an admin check verifies of the storage itself, before the ledger's invariants."""
+
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def __aenter__(self: Self) -> Self:

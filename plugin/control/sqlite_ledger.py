@@ -173,6 +173,8 @@ class SqliteLedger(SqlLedger):
     _dialect = Dialect(name="sqlite")
     schema_version = SCHEMA_VERSION
     backend = "sqlite"
+    storage_checks = ("storage integrity (PRAGMA integrity_check)", "the ledger's identity",
+                      "WAL mode")
 
     def __init__(
         self, path: str | os.PathLike[str], *, timeout: float = 5.0, group_commit: bool = True
