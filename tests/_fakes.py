@@ -282,4 +282,7 @@ class MemoryAdmin:
                 problems.append(f"run {trace.run_id}: attempt {trace.attempt_id} holds slot "
                                 f"{trace.slot}, which the run never reserved")
         return LedgerCheck(backend="memory", location="memory", schema_version=0,
-                           expected_version=0, problems=tuple(problems))
+                           expected_version=0, problems=tuple(problems),
+                           checked=("the ledger's invariants (no run executed more attempts "
+                                    "than it reserved slots, every attempt holds a slot its "
+                                    "run reserved)",))
