@@ -21,6 +21,8 @@ from psycopg import sql
 from plugin import PostgresLedger
 from plugin.control import (
     AllowancePolicy,
+    AttemptOutcome,
+    AttemptTrace,
     ManualClock,
     RecallAllowance,
     RecallBudgetExceeded,
@@ -402,3 +404,29 @@ async def test_a_batch_crosses_to_a_worker_thread_once_per_trip(
         for i in range(20):  # three requests per run, in batches: exactly judged
             usage = await ledger.usage(f"run-{i}")
             assert (usage.rounds, usage.reserved, usage.refused) == (2, 2, 1)
+
+
+@pytest.mark.parametrize("time_source", ["server", "caller"])
+async def test_every_reservation_and_trace_write_commits_synchronously(
+    schema: str, time_source: str
+) -> None:
+    # The connection's default is off; a trigger records the setting each write runs under.
+    dsn = _pg.DSN + ("&" if "?" in _pg.DSN else "?") + "options=-c%20synchronous_commit%3Doff"
+    async with PostgresLedger(dsn, schema=schema, time_source=time_source) as ledger:
+        _sql(f'CREATE TABLE "{schema}".seen (tab text, setting text)')
+        _sql(f"""CREATE FUNCTION "{schema}".note() RETURNS trigger LANGUAGE plpgsql AS $$
+                 BEGIN
+                     INSERT INTO "{schema}".seen
+                     VALUES (TG_TABLE_NAME, current_setting('synchronous_commit'));
+                     RETURN NEW;
+                 END $$""")
+        for table in ("runs", "attempts", "retained"):
+            _sql(f'CREATE TRIGGER note AFTER INSERT OR UPDATE ON "{schema}".{table} '
+                 f'FOR EACH ROW EXECUTE FUNCTION "{schema}".note()')
+        reservation = _granted(await ledger.reserve("run", AUTO, 2, POLICY, 100.0))
+        await ledger.record([AttemptTrace(
+            attempt_id="a", run_id="run", round_index=1, slot=reservation.first_slot,
+            kind="automatic", outcome=AttemptOutcome.OK, started_wall=100.0, elapsed_s=0.1)], [])
+        await ledger.retain("run", ["m1"], limit=4)
+    assert sorted(_sql(f'SELECT tab, setting FROM "{schema}".seen')) == [
+        ("attempts", "on"), ("retained", "on"), ("runs", "on")]
