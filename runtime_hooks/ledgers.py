@@ -24,7 +24,6 @@ import anyio
 
 from plugin.control import Ledger, SqliteLedger
 from plugin.control.ledger_admin import LedgerAdmin
-from plugin.control.sqlite_admin import SqliteAdmin
 from plugin.errors import LedgerConfigError, LedgerError, LedgerPathError
 
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
@@ -116,9 +115,7 @@ async def open_ledger(
 
 
 def admin_for(ledger: Ledger) -> LedgerAdmin:
-    """The admin of an opened ledger: ``SqliteAdmin`` for SQLite, else ``ledger.admin()``."""
-    if isinstance(ledger, SqliteLedger):
-        return SqliteAdmin(ledger)
+    """The admin of an opened ledger: ``ledger.admin()`` (every ledger of recallbound has one)."""
     admin = getattr(ledger, "admin", None)
     if admin is None:
         raise LedgerError(f"{type(ledger).__name__} offers no admin (it needs an admin() method "

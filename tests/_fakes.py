@@ -25,6 +25,13 @@ from plugin.control import (
 )
 from plugin.control import ledger as rules
 from plugin.control.ledger import Validity, WallTime, grant_validations, read_time
+from plugin.control.ledger_admin import (
+    PRUNED_TABLES,
+    LedgerCheck,
+    PruneReport,
+    RunSummary,
+    check_limit,
+)
 from plugin.errors import LedgerClosedError
 
 
@@ -200,3 +207,82 @@ class MemoryLedger:
             self.validations_used.get(run_id, 0), limit,
         )
         return answers
+
+    def admin(self) -> MemoryAdmin:
+        """The operator's view of this ledger, as every ledger has one."""
+        return MemoryAdmin(self)
+
+
+@attrs.define(eq=False)
+class MemoryAdmin:
+    """The :class:`~plugin.control.ledger_admin.LedgerAdmin` of a :class:`MemoryLedger`, with
+    the SQL admin's rules (the admin contract suite runs it)."""
+
+    ledger: MemoryLedger
+
+    def _summary(self, run_id: str) -> RunSummary:
+        run, ledger = self.ledger.runs[run_id], self.ledger
+        return RunSummary(
+            run_id=run_id, opened_wall=run.opened, deadline_wall=run.deadline,
+            rounds=len(run.rounds), max_rounds=run.max_rounds, reserved=run.reserved,
+            max_searches=run.max_searches, executed=ledger._executed(run_id),
+            refused=sum(1 for r in ledger.refused if r.run_id == run_id),
+        )
+
+    async def runs(self, *, limit: int) -> list[RunSummary]:
+        check_limit(limit)
+        order = sorted(self.ledger.runs, key=lambda r: (-self.ledger.runs[r].opened, r))
+        return [self._summary(run_id) for run_id in order[:limit]]
+
+    async def run(self, run_id: str) -> RunSummary | None:
+        return self._summary(run_id) if run_id in self.ledger.runs else None
+
+    async def prune(self, *, before_wall: float, now_wall: float, dry_run: bool) -> PruneReport:
+        ledger = self.ledger
+        recorded = [
+            *(run.opened for run in ledger.runs.values()),
+            *(r.reserved_wall for run in ledger.runs.values() for r in run.rounds),
+            *(t.started_wall for t in ledger.traces.values()),
+            *(r.at_wall for r in ledger.refused),
+        ]
+        now = min(now_wall, max((t for t in recorded if math.isfinite(t)), default=-math.inf))
+        gone = sorted((run.deadline, run_id) for run_id, run in ledger.runs.items()
+                      if run.deadline < before_wall and run.deadline <= now)
+        ids = {run_id for _, run_id in gone}
+        rows = {
+            "runs": len(ids),
+            "rounds": sum(len(ledger.runs[r].rounds) for r in ids),
+            "attempts": sum(1 for t in ledger.traces.values() if t.run_id in ids),
+            "refusals": sum(1 for r in ledger.refused if r.run_id in ids),
+            "retained": sum(len(ledger.retained.get(r, [])) for r in ids),
+            "validations": sum(1 for r in ids if r in ledger.validations_used),
+        }
+        if not dry_run:
+            for run_id in ids:
+                del ledger.runs[run_id]
+                ledger.retained.pop(run_id, None)
+                ledger.validations_used.pop(run_id, None)
+            for attempt_id in [a for a, t in ledger.traces.items() if t.run_id in ids]:
+                del ledger.traces[attempt_id]
+            ledger.refused[:] = [r for r in ledger.refused if r.run_id not in ids]
+        return PruneReport(before_wall=before_wall, now_wall=now_wall, dry_run=dry_run,
+                           run_ids=tuple(run_id for _, run_id in gone),
+                           rows={table: rows[table] for table in PRUNED_TABLES})
+
+    async def check(self) -> LedgerCheck:
+        problems = []
+        for run_id in self.ledger.runs:
+            summary = self._summary(run_id)
+            if summary.executed > summary.reserved:
+                problems.append(f"run {run_id}: {summary.executed} attempts executed, over its "
+                                f"{summary.reserved} reserved slots")
+        for trace in self.ledger.traces.values():
+            run = self.ledger.runs.get(trace.run_id)
+            if not trace.legacy and (run is None or not 1 <= trace.slot <= run.reserved):
+                problems.append(f"run {trace.run_id}: attempt {trace.attempt_id} holds slot "
+                                f"{trace.slot}, which the run never reserved")
+        return LedgerCheck(backend="memory", location="memory", schema_version=0,
+                           expected_version=0, problems=tuple(problems),
+                           checked=("the ledger's invariants (no run executed more attempts "
+                                    "than it reserved slots, every attempt holds a slot its "
+                                    "run reserved)",))

@@ -7,14 +7,29 @@ reached, the tests that need it fail, and say so.
 
 from __future__ import annotations
 
+import atexit
+import functools
+import math
 import os
 import secrets
+import shutil
+import signal
+import socket
 import subprocess
+import tempfile
+import time
+import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
+import attrs
 import psycopg
 from psycopg import sql
+
+from plugin.control import Reservation
+from plugin.control.ledger import read_time
 
 DSN = os.environ.get("RECALLBOUND_TEST_PG_DSN", "postgresql://root@127.0.0.1:5432/test")
 
@@ -53,3 +68,116 @@ def restart_server() -> None:
         ["pg_ctlcluster", "--skip-systemctl-redirect", versions[-1], "main", "restart"],
         check=True, capture_output=True, timeout=120,
     )
+
+
+PGBOUNCER_POOL = 2
+"""Server connections PgBouncer keeps per database: far fewer than a ledger's pool, so its
+transactions keep landing on server connections other transactions used."""
+
+
+@functools.cache
+def pooled_dsn() -> str:
+    """The test server's DSN through PgBouncer in transaction mode (started once per process,
+    stopped at exit): every transaction may run on another server connection, so a ledger
+    that relied on session state (settings, prepared statements, session locks) would fail.
+
+    Needs the ``pgbouncer`` program (Debian: ``apt-get install pgbouncer``); there is no skip.
+    """
+    program = shutil.which("pgbouncer") or shutil.which("/usr/sbin/pgbouncer")
+    if program is None:
+        raise AssertionError("the pgbouncer program is not installed (apt-get install pgbouncer)")
+    target = urllib.parse.urlsplit(DSN)
+    folder = Path(tempfile.mkdtemp(prefix="rb-pgbouncer-"))
+    folder.chmod(0o777)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = folder / "pgbouncer.ini"
+    config.write_text(
+        "[databases]\n"
+        f"* = host={target.hostname} port={target.port or 5432} user={target.username}\n"
+        "[pgbouncer]\n"
+        f"listen_addr = 127.0.0.1\nlisten_port = {port}\nauth_type = any\n"
+        f"pool_mode = transaction\ndefault_pool_size = {PGBOUNCER_POOL}\n"
+        "max_client_conn = 500\nunix_socket_dir =\n"
+        f"logfile = {folder}/pgbouncer.log\npidfile = {folder}/pgbouncer.pid\n"
+    )
+    config.chmod(0o644)
+    # PgBouncer refuses to run as root: it switches to the server's own user.
+    user = ["-u", "postgres"] if os.geteuid() == 0 else []
+    subprocess.run([program, "-d", *user, str(config)], check=True, capture_output=True,
+                   timeout=30)
+    dsn = target._replace(netloc=f"{target.username}@127.0.0.1:{port}").geturl()
+    pidfile = folder / "pgbouncer.pid"
+    for _ in range(200):  # the daemon writes its pid file, then listens
+        try:
+            pid = int(pidfile.read_text().strip())
+            with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+                conn.execute("SELECT 1")
+        except (OSError, ValueError, psycopg.OperationalError):
+            time.sleep(0.05)
+            continue
+        atexit.register(os.kill, pid, signal.SIGTERM)
+        return dsn
+    raise AssertionError(f"PgBouncer did not answer on port {port}: "
+                         f"{(folder / 'pgbouncer.log').read_text()}")
+
+
+SERVER_CLOCK_SHIFT = 2.0**28
+"""How far the contract's explicit times are moved for a ledger judged by the server's clock:
+past the server's real clock (for years to come), and exactly back (a power of two that keeps
+every time of the contract in its binary range, so no digit is lost either way)."""
+
+
+class ServerClockLedger:
+    """A ``PostgresLedger(time_source="server")`` that the contract's explicit times can drive.
+
+    The server's clock judges every round, never below the floor the caller passes. This
+    wrapper passes the contract's time, moved :data:`SERVER_CLOCK_SHIFT` into the future, as
+    that floor (a clock reading, read inside the reserving transaction), so the server's own
+    clock, which is behind it, never wins, and the production path (the server-clock
+    statement, read after the batch's locks) computes exactly the contract's times. What the
+    server judged comes back moved by the same amount; traces the caller recorded are its own.
+    """
+
+    def __init__(self, ledger: Any) -> None:
+        self._ledger = ledger
+
+    async def __aenter__(self) -> ServerClockLedger:
+        await self._ledger.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self._ledger.__aexit__(*exc)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ledger, name)
+
+    @staticmethod
+    def _back(reservation: Any) -> Any:
+        return attrs.evolve(
+            reservation, deadline_wall=reservation.deadline_wall - SERVER_CLOCK_SHIFT,
+            opened_wall=reservation.opened_wall - SERVER_CLOCK_SHIFT,
+            reserved_wall=reservation.reserved_wall - SERVER_CLOCK_SHIFT)
+
+    async def reserve(self, run_id: str, kind: Any, requested: int, policy: Any, now: Any, *,
+                      floor: Any = -math.inf) -> Any:
+        def shifted() -> float:
+            return max(read_time(now), read_time(floor)) + SERVER_CLOCK_SHIFT
+
+        outcome = await self._ledger.reserve(run_id, kind, requested, policy, 0.0, floor=shifted)
+        return self._back(outcome) if isinstance(outcome, Reservation) else outcome
+
+    async def reservations(self, run_id: str) -> list[Any]:
+        return [self._back(r) for r in await self._ledger.reservations(run_id)]
+
+    async def usage(self, run_id: str) -> Any:
+        usage = await self._ledger.usage(run_id)
+        if usage.deadline_wall is None:
+            return usage
+        return attrs.evolve(usage, deadline_wall=usage.deadline_wall - SERVER_CLOCK_SHIFT)
+
+    async def refusals(self, run_id: str) -> list[Any]:
+        # A refused round was recorded at the server's judged time; an attempt's, by its caller.
+        return [attrs.evolve(r, at_wall=r.at_wall - SERVER_CLOCK_SHIFT) if r.what == "round"
+                else r for r in await self._ledger.refusals(run_id)]

@@ -2,7 +2,9 @@
 
 Every test takes ``pair`` (an opened ledger and its admin) and runs against each kind in
 :data:`ADMIN_KINDS`: SQLite (a file) and PostgreSQL (a schema of its own on the test server,
-dropped afterwards; judged by the caller's explicit times), each admin from ``admin_for``.
+dropped afterwards; judged by the caller's explicit times; directly and through PgBouncer in
+transaction mode) and the in-memory test double, each admin from ``admin_for`` (every ledger's
+``admin()``). The tests that damage a ledger with SQL take ``sql_pair``: the SQL ledgers only.
 Times are explicit wall values (``WALL``), as in the ledger contract.
 tests/test_postgres_admin.py has the PostgreSQL-only admin tests (the server's clock, locks).
 """
@@ -39,7 +41,8 @@ from plugin.control.ledger_admin import (
 )
 from runtime_hooks.ledgers import admin_for
 
-from ._pg import DSN, connect, fresh_schema
+from ._fakes import MemoryLedger, MemoryStore
+from ._pg import DSN, connect, fresh_schema, pooled_dsn
 
 pytestmark = pytest.mark.anyio
 
@@ -47,7 +50,9 @@ WALL = 1_700_000_000.0
 POLICY = AllowancePolicy()  # 4 searches, 2 rounds, 10 s
 AUTO, DELIB = RoundKind.AUTOMATIC, RoundKind.DELIBERATE
 
-ADMIN_KINDS = ["sqlite", "postgres"]
+SQL_KINDS = ["sqlite", "postgres", "postgres-pgbouncer"]
+"""The SQL ledgers: the tests that damage a ledger behind its back (``sql_pair``) run on these."""
+ADMIN_KINDS = [*SQL_KINDS, "memory"]
 """Every ledger whose admin the contract runs against."""
 
 
@@ -56,7 +61,8 @@ class Pair:
     ledger: Ledger
     admin: LedgerAdmin
     raw: Callable[[str], None]
-    """Run one SQL statement on the ledger's tables behind its back (to damage it)."""
+    """Run one SQL statement on the ledger's tables behind its back (to damage it); only for
+    the SQL ledgers (``sql_pair``)."""
 
 
 def _raw_sqlite(path: Path) -> Callable[[str], None]:
@@ -84,18 +90,35 @@ async def _open(kind: str, tmp_path: Path) -> AsyncIterator[Pair]:
         async with SqliteLedger(path) as ledger:
             yield Pair(ledger, admin_for(ledger), _raw_sqlite(path))
         return
-    if kind == "postgres":
+    if kind.startswith("postgres"):
+        # Through PgBouncer in transaction mode too: no session state may be relied on.
+        dsn = pooled_dsn() if kind == "postgres-pgbouncer" else DSN
         with fresh_schema("admin") as schema:
             # The contract's explicit times are the caller's: judge by them.
-            async with PostgresLedger(DSN, schema=schema, time_source="caller") as ledger:
+            async with PostgresLedger(dsn, schema=schema, time_source="caller") as ledger:
                 yield Pair(ledger, admin_for(ledger), _raw_postgres(schema))
         return
+    if kind == "memory":
+        async with MemoryLedger.over(MemoryStore()) as ledger:
+            yield Pair(ledger, admin_for(ledger), _no_sql)
+        return
     raise AssertionError(f"unknown ledger kind {kind!r}")
+
+
+def _no_sql(statement: str) -> None:
+    raise AssertionError("the in-memory ledger has no SQL: damage tests take `sql_pair`")
 
 
 @pytest.fixture(params=ADMIN_KINDS)
 async def pair(anyio_backend: object, request: pytest.FixtureRequest,
                tmp_path: Path) -> AsyncIterator[Pair]:
+    async with _open(str(request.param), tmp_path) as opened:
+        yield opened
+
+
+@pytest.fixture(params=SQL_KINDS)
+async def sql_pair(anyio_backend: object, request: pytest.FixtureRequest,
+                   tmp_path: Path) -> AsyncIterator[Pair]:
     async with _open(str(request.param), tmp_path) as opened:
         yield opened
 
@@ -214,10 +237,41 @@ async def test_prune_never_removes_a_run_whose_deadline_has_not_passed(pair: Pai
                                     dry_run=False)
     assert report.run_ids == ("old", "mid")
     assert [r.run_id for r in await pair.admin.runs(limit=10)] == ["live"]
-    # At the deadline exactly, the run is finished (a round then is refused): prunable.
-    report = await pair.admin.prune(before_wall=WALL + 10**6, now_wall=WALL + 8600,
+    # At the deadline exactly, the run is finished (a round then is refused): prunable, once
+    # the ledger itself has recorded that time.
+    await _run(pair.ledger, "later", WALL + 8600)
+    report = await pair.admin.prune(before_wall=WALL + 8600.5, now_wall=WALL + 8600,
                                     dry_run=False)
     assert report.run_ids == ("live",)
+
+
+async def test_prune_by_an_operator_clock_ahead_never_removes_a_live_run(pair: Pair) -> None:
+    # The workers recorded times up to WALL + 0.1; the run's deadline is WALL + 600. An
+    # operator whose clock is an hour ahead asks to prune everything finished by then.
+    await _run(pair.ledger, "live", WALL, policy=attrs.evolve(POLICY, deadline_s=600.0))
+    report = await pair.admin.prune(before_wall=WALL + 3600, now_wall=WALL + 3600,
+                                    dry_run=False)
+    assert report.run_ids == ()
+    assert (await pair.ledger.usage("live")).rounds == 1
+    # Once the ledger's own records pass the deadline (a later run opened), it is finished.
+    await _run(pair.ledger, "next", WALL + 600)
+    report = await pair.admin.prune(before_wall=WALL + 3600, now_wall=WALL + 3600,
+                                    dry_run=False)
+    assert report.run_ids == ("live",)
+
+
+async def test_prune_ignores_a_non_finite_recorded_time(sql_pair: Pair) -> None:
+    pair = sql_pair
+    # A doctored far-future time must not make the ledger's own clock run ahead.
+    await _run(pair.ledger, "live", WALL, policy=attrs.evolve(POLICY, deadline_s=600.0))
+    pair.raw("INSERT INTO refusals (run_id, round_index, what, kind, reason, at_wall) "
+             "VALUES ('live', NULL, 'round', 'automatic', 'deadline', '+Infinity')"
+             if isinstance(pair.ledger, PostgresLedger) else
+             "INSERT INTO refusals (run_id, round_index, what, kind, reason, at_wall) "
+             "VALUES ('live', NULL, 'round', 'automatic', 'deadline', 1e999)")
+    report = await pair.admin.prune(before_wall=WALL + 3600, now_wall=WALL + 3600,
+                                    dry_run=True)
+    assert report.run_ids == ()
 
 
 async def test_prune_dry_run_reports_and_removes_nothing(pair: Pair) -> None:
@@ -240,7 +294,9 @@ async def test_prune_with_nothing_to_remove(pair: Pair) -> None:
 async def test_a_pruned_run_id_opens_afresh(pair: Pair) -> None:
     # Documented consequence: the ledger forgets a pruned run entirely.
     await _run(pair.ledger, "a", WALL)
-    await pair.admin.prune(before_wall=WALL + 20, now_wall=WALL + 20, dry_run=False)
+    await _run(pair.ledger, "b", WALL + 20)
+    report = await pair.admin.prune(before_wall=WALL + 20, now_wall=WALL + 20, dry_run=False)
+    assert report.run_ids == ("a",)
     again = await pair.ledger.reserve("a", AUTO, 2, POLICY, WALL + 30)
     assert isinstance(again, Reservation) and again.round_index == 1
 
@@ -255,7 +311,8 @@ async def test_check_passes_on_a_sound_ledger(pair: Pair) -> None:
     assert result.ok and result.schema_version == result.expected_version
 
 
-async def test_check_reports_each_broken_invariant(pair: Pair) -> None:
+async def test_check_reports_each_broken_invariant(sql_pair: Pair) -> None:
+    pair = sql_pair
     await _populate(pair.ledger)
     pair.raw("UPDATE runs SET reserved = 9 WHERE run_id = 'old'")
     pair.raw("UPDATE runs SET rounds = 3 WHERE run_id = 'mid'")
@@ -282,12 +339,82 @@ async def test_check_reports_a_slot_the_run_never_reserved(pair: Pair) -> None:
     assert problem == "run a: attempt a-3-False holds slot 3, which the run never reserved"
 
 
-async def test_check_reports_the_schema_version(pair: Pair) -> None:
+async def test_check_says_what_it_checked(sql_pair: Pair) -> None:
+    result = await sql_pair.admin.check()
+    assert result.ok and "the schema version" in result.checked
+    storage = ("storage integrity (PRAGMA integrity_check)" if
+               isinstance(sql_pair.ledger, SqliteLedger) else "the schema's tables")
+    assert result.checked[0] == storage
+    invariants = result.checked[-1]
+    assert invariants.startswith("the ledger's invariants (")
+    for what in ("no run executed more attempts than it reserved slots",
+                 "no round executed more attempts than its slots", "no slot used twice in a run",
+                 "every stored time is finite", "every attempt holds a slot its run reserved"):
+        assert what in invariants
+    assert not any("; " in item for item in result.checked)  # the CLI joins them with "; "
+
+
+async def test_check_reports_more_attempts_than_reserved_slots(sql_pair: Pair) -> None:
+    pair = sql_pair
+    await _run(pair.ledger, "a", WALL, attempts=2)  # round 1: slots 1-2
+    # A third executed attempt in round 1 (slot 2 again: the run reserved only 2).
+    pair.raw("INSERT INTO attempts SELECT 'a-extra', run_id, round_index, 2, kind, strategy, "
+             "fingerprint, outcome, started_wall, elapsed_s, legacy FROM attempts "
+             "WHERE attempt_id = 'a-2-False'")
+    assert set((await pair.admin.check()).problems) == {
+        "run a: 3 attempts executed, over its 2 reserved slots",
+        "run a: round 1 executed 3 attempts, over its 2 slots",
+        "run a: slot 2 used by 2 attempts",
+    }
+
+
+async def test_check_reports_more_attempts_in_a_round_than_its_slots(sql_pair: Pair) -> None:
+    pair = sql_pair
+    await _run(pair.ledger, "a", WALL, attempts=2)  # round 1: slots 1-2
+    assert isinstance(await pair.ledger.reserve("a", DELIB, 2, POLICY, WALL + 1), Reservation)
+    # The run's totals add up (2 executed of 4 reserved), but round 1's grant shrank to 1.
+    pair.raw("UPDATE rounds SET slots = 1 WHERE run_id = 'a' AND round_index = 1")
+    pair.raw("UPDATE rounds SET slots = 3, first_slot = 2 WHERE run_id = 'a' "
+             "AND round_index = 2")
+    assert (await pair.admin.check()).problems == (
+        "run a: round 1 executed 2 attempts, over its 1 slots",)
+
+
+async def test_check_reports_a_slot_used_twice(sql_pair: Pair) -> None:
+    pair = sql_pair
+    await _run(pair.ledger, "a", WALL, attempts=1)
+    pair.raw("UPDATE runs SET reserved = 4, rounds = 2 WHERE run_id = 'a'")
+    pair.raw("INSERT INTO rounds SELECT run_id, 2, kind, 2, 3, 2, 1, reserved_wall FROM rounds "
+             "WHERE run_id = 'a'")
+    await pair.ledger.record([attrs.evolve(_trace("a", 1, at=WALL + 1), attempt_id="a-again",
+                                           round_index=2)], [])
+    assert (await pair.admin.check()).problems == ("run a: slot 1 used by 2 attempts",)
+
+
+async def test_check_reports_non_finite_stored_times(sql_pair: Pair) -> None:
+    pair = sql_pair
     await _run(pair.ledger, "a", WALL)
-    assert (await pair.admin.check()).schema_version == 3
+    await _run(pair.ledger, "b", WALL)
+    infinity = "'Infinity'::float8" if isinstance(pair.ledger, PostgresLedger) else "1e999"
+    pair.raw(f"UPDATE runs SET deadline_wall = {infinity} WHERE run_id = 'a'")
+    pair.raw(f"UPDATE attempts SET elapsed_s = -{infinity} WHERE run_id = 'b'")
+    pair.raw(f"UPDATE rounds SET reserved_wall = {infinity} WHERE run_id = 'b'")
+    problems = set((await pair.admin.check()).problems)
+    assert problems == {
+        "run a: runs.deadline_wall is inf, not a finite time",
+        "run b: attempts.elapsed_s is -inf, not a finite time",
+        "run b: rounds.reserved_wall is inf, not a finite time",
+    }
+
+
+async def test_check_reports_the_schema_version(sql_pair: Pair) -> None:
+    pair = sql_pair
+    await _run(pair.ledger, "a", WALL)
+    current = (await pair.admin.check()).schema_version
+    assert current == type(pair.ledger).schema_version  # type: ignore[attr-defined]
     if isinstance(pair.ledger, SqliteLedger):
         pair.raw("PRAGMA user_version = 1")
     else:
         pair.raw("UPDATE recallbound_meta SET version = 1")
     result = await pair.admin.check()
-    assert (result.schema_version, result.expected_version, result.ok) == (1, 3, False)
+    assert (result.schema_version, result.expected_version, result.ok) == (1, current, False)

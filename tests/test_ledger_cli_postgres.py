@@ -17,6 +17,7 @@ import anyio
 import pytest
 
 from plugin import PostgresLedger
+from plugin.control.postgres_ledger import SCHEMA_VERSION
 
 from . import _pg
 from .test_ledger_cli import NOW, cli, fill_ledger
@@ -146,12 +147,14 @@ def test_prune_keeps_a_run_whose_deadline_has_not_passed(location: str) -> None:
 
 def test_check_ok(location: str) -> None:
     code, out, _ = cli("ledger", "--ledger", location, "check")
+    version = SCHEMA_VERSION
     first, checked = out.splitlines()
-    assert (code, first) == (0, f"{location} (postgresql): schema version 3 (expected 3): ok")
+    assert (code, first) == (
+        0, f"{location} (postgresql): schema version {version} (expected {version}): ok")
     assert checked.startswith("  checked: ") and "the ledger's invariants" in checked
     document = json.loads(cli("ledger", "--ledger", location, "check", "--json")[1])
     assert (document["backend"], document["ok"], document["schema_version"],
-            document["problems"]) == ("postgresql", True, 3, [])
+            document["problems"]) == ("postgresql", True, version, [])
 
 
 def test_check_reports_broken_invariants(location: str, schema: str) -> None:

@@ -4,7 +4,9 @@ One suite for the interface (one contract suite per interface): every test that
 takes the ``ledger`` (an opened ledger) or ``open_ledger`` (a factory of unopened ledgers over
 one store) fixture runs against each kind in :data:`LEDGER_KINDS`: SQLite (a file),
 PostgreSQL (a schema of its own on the test server, dropped afterwards; judged by the caller's
-explicit times) and the in-memory test double. The tests near the end that name
+explicit times; directly, and through PgBouncer in transaction mode, which proves that no
+session state is relied on; and judged by the server's clock, the production path, through
+``ServerClockLedger``) and the in-memory test double. The tests near the end that name
 ``SqliteLedger`` check failures only a file-backed ledger has (missing folder, foreign or
 damaged file, a lock held by another connection); tests/test_postgres_ledger.py has the
 PostgreSQL-only ones.
@@ -55,7 +57,7 @@ from plugin.errors import (
 )
 
 from ._fakes import MemoryLedger, MemoryStore
-from ._pg import DSN, fresh_schema
+from ._pg import DSN, ServerClockLedger, fresh_schema, pooled_dsn
 
 pytestmark = pytest.mark.anyio
 
@@ -63,7 +65,7 @@ WALL = 1_700_000_000.0
 POLICY = AllowancePolicy()  # 4 searches, 2 rounds, 10 s, 2 automatic slots
 AUTO, DELIB = RoundKind.AUTOMATIC, RoundKind.DELIBERATE
 
-LEDGER_KINDS = ["sqlite", "postgres", "memory"]
+LEDGER_KINDS = ["sqlite", "postgres", "postgres-pgbouncer", "postgres-server-clock", "memory"]
 """Every ledger implementation the contract runs against."""
 
 
@@ -74,6 +76,12 @@ def _make_ledger(kind: str, store: Any, **options: Any) -> Any:
     if kind == "postgres":
         # The contract's explicit times are the caller's: judge by them, not the server clock.
         return PostgresLedger(DSN, schema=store, time_source="caller", **options)
+    if kind == "postgres-server-clock":
+        # The production path: judged by the server's clock, driven through the floor.
+        return ServerClockLedger(PostgresLedger(DSN, schema=store, **options))
+    if kind == "postgres-pgbouncer":
+        # Through a pooler in transaction mode: no session state may be relied on.
+        return PostgresLedger(pooled_dsn(), schema=store, time_source="caller", **options)
     if kind == "memory":
         return MemoryLedger.over(store)
     raise AssertionError(f"unknown ledger kind {kind!r}")
@@ -87,7 +95,7 @@ def ledger_kind(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def store(ledger_kind: str, tmp_path: Path) -> Iterator[Any]:
     """What the test's ledgers share: a folder, a PostgreSQL schema, or a MemoryStore."""
-    if ledger_kind == "postgres":
+    if ledger_kind.startswith("postgres"):
         with fresh_schema("contract") as schema:
             yield schema
     elif ledger_kind == "memory":

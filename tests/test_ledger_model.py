@@ -1,10 +1,11 @@
-"""A hypothesis state machine comparing :class:`SqliteLedger` with a tiny pure-Python model.
+"""A hypothesis state machine comparing the SQL ledgers with a tiny pure-Python model.
 
 The machine reserves rounds for a few runs, moves a :class:`ManualClock` (time passing, and
 the wall clock stepped either way), and records attempt traces (some of them repeated, some
 legacy). After every step the ledger's usage and history must equal the model's, and the
 allowance's invariants must hold. The async ledger is driven from the synchronous machine
-through an anyio blocking portal, once on asyncio and once on trio.
+through an anyio blocking portal, on asyncio and on trio, for :class:`SqliteLedger` and for
+:class:`PostgresLedger` (a fresh schema per example, judged by the machine's explicit times).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from plugin.control import (
     AttemptOutcome,
     AttemptTrace,
     ManualClock,
+    PostgresLedger,
     RefusalReason,
     Reservation,
     RoundKind,
@@ -42,6 +44,8 @@ from plugin.control import (
     Usage,
 )
 from plugin.control.refusal import BudgetRefusal
+
+from ._pg import DSN, fresh_schema
 
 RUNS = ("run-a", "run-b", "run-c")
 WALL = 1_700_000_000.0
@@ -88,6 +92,7 @@ class RunModel:
 
 class LedgerMachine(RuleBasedStateMachine):
     backend = "asyncio"
+    kind = "sqlite"
 
     granted = Bundle("granted")
 
@@ -99,7 +104,11 @@ class LedgerMachine(RuleBasedStateMachine):
         self.portal: BlockingPortal = self._stack.enter_context(
             start_blocking_portal(self.backend)
         )
-        self.ledger = SqliteLedger(self.folder / "ledger.sqlite3")
+        self.ledger: SqliteLedger | PostgresLedger = (
+            SqliteLedger(self.folder / "ledger.sqlite3") if self.kind == "sqlite" else
+            PostgresLedger(DSN, schema=self._stack.enter_context(fresh_schema("model")),
+                           time_source="caller")
+        )
         self.portal.call(self.ledger.open)
         self._stack.callback(self.portal.call, self.ledger.aclose)
         self.clock = ManualClock(wall=WALL)
@@ -242,9 +251,11 @@ class LedgerMachine(RuleBasedStateMachine):
                 assert reservation.reserved == end
 
 
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
-def test_ledger_behaves_like_the_model(backend: str) -> None:
-    machine = type(f"LedgerMachine_{backend}", (LedgerMachine,), {"backend": backend})
+def test_ledger_behaves_like_the_model(backend: str, kind: str) -> None:
+    machine = type(f"LedgerMachine_{backend}_{kind}", (LedgerMachine,),
+                   {"backend": backend, "kind": kind})
     run_state_machine_as_test(
         machine,
         settings=settings(

@@ -21,6 +21,8 @@ from psycopg import sql
 from plugin import PostgresLedger
 from plugin.control import (
     AllowancePolicy,
+    AttemptOutcome,
+    AttemptTrace,
     ManualClock,
     RecallAllowance,
     RecallBudgetExceeded,
@@ -335,11 +337,11 @@ async def test_commits_are_synchronous_whatever_the_connection_default(schema: s
     async with PostgresLedger(dsn, schema=schema, max_size=1, statement_timeout=3.0,
                               lock_timeout=0.5) as ledger:
         _granted(await ledger.reserve("run", AUTO, 2, POLICY, 0.0))
-        shown = await ledger._session(
+        shown = await ledger._transact(
             lambda s: s.fetchall(
                 "SELECT current_setting('synchronous_commit'), "
-                "current_setting('statement_timeout'), current_setting('lock_timeout')"),
-            "test", write=True,
+                "current_setting('statement_timeout'), current_setting('lock_timeout')", {}),
+            "test",
         )
     assert shown == [("on", "3s", "500ms")]
 
@@ -359,3 +361,72 @@ def test_invalid_settings_are_refused_at_construction(options: dict[str, Any]) -
     assert isinstance(caught.value, ValueError)
     with pytest.raises(LedgerConfigError):
         PostgresLedger("")
+
+
+# -- group commit: one trip to the server, one hop to a worker thread ---------------------------
+
+
+@pytest.mark.parametrize("time_source", ["server", "caller"])
+async def test_a_batch_crosses_to_a_worker_thread_once_per_trip(
+    schema: str, anyio_backend_name: str, time_source: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async with PostgresLedger(_pg.DSN, schema=schema, time_source=time_source) as ledger:
+        _granted(await ledger.reserve("warm", AUTO, 1, POLICY, 100.0))
+        batches: list[int] = []
+        inner = ledger._group.run
+
+        async def spy(batch: Any) -> Any:
+            batches.append(len(batch))
+            return await inner(batch)
+
+        ledger._group.run = spy
+        hops: list[str] = []
+        real = anyio.to_thread.run_sync
+
+        async def counted(fn: Any, *args: Any, **options: Any) -> Any:
+            hops.append(getattr(fn, "__name__", repr(fn)))
+            return await real(fn, *args, **options)
+
+        monkeypatch.setattr(anyio.to_thread, "run_sync", counted)
+        async with anyio.create_task_group() as tg:
+            for i in range(60):
+                tg.start_soon(ledger.reserve, f"run-{i % 20}", DELIB, 1, POLICY, 100.0)
+        monkeypatch.setattr(anyio.to_thread, "run_sync", real)
+        assert sum(batches) == 60 and max(batches) > 1
+        if anyio_backend_name == "asyncio":
+            assert hops == []  # psycopg's own async connections: no thread at all
+        else:
+            # Per batch, by the server's clock: one hop (checkout, the whole transaction in one
+            # trip, return). By the callers' clocks, read between the locks and the rounds: a
+            # checkout, two trips, a return.
+            per_batch = 1 if time_source == "server" else 4
+            assert len(hops) == len(batches) * per_batch, hops
+        for i in range(20):  # three requests per run, in batches: exactly judged
+            usage = await ledger.usage(f"run-{i}")
+            assert (usage.rounds, usage.reserved, usage.refused) == (2, 2, 1)
+
+
+@pytest.mark.parametrize("time_source", ["server", "caller"])
+async def test_every_reservation_and_trace_write_commits_synchronously(
+    schema: str, time_source: str
+) -> None:
+    # The connection's default is off; a trigger records the setting each write runs under.
+    dsn = _pg.DSN + ("&" if "?" in _pg.DSN else "?") + "options=-c%20synchronous_commit%3Doff"
+    async with PostgresLedger(dsn, schema=schema, time_source=time_source) as ledger:
+        _sql(f'CREATE TABLE "{schema}".seen (tab text, setting text)')
+        _sql(f"""CREATE FUNCTION "{schema}".note() RETURNS trigger LANGUAGE plpgsql AS $$
+                 BEGIN
+                     INSERT INTO "{schema}".seen
+                     VALUES (TG_TABLE_NAME, current_setting('synchronous_commit'));
+                     RETURN NEW;
+                 END $$""")
+        for table in ("runs", "attempts", "retained"):
+            _sql(f'CREATE TRIGGER note AFTER INSERT OR UPDATE ON "{schema}".{table} '
+                 f'FOR EACH ROW EXECUTE FUNCTION "{schema}".note()')
+        reservation = _granted(await ledger.reserve("run", AUTO, 2, POLICY, 100.0))
+        await ledger.record([AttemptTrace(
+            attempt_id="a", run_id="run", round_index=1, slot=reservation.first_slot,
+            kind="automatic", outcome=AttemptOutcome.OK, started_wall=100.0, elapsed_s=0.1)], [])
+        await ledger.retain("run", ["m1"], limit=4)
+    assert sorted(_sql(f'SELECT tab, setting FROM "{schema}".seen')) == [
+        ("attempts", "on"), ("retained", "on"), ("runs", "on")]

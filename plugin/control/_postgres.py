@@ -10,16 +10,22 @@ psycopg's async API runs on asyncio only (under trio ``AsyncConnection.connect``
   statement limiter (``max_size`` threads) can never be starved by tasks waiting for a
   connection.
 
-Connections are in autocommit mode: a read is one statement; a write is an explicit
-``BEGIN`` … ``COMMIT`` (see :mod:`plugin.control.postgres_ledger`). Every new connection is
-configured once: ``synchronous_commit = on`` (a commit returns only once its WAL is flushed,
-whatever the server's or the role's default), ``statement_timeout``, ``lock_timeout`` and
-``idle_in_transaction_session_timeout`` (a hung worker cannot hold a run's lock forever).
+Connections are in autocommit mode and every unit of work is an explicit ``BEGIN`` …
+``COMMIT`` that sets what it needs for itself (``SET LOCAL``, see
+:mod:`plugin.control.postgres_ledger`): no state lives in the session, so a pooler in
+transaction mode (PgBouncer) may hand each transaction another server connection. Nothing is
+prepared on the server (``prepare_threshold=None``) for the same reason. The pool checks a
+connection before lending it (``check=``, :func:`check_idle`, no round trip): one lost while
+idle (a server restart, a terminated backend) is replaced.
+
+:meth:`Session.pipeline` sends several statements in one round trip (psycopg's pipeline mode)
+and, on trio, in one hop to a worker thread.
 """
 
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeAlias, TypeVar
 
@@ -45,6 +51,13 @@ class Session(Protocol):
         """Execute one statement once per parameter set (pipelined by psycopg)."""
         ...
 
+    async def pipeline(self, statements: Sequence[tuple[str, Params | None]]) -> list[list[Row]]:
+        """Execute ``statements`` in one round trip; each one's rows, in order.
+
+        The first failure raises (the statements after it are skipped by the server).
+        """
+        ...
+
     @property
     def broken(self) -> bool:
         """Whether the connection is closed or lost (the pool discards it when given back)."""
@@ -67,9 +80,28 @@ class Driver(Protocol):
         """Check a connection out of the pool for the block; always given back."""
         ...
 
+    async def transaction(self, statements: Sequence[tuple[str, Params | None]]) -> list[list[Row]]:
+        """Check a connection out, run ``statements`` (a whole transaction, ``BEGIN`` to
+        ``COMMIT``) in one round trip, roll back on failure, give the connection back: on trio
+        all of it in one hop to a worker thread. Each statement's rows, in order."""
+        ...
+
 
 def _rows(cur: psycopg.Cursor[Row] | psycopg.AsyncCursor[Row]) -> bool:
     return cur.description is not None
+
+
+def _pipeline(
+    conn: psycopg.Connection[Row], statements: Sequence[tuple[str, Params | None]]
+) -> list[list[Row]]:
+    with conn.pipeline():
+        cursors = [conn.execute(sql, params) for sql, params in statements]
+    return [cur.fetchall() if _rows(cur) else [] for cur in cursors]
+
+
+def _rollback(conn: psycopg.Connection[Row] | psycopg.AsyncConnection[Row]) -> bool:
+    """Whether a failed transaction on ``conn`` still needs a ``ROLLBACK`` (not if lost)."""
+    return not (conn.closed or conn.broken)
 
 
 class _AsyncSession:
@@ -83,6 +115,12 @@ class _AsyncSession:
     async def executemany(self, sql: str, rows: Iterable[Params]) -> None:
         async with self._conn.cursor() as cur:
             await cur.executemany(sql, list(rows))
+
+    async def pipeline(self, statements: Sequence[tuple[str, Params | None]]) -> list[list[Row]]:
+        conn = self._conn
+        async with conn.pipeline():
+            cursors = [await conn.execute(sql, params) for sql, params in statements]
+        return [await cur.fetchall() if _rows(cur) else [] for cur in cursors]
 
     @property
     def broken(self) -> bool:
@@ -118,6 +156,22 @@ class AsyncDriver:
             with anyio.CancelScope(shield=True):
                 await self._pool.putconn(conn)
 
+    async def transaction(self, statements: Sequence[tuple[str, Params | None]]) -> list[list[Row]]:
+        conn = await self._pool.getconn()
+        try:
+            with anyio.CancelScope(shield=True):
+                try:
+                    rows = await _AsyncSession(conn).pipeline(statements)
+                except BaseException:
+                    if _rollback(conn):
+                        with contextlib.suppress(psycopg.Error):
+                            await conn.execute("ROLLBACK")
+                    raise
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._pool.putconn(conn)
+        return rows
+
 
 class _ThreadedSession:
     def __init__(self, conn: psycopg.Connection[Row], limiter: anyio.CapacityLimiter) -> None:
@@ -144,6 +198,10 @@ class _ThreadedSession:
                 cur.executemany(sql, materialized)
 
         await self._run(run)
+
+    async def pipeline(self, statements: Sequence[tuple[str, Params | None]]) -> list[list[Row]]:
+        conn = self._conn
+        return await self._run(lambda: _pipeline(conn, statements))
 
     @property
     def broken(self) -> bool:
@@ -191,13 +249,75 @@ class ThreadedDriver:
                         self._pool.putconn, conn, limiter=self._limiter
                     )
 
+    async def transaction(self, statements: Sequence[tuple[str, Params | None]]) -> list[list[Row]]:
+        pool = self._pool
+
+        def run() -> list[list[Row]]:
+            conn = pool.getconn()
+            try:
+                return _pipeline(conn, statements)
+            except BaseException:
+                if _rollback(conn):
+                    with contextlib.suppress(psycopg.Error):
+                        conn.execute("ROLLBACK")
+                raise
+            finally:
+                pool.putconn(conn)
+
+        async with self._admitted:
+            # One hop: a worker thread is never abandoned, so the connection always goes back.
+            return await anyio.to_thread.run_sync(run, limiter=self._limiter)
+
+
+_TERMINATED: weakref.WeakSet[Any] = weakref.WeakSet()
+"""Connections the server said it terminated (a FATAL notice while idle)."""
+
+
+def watch(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+    """Note, on the client side only, when the server terminates ``conn`` while it is idle: the
+    server says so first (a FATAL message, delivered as a notice), then closes the stream."""
+    ref = weakref.ref(conn)
+
+    def noticed(diagnostic: psycopg.errors.Diagnostic) -> None:
+        target = ref()
+        if target is not None and diagnostic.severity_nonlocalized in ("FATAL", "PANIC"):
+            _TERMINATED.add(target)
+
+    conn.add_notice_handler(noticed)
+
+
+def check_idle(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+    """The pool's health check of an idle connection, without a round trip to the server.
+
+    It reads what the server sent while the connection sat idle: a server that terminated it
+    sent a FATAL message (parsed by ``is_busy``, noted by :func:`watch`), then closed the
+    stream (which the second read reports). Raises :class:`psycopg.OperationalError` for a
+    lost connection (the pool then discards it and lends another). psycopg_pool's own
+    ``check_connection`` asks the server (an empty query): one more round trip on every
+    checkout, which a lone reservation pays.
+    """
+    pgconn = conn.pgconn
+    pgconn.consume_input()
+    pgconn.is_busy()
+    pgconn.consume_input()
+    if (conn in _TERMINATED or conn.closed or conn.broken
+            or pgconn.status != psycopg.pq.ConnStatus.OK):
+        raise psycopg.OperationalError("the connection was lost while idle in the pool")
+
+
+async def _check_idle_async(conn: psycopg.AsyncConnection[Any]) -> None:
+    check_idle(conn)
+
+
+async def _watch_async(conn: psycopg.AsyncConnection[Any]) -> None:
+    watch(conn)
+
 
 def make_driver(
     conninfo: str,
     *,
     min_size: int,
     max_size: int,
-    settings: Mapping[str, str],
     connect_timeout: float,
     pool_timeout: float,
     name: str,
@@ -209,27 +329,21 @@ def make_driver(
         "application_name": name,
         # libpq counts whole seconds, at least 2.
         "connect_timeout": max(2, round(connect_timeout)),
+        # Server-side prepared statements are session state a transaction pooler loses.
+        "prepare_threshold": None,
     }
-    assignments = "; ".join(f"SET {key} = '{value}'" for key, value in settings.items())
-
     common: dict[str, Any] = {
         "min_size": min_size, "max_size": max_size, "kwargs": kwargs, "open": False,
         "timeout": pool_timeout, "name": name,
     }
     if sniffio.current_async_library() == "asyncio":
-
-        async def configure_async(conn: psycopg.AsyncConnection[Any]) -> None:
-            await conn.execute(assignments.encode())
-
         return AsyncDriver(
-            psycopg_pool.AsyncConnectionPool(conninfo, configure=configure_async, **common),
+            psycopg_pool.AsyncConnectionPool(
+                conninfo, check=_check_idle_async, configure=_watch_async, **common),
             connect_timeout, conninfo, kwargs,
         )
-
-    def configure(conn: psycopg.Connection[Any]) -> None:
-        conn.execute(assignments.encode())
-
     return ThreadedDriver(
-        psycopg_pool.ConnectionPool(conninfo, configure=configure, **common), connect_timeout,
-        conninfo, kwargs,
+        psycopg_pool.ConnectionPool(
+            conninfo, check=check_idle, configure=watch, **common),
+        connect_timeout, conninfo, kwargs,
     )

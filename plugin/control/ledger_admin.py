@@ -3,8 +3,8 @@
 :class:`~plugin.control.ledger.Ledger` is what the allowance needs; :class:`LedgerAdmin` is what
 an operator needs beside it (``recallbound ledger …``). A run's timeline (``ledger show``) needs
 nothing new: it is read through the ``Ledger`` protocol (reservations, attempts, refusals).
-Each ledger implementation provides one admin (``SqliteAdmin`` for ``SqliteLedger``,
-``PostgresLedger.admin()``, a ``PostgresAdmin``) and passes
+Every ledger offers its admin as ``ledger.admin()`` (the SQL ledgers share one,
+:class:`~plugin.control.sql_admin.SqlAdmin`), which passes
 ``tests/test_ledger_admin_contract.py``.
 """
 
@@ -97,6 +97,8 @@ class LedgerCheck:
     schema_version: int
     expected_version: int
     problems: tuple[str, ...] = ()
+    checked: tuple[str, ...] = ()
+    """What the check covered, one item each (storage, identity, version, each invariant)."""
 
     @property
     def ok(self) -> bool:
@@ -122,13 +124,18 @@ class LedgerAdmin(Protocol):
         """Remove every trace of the runs whose deadline is before ``before_wall`` and has
         passed at ``now_wall``, in one transaction; with ``dry_run``, only count them.
 
-        A run whose deadline has not passed (at ``now_wall``, and at the ledger's own clock
-        if it has one) is never removed, whatever ``before_wall`` says. Removes the run's rows
-        of every table in :data:`PRUNED_TABLES`.
+        A run whose deadline has not passed, at ``now_wall`` or at the ledger's own clock, is
+        never removed, whatever ``before_wall`` says. The ledger's own clock is its database's
+        when it judges rounds by it, else the newest time the ledger recorded (a run opened, a
+        round reserved, an attempt started, a refusal): the workers' times, which an
+        operator's clock cannot overrule. Removes the run's rows of every table in
+        :data:`PRUNED_TABLES`.
         """
         ...
 
     async def check(self) -> LedgerCheck:
         """Verify storage integrity, the schema version and the ledger's own invariants
-        (each run's rounds and slots add up; no trace belongs to an unknown run)."""
+        (each run's rounds and slots add up and stay within its limits; no run or round
+        executed more attempts than it reserved slots; no slot used twice in a run; every
+        stored time finite; no trace belongs to an unknown run)."""
         ...

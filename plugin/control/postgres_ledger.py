@@ -24,12 +24,12 @@ restarted or too slow is :class:`~plugin.errors.LedgerUnavailableError`, a lock 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import re
 import zlib
-from collections.abc import Awaitable, Callable, Sequence
-from types import TracebackType
-from typing import Any, Literal, TypeVar
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Literal, TypeAlias, TypeVar
 
 import anyio
 import psycopg
@@ -48,23 +48,23 @@ from plugin.errors import (
 )
 
 from . import _postgres
-from .ledger import (
-    AttemptOutcome,
-    AttemptTrace,
-    IdentityCache,
-    RefusalRecord,
-    Reservation,
-    Usage,
-    Validity,
-    WallTime,
-    check_identity,
-    grant_validations,
-    identity_arguments,
-    read_time,
-)
-from .ledger_admin import LedgerAdmin
+from ._group import GroupCommit
+from .ledger import Reservation, WallTime, read_time
+from .ledger_admin import PRUNED_TABLES
 from .policy import AllowancePolicy, RoundKind
 from .refusal import BudgetRefusal, RefusalReason
+from .sql_ledger import (
+    REFUSAL_REASON,
+    TABLES,
+    Dialect,
+    ReserveRequest,
+    Row,
+    Rows,
+    Session,
+    SqlLedger,
+    create_table,
+    reservation,
+)
 
 T = TypeVar("T")
 
@@ -72,68 +72,88 @@ TimeSource = Literal["server", "caller"]
 APPLICATION = "recallbound"
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
+_RESERVE_WAVE = """
+CREATE FUNCTION {s}.reserve_wave(p_server boolean, p_requests jsonb)
+RETURNS TABLE (ord int4, judged float8, executed int8, rounds int8, reserved int8,
+               granted int8, deadline float8, opened float8, reason text,
+               reserved_before int8)
+LANGUAGE plpgsql VOLATILE AS $body$
+#variable_conflict use_column
+BEGIN
+RETURN QUERY
+WITH req AS MATERIALIZED (
+    -- times travel as text: JSON has no infinity (a floor of -inf is the usual one)
+    SELECT t.ord, t.run_id, t.kind, t.requested, t.deadline_s::float8 AS deadline_s,
+           t.max_searches, t.max_rounds, t.now::float8 AS now, t.floor::float8 AS floor
+    FROM jsonb_to_recordset(p_requests) AS t(ord int4, run_id text, kind text, requested int8,
+        deadline_s text, max_searches int8, max_rounds int8, now text, floor text)
+), p AS MATERIALIZED (
+    SELECT req.ord, req.run_id, req.kind, req.requested, req.deadline_s, req.max_searches,
+           req.max_rounds,
+           greatest(CASE WHEN p_server THEN extract(epoch FROM clock_timestamp())::float8
+                         ELSE req.now END, req.floor) AS now
+    FROM req
+), cur AS MATERIALIZED (
+    SELECT u.run_id, u.reserved, """ + REFUSAL_REASON + """ AS reason
+    FROM {s}.runs u WHERE u.run_id IN (SELECT req.run_id FROM req)
+), exe AS MATERIALIZED (
+    SELECT a.run_id, count(*) AS n FROM {s}.attempts a
+    WHERE a.run_id IN (SELECT req.run_id FROM req) AND a.legacy = false GROUP BY a.run_id
+), up AS (
+    INSERT INTO {s}.runs AS r (run_id, opened_wall, deadline_wall, max_searches, max_rounds,
+                               rounds, reserved, last_grant)
+    SELECT p.run_id, p.now, p.now + p.deadline_s, p.max_searches, p.max_rounds,
+           1, least(p.requested, p.max_searches), least(p.requested, p.max_searches)
+    FROM p ORDER BY p.run_id
+    ON CONFLICT (run_id) DO UPDATE SET
+        rounds = r.rounds + 1,
+        last_grant = least((SELECT p.requested FROM p WHERE p.run_id = excluded.run_id),
+                           r.max_searches - r.reserved),
+        reserved = r.reserved + least((SELECT p.requested FROM p
+                                       WHERE p.run_id = excluded.run_id),
+                                      r.max_searches - r.reserved)
+    WHERE r.rounds < r.max_rounds AND r.reserved < r.max_searches
+      AND excluded.opened_wall < r.deadline_wall
+    RETURNING r.run_id, r.rounds, r.reserved, r.last_grant, r.deadline_wall, r.opened_wall
+), rnd AS (
+    INSERT INTO {s}.rounds (run_id, round_index, kind, requested, first_slot, slots, executed,
+                            reserved_wall)
+    SELECT p.run_id, up.rounds, p.kind, p.requested, up.reserved - up.last_grant + 1,
+           up.last_grant, coalesce(exe.n, 0), p.now
+    FROM p JOIN up ON up.run_id = p.run_id LEFT JOIN exe ON exe.run_id = p.run_id
+), ref AS (
+    INSERT INTO {s}.refusals (run_id, round_index, what, kind, reason, at_wall)
+    SELECT p.run_id, NULL, 'round', p.kind, cur.reason, p.now
+    FROM p JOIN cur ON cur.run_id = p.run_id
+    WHERE NOT EXISTS (SELECT FROM up WHERE up.run_id = p.run_id)
+)
+SELECT p.ord, p.now, coalesce(exe.n, 0)::int8, up.rounds, up.reserved, up.last_grant,
+       up.deadline_wall, up.opened_wall, cur.reason, cur.reserved
+FROM p LEFT JOIN exe ON exe.run_id = p.run_id LEFT JOIN up ON up.run_id = p.run_id
+       LEFT JOIN cur ON cur.run_id = p.run_id
+ORDER BY p.ord;
+END
+$body$
+"""
+"""One wave of a batch judged and recorded in one statement over arrays of requests: the
+round, or the refusal, of each, in the order of ``ord``. Called after the batch's locks, so
+every time it reads is current (each query of a volatile function takes a new snapshot)."""
+
+_TYPES = {"text": "text", "real": "float8", "int": "bigint", "bool": "boolean",
+          "serial": "bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY"}
+
 _MIGRATIONS: tuple[tuple[str, ...], ...] = (
-    # version 1: runs, rounds, attempts, refusals
-    (
-        """CREATE TABLE {s}.runs (
-            run_id        text PRIMARY KEY,
-            opened_wall   float8 NOT NULL,
-            deadline_wall float8 NOT NULL,
-            max_searches  bigint NOT NULL,
-            max_rounds    bigint NOT NULL,
-            rounds        bigint NOT NULL,
-            reserved      bigint NOT NULL,
-            last_grant    bigint NOT NULL)""",
-        """CREATE TABLE {s}.rounds (
-            run_id        text NOT NULL,
-            round_index   bigint NOT NULL,
-            kind          text NOT NULL,
-            requested     bigint NOT NULL,
-            first_slot    bigint NOT NULL,
-            slots         bigint NOT NULL,
-            executed      bigint NOT NULL,
-            reserved_wall float8 NOT NULL,
-            PRIMARY KEY (run_id, round_index))""",
-        """CREATE TABLE {s}.attempts (
-            attempt_id   text PRIMARY KEY,
-            run_id       text NOT NULL,
-            round_index  bigint NOT NULL,
-            slot         bigint NOT NULL,
-            kind         text NOT NULL,
-            strategy     text,
-            fingerprint  text,
-            outcome      text NOT NULL,
-            started_wall float8 NOT NULL,
-            elapsed_s    float8,
-            legacy       boolean NOT NULL)""",
-        "CREATE INDEX attempts_by_run ON {s}.attempts (run_id, legacy)",
-        """CREATE TABLE {s}.refusals (
-            id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-            run_id      text NOT NULL,
-            round_index bigint,
-            what        text NOT NULL,
-            kind        text NOT NULL,
-            reason      text NOT NULL,
-            at_wall     float8 NOT NULL)""",
-        "CREATE INDEX refusals_by_run ON {s}.refusals (run_id)",
+    # versions 1 to 3, the ledger's tables by the version that added them: 1 runs, rounds,
+    # attempts, refusals; 2 retained evidence and its re-check bound; 3 each run bound to the
+    # principal and scope of its first use
+    *(
+        tuple(statement for table in TABLES if table.since == version
+              for statement in create_table(table, _TYPES, prefix="{s}."))
+        for version in (1, 2, 3)
     ),
-    # version 2: retained evidence and its re-check bound, kept with the run
-    (
-        """CREATE TABLE {s}.retained (
-            run_id      text NOT NULL,
-            evidence_id text NOT NULL,
-            PRIMARY KEY (run_id, evidence_id))""",
-        """CREATE TABLE {s}.validations (
-            run_id text PRIMARY KEY,
-            used   bigint NOT NULL)""",
-    ),
-    # version 3: each run bound to the principal and scope of its first use
-    (
-        """CREATE TABLE {s}.run_identity (
-            run_id    text PRIMARY KEY,
-            principal text NOT NULL,
-            scope     text NOT NULL)""",
-    ),
+    # version 4: the reserving statement, kept in the schema (its plan is cached per server
+    # connection, where a client-side prepared statement would not survive a transaction pooler)
+    (_RESERVE_WAVE,),
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 """The schema version this code writes; older versions are migrated in place at open."""
@@ -143,61 +163,26 @@ _META = """CREATE TABLE {s}.recallbound_meta (
     application text NOT NULL,
     version     integer NOT NULL)"""
 
-_NOW = {
-    "server": "extract(epoch FROM clock_timestamp())::float8",
-    "caller": "%(now)s::float8",
-}
+_SERVER_CLOCK = "extract(epoch FROM clock_timestamp())::float8"
+"""The server's clock, read when the statement evaluates it (after any lock wait before it)."""
+
+_LOCK_RUN = "SELECT pg_advisory_xact_lock(:space::int4, hashtext(:run_id))"
+
+_LOCK_RUNS = """
+SELECT count(pg_advisory_xact_lock(:space::int4, hashtext(r)))
+FROM (SELECT DISTINCT r COLLATE "C" AS r FROM unnest(:runs::text[]) AS r ORDER BY 1 OFFSET 0)
+    AS ordered
+"""
+"""The per-run locks of a batch, taken in one order, by run id byte-wise (as a batch of writes
+orders its runs), so that two workers' batches never wait for each other in a cycle."""
 
 _RESERVE = """
-WITH p AS MATERIALIZED (
-    SELECT greatest({now}, %(floor)s::float8) AS now
-), cur AS MATERIALIZED (
-    SELECT rounds, reserved, max_rounds, max_searches FROM {s}.runs WHERE run_id = %(run_id)s
-), exe AS MATERIALIZED (
-    SELECT count(*) AS n FROM {s}.attempts WHERE run_id = %(run_id)s AND NOT legacy
-), up AS (
-    INSERT INTO {s}.runs AS r (run_id, opened_wall, deadline_wall, max_searches, max_rounds,
-                               rounds, reserved, last_grant)
-    SELECT %(run_id)s, p.now, p.now + %(deadline_s)s::float8, %(max_searches)s, %(max_rounds)s,
-           1, least(%(requested)s, %(max_searches)s), least(%(requested)s, %(max_searches)s)
-    FROM p
-    ON CONFLICT (run_id) DO UPDATE SET
-        rounds = r.rounds + 1,
-        last_grant = least(%(requested)s, r.max_searches - r.reserved),
-        reserved = r.reserved + least(%(requested)s, r.max_searches - r.reserved)
-    WHERE r.rounds < r.max_rounds AND r.reserved < r.max_searches
-      AND (SELECT now FROM p) < r.deadline_wall
-    RETURNING r.rounds, r.reserved, r.last_grant, r.deadline_wall, r.opened_wall
-), rnd AS (
-    INSERT INTO {s}.rounds (run_id, round_index, kind, requested, first_slot, slots, executed,
-                            reserved_wall)
-    SELECT %(run_id)s, up.rounds, %(kind)s, %(requested)s, up.reserved - up.last_grant + 1,
-           up.last_grant, exe.n, p.now
-    FROM up, exe, p
-), ref AS (
-    INSERT INTO {s}.refusals (run_id, round_index, what, kind, reason, at_wall)
-    SELECT %(run_id)s, NULL, 'round', %(kind)s,
-           CASE WHEN cur.rounds >= cur.max_rounds THEN 'rounds'
-                WHEN cur.reserved >= cur.max_searches THEN 'slots'
-                ELSE 'deadline' END,
-           p.now
-    FROM cur, p WHERE NOT EXISTS (SELECT FROM up)
-    RETURNING reason
-)
-SELECT p.now, exe.n, up.rounds, up.reserved, up.last_grant, up.deadline_wall, up.opened_wall,
-       ref.reason, cur.reserved
-FROM p CROSS JOIN exe LEFT JOIN up ON true LEFT JOIN ref ON true LEFT JOIN cur ON true
+SELECT * FROM {q}reserve_wave(:server::boolean, :requests::jsonb)
 """
+"""One wave of a batch (at most one request per run), judged and recorded in ONE statement."""
 
-_LOCK_RUN = "SELECT pg_advisory_xact_lock(%(space)s::int4, hashtext(%(run_id)s))"
-
-_USAGE = """
-SELECT u.rounds, u.reserved, u.deadline_wall,
-       (SELECT count(*) FROM {s}.attempts a WHERE a.run_id = %(r)s AND NOT a.legacy),
-       (SELECT count(*) FROM {s}.refusals f WHERE f.run_id = %(r)s),
-       (SELECT count(*) FROM {s}.attempts a WHERE a.run_id = %(r)s AND a.legacy)
-FROM (SELECT) AS one LEFT JOIN {s}.runs u ON u.run_id = %(r)s
-"""
+_TABLES = ("recallbound_meta", *PRUNED_TABLES)
+"""Every table of a ledger schema."""
 
 
 _URL_PASSWORD = re.compile(r"(://[^:/@?#]*:)[^@/?#]*@")
@@ -243,15 +228,11 @@ def _translate_type(exc: BaseException, where: str) -> LedgerError:
     return LedgerError(f"{where} failed: {exc}")
 
 
-class _StaleConnection(Exception):
-    """A pooled connection was found lost before anything ran on it: safe to retry."""
-
-
 def _interval_ms(seconds: float) -> str:
     return f"{max(1, round(seconds * 1000))}ms"
 
 
-class PostgresLedger:
+class PostgresLedger(SqlLedger):
     """A :class:`~plugin.control.ledger.Ledger` on PostgreSQL: ``async with PostgresLedger(dsn)``.
 
     ``schema`` holds the ledger's tables (created, or migrated from an older version, at open;
@@ -270,6 +251,10 @@ class PostgresLedger:
     :class:`~plugin.errors.LedgerConfigError` for invalid settings. Each is a
     :class:`~plugin.errors.LedgerError`.
     """
+
+    schema_version = SCHEMA_VERSION
+    backend = "postgresql"
+    storage_checks = ("the schema's tables", "the schema's identity (its meta table)")
 
     def __init__(
         self,
@@ -291,7 +276,7 @@ class PostgresLedger:
             raise LedgerConfigError(
                 f"schema {schema!r} must be a lowercase identifier ([a-z_][a-z0-9_]*, <= 63)"
             )
-        if time_source not in _NOW:
+        if time_source not in ("server", "caller"):
             raise LedgerConfigError(
                 f"time_source must be 'server' or 'caller', not {time_source!r}"
             )
@@ -315,24 +300,33 @@ class PostgresLedger:
         self._min_size, self._max_size = min_size, max_size
         self._connect_timeout = float(connect_timeout)
         self._pool_timeout = float(pool_timeout)
-        self._settings = {
-            "synchronous_commit": "on",
-            "statement_timeout": _interval_ms(statement_timeout),
-            "lock_timeout": _interval_ms(lock_timeout),
+        self._settings = (
+            "SELECT set_config('synchronous_commit', 'on', true), "
+            f"set_config('statement_timeout', '{_interval_ms(statement_timeout)}', true), "
+            f"set_config('lock_timeout', '{_interval_ms(lock_timeout)}', true), "
             # A worker that hangs inside a transaction must not hold a run's lock forever.
-            "idle_in_transaction_session_timeout": _interval_ms(statement_timeout * 2),
-        }
+            "set_config('idle_in_transaction_session_timeout', "
+            f"'{_interval_ms(statement_timeout * 2)}', true)"
+        )
+        """What every transaction sets for itself (``SET LOCAL``): nothing of the session."""
         quoted = f'"{schema}"'
-        self._sql = {
-            "reserve": _RESERVE.format(s=quoted, now=_NOW[time_source]),
-            "usage": _USAGE.format(s=quoted),
-        }
         self._q = quoted
+        server = time_source == "server"
+        self._dialect = Dialect(
+            name="postgresql", prefix=quoted + ".", pyformat=True, id_list="= ANY(:{name})",
+            id_rows="unnest(:{name}::text[]) WITH ORDINALITY AS j(value, key)", greatest="greatest",
+            lock_run=_LOCK_RUN, for_update=" FOR UPDATE", binary_order=' COLLATE "C"',
+            clock=_SERVER_CLOCK if server else None,
+        )
+        self._reserve_sql = self._dialect.sql(_RESERVE)
+        self._lock_runs_sql = self._dialect.sql(_LOCK_RUNS)
         # Advisory locks on runs live in their own space per schema (two-key locks never meet
         # the one-key lock of schema creation).
         self._space = zlib.crc32(schema.encode()) - 2**31
         self._driver: _postgres.Driver | None = None
-        self._identities = IdentityCache()
+        super().__init__()
+        self._group: GroupCommit[ReserveRequest, Reservation | BudgetRefusal] = GroupCommit(
+            anyio.Lock(), self._reserve_batch, self._shared_failure)
 
     @property
     def schema(self) -> str:
@@ -347,39 +341,20 @@ class PostgresLedger:
         """Where the ledger is, for display: the DSN without its password, and the schema."""
         return f"{redact_dsn(self._dsn)} (schema {self._schema})"
 
-    def admin(self) -> LedgerAdmin:
-        """The operator's view of this ledger (``recallbound ledger …``): a
-        :class:`~plugin.control.postgres_admin.PostgresAdmin`."""
-        from .postgres_admin import PostgresAdmin  # it builds on this module
-
-        return PostgresAdmin(self)
-
-    async def __aenter__(self) -> PostgresLedger:
-        await self.open()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
     async def open(self) -> None:
         """Open the pool, then create or migrate the schema (idempotent across workers)."""
         if self._driver is not None:
             return
         driver = _postgres.make_driver(
             self._dsn, min_size=self._min_size, max_size=self._max_size,
-            settings=self._settings, connect_timeout=self._connect_timeout,
-            pool_timeout=self._pool_timeout, name=f"recallbound-{self._schema}",
+            connect_timeout=self._connect_timeout, pool_timeout=self._pool_timeout,
+            name=f"recallbound-{self._schema}",
         )
         try:
             with anyio.CancelScope(shield=True):
                 await driver.open()
                 self._driver = driver
-                await self._write(self._setup, "opening the ledger")
+                await self._transact(self._setup, "opening the ledger")
         except BaseException as exc:
             self._driver = None
             with anyio.CancelScope(shield=True):
@@ -389,18 +364,19 @@ class PostgresLedger:
                                  self._secret) from exc
             raise
 
-    async def _setup(self, s: _postgres.Session) -> None:
-        await s.fetchall("SELECT pg_advisory_xact_lock(hashtext(%s)::bigint)",
-                         (f"recallbound schema {self._schema}",))
+    async def _setup(self, s: Session) -> None:
+        q = self._q
+        await s.fetchall("SELECT pg_advisory_xact_lock(hashtext(%(key)s)::bigint)",
+                         {"key": f"recallbound schema {self._schema}"})
         ((relations, has_meta),) = await s.fetchall(
             "SELECT (SELECT count(*) FROM pg_class c JOIN pg_namespace n "
             "ON n.oid = c.relnamespace WHERE n.nspname = %(n)s), "
             "to_regclass(%(meta)s) IS NOT NULL",
-            {"n": self._schema, "meta": f"{self._q}.recallbound_meta"},
+            {"n": self._schema, "meta": f"{q}.recallbound_meta"},
         )
         if has_meta:
             ((application, version),) = await s.fetchall(
-                f"SELECT application, version FROM {self._q}.recallbound_meta")
+                f"SELECT application, version FROM {q}.recallbound_meta", {})
             if application != APPLICATION:
                 raise LedgerCorruptError(f"schema {self._schema!r} is not a recallbound ledger")
             if version > SCHEMA_VERSION:
@@ -417,17 +393,17 @@ class PostgresLedger:
                 f"no recallbound ledger in schema {self._schema!r} of this database")
         else:
             version = 0
-            await s.fetchall(f"CREATE SCHEMA IF NOT EXISTS {self._q}")
-            await s.fetchall(_META.format(s=self._q))
+            await s.fetchall(f"CREATE SCHEMA IF NOT EXISTS {q}", {})
+            await s.fetchall(_META.format(s=q), {})
             await s.fetchall(
-                f"INSERT INTO {self._q}.recallbound_meta (application, version) VALUES (%s, 0)",
-                (APPLICATION,))
+                f"INSERT INTO {q}.recallbound_meta (application, version) VALUES (%(a)s, 0)",
+                {"a": APPLICATION})
         for step in _MIGRATIONS[version:]:
             for statement in step:
-                await s.fetchall(statement.format(s=self._q))
+                await s.fetchall(statement.format(s=q), {})
         if version < SCHEMA_VERSION:
-            await s.fetchall(f"UPDATE {self._q}.recallbound_meta SET version = %s",
-                             (SCHEMA_VERSION,))
+            await s.fetchall(f"UPDATE {q}.recallbound_meta SET version = %(v)s",
+                             {"v": SCHEMA_VERSION})
 
     async def aclose(self) -> None:
         """Close the pool; idempotent."""
@@ -446,54 +422,80 @@ class PostgresLedger:
         return self._driver
 
     async def _session(
-        self, fn: Callable[[_postgres.Session], Awaitable[T]], where: str, *, write: bool
+        self, fn: Callable[[_postgres.Session], Awaitable[T]], where: str
     ) -> T:
-        """Run ``fn`` on a pooled connection: in one shielded transaction if ``write``.
+        """Run ``fn`` on a pooled connection (checked by the pool before it is lent),
+        shielded from cancellation once checked out; any failure rolls back what ``fn`` began.
 
-        A connection lost while idle in the pool (the server restarted) fails on the first
-        statement, before anything can have been written: that is retried on another
-        connection, at most once per pooled connection. Any later loss is not retried (a
-        commit may or may not have happened) and becomes :class:`LedgerUnavailableError`.
+        A connection lost mid-way is not retried (a commit may or may not have happened) and
+        becomes :class:`LedgerUnavailableError`: no permit for an unconfirmed commit.
         """
         driver = self._connected()
         try:
-            for _ in range(self._max_size + 1):
-                try:
-                    async with driver.session() as session:
-                        with anyio.CancelScope(shield=True):
-                            if write:
-                                return await self._transaction(session, fn)
-                            return await _first(session, fn)
-                except _StaleConnection:
-                    continue
-            raise LedgerUnavailableError(f"{where}: every pooled connection was lost")
+            async with driver.session() as session:
+                with anyio.CancelScope(shield=True):
+                    try:
+                        result = await fn(session)
+                    except BaseException:
+                        if not session.broken:
+                            with contextlib.suppress(psycopg.Error):
+                                await session.fetchall("ROLLBACK")
+                        raise
         except psycopg.Error as exc:
             raise _translate(exc, where, self._secret) from exc
-
-    @staticmethod
-    async def _transaction(
-        session: _postgres.Session, fn: Callable[[_postgres.Session], Awaitable[T]]
-    ) -> T:
-        await _first(session, lambda s: s.fetchall("BEGIN"))
-        try:
-            result = await fn(session)
-            await session.fetchall("COMMIT")
-        except BaseException:
-            # A lost connection has rolled back already (or committed: we cannot know, and
-            # report the failure either way: no permit for an unconfirmed commit).
-            if not session.broken:
-                with contextlib.suppress(psycopg.Error):
-                    await session.fetchall("ROLLBACK")
-            raise
         return result
 
-    async def _write(self, fn: Callable[[_postgres.Session], Awaitable[T]], where: str) -> T:
-        return await self._session(fn, where, write=True)
+    def _begin(self, *, read_only: bool) -> list[tuple[str, None]]:
+        begin = "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY" if read_only else "BEGIN"
+        return [(begin, None), (self._settings, None)]
 
-    async def _read(self, sql: str, params: dict[str, Any], where: str) -> list[tuple[Any, ...]]:
-        return await self._session(lambda s: s.fetchall(sql, params), where, write=False)
+    async def _transact(
+        self, fn: Callable[[Session], Awaitable[T]], where: str, *, read_only: bool = False
+    ) -> T:
+        async def run(s: _postgres.Session) -> T:
+            await s.pipeline(self._begin(read_only=read_only))
+            result = await fn(s)
+            await s.fetchall("COMMIT")
+            return result
 
-    # -- the Ledger protocol -----------------------------------------------------------------
+        return await self._session(run, where)
+
+    async def _fetch(self, sql: str, params: Mapping[str, Any], where: str) -> list[Row]:
+        # The settings and the read, one implicit transaction (a pipeline, up to its sync).
+        return (await self._one_trip(where)([(self._settings, None), (sql, params)]))[1]
+
+    async def _write_rows(self, statements: Rows, where: str) -> None:
+        # The whole transaction in one round trip (on trio, one hop to a worker thread): the
+        # statements of one pipeline, up to its sync, are one implicit transaction, committed
+        # whole or not at all.
+        await self._one_trip(where)([
+            (self._settings, None), *((sql, row) for sql, rows in statements for row in rows),
+        ])
+
+    def _lock_params(self, run_id: str) -> dict[str, Any]:
+        return {"run_id": run_id, "space": self._space}
+
+    async def _inspect_storage(self, session: Session, problems: list[str]) -> tuple[int, bool]:
+        q = self._q
+        ((*present,),) = await session.fetchall(
+            "SELECT " + ", ".join(f"to_regclass('{q}.{t}') IS NOT NULL" for t in _TABLES), {})
+        missing = [table for table, there in zip(_TABLES, present, strict=True) if not there]
+        if missing:
+            problems.append(f"missing table(s): {', '.join(missing)}")
+        version = -1
+        if "recallbound_meta" not in missing:
+            meta = await session.fetchall(f"SELECT application, version FROM {q}.recallbound_meta",
+                                          {})
+            if len(meta) != 1:
+                problems.append(f"the schema's meta table holds {len(meta)} rows, not 1")
+            else:
+                ((application, version),) = meta
+                if application != APPLICATION:
+                    problems.append(f"application {application!r} is not a recallbound "
+                                    "ledger's")
+        return int(version), not missing
+
+    # -- reserving: group commit, one statement per wave -------------------------------------
 
     async def reserve(
         self,
@@ -505,200 +507,121 @@ class PostgresLedger:
         *,
         floor: WallTime = -math.inf,
     ) -> Reservation | BudgetRefusal:
-        params: dict[str, Any] = {
-            "run_id": run_id, "kind": kind.value, "requested": requested,
-            "deadline_s": policy.deadline_s, "max_searches": policy.max_searches,
-            "max_rounds": policy.max_rounds, "space": self._space,
-        }
+        self._connected()  # closed: fail now, not inside someone else's batch
+        return await self._group.submit(
+            ReserveRequest(run_id, kind, requested, policy, now, floor))
 
-        async def judge(s: _postgres.Session) -> tuple[Any, ...]:
-            await s.fetchall(_LOCK_RUN, params)
-            # Read after the lock: a round that waited for another worker past the deadline
-            # is refused, not born expired.
-            params["floor"] = read_time(floor)
-            if self._time_source == "caller":
-                params["now"] = read_time(now)
-            ((*row,),) = await s.fetchall(self._sql["reserve"], params)
-            return tuple(row)
+    async def _reserve_batch(
+        self, batch: Sequence[ReserveRequest]
+    ) -> list[Reservation | BudgetRefusal | BaseException]:
+        """One transaction for ``batch``: one round trip judged by the server's clock, two by
+        the callers' (their clocks are read after the batch's locks)."""
+        where = (f"reserving a round of run {batch[0].run_id!r}" if len(batch) == 1
+                 else f"reserving {len(batch)} rounds")
+        try:
+            if self._time_source == "server":
+                return await self._judge(batch, self._one_trip(where))
+            return await self._session(lambda s: self._judge(batch, s.pipeline), where)
+        except (LedgerUnavailableError, LedgerLockedError):
+            raise  # the server, not one request: every request of the batch fails with it
+        except Exception:  # a statement, or a value the driver cannot take
+            if len(batch) == 1:
+                raise
+        # One request's statement failed and the batch rolled back whole (nothing of it was
+        # committed): each request again on its own, so that the failing one fails alone.
+        outcomes: list[Reservation | BudgetRefusal | BaseException] = []
+        for request in batch:
+            try:
+                outcomes.extend(await self._reserve_batch([request]))
+            except Exception as exc:
+                outcomes.append(exc)
+        return outcomes
 
-        (judged, executed, rounds, reserved, grant, deadline, opened, reason,
-         reserved_before) = await self._write(judge, f"reserving a round of run {run_id!r}")
-        if rounds is None:
-            return BudgetRefusal(
-                reason=RefusalReason(reason), run_id=run_id, reserved=reserved_before,
-                executed=executed,
-            )
-        return Reservation(
-            run_id=run_id, round_index=rounds, kind=kind, requested=requested,
-            first_slot=reserved - grant + 1, slots=grant, reserved=reserved, executed=executed,
-            deadline_wall=float(deadline), opened_wall=float(opened),
-            reserved_wall=float(judged),
-        )
+    def _one_trip(self, where: str) -> _Send:
+        """Send a whole transaction: a connection checked out, the statements, back (on trio,
+        one hop to a worker thread); errors typed."""
+        driver = self._connected()
 
-    async def record(
-        self, attempts: Sequence[AttemptTrace], refusals: Sequence[RefusalRecord]
-    ) -> None:
-        if not attempts and not refusals:
-            return
-        q = self._q
+        async def send(statements: Sequence[tuple[str, Any]]) -> list[list[Row]]:
+            try:
+                return await driver.transaction(statements)
+            except psycopg.Error as exc:
+                raise _translate(exc, where, self._secret) from exc
 
-        async def write(s: _postgres.Session) -> None:
-            if attempts:
-                await s.executemany(
-                    f"INSERT INTO {q}.attempts VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
-                    "%s) ON CONFLICT (attempt_id) DO UPDATE SET "
-                    "outcome = excluded.outcome, elapsed_s = excluded.elapsed_s",
-                    [
-                        (t.attempt_id, t.run_id, t.round_index, t.slot, t.kind, t.strategy,
-                         t.fingerprint, t.outcome.value, t.started_wall, t.elapsed_s, t.legacy)
-                        for t in attempts
-                    ],
+        return send
+
+    async def _judge(
+        self, batch: Sequence[ReserveRequest], send: _Send
+    ) -> list[Reservation | BudgetRefusal | BaseException]:
+        """The batch's transaction through ``send``: the run locks, the waves, ``COMMIT`` in one
+        trip; by the callers' clocks, two (the clocks are read after the locks)."""
+        outcomes: dict[int, Reservation | BudgetRefusal | BaseException] = {}
+        caller = self._time_source == "caller"
+        locks = (self._lock_runs_sql,
+                 {"space": self._space, "runs": sorted({r.run_id for r in batch})})
+        head: list[tuple[str, Any]] = [(self._settings, None), locks]
+        tail: list[tuple[str, Any]] = []
+        if caller:
+            # Two trips: an explicit transaction across them; the clocks are read between.
+            await send([("BEGIN", None), *head])
+            head, tail = [], [("COMMIT", None)]
+        times: dict[int, tuple[float | None, float]] = {}
+        for i, request in enumerate(batch):
+            try:
+                times[i] = (read_time(request.now) if caller else None, read_time(request.floor))
+            except BaseException as exc:  # that caller's clock, whatever it raises: alone
+                outcomes[i] = exc
+        waves = _waves(batch, list(times))
+        statements = [
+            *head, *((self._reserve_sql, _wave(batch, wave, times, not caller)) for wave in waves),
+            *tail,
+        ]
+        results = await send(statements)
+        for rows in results[len(head):len(head) + len(waves)]:
+            for (i, judged, executed, rounds, reserved, grant, deadline, opened, reason,
+                 reserved_before) in rows:
+                request = batch[i]
+                outcomes[i] = (
+                    BudgetRefusal(reason=RefusalReason(reason), run_id=request.run_id,
+                                  reserved=reserved_before, executed=executed)
+                    if rounds is None else
+                    reservation(request.run_id, request.kind, request.requested, rounds=rounds,
+                                reserved=reserved, grant=grant, executed=executed,
+                                deadline=deadline, opened=opened, judged=judged)
                 )
-            if refusals:
-                await s.executemany(
-                    f"INSERT INTO {q}.refusals (run_id, round_index, what, kind, reason, "
-                    "at_wall) VALUES (%s, %s, %s, %s, %s, %s)",
-                    [(r.run_id, r.round_index, r.what, r.kind, r.reason.value, r.at_wall)
-                     for r in refusals],
-                )
-
-        await self._write(write, "recording traces")
-
-    async def _known(self, s: _postgres.Session, run_id: str, ids: list[str]) -> set[str]:
-        rows = await s.fetchall(
-            f"SELECT evidence_id FROM {self._q}.retained "
-            "WHERE run_id = %s AND evidence_id = ANY(%s)", (run_id, ids))
-        return {row[0] for row in rows}
-
-    async def retain(self, run_id: str, evidence_ids: Sequence[str], *, limit: int) -> None:
-        ids = list(dict.fromkeys(evidence_ids))
-        if not ids or limit < 1:
-            return
-
-        async def write(s: _postgres.Session) -> None:
-            await s.fetchall(_LOCK_RUN, {"space": self._space, "run_id": run_id})
-            ((held,),) = await s.fetchall(
-                f"SELECT count(*) FROM {self._q}.retained WHERE run_id = %s", (run_id,))
-            known = await self._known(s, run_id, ids)
-            fresh = [i for i in ids if i not in known][: max(0, limit - held)]
-            if fresh:
-                await s.executemany(f"INSERT INTO {self._q}.retained VALUES (%s, %s)",
-                                    [(run_id, i) for i in fresh])
-
-        await self._write(write, f"retaining evidence of run {run_id!r}")
-
-    async def bind_identity(self, run_id: str, *, principal: str, scope: str) -> None:
-        identity_arguments(run_id, principal, scope)
-        bound = self._identities.get(run_id)
-        if bound is None:
-
-            async def write(s: _postgres.Session) -> tuple[str, str]:
-                # Two statements: the SELECT takes a new snapshot, so it sees the row of a
-                # concurrent first writer that the INSERT waited for and skipped.
-                await s.fetchall(
-                    f"INSERT INTO {self._q}.run_identity VALUES (%s, %s, %s) "
-                    "ON CONFLICT (run_id) DO NOTHING", (run_id, principal, scope))
-                ((who, where),) = await s.fetchall(
-                    f"SELECT principal, scope FROM {self._q}.run_identity WHERE run_id = %s",
-                    (run_id,))
-                return str(who), str(where)
-
-            bound = self._identities.put(
-                run_id, await self._write(write, f"binding the identity of run {run_id!r}"))
-        check_identity(run_id, bound, principal, scope)
-
-    async def take_validations(
-        self, run_id: str, evidence_ids: Sequence[str], *, limit: int
-    ) -> dict[str, Validity]:
-        ids = list(dict.fromkeys(evidence_ids))
-        if not ids:
-            return {}
-
-        async def write(s: _postgres.Session) -> dict[str, Validity]:
-            await s.fetchall(_LOCK_RUN, {"space": self._space, "run_id": run_id})
-            known = await self._known(s, run_id, ids)
-            rows = await s.fetchall(
-                f"SELECT used FROM {self._q}.validations WHERE run_id = %s", (run_id,))
-            answers, used = grant_validations(ids, known, rows[0][0] if rows else 0, limit)
-            await s.fetchall(
-                f"INSERT INTO {self._q}.validations VALUES (%s, %s) "
-                "ON CONFLICT (run_id) DO UPDATE SET used = excluded.used", (run_id, used))
-            return answers
-
-        return await self._write(write, f"taking validations of run {run_id!r}")
-
-    async def usage(self, run_id: str) -> Usage:
-        ((rounds, reserved, deadline, executed, refused, legacy),) = await self._read(
-            self._sql["usage"], {"r": run_id}, f"reading the usage of run {run_id!r}")
-        if rounds is None:
-            return Usage(run_id=run_id, legacy_attempts=legacy, refused=refused)
-        return Usage(
-            run_id=run_id, rounds=rounds, reserved=reserved, executed=executed, refused=refused,
-            deadline_wall=float(deadline), legacy_attempts=legacy,
-        )
-
-    async def reservations(self, run_id: str) -> list[Reservation]:
-        rows = await self._read(
-            f"SELECT r.round_index, r.kind, r.requested, r.first_slot, r.slots, "
-            f"r.first_slot + r.slots - 1, r.executed, r.reserved_wall, u.deadline_wall, "
-            f"u.opened_wall FROM {self._q}.rounds r JOIN {self._q}.runs u USING (run_id) "
-            f"WHERE r.run_id = %(r)s ORDER BY r.round_index",
-            {"r": run_id}, f"reading the rounds of run {run_id!r}",
-        )
-        return [
-            Reservation(
-                run_id=run_id, round_index=index, kind=RoundKind(kind), requested=requested,
-                first_slot=first, slots=slots, reserved=last, executed=executed,
-                deadline_wall=float(deadline), opened_wall=float(opened),
-                reserved_wall=float(at),
-            )
-            for index, kind, requested, first, slots, last, executed, at, deadline, opened in rows
-        ]
-
-    async def attempts(self, run_id: str) -> list[AttemptTrace]:
-        rows = await self._read(
-            f"SELECT attempt_id, round_index, slot, kind, strategy, fingerprint, outcome, "
-            f"started_wall, elapsed_s, legacy FROM {self._q}.attempts WHERE run_id = %(r)s "
-            f"ORDER BY legacy, round_index, slot, started_wall",
-            {"r": run_id}, f"reading the attempts of run {run_id!r}",
-        )
-        return [
-            AttemptTrace(
-                attempt_id=attempt_id, run_id=run_id, round_index=round_index, slot=slot,
-                kind=kind, strategy=strategy, fingerprint=fingerprint,
-                outcome=AttemptOutcome(outcome), started_wall=float(started),
-                elapsed_s=None if elapsed is None else float(elapsed), legacy=bool(legacy),
-            )
-            for (attempt_id, round_index, slot, kind, strategy, fingerprint, outcome, started,
-                 elapsed, legacy) in rows
-        ]
-
-    async def refusals(self, run_id: str) -> list[RefusalRecord]:
-        rows = await self._read(
-            f"SELECT round_index, what, kind, reason, at_wall FROM {self._q}.refusals "
-            f"WHERE run_id = %(r)s ORDER BY id",
-            {"r": run_id}, f"reading the refusals of run {run_id!r}",
-        )
-        return [
-            RefusalRecord(
-                run_id=run_id, round_index=round_index, what=what, kind=kind,
-                reason=RefusalReason(reason), at_wall=float(at),
-            )
-            for round_index, what, kind, reason, at in rows
-        ]
+        return [outcomes[i] for i in range(len(batch))]
 
 
-async def _first(
-    session: _postgres.Session, fn: Callable[[_postgres.Session], Awaitable[T]]
-) -> T:
-    """``fn(session)`` as the first statement on a checked-out connection.
+_Send: TypeAlias = "Callable[[Sequence[tuple[str, Any]]], Awaitable[list[list[Row]]]]"
+"""Sends statements to the server, one trip, and returns each one's rows."""
 
-    If that connection turns out to be lost (closed by a server restart while it sat in the
-    pool), nothing ran: :class:`_StaleConnection` tells the caller to retry on another one.
-    """
-    try:
-        return await fn(session)
-    except psycopg.OperationalError as exc:
-        if session.broken and not isinstance(exc, psycopg_pool.PoolTimeout):
-            raise _StaleConnection(str(exc)) from exc
-        raise
+
+def _waves(batch: Sequence[ReserveRequest], ready: list[int]) -> list[list[int]]:
+    """``ready`` (indexes into ``batch``) in waves of at most one request per run, each run's
+    requests in their order: a wave's statement sees the waves before it."""
+    waves: list[list[int]] = []
+    seen: dict[str, int] = {}
+    for i in ready:
+        k = seen.get(batch[i].run_id, 0)
+        seen[batch[i].run_id] = k + 1
+        if k == len(waves):
+            waves.append([])
+        waves[k].append(i)
+    return waves
+
+
+def _wave(batch: Sequence[ReserveRequest], wave: list[int],
+          times: Mapping[int, tuple[float | None, float]], server: bool) -> dict[str, Any]:
+    """The parameters of one wave's statement: its requests as one JSON array (one value to
+    send instead of ten arrays), times as exact text (``repr``; ``-inf`` and ``inf`` too)."""
+    requests = []
+    for i in wave:
+        request, (now, floor) = batch[i], times[i]
+        policy = request.policy
+        requests.append({
+            "ord": i, "run_id": request.run_id, "kind": request.kind.value,
+            "requested": request.requested, "deadline_s": repr(float(policy.deadline_s)),
+            "max_searches": policy.max_searches, "max_rounds": policy.max_rounds,
+            "now": None if now is None else repr(float(now)), "floor": repr(float(floor)),
+        })
+    return {"server": server, "requests": json.dumps(requests)}

@@ -121,9 +121,38 @@ async def path_problem(path: str) -> str | None:
     return None
 
 
+async def switch_to_wal(conn: Connection, *, timeout: float) -> str:
+    """Switch ``conn``'s file to WAL and return the journal mode it is in now.
+
+    A journal-mode switch needs an exclusive lock: while another connection reads the file it
+    fails busy (once SQLite's busy handler gives up, or at once), where an ordinary statement
+    would have waited its turn; several processes opening one file retry here for up to a
+    second beyond ``timeout`` (the busy timeout), then fail with SQLite's own "database is
+    locked" error. Shielded.
+    """
+    try:
+        with anyio.fail_after(timeout + 1.0, shield=True):
+            while True:
+                try:
+                    return str((await conn.fetchall("PRAGMA journal_mode=WAL"))[0][0])
+                except sqlite3.OperationalError as exc:
+                    if not is_locked(exc):
+                        raise
+                    await anyio.sleep(0.01)
+    except TimeoutError:
+        raise sqlite3.OperationalError(
+            f"database is locked by another connection beyond the busy timeout ({timeout:g} s) "
+            "while switching to WAL"
+        ) from None
+
+
 @contextlib.asynccontextmanager
-async def immediate(conn: Connection, lock: anyio.Lock) -> AsyncIterator[Connection]:
+async def immediate(
+    conn: Connection, lock: anyio.Lock, *, begin: str = "BEGIN IMMEDIATE"
+) -> AsyncIterator[Connection]:
     """``BEGIN IMMEDIATE`` … ``COMMIT`` on ``conn``, one task at a time, shielded.
+
+    ``begin="BEGIN"`` opens a read transaction instead: one consistent snapshot, no write lock.
 
     ``lock`` serializes the tasks sharing ``conn`` (a transaction must never interleave with
     another task's statements). Once begun, the transaction is shielded from cancellation: a
@@ -132,7 +161,7 @@ async def immediate(conn: Connection, lock: anyio.Lock) -> AsyncIterator[Connect
     """
     async with lock:
         with anyio.CancelScope(shield=True):
-            await conn.fetchall("BEGIN IMMEDIATE")
+            await conn.fetchall(begin)
             try:
                 yield conn
                 await conn.fetchall("COMMIT")

@@ -6,6 +6,8 @@ read here once, for both: locked, full, corrupt, cannot open, or another failure
 
 from __future__ import annotations
 
+import sqlite3
+
 import attrs
 
 from plugin.errors import StorageError
@@ -38,6 +40,8 @@ def translate(exc: BaseException, family: Family, path: str,
     if is_corrupt(exc):
         return family.corrupt(f"{where} is not a readable SQLite database or is damaged: "
                               f"{exc}")
+    if isinstance(exc, sqlite3.OperationalError) and "no such" in str(exc):
+        return family.corrupt(f"{where}: a table or column is missing: {exc}")
     if is_cantopen(exc):
         return family.unavailable(f"{where} cannot be opened (does its folder exist?): {exc}")
     return family.failed(f"{where} failed: {exc}")

@@ -17,7 +17,15 @@ from collections.abc import Sequence
 import anyio
 import attrs
 
-from ...control._sqlite import Connection, Params, Row, connect, immediate, path_problem
+from ...control._sqlite import (
+    Connection,
+    Params,
+    Row,
+    connect,
+    immediate,
+    path_problem,
+    switch_to_wal,
+)
 from ...errors import MemoryStoreError
 from .errors import MemoryStoreClosedError, MemoryStoreCorruptError, MemoryStorePathError, translate
 from .schema import READABLE_VERSIONS, SCHEMA, SCHEMA_VERSION, upgrade
@@ -71,7 +79,8 @@ class Database:
         }
         if tables:
             await self._check_version(conn, tables, READABLE_VERSIONS)
-        await conn.fetchall("PRAGMA journal_mode=WAL")
+        # Busy while another process switches it: retried up to the busy timeout.
+        await switch_to_wal(conn, timeout=self.timeout)
         await conn.fetchall("PRAGMA foreign_keys=ON")
         with anyio.CancelScope(shield=True):  # never leave the write lock held
             try:

@@ -1,0 +1,192 @@
+"""The one :class:`~plugin.control.ledger_admin.LedgerAdmin` of the SQL ledgers.
+
+It runs on the ledger's own statements and transactions (:class:`SqlLedger`): a prune never
+interleaves with a reservation of this process, and the database's locks keep other processes
+out while it runs.
+
+- **Prune** is one transaction that chooses the runs and removes every trace of them. A run
+  is removed only once its deadline has passed by the operator's ``now_wall`` *and* by the
+  ledger's own clock: the database server's clock for a PostgreSQL ledger judged by it,
+  else the newest time the ledger itself recorded (a run opened, a round reserved, an attempt
+  started, a refusal). A run that is live by the times its own workers wrote is therefore
+  never removed, whatever the operator's clock says. On PostgreSQL the chosen ``runs`` rows
+  are locked (``FOR UPDATE``) first: a worker reserving a round of one of them waits for the
+  prune, then opens the run afresh, as after any prune.
+- **Check** reads one consistent snapshot and reports, besides what only the database has
+  (file integrity, schema identity and version), every broken invariant of the ledger itself:
+  each run's rounds and slots add up; neither rounds nor slots exceed the run's limits; no
+  run or round executed more attempts than it reserved slots; no slot is used twice in a
+  run; every stored time is finite; no trace belongs to an unknown run.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from plugin.errors import InvalidRunIdError, LedgerCorruptError
+
+from .ledger_admin import PRUNED_TABLES, LedgerCheck, PruneReport, RunSummary, check_limit
+from .sql_ledger import EXECUTED, Session, SqlLedger
+
+_SUMMARY = (
+    "SELECT u.run_id, u.opened_wall, u.deadline_wall, u.rounds, u.max_rounds, u.reserved, "
+    "u.max_searches, " + EXECUTED + ", "
+    "(SELECT count(*) FROM {q}refusals f WHERE f.run_id = u.run_id) FROM {q}runs u"
+)
+
+_PRUNABLE = (
+    "SELECT run_id FROM {q}runs WHERE deadline_wall < :before AND deadline_wall <= :now "
+    "ORDER BY deadline_wall, run_id"
+)
+
+_FINITE = "BETWEEN -1e308 AND 1e308"
+"""True of a finite stored time (false for an infinity or NaN, unknown for NULL)."""
+
+TIMES = (
+    ("runs", "opened_wall"), ("runs", "deadline_wall"), ("rounds", "reserved_wall"),
+    ("attempts", "started_wall"), ("attempts", "elapsed_s"), ("refusals", "at_wall"),
+)
+"""Every stored time, as (table, column)."""
+
+_NEWEST = "SELECT max(t) FROM (" + " UNION ALL ".join(
+    f"SELECT max({column}) AS t FROM {{q}}{table} WHERE {column} {_FINITE}"
+    for table, column in TIMES if column not in ("deadline_wall", "elapsed_s")
+) + ") AS recorded"
+"""The newest time the ledger recorded: the ledger's own clock when the database has none."""
+
+INVARIANTS: tuple[tuple[str, str, str], ...] = (
+    ("each run's rounds add up to its round count",
+     "run {0}: {1} rounds recorded but the run counts {2}",
+     "SELECT u.run_id, (SELECT count(*) FROM {q}rounds r WHERE r.run_id = u.run_id), u.rounds "
+     "FROM {q}runs u "
+     "WHERE u.rounds != (SELECT count(*) FROM {q}rounds r WHERE r.run_id = u.run_id)"),
+    ("each run's rounds' slots add up to its reserved count",
+     "run {0}: its rounds granted {1} slots but the run counts {2} reserved",
+     "SELECT run_id, granted, reserved FROM (SELECT u.run_id, u.reserved, "
+     "(SELECT CAST(coalesce(sum(slots), 0) AS bigint) FROM {q}rounds r "
+     "WHERE r.run_id = u.run_id) AS granted FROM {q}runs u) AS g WHERE granted != reserved"),
+    ("no run reserved more slots than its limit",
+     "run {0}: {1} slots reserved, over its limit of {2}",
+     "SELECT run_id, reserved, max_searches FROM {q}runs WHERE reserved > max_searches"),
+    ("no run had more rounds than its limit",
+     "run {0}: {1} rounds, over its limit of {2}",
+     "SELECT run_id, rounds, max_rounds FROM {q}runs WHERE rounds > max_rounds"),
+    ("no run executed more attempts than it reserved slots",
+     "run {0}: {1} attempts executed, over its {2} reserved slots",
+     "SELECT u.run_id, " + EXECUTED + ", u.reserved FROM {q}runs u "
+     "WHERE " + EXECUTED + " > u.reserved"),
+    ("no round executed more attempts than its slots",
+     "run {0}: round {1} executed {2} attempts, over its {3} slots",
+     "SELECT r.run_id, r.round_index, count(*), r.slots FROM {q}rounds r "
+     "JOIN {q}attempts a ON a.run_id = r.run_id AND a.round_index = r.round_index "
+     "WHERE a.legacy = false GROUP BY r.run_id, r.round_index, r.slots "
+     "HAVING count(*) > r.slots"),
+    ("no slot used twice in a run",
+     "run {0}: slot {1} used by {2} attempts",
+     "SELECT run_id, slot, count(*) FROM {q}attempts WHERE legacy = false "
+     "GROUP BY run_id, slot HAVING count(*) > 1"),
+    ("every attempt holds a slot its run reserved",
+     "run {0}: attempt {1} holds slot {2}, which the run never reserved",
+     "SELECT a.run_id, a.attempt_id, a.slot FROM {q}attempts a "
+     "LEFT JOIN {q}runs u ON u.run_id = a.run_id "
+     "WHERE a.legacy = false AND (u.run_id IS NULL OR a.slot < 1 OR a.slot > u.reserved)"),
+    *(
+        ("every stored time is finite", "run {0}: {1} is {2}, not a finite time",
+         f"SELECT run_id, '{table}.{column}', {column} FROM {{q}}{table} "
+         f"WHERE NOT ({column} {_FINITE})")
+        for table, column in TIMES
+    ),
+    ("no round rows without a run",
+     "run {0}: {1} round rows but no run",
+     "SELECT run_id, count(*) FROM {q}rounds "
+     "WHERE run_id NOT IN (SELECT run_id FROM {q}runs) GROUP BY run_id"),
+    ("no retained evidence without a run",
+     "run {0}: {1} retained evidence rows but no run",
+     "SELECT run_id, count(*) FROM {q}retained "
+     "WHERE run_id NOT IN (SELECT run_id FROM {q}runs) GROUP BY run_id"),
+    ("no validation count without a run",
+     "run {0}: a validation count ({1}) but no run",
+     "SELECT run_id, used FROM {q}validations "
+     "WHERE run_id NOT IN (SELECT run_id FROM {q}runs)"),
+)
+"""Each invariant of a ledger: what it says, a message template for a row that breaks it,
+and the query of those rows."""
+
+
+_INVARIANTS_CHECKED = "the ledger's invariants ({})".format(
+    ", ".join(dict.fromkeys(what for what, _, _ in INVARIANTS)))
+"""What a check says it verified of the ledger itself (one item, the invariants listed)."""
+
+
+@attrs.define(eq=False)
+class SqlAdmin:
+    """Admin queries over an opened :class:`~plugin.control.sql_ledger.SqlLedger`."""
+
+    ledger: SqlLedger
+
+    async def runs(self, *, limit: int) -> list[RunSummary]:
+        check_limit(limit)
+        order = " ORDER BY u.opened_wall DESC, u.run_id" + self.ledger._dialect.binary_order
+        rows = await self.ledger._read(_SUMMARY + order + " LIMIT :limit", {"limit": limit},
+                                       "listing runs")
+        return [RunSummary.from_row(row) for row in rows]
+
+    async def run(self, run_id: str) -> RunSummary | None:
+        if not isinstance(run_id, str):
+            raise InvalidRunIdError(f"run_id must be a str, got {type(run_id).__name__}")
+        rows = await self.ledger._read(_SUMMARY + " WHERE u.run_id = :run_id",
+                                       {"run_id": run_id}, f"reading run {run_id!r}")
+        return RunSummary.from_row(rows[0]) if rows else None
+
+    async def _ledger_now(self, s: Session) -> float:
+        """The ledger's own clock (see the module): the database's, else its newest record."""
+        clock = self.ledger._dialect.clock
+        ((now,),) = await s.fetchall(
+            self.ledger._sql(_NEWEST if clock is None else f"SELECT {clock}"), {})
+        return -float("inf") if now is None else float(now)
+
+    async def prune(self, *, before_wall: float, now_wall: float, dry_run: bool) -> PruneReport:
+        before, now = float(before_wall), float(now_wall)
+        dialect, sql = self.ledger._dialect, self.ledger._sql
+
+        async def write(s: Session) -> tuple[tuple[str, ...], dict[str, int]]:
+            params = {"before": before, "now": min(now, await self._ledger_now(s))}
+            chosen = _PRUNABLE + dialect.binary_order + ("" if dry_run else dialect.for_update)
+            run_ids = tuple(row[0] for row in await s.fetchall(sql(chosen), params))
+            ids = {"ids": dialect.ids(run_ids)}
+            rows: dict[str, int] = {}
+            for table in PRUNED_TABLES:
+                where = f"FROM {{q}}{table} WHERE run_id {dialect.in_ids('ids')}"
+                ((rows[table],),) = await s.fetchall(sql(f"SELECT count(*) {where}"), ids)
+                if not dry_run and rows[table]:
+                    await s.fetchall(sql(f"DELETE {where}"), ids)
+            return run_ids, rows
+
+        verb = "counting" if dry_run else "pruning"
+        run_ids, rows = await self.ledger._transact(write, f"{verb} finished runs",
+                                                    read_only=dry_run)
+        return PruneReport(before_wall=before, now_wall=now, dry_run=dry_run, run_ids=run_ids,
+                           rows=rows)
+
+    async def check(self) -> LedgerCheck:
+        problems: list[str] = []
+
+        async def inspect(s: Session) -> int:
+            version, readable = await self.ledger._inspect_storage(s, problems)
+            if readable:
+                for _, template, query in INVARIANTS:
+                    for row in await s.fetchall(self.ledger._sql(query + " ORDER BY 1, 2"), {}):
+                        problems.append(template.format(*row))
+            return version
+
+        try:
+            version = await self.ledger._transact(inspect, "checking the ledger", read_only=True)
+        except LedgerCorruptError as exc:  # damaged pages, or a table or column gone
+            problems.append(f"unreadable: {exc}")
+            version = -1
+        return LedgerCheck(
+            backend=self.ledger.backend, location=self.ledger.location,
+            schema_version=version, expected_version=self.ledger.schema_version,
+            problems=tuple(problems),
+            checked=(*self.ledger.storage_checks, "the schema version", _INVARIANTS_CHECKED),
+        )
