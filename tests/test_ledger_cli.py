@@ -265,10 +265,10 @@ def test_no_command_turns_an_empty_file_into_a_ledger(tmp_path: Path, argv: list
 FORGED = "evil\nold     2023-11-14 22:13:20  2/2  4/4  forged\x1b[2J\x9b31m\u202e\x7f"
 
 
-def _ledger_with(path: Path, run_id: str) -> None:
+def _ledger_with(path: Path, run_id: str, wall: float = WALL) -> None:
     async def fill() -> None:
         async with SqliteLedger(path) as ledger:
-            allowance = RecallAllowance(ledger, clock=ManualClock(wall=WALL, monotonic=1))
+            allowance = RecallAllowance(ledger, clock=ManualClock(wall=wall, monotonic=1))
             async with allowance.round(run_id, RoundKind.AUTOMATIC) as permit:
                 async with permit.attempt(AttemptKind.BASE, strategy="x\ny\x1b"):
                     pass
@@ -303,6 +303,8 @@ def test_a_run_id_cannot_forge_rows_or_reach_the_terminal(tmp_path: Path) -> Non
         assert FORGED in out.replace("\\u009b", "\x9b").replace("\\u202e", "\u202e") \
             .replace("\\u001b", "\x1b").replace("\\u007f", "\x7f").replace("\\n", "\n") \
             or command[0] == "prune"
+    # Prune judges a run by the ledger's own newest record too: a later run makes it finished.
+    _ledger_with(path, "later", wall=WALL + 3600)
     code, out, _ = cli("ledger", "--ledger", str(path), "prune", "--older-than", "0s")
     assert code == 0 and _raw_controls(out) == [] and len(out.splitlines()) == 2
 
