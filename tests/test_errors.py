@@ -31,6 +31,9 @@ VALUE_ALIASES = ("InvalidPolicyError", "InvalidRunIdError", "InvalidLedgerOption
 TYPE_ALIASES = ("InvalidRoundTypeError", "InvalidWorkingStateTypeError",
                 "InvalidHookArgumentTypeError", "InvalidToolCallError")
 
+# SQLite's result codes (the sqlite3 module names them from Python 3.11 on).
+SQLITE_BUSY, SQLITE_IOERR, SQLITE_FULL, SQLITE_CANTOPEN, SQLITE_NOTADB = 5, 10, 13, 14, 26
+
 
 def test_one_root() -> None:
     for name in dir(errors):
@@ -66,8 +69,8 @@ def test_path_errors_stay_file_not_found_errors() -> None:
 ])
 def test_the_store_translates_a_full_disk_by_cause(message: str,
                                                    cause: type[Exception]) -> None:
-    code = {"database is locked": sqlite3.SQLITE_BUSY, "database or disk is full":
-            sqlite3.SQLITE_FULL, "file is not a database": sqlite3.SQLITE_NOTADB}[message]
+    code = {"database is locked": SQLITE_BUSY, "database or disk is full":
+            SQLITE_FULL, "file is not a database": SQLITE_NOTADB}[message]
     exc = sqlite3.OperationalError(message)
     exc.sqlite_errorcode = code  # type: ignore[attr-defined]
     translated = store_errors.translate(exc, path="m.db", timeout=1.0)
@@ -75,11 +78,11 @@ def test_the_store_translates_a_full_disk_by_cause(message: str,
 
 
 @pytest.mark.parametrize(("code", "message", "cause"), [
-    (sqlite3.SQLITE_BUSY, "database is locked", errors.StorageLockedError),
-    (sqlite3.SQLITE_FULL, "database or disk is full", errors.StorageFullError),
-    (sqlite3.SQLITE_NOTADB, "file is not a database", errors.StorageCorruptError),
-    (sqlite3.SQLITE_CANTOPEN, "unable to open database file", errors.StorageUnavailableError),
-    (sqlite3.SQLITE_IOERR, "disk I/O error", errors.StorageError),
+    (SQLITE_BUSY, "database is locked", errors.StorageLockedError),
+    (SQLITE_FULL, "database or disk is full", errors.StorageFullError),
+    (SQLITE_NOTADB, "file is not a database", errors.StorageCorruptError),
+    (SQLITE_CANTOPEN, "unable to open database file", errors.StorageUnavailableError),
+    (SQLITE_IOERR, "disk I/O error", errors.StorageError),
 ])
 def test_the_ledger_and_the_store_translate_a_driver_error_alike(
     code: int, message: str, cause: type[Exception]
