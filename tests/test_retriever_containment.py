@@ -376,6 +376,15 @@ async def test_a_failing_search_is_its_own_typed_result(
         results = await hooks.dispatch(_calls("deploy", "cutover", "rounding"), run_id="r",
                                        scope=S, principal=P)
     assert [r.call_id for r in results] == ["c0", "c1", "c2"]
+    if failure == "cancelled_by_hand" and sys.version_info < (3, 11) \
+            and sniffio.current_async_library() == "asyncio":
+        # Before 3.11 asyncio cannot tell a retriever's own CancelledError from a real cancel:
+        # it cancels the round's other searches too (those not yet done end as failures), but
+        # every call still gets one typed result and nothing leaks.
+        assert results[1].status == "failed"
+        assert {r.status for r in results} <= {"ok", "failed"}
+        assert all(SECRET not in r.content for r in results) and SECRET not in caplog.text
+        return
     assert [r.status for r in results] == ["ok", "failed", "ok"]
     failed = results[1]
     assert failed.failure == reason and failed.refusal is None and failed.evidence == ()

@@ -256,8 +256,11 @@ async def deliberate_round(
         for position, result in enumerate(results):
             if result is None:
                 results[position] = DeliberateSearch(refusal=exc.refusal)
+    # A search left with no outcome ended without one (on Python 3.10 a retriever's own
+    # CancelledError cannot be told from a real cancel, and the task group swallows it): it is
+    # that call's failure, never a missing result.
     return DeliberateRecall(
-        searches=tuple(result if result is not None else DeliberateSearch()
+        searches=tuple(result if result is not None else DeliberateSearch(failure="raised")
                        for result in results),
         refusal=refusal,
     )
