@@ -264,7 +264,7 @@ async def _show(args: argparse.Namespace, ledger: Ledger, admin: LedgerAdmin, ou
             "at_wall": a.started_wall, "event": "attempt", "round": a.round_index,
             "slot": a.slot, "kind": a.kind, "outcome": a.outcome.value,
             "elapsed_s": a.elapsed_s, "strategy": a.strategy, "fingerprint": a.fingerprint,
-            "legacy": a.legacy})
+            "legacy": a.legacy, "dropped": a.dropped})
     for f in refusals:
         events.append({
             "at_wall": f.at_wall, "event": "refusal", "what": f.what, "round": f.round_index,
@@ -306,7 +306,8 @@ def _describe(e: dict[str, Any]) -> str:
         extra = "".join([
             f" strategy={e['strategy']}" if e["strategy"] else "",
             f" query={e['fingerprint'][:12]}" if e["fingerprint"] else "",
-            " legacy" if e["legacy"] else ""])
+            " legacy" if e["legacy"] else "",
+            f" dropped={e['dropped']} (another principal's or scope's)" if e["dropped"] else ""])
         return (f"attempt slot {e['slot']} (round {e['round']}, {e['kind']}): "
                 f"{e['outcome']} in {took}{extra}")
     where = "" if e["round"] is None else f" in round {e['round']}"

@@ -359,7 +359,7 @@ async def test_check_reports_more_attempts_than_reserved_slots(sql_pair: Pair) -
     await _run(pair.ledger, "a", WALL, attempts=2)  # round 1: slots 1-2
     # A third executed attempt in round 1 (slot 2 again: the run reserved only 2).
     pair.raw("INSERT INTO attempts SELECT 'a-extra', run_id, round_index, 2, kind, strategy, "
-             "fingerprint, outcome, started_wall, elapsed_s, legacy FROM attempts "
+             "fingerprint, outcome, started_wall, elapsed_s, legacy, dropped FROM attempts "
              "WHERE attempt_id = 'a-2-False'")
     assert set((await pair.admin.check()).problems) == {
         "run a: 3 attempts executed, over its 2 reserved slots",

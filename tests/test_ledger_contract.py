@@ -814,7 +814,27 @@ async def test_a_version_2_ledger_file_is_migrated_and_binds(
             await ledger.bind_identity("run", principal="bob", scope="proj")
     conn = sqlite3.connect(path)
     try:
-        assert conn.execute("PRAGMA user_version").fetchone() == (3,)
+        assert conn.execute("PRAGMA user_version").fetchone() == (SqliteLedger.schema_version,)
+    finally:
+        conn.close()
+
+
+async def test_a_version_3_ledger_file_gains_the_dropped_count(
+    anyio_backend: object, tmp_path: Path
+) -> None:
+    path = await _ledger_file_then(
+        tmp_path,
+        "INSERT INTO attempts (attempt_id, run_id, round_index, slot, kind, outcome, "
+        "started_wall, legacy) VALUES ('a1', 'run', 1, 1, 'base', 'ok', 1.0, 0)",
+        "ALTER TABLE attempts DROP COLUMN dropped", "PRAGMA user_version = 3")
+    async with SqliteLedger(path) as ledger:
+        (old,) = await ledger.attempts("run")
+        assert (old.attempt_id, old.dropped) == ("a1", 0)
+        await ledger.record([attrs.evolve(old, attempt_id="a2", slot=2, dropped=3)], [])
+        assert [a.dropped for a in await ledger.attempts("run")] == [0, 3]
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("PRAGMA user_version").fetchone() == (4,)
     finally:
         conn.close()
 

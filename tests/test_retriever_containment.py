@@ -456,3 +456,7 @@ async def test_evidence_of_another_principal_or_scope_is_dropped(
     assert "m-bob" not in result.content + context.render()
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 2 and SECRET not in caplog.text
+    # ... and counted in the attempt's trace in the ledger.
+    ledger = hooks.allowance.ledger
+    assert [a.dropped for a in await ledger.attempts("r")] == [2]
+    assert sum(a.dropped for a in await ledger.attempts("r2")) == 2

@@ -164,6 +164,9 @@ class AttemptTrace:
     strategy: str | None = None
     fingerprint: str | None = None
     legacy: bool = False
+    dropped: int = 0
+    """Evidence items the attempt's retriever returned for another principal or scope: dropped
+    before anything was rendered, and counted here."""
 
 
 @attrs.frozen(kw_only=True)

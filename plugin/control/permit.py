@@ -181,6 +181,7 @@ class Permit:
     _closed: bool = attrs.field(default=False, init=False, repr=False)
     _flushed: bool = attrs.field(default=False, init=False, repr=False)
     _source_reads: dict[int, int] = attrs.field(factory=dict, init=False, repr=False)
+    _dropped: dict[int, int] = attrs.field(factory=dict, init=False, repr=False)
     _traces: dict[str, AttemptTrace] = attrs.field(factory=dict, init=False, repr=False)
     _refusals: list[RefusalRecord] = attrs.field(factory=list, init=False, repr=False)
     _wall: Callable[[], float] = attrs.field(init=False, repr=False)
@@ -383,6 +384,18 @@ class Permit:
             raise RecallBudgetExceeded(self.refusal(reason))
         return count
 
+    def note_dropped(self, slot: int, count: int, *, key: bytes | None = None) -> None:
+        """Count, in the trace of the attempt holding ``slot``, ``count`` evidence items its
+        retriever returned for another principal or scope (dropped before anything was
+        rendered). A keyed permit needs its round's ``key``."""
+        self._check_key(key)
+        if count <= 0:
+            return
+        with self._lock:
+            if not self.first_slot <= slot < self.first_slot + self._taken:
+                raise InvalidArgumentError(f"slot {slot} was not taken from this permit")
+            self._dropped[slot] = self._dropped.get(slot, 0) + count
+
     # -- traces ------------------------------------------------------------------------------
 
     async def flush(self) -> None:
@@ -525,6 +538,7 @@ class Attempt:
             strategy=self._strategy,
             fingerprint=self._fingerprint,
             legacy=permit.legacy,
+            dropped=permit._dropped.get(self._slot, 0),
         )
 
     # -- async -------------------------------------------------------------------------------

@@ -154,6 +154,8 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # version 4: the reserving statement, kept in the schema (its plan is cached per server
     # connection, where a client-side prepared statement would not survive a transaction pooler)
     (_RESERVE_WAVE,),
+    # version 5: each attempt counts the evidence dropped for naming another principal or scope
+    ("ALTER TABLE {s}.attempts ADD COLUMN IF NOT EXISTS dropped bigint NOT NULL DEFAULT 0",),
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 """The schema version this code writes; older versions are migrated in place at open."""

@@ -163,7 +163,8 @@ TABLES = (
         "attempt_id {text} PRIMARY KEY", "run_id {text} NOT NULL",
         "round_index {int} NOT NULL", "slot {int} NOT NULL", "kind {text} NOT NULL",
         "strategy {text}", "fingerprint {text}", "outcome {text} NOT NULL",
-        "started_wall {real} NOT NULL", "elapsed_s {real}", "legacy {bool} NOT NULL"),
+        "started_wall {real} NOT NULL", "elapsed_s {real}", "legacy {bool} NOT NULL",
+        "dropped {int} NOT NULL DEFAULT 0"),
         since=1, indexes=(("attempts_by_run", "run_id, legacy"),)),
     Table("refusals", (
         "id {serial}", "run_id {text} NOT NULL", "round_index {int}", "what {text} NOT NULL",
@@ -199,10 +200,11 @@ EXECUTED = "(SELECT count(*) FROM {q}attempts a WHERE a.run_id = u.run_id AND a.
 
 _RECORD_ATTEMPT = """
 INSERT INTO {q}attempts (attempt_id, run_id, round_index, slot, kind, strategy, fingerprint,
-                         outcome, started_wall, elapsed_s, legacy)
+                         outcome, started_wall, elapsed_s, legacy, dropped)
 VALUES (:attempt_id, :run_id, :round_index, :slot, :kind, :strategy, :fingerprint, :outcome,
-        :started_wall, :elapsed_s, :legacy)
-ON CONFLICT (attempt_id) DO UPDATE SET outcome = excluded.outcome, elapsed_s = excluded.elapsed_s
+        :started_wall, :elapsed_s, :legacy, :dropped)
+ON CONFLICT (attempt_id) DO UPDATE SET outcome = excluded.outcome, elapsed_s = excluded.elapsed_s,
+                                       dropped = excluded.dropped
 """
 
 _RECORD_REFUSAL = """
@@ -249,7 +251,7 @@ ORDER BY r.round_index
 
 _ATTEMPTS = """
 SELECT attempt_id, round_index, slot, kind, strategy, fingerprint, outcome, started_wall,
-       elapsed_s, legacy
+       elapsed_s, legacy, dropped
 FROM {q}attempts WHERE run_id = :run_id ORDER BY legacy, round_index, slot, started_wall
 """
 
@@ -266,7 +268,7 @@ def attempt_row(trace: AttemptTrace) -> dict[str, Any]:
         "round_index": trace.round_index, "slot": trace.slot, "kind": trace.kind,
         "strategy": trace.strategy, "fingerprint": trace.fingerprint,
         "outcome": trace.outcome.value, "started_wall": trace.started_wall,
-        "elapsed_s": trace.elapsed_s, "legacy": bool(trace.legacy),
+        "elapsed_s": trace.elapsed_s, "legacy": bool(trace.legacy), "dropped": trace.dropped,
     }
 
 
@@ -530,9 +532,10 @@ class SqlLedger(abc.ABC):
                 kind=kind, strategy=strategy, fingerprint=fingerprint,
                 outcome=AttemptOutcome(outcome), started_wall=float(started),
                 elapsed_s=None if elapsed is None else float(elapsed), legacy=bool(legacy),
+                dropped=int(dropped),
             )
             for (attempt_id, round_index, slot, kind, strategy, fingerprint, outcome, started,
-                 elapsed, legacy) in rows
+                 elapsed, legacy, dropped) in rows
         ]
 
     async def refusals(self, run_id: str) -> list[RefusalRecord]:

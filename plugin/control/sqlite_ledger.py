@@ -52,8 +52,8 @@ from .sql_ledger import (
 T = TypeVar("T")
 
 APPLICATION_ID = 0x52424C44  # "RBLD"
-SCHEMA_VERSION = 3
-_MIGRATABLE = frozenset({1, 2})
+SCHEMA_VERSION = 4
+_MIGRATABLE = frozenset({1, 2, 3})
 """Older schema versions this ledger upgrades in place (their tables are a subset)."""
 
 _TYPES = {"text": "TEXT", "real": "REAL", "int": "INTEGER", "bool": "INTEGER",
@@ -267,6 +267,12 @@ class SqliteLedger(SqlLedger):
                 # One statement at a time: executescript would commit the transaction first.
                 for statement in _SCHEMA:
                     await conn.fetchall(statement)
+                # Version 4: each attempt counts the evidence dropped for naming another
+                # principal or scope (an older file's attempts table gains the column).
+                columns = {row[1] for row in await conn.fetchall("PRAGMA table_info(attempts)")}
+                if "dropped" not in columns:
+                    await conn.fetchall(
+                        "ALTER TABLE attempts ADD COLUMN dropped INTEGER NOT NULL DEFAULT 0")
                 await conn.fetchall(f"PRAGMA application_id = {APPLICATION_ID}")
                 await conn.fetchall(f"PRAGMA user_version = {SCHEMA_VERSION}")
 

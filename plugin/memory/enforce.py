@@ -241,6 +241,7 @@ async def search_attempt(
             bounded = handle._end()
         evidence, foreign = admit(found.evidence, principal=principal, scope=scope,
                                   run_id=permit.run_id)
+        permit.note_dropped(slot, foreign, key=key)
     found = Found(evidence=evidence, people=found.people, arms=found.arms,
                   notes=tuple(one_line(note, limit=200) for note in found.notes))
     return Attempted(slot=slot, found=found, bounded=bounded,
@@ -271,4 +272,5 @@ async def beliefs_read(
             handle._end()
         admitted, dropped = admit(beliefs, principal=principal, scope=scope,
                                   run_id=permit.run_id, what="beliefs")
+        permit.note_dropped(slot, dropped, key=key)
     return slot, admitted, dropped
