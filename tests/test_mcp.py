@@ -147,7 +147,7 @@ async def test_a_run_id_from_meta_is_shared_across_sessions(tmp_path: Path) -> N
 
 async def test_a_run_id_reused_by_another_principal_is_rejected(tmp_path: Path) -> None:
     async with recall_server(tmp_path) as ana:
-        bo = RecallServer(ana.hooks, caller=BO, identities=ana.identities)
+        bo = RecallServer(ana.hooks, caller=BO)
         async with Client(ana.server) as client:
             assert (await search(client, "cutover date", run_id="run-owned"))["status"] == "ok"
         async with Client(bo.server) as client:

@@ -12,7 +12,6 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from .identity import RUN_ID_META_KEY as RUN_ID_META_KEY
-from .identity import RunIdentities as RunIdentities
 from .window import DEFAULT_WINDOW_S as DEFAULT_WINDOW_S
 from .window import BatchWindow as BatchWindow
 
@@ -27,7 +26,7 @@ _WITH_SDK = {"RecallServer": ".server", "Caller": ".trust", "TableTokenVerifier"
 
 __all__ = [
     "DEFAULT_WINDOW_S", "RUN_ID_META_KEY", "BatchWindow", "Caller", "RecallServer",
-    "RunIdentities", "TableTokenVerifier", "TokenTable",
+    "TableTokenVerifier", "TokenTable",
 ]
 
 

@@ -31,7 +31,7 @@ from plugin.errors import McpAuthError
 from runtime_hooks.hooks import RecallHooks, ToolCall
 
 from . import tools
-from .identity import RunIdentities, new_session_run_id, run_id_of
+from .identity import new_session_run_id, run_id_of
 from .trust import Caller, caller_of_token
 from .window import DEFAULT_WINDOW_S, BatchWindow, check_window
 
@@ -60,7 +60,6 @@ class RecallServer:
     hooks: RecallHooks
     caller: Caller | None = None
     window_s: float = attrs.field(default=DEFAULT_WINDOW_S, converter=check_window)
-    identities: RunIdentities = attrs.field(factory=RunIdentities)
     server: Server[Session] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -112,7 +111,9 @@ class RecallServer:
             caller, session_run_id = self._trusted(ctx)
             meta: Mapping[str, object] | None = ctx.meta
             run_id = run_id_of(meta, session_run_id)
-            self.identities.check(run_id, principal=caller.principal, scope=caller.scope)
+            # Before the call joins a batch: a batch runs under one principal and scope.
+            await self.hooks.allowance.ledger.bind_identity(
+                run_id, principal=caller.principal, scope=caller.scope)
             window = ctx.lifespan_context.window
             if name == tools.SEARCH_MEMORY:
                 call = ToolCall(call_id=f"mcp-{uuid.uuid4().hex}", arguments=dict(arguments))
