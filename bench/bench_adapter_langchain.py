@@ -65,7 +65,7 @@ from runtime_hooks.adapters.langchain import (
     tool_message,
 )
 from runtime_hooks.bootstrap import RecallConfig, open_hooks
-from runtime_hooks.demo import PRINCIPAL, SCOPE, STATE, seed
+from runtime_hooks.demo import PRINCIPAL, SCOPE, STATE, seed_store
 from runtime_hooks.hooks import RecallHooks, ToolCall
 
 ROUNDS = 150
@@ -160,8 +160,8 @@ async def main() -> None:
 
         config = RecallConfig(ledger_path=Path(folder) / "l.db", store_path=Path(folder) / "m.db",
                               query_planning="task_context", admission=admit)
+        await seed_store(config)
         async with open_hooks(config) as hooks:
-            await seed(hooks.retriever.store)  # type: ignore[attr-defined]
             bare = create_agent(model, tools=[plain_search])
             shape = create_agent(model, tools=[plain_search], middleware=[Shape()])
             adapted = create_agent(model, middleware=[RecallMiddleware(

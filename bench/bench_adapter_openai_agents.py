@@ -50,7 +50,7 @@ from plugin import QueryStrategy, WorkingState
 from runtime_hooks.adapters import SEARCH_TOOL
 from runtime_hooks.adapters.openai_agents import agents_recall, latest_user_request
 from runtime_hooks.bootstrap import RecallConfig, open_hooks
-from runtime_hooks.demo import PRINCIPAL, SCOPE, STATE, seed
+from runtime_hooks.demo import PRINCIPAL, SCOPE, STATE, seed_store
 from runtime_hooks.hooks import ToolCall
 
 ROUNDS = 40
@@ -126,8 +126,8 @@ async def main() -> None:
             ledger_path=Path(folder) / "ledger.db", store_path=Path(folder) / "memory.db",
             query_planning=QueryStrategy.TASK_CONTEXT, admission=_admit,
         )
+        await seed_store(recall_config)
         async with open_hooks(recall_config) as hooks:
-            await seed(hooks.retriever.store)  # type: ignore[attr-defined]
             recall = agents_recall(hooks, state=_state, automatic="per_request")
             once = agents_recall(hooks, state=_state)
             calls = [ToolCall(call_id=f"call_{i}", arguments={"query": q})

@@ -64,7 +64,7 @@ from pydantic_ai.toolsets import FunctionToolset
 from runtime_hooks.adapters.pydantic_ai import RecallCapability, RunIdentity
 from runtime_hooks.adapters.tool import SEARCH_TOOL
 from runtime_hooks.bootstrap import RecallConfig, open_hooks
-from runtime_hooks.demo import PRINCIPAL, SCOPE, STATE, seed
+from runtime_hooks.demo import PRINCIPAL, SCOPE, STATE, seed_store
 from runtime_hooks.hooks import RecallHooks, ToolCall
 
 ROUNDS = 60
@@ -306,10 +306,10 @@ async def main() -> None:
     runs = count()
     with tempfile.TemporaryDirectory() as folder:
         base = RecallConfig(ledger_path=Path(folder) / "l.db", store_path=Path(folder) / "m.db")
+        await seed_store(base)
         async with open_hooks(base) as enforced, open_hooks(
             evolve(base, legacy=True)
         ) as legacy:
-            await seed(enforced.retriever.store)  # type: ignore[attr-defined]
             sides: dict[str, Callable[[], Awaitable[Any]]] = {
                 "bare run": _bare(),
                 "machinery": _bare([_Machinery()]),

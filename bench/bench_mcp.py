@@ -24,7 +24,7 @@ from mcp import Client, StdioServerParameters
 
 from bench.bench_hooks import ROUNDS, _median_pair
 from runtime_hooks.bootstrap import RecallConfig, open_hooks
-from runtime_hooks.demo import PRINCIPAL, SCOPE, seed
+from runtime_hooks.demo import PRINCIPAL, SCOPE, seed_store
 from runtime_hooks.hooks import ToolCall
 from runtime_hooks.mcp import RecallServer
 from runtime_hooks.mcp.trust import Caller
@@ -42,8 +42,8 @@ async def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         ledger, store = Path(folder, "ledger.db"), Path(folder, "store.db")
         config = RecallConfig(ledger_path=ledger, store_path=store)
+        await seed_store(config)
         async with open_hooks(config) as hooks:
-            await seed(hooks.retriever.store)  # type: ignore[attr-defined]
             server = RecallServer(hooks, caller=Caller(principal=PRINCIPAL, scope=SCOPE))
 
             async def direct() -> None:

@@ -30,7 +30,7 @@ from plugin import WorkingState
 from runtime_hooks.adapters import SEARCH_TOOL
 from runtime_hooks.adapters.langchain import RecallContext, RecallMiddleware, latest_request
 from runtime_hooks.bootstrap import RecallConfig, open_hooks
-from runtime_hooks.demo import PRINCIPAL, SCOPE, STATE, seed
+from runtime_hooks.demo import PRINCIPAL, SCOPE, STATE, seed_store
 
 QUERIES = ("invoice backfill", "rounding rule", "cutover date", "deploy window",
            "rollback runbook", "kickoff notes")
@@ -91,8 +91,8 @@ async def main() -> None:
         config = RecallConfig(ledger_path=Path(folder) / "ledger.db",
                               store_path=Path(folder) / "memory.db",
                               query_planning="task_context", admission=admit)
+        await seed_store(config)
         async with open_hooks(config) as hooks:
-            await seed(hooks.retriever.store)  # type: ignore[attr-defined]
             model = ScriptedModel(messages=iter(()))
             # The few lines a user adds: the middleware (it brings the search tool), the
             # context schema, and the run's trusted identity on each invocation.

@@ -19,8 +19,8 @@ from typing import Any
 import anyio
 from mcp import Client, StdioServerParameters
 
-from runtime_hooks.bootstrap import RecallConfig, open_hooks
-from runtime_hooks.demo import seed
+from runtime_hooks.bootstrap import RecallConfig
+from runtime_hooks.demo import seed_store
 
 QUERIES = ("invoice backfill dry-run", "currency rounding rule", "rollback runbook",
            "billing migration kickoff", "cutover date", "deploy window")
@@ -29,8 +29,7 @@ QUERIES = ("invoice backfill dry-run", "currency rounding rule", "rollback runbo
 async def main(backend: str) -> None:
     with tempfile.TemporaryDirectory() as folder:
         ledger, store = Path(folder, "ledger.db"), Path(folder, "store.db")
-        async with open_hooks(RecallConfig(ledger_path=ledger, store_path=store)) as hooks:
-            await seed(hooks.retriever.store)  # type: ignore[attr-defined]
+        await seed_store(RecallConfig(ledger_path=ledger, store_path=store))
         server = StdioServerParameters(
             command=sys.executable,
             args=["-m", "runtime_hooks", "mcp", "--principal", "ana", "--scope", "atlas",

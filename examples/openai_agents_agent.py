@@ -29,7 +29,7 @@ from plugin import QueryStrategy, WorkingState
 from runtime_hooks.adapters import SEARCH_TOOL
 from runtime_hooks.adapters.openai_agents import agents_recall, latest_user_request
 from runtime_hooks.bootstrap import RecallConfig, open_hooks
-from runtime_hooks.demo import PRINCIPAL, SCOPE, STATE, seed
+from runtime_hooks.demo import PRINCIPAL, SCOPE, STATE, seed_store
 
 QUERIES = ("invoice backfill", "rounding rule", "cutover date", "deploy window",
            "rollback runbook", "kickoff notes")
@@ -54,8 +54,8 @@ async def main() -> None:
         config = RecallConfig(ledger_path=Path(folder) / "ledger.db",
                               store_path=Path(folder) / "memory.db",
                               query_planning=QueryStrategy.TASK_CONTEXT, admission=admit)
+        await seed_store(config)
         async with open_hooks(config) as hooks:
-            await seed(hooks.retriever.store)  # type: ignore[attr-defined]
 
             # The few lines a user adds: build the adapter, give the agent its tool, run.
             recall = agents_recall(hooks, state=working_state)

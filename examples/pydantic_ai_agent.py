@@ -29,7 +29,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from runtime_hooks.adapters.pydantic_ai import RecallCapability, RunIdentity
 from runtime_hooks.bootstrap import RecallConfig, open_hooks
-from runtime_hooks.demo import PRINCIPAL, SCOPE, STATE, seed
+from runtime_hooks.demo import PRINCIPAL, SCOPE, STATE, seed_store
 
 QUERIES = ("invoice backfill dry-run", "currency rounding rule", "cutover date",
            "deploy window", "rollback runbook", "billing migration kickoff")
@@ -62,8 +62,8 @@ async def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         config = RecallConfig(ledger_path=Path(folder) / "ledger.db",
                               store_path=Path(folder) / "memory.db")
+        await seed_store(config)
         async with open_hooks(config) as hooks:
-            await seed(hooks.retriever.store)  # type: ignore[attr-defined]
             # The lines a user adds: the capability, and the host's identity of the run.
             recall = RecallCapability(hooks, working_state=lambda ctx: STATE)
             agent = Agent(FunctionModel(model), deps_type=RunIdentity, capabilities=[recall])

@@ -79,6 +79,14 @@ async def run_tag(allowance_ledger: Ledger) -> str:
         n += 1
 
 
+async def seed_store(config: RecallConfig, *, clock: Clock | None = None) -> None:
+    """Seed the demo's memories into the reference store ``config`` names, through the store
+    itself (the hooks reach memory only through their retriever)."""
+    async with MemoryStore(config.store_path, embedding=load_embedding(config.semantic),
+                           clock=clock if clock is not None else SystemClock()) as store:
+        await seed(store)
+
+
 async def seed(store: MemoryStore) -> None:
     """The demo's memories, people, beliefs, corrections and sources (and some foreign rows)."""
     base = 1_760_000_000.0
