@@ -8,6 +8,7 @@ words and an optional ``scope`` equal to the run's trusted scope, and raises
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 
@@ -31,6 +32,28 @@ MAX_CALL_ID_BYTES = 256
 
 class InvalidSearchCallError(RecallboundError, ValueError):
     """A model's search call is malformed or out of scope (it gets no slot)."""
+
+
+def canonical_arguments(arguments: Mapping[str, object] | str | None) -> str:
+    """The arguments as one comparable text: JSON objects compare by content, not spelling."""
+    if arguments is None:
+        return "{}"
+    value: object = arguments
+    if isinstance(arguments, str):
+        try:
+            value = json.loads(arguments)
+        except (ValueError, RecursionError):
+            return arguments  # not JSON: the raw text is the identity (the hooks reject it)
+    try:
+        return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError, RecursionError):
+        return repr(value)
+
+
+def arguments_digest(arguments: Mapping[str, object] | str | None) -> str:
+    """Hex SHA-256 of the canonical arguments: the part of a call's identity the ledger keeps."""
+    text = canonical_arguments(arguments)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def _call_id(instance: object, attribute: attrs.Attribute[str], value: object) -> None:

@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import anyio
 import attrs
@@ -46,6 +47,7 @@ from plugin.control import (
     bind_permits,
     validate_run_id,
 )
+from plugin.control.ledger import CallRecord, bound_evidence
 from plugin.control.logs import log_event
 from plugin.errors import (
     InvalidHookArgumentError,
@@ -72,6 +74,8 @@ from .calls import MAX_QUERY_BYTES as MAX_QUERY_BYTES
 from .calls import InvalidSearchCallError as InvalidSearchCallError
 from .calls import SearchCall as SearchCall
 from .calls import ToolCall as ToolCall
+from .calls import arguments_digest
+from .replay import replay_call
 from .results import NOTHING_FOUND as NOTHING_FOUND
 from .results import PARTLY_FOUND as PARTLY_FOUND
 from .results import PreparedContext as PreparedContext
@@ -79,6 +83,9 @@ from .results import ToolResult as ToolResult
 from .results import Validation as Validation
 from .results import failure_message, preparation_bounded, search_content
 from .retained import revalidate_retained
+
+if TYPE_CHECKING:
+    from plugin.memory.recall import DeliberateSearch
 
 _log = logging.getLogger("recallbound.hooks")
 
@@ -107,6 +114,32 @@ def _positive_seconds(instance: object, attribute: attrs.Attribute[float], value
 
 def _retriever(instance: object, attribute: attrs.Attribute[Retriever], value: object) -> None:
     check_retriever(value)
+
+
+def call_records(
+    run_id: str,
+    valid: Sequence[tuple[int, SearchCall]],
+    digests: Mapping[int, str],
+    searches: Sequence[DeliberateSearch],
+) -> list[CallRecord]:
+    """Each dispatched call's outcome as the ledger records it (its identity, slot, status,
+    refusal or failure reason, and the evidence ids the model was shown, bounded)."""
+    records = []
+    for (index, call), search in zip(valid, searches, strict=True):
+        if search.refusal is not None:
+            status, reason = "refused", search.refusal.reason.value
+        elif search.failure is not None:
+            status, reason = "failed", search.failure
+        else:
+            status, reason = "ok", None
+        ids, more = bound_evidence([item.id for item in search.evidence])
+        records.append(CallRecord(
+            run_id=run_id, call_id=call.call_id, digest=digests[index], status=status,
+            slot=search.slot, reason=reason, evidence_ids=ids, more=more,
+            reserved=search.refusal.reserved if search.refusal is not None else 0,
+            executed=search.refusal.executed if search.refusal is not None else 0,
+        ))
+    return records
 
 
 @attrs.define(eq=False)
@@ -234,7 +267,6 @@ class RecallHooks:
                 raise InvalidHookArgumentTypeError(
                     f"calls[{position}] must be a ToolCall, got {type(call).__name__}"
                 )
-        await self._bind(run_id, scope, principal)
         results: list[ToolResult | None] = [None] * len(calls)
         valid: list[tuple[int, SearchCall]] = []
         seen: set[str] = set()
@@ -254,10 +286,45 @@ class RecallHooks:
                 continue
             seen.add(checked.call_id)
             valid.append((index, checked))
-        if valid:
-            await self._run_calls(valid, results, run_id, scope, principal)
+        if valid:  # an invalid call binds no identity and writes nothing
+            await self._bind(run_id, scope, principal)
+            digests = {index: arguments_digest(calls[index].arguments) for index, _ in valid}
+            if not self.legacy:
+                valid = await self._replay(valid, digests, results, run_id, scope, principal)
+            if valid:
+                await self._run_calls(valid, results, run_id, scope, principal, digests)
         assert all(result is not None for result in results)
         return [result for result in results if result is not None]
+
+    async def _replay(
+        self,
+        valid: list[tuple[int, SearchCall]],
+        digests: Mapping[int, str],
+        results: list[ToolResult | None],
+        run_id: str,
+        scope: str,
+        principal: str,
+    ) -> list[tuple[int, SearchCall]]:
+        """Answer each call the ledger already recorded (same id, same arguments) from its
+        record; return the calls left to run."""
+        recorded = {
+            (record.call_id, record.digest): record
+            for record in await self.allowance.ledger.recorded_calls(
+                run_id, [call.call_id for _, call in valid])
+        }
+        if not recorded:
+            return valid
+        fresh: list[tuple[int, SearchCall]] = []
+        for index, call in valid:
+            record = recorded.get((call.call_id, digests[index]))
+            if record is None:
+                fresh.append((index, call))
+            else:
+                log_event(_log, logging.INFO, "search_call.replayed", run_id=run_id,
+                          call_id=call.call_id, status=record.status)
+                results[index] = await replay_call(self, record, scope=scope,
+                                                   principal=principal)
+        return fresh
 
     async def _prepare_calls(
         self, valid: list[tuple[int, SearchCall]], run_id: str, scope: str, principal: str
@@ -302,10 +369,24 @@ class RecallHooks:
         run_id: str,
         scope: str,
         principal: str,
+        digests: Mapping[int, str] | None = None,
     ) -> None:
         prepared, naming = await self._prepare_calls(valid, run_id, scope, principal)
-        recall = await deliberate_round(self.allowance, self.retriever, prepared,
-                                        run_id=run_id, caps=self.caps, nested=naming)
+        settled: list[CallRecord] = []
+
+        def settle(searches: Sequence[DeliberateSearch]) -> list[CallRecord]:
+            # Inside the granted round: written in the same commit as its traces.
+            assert digests is not None
+            settled[:] = call_records(run_id, valid, digests, searches)
+            return settled
+
+        recall = await deliberate_round(
+            self.allowance, self.retriever, prepared, run_id=run_id, caps=self.caps,
+            nested=naming, settle=None if digests is None or self.legacy else settle)
+        if digests is not None and not self.legacy and not settled:
+            # The round itself was refused: each call keeps its refusal.
+            await self.allowance.ledger.record(
+                (), (), call_records(run_id, valid, digests, recall.searches))
         if recall.refusal is not None:
             log_event(_log, logging.INFO, "deliberate.refused", run_id=run_id,
                       calls=len(valid), reason=recall.refusal.reason.value)

@@ -24,7 +24,13 @@ from plugin.control import (
     Usage,
 )
 from plugin.control import ledger as rules
-from plugin.control.ledger import Validity, WallTime, grant_validations, read_time
+from plugin.control.ledger import (
+    CallRecord,
+    Validity,
+    WallTime,
+    grant_validations,
+    read_time,
+)
 from plugin.control.ledger_admin import (
     PRUNED_TABLES,
     LedgerCheck,
@@ -42,10 +48,19 @@ class _Run:
     max_searches: int
     max_rounds: int
     rounds: list[Reservation] = attrs.Factory(list)
+    pruned: bool = False
+    """Its tombstone: a pruned run keeps its limits and counts, and nothing else."""
+    tombstone_reserved: int = 0
+
+    tombstone_rounds: int = 0
+
+    @property
+    def round_count(self) -> int:
+        return self.tombstone_rounds + len(self.rounds)
 
     @property
     def reserved(self) -> int:
-        return sum(r.slots for r in self.rounds)
+        return self.tombstone_reserved + sum(r.slots for r in self.rounds)
 
 
 @attrs.define(eq=False)
@@ -58,6 +73,7 @@ class MemoryStore:
     retained: dict[str, list[str]] = attrs.Factory(dict)
     validations_used: dict[str, int] = attrs.Factory(dict)
     identities: dict[str, tuple[str, str]] = attrs.Factory(dict)
+    calls: dict[tuple[str, str, str], CallRecord] = attrs.Factory(dict)
 
 
 @attrs.define(eq=False)
@@ -133,7 +149,7 @@ class MemoryLedger:
                 now_wall, now_wall + policy.deadline_s, policy.max_searches, policy.max_rounds
             )
         reason = None
-        if len(run.rounds) >= run.max_rounds:
+        if run.round_count >= run.max_rounds:
             reason = RefusalReason.ROUNDS
         elif run.reserved >= run.max_searches:
             reason = RefusalReason.SLOTS
@@ -149,7 +165,7 @@ class MemoryLedger:
         grant = min(requested, run.max_searches - run.reserved)
         first = run.reserved + 1
         reservation = Reservation(
-            run_id=run_id, round_index=len(run.rounds) + 1, kind=kind, requested=requested,
+            run_id=run_id, round_index=run.round_count + 1, kind=kind, requested=requested,
             first_slot=first, slots=grant, reserved=run.reserved + grant,
             executed=self._executed(run_id), deadline_wall=run.deadline, opened_wall=run.opened,
             reserved_wall=now_wall,
@@ -158,12 +174,22 @@ class MemoryLedger:
         return reservation
 
     async def record(
-        self, attempts: Sequence[AttemptTrace], refusals: Sequence[RefusalRecord]
+        self,
+        attempts: Sequence[AttemptTrace],
+        refusals: Sequence[RefusalRecord],
+        calls: Sequence[CallRecord] = (),
     ) -> None:
-        self._open()
+        store = self._open()
         for trace in attempts:
             self.traces[trace.attempt_id] = trace
         self.refused.extend(refusals)
+        for call in calls:
+            store.calls.setdefault((call.run_id, call.call_id, call.digest), call)
+
+    async def recorded_calls(self, run_id: str, call_ids: Sequence[str]) -> list[CallRecord]:
+        wanted = set(call_ids)
+        return [call for (run, call_id, _), call in self._open().calls.items()
+                if run == run_id and call_id in wanted]
 
     async def usage(self, run_id: str) -> Usage:
         run = self.runs.get(run_id)
@@ -171,7 +197,7 @@ class MemoryLedger:
         if run is None:
             return Usage(run_id=run_id, legacy_attempts=legacy)
         return Usage(
-            run_id=run_id, rounds=len(run.rounds), reserved=run.reserved,
+            run_id=run_id, rounds=run.round_count, reserved=run.reserved,
             executed=self._executed(run_id),
             refused=sum(1 for r in self.refused if r.run_id == run_id),
             deadline_wall=run.deadline, legacy_attempts=legacy,
@@ -231,11 +257,13 @@ class MemoryAdmin:
 
     async def runs(self, *, limit: int) -> list[RunSummary]:
         check_limit(limit)
-        order = sorted(self.ledger.runs, key=lambda r: (-self.ledger.runs[r].opened, r))
+        live = [r for r, run in self.ledger.runs.items() if not run.pruned]
+        order = sorted(live, key=lambda r: (-self.ledger.runs[r].opened, r))
         return [self._summary(run_id) for run_id in order[:limit]]
 
     async def run(self, run_id: str) -> RunSummary | None:
-        return self._summary(run_id) if run_id in self.ledger.runs else None
+        run = self.ledger.runs.get(run_id)
+        return self._summary(run_id) if run is not None and not run.pruned else None
 
     async def prune(self, *, before_wall: float, now_wall: float, dry_run: bool) -> PruneReport:
         ledger = self.ledger
@@ -247,7 +275,7 @@ class MemoryAdmin:
         ]
         now = min(now_wall, max((t for t in recorded if math.isfinite(t)), default=-math.inf))
         gone = sorted((run.deadline, run_id) for run_id, run in ledger.runs.items()
-                      if run.deadline < before_wall and run.deadline <= now)
+                      if run.deadline < before_wall and run.deadline <= now and not run.pruned)
         ids = {run_id for _, run_id in gone}
         rows = {
             "runs": len(ids),
@@ -256,10 +284,17 @@ class MemoryAdmin:
             "refusals": sum(1 for r in ledger.refused if r.run_id in ids),
             "retained": sum(len(ledger.retained.get(r, [])) for r in ids),
             "validations": sum(1 for r in ids if r in ledger.validations_used),
+            "calls": sum(1 for key in ledger._open().calls if key[0] in ids),
         }
         if not dry_run:
+            calls = ledger._open().calls
+            for key in [key for key in calls if key[0] in ids]:
+                del calls[key]
             for run_id in ids:
-                del ledger.runs[run_id]
+                run = ledger.runs[run_id]  # its tombstone: limits and counts, nothing else
+                run.tombstone_rounds, run.tombstone_reserved = run.round_count, run.reserved
+                run.rounds.clear()
+                run.pruned = True
                 ledger.retained.pop(run_id, None)
                 ledger.validations_used.pop(run_id, None)
             for attempt_id in [a for a, t in ledger.traces.items() if t.run_id in ids]:
@@ -281,6 +316,16 @@ class MemoryAdmin:
             if not trace.legacy and (run is None or not 1 <= trace.slot <= run.reserved):
                 problems.append(f"run {trace.run_id}: attempt {trace.attempt_id} holds slot "
                                 f"{trace.slot}, which the run never reserved")
+        slots = {(t.run_id, t.slot) for t in self.ledger.traces.values() if not t.legacy}
+        refused_runs = {r.run_id for r in self.ledger.refused}
+        for call in self.ledger._open().calls.values():
+            if call.slot is not None and (call.run_id, call.slot) not in slots:
+                problems.append(f"run {call.run_id}: call {call.call_id} is recorded on slot "
+                                f"{call.slot}, which no executed attempt of the run holds")
+            elif call.slot is None and (call.status != "refused"
+                                        or call.run_id not in refused_runs):
+                problems.append(f"run {call.run_id}: call {call.call_id} is recorded as "
+                                f"{call.status}, but the run has no refusal")
         return LedgerCheck(backend="memory", location="memory", schema_version=0,
                            expected_version=0, problems=tuple(problems),
                            checked=("the ledger's invariants (no run executed more attempts "

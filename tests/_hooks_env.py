@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from plugin import AllowancePolicy, Clock, QueryPlanner, QueryPreparation, RecallAllowance
@@ -18,9 +19,15 @@ def store_of(hooks: RecallHooks) -> MemoryStore:
     return retriever.store
 
 
+_TURNS = itertools.count()
+
+
 def search_calls(*queries: object) -> list[ToolCall]:
-    """One search call per query, with ids ``c0``, ``c1``, ..."""
-    return [ToolCall(call_id=f"c{i}", arguments={"query": q}) for i, q in enumerate(queries)]
+    """One search call per query, with ids fresh for each turn (``t7-c0``, ``t7-c1``, ...), as
+    a model gives them: a call id with the same arguments again would be a replay."""
+    turn = next(_TURNS)
+    return [ToolCall(call_id=f"t{turn}-c{i}", arguments={"query": q})
+            for i, q in enumerate(queries)]
 
 
 async def usage_counts(hooks: RecallHooks, run_id: str) -> tuple[int, int, int, int]:

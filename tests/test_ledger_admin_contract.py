@@ -39,6 +39,7 @@ from plugin.control.ledger_admin import (
     RunStatus,
     RunSummary,
 )
+from plugin.control.refusal import BudgetRefusal
 from runtime_hooks.ledgers import admin_for
 
 from ._fakes import MemoryLedger, MemoryStore
@@ -214,10 +215,12 @@ async def test_prune_removes_every_trace_of_finished_runs_older_than_the_cutoff(
     assert report == PruneReport(
         before_wall=WALL + 500, now_wall=WALL + 5001, dry_run=False, run_ids=("old",),
         rows={"runs": 1, "rounds": 1, "attempts": 2, "refusals": 1, "retained": 2,
-              "validations": 1},
+              "validations": 1, "calls": 0},
     )
     assert tuple(report.rows) == PRUNED_TABLES
-    assert await pair.ledger.usage("old") == Usage(run_id="old")
+    # What stays is the run's tombstone: its counts and deadline, so it never reopens.
+    assert await pair.ledger.usage("old") == Usage(run_id="old", rounds=1, reserved=2,
+                                                   deadline_wall=WALL + 10)
     assert await pair.ledger.reservations("old") == []
     assert await pair.ledger.attempts("old") == []
     assert await pair.ledger.refusals("old") == []
@@ -280,7 +283,7 @@ async def test_prune_dry_run_reports_and_removes_nothing(pair: Pair) -> None:
     dry = await pair.admin.prune(before_wall=WALL + 2000, now_wall=WALL + 5001, dry_run=True)
     assert dry.dry_run and dry.run_ids == ("old", "mid")
     assert dry.rows == {"runs": 2, "rounds": 2, "attempts": 3, "refusals": 1, "retained": 2,
-                        "validations": 1}
+                        "validations": 1, "calls": 0}
     assert await pair.admin.runs(limit=10) == before
     real = await pair.admin.prune(before_wall=WALL + 2000, now_wall=WALL + 5001, dry_run=False)
     assert (real.run_ids, dict(real.rows)) == (dry.run_ids, dict(dry.rows))
@@ -291,14 +294,26 @@ async def test_prune_with_nothing_to_remove(pair: Pair) -> None:
     assert report.run_ids == () and set(report.rows.values()) == {0}
 
 
-async def test_a_pruned_run_id_opens_afresh(pair: Pair) -> None:
-    # Documented consequence: the ledger forgets a pruned run entirely.
+async def test_a_pruned_run_id_stays_refused(pair: Pair) -> None:
+    # A prune leaves a tombstone: a pruned run id never opens a fresh allowance.
     await _run(pair.ledger, "a", WALL)
     await _run(pair.ledger, "b", WALL + 20)
     report = await pair.admin.prune(before_wall=WALL + 20, now_wall=WALL + 20, dry_run=False)
     assert report.run_ids == ("a",)
-    again = await pair.ledger.reserve("a", AUTO, 2, POLICY, WALL + 30)
-    assert isinstance(again, Reservation) and again.round_index == 1
+    for at in (WALL + 30, WALL + 10**6):
+        again = await pair.ledger.reserve("a", AUTO, 2, POLICY, at)
+        assert isinstance(again, BudgetRefusal) and again.reason is RefusalReason.DEADLINE
+        assert (again.reserved, again.executed) == (2, 0)
+    assert await pair.admin.run("a") is None
+    assert [r.run_id for r in await pair.admin.runs(limit=10)] == ["b"]
+    # Pruned again later (its refusals go), it is still one tombstone, still refused.
+    await _run(pair.ledger, "c", WALL + 10**6 + 20)
+    report = await pair.admin.prune(before_wall=WALL + 10**7, now_wall=WALL + 10**7,
+                                    dry_run=False)
+    assert report.run_ids == ("b",) and report.rows["refusals"] == 0
+    again = await pair.ledger.reserve("a", DELIB, 1, POLICY, WALL + 10**6 + 30)
+    assert isinstance(again, BudgetRefusal)
+    assert (await pair.ledger.usage("a")).rounds == 1
 
 
 # -- check -------------------------------------------------------------------------------------

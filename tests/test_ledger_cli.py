@@ -150,7 +150,7 @@ def test_prune_dry_run_then_prune(ledger_file: Path) -> None:
     assert code == 0
     assert out.startswith("would remove 1 finished run(s) whose deadline passed before "
                           "2023-11-24 22:13:20 UTC (runs 1, rounds 2, attempts 3, refusals 1, "
-                          "retained 1, validations 0)\n  old\n")
+                          "retained 1, validations 0, calls 0)\n  old\n")
     assert "old" in cli("ledger", "--ledger", str(ledger_file), "runs")[1]
     code, out, _ = cli("ledger", "--ledger", str(ledger_file), "prune", "--older-than", "30d",
                        "--json")

@@ -124,14 +124,14 @@ def test_prune_dry_run_then_prune(location: str, schema: str) -> None:
     assert code == 0
     assert out.startswith("would remove 1 finished run(s) whose deadline passed before "
                           "2023-11-24 22:13:20 UTC (runs 1, rounds 2, attempts 3, refusals 1, "
-                          "retained 1, validations 0)\n  old\n")
+                          "retained 1, validations 0, calls 0)\n  old\n")
     assert "old" in cli("ledger", "--ledger", location, "runs")[1]
     code, out, _ = cli("ledger", "--ledger", location, "prune", "--older-than", "30d", "--json")
     assert code == 0
     document = json.loads(out)
     assert (document["dry_run"], document["run_ids"], document["rows"]) == (
         False, ["old"], {"runs": 1, "rounds": 2, "attempts": 3, "refusals": 1, "retained": 1,
-                         "validations": 0})
+                         "validations": 0, "calls": 0})
     assert cli("ledger", "--ledger", location, "show", "old")[0] == 1
     assert _sql(f'SELECT count(*) FROM "{schema}".attempts WHERE run_id = %s', "old") == [(0,)]
 

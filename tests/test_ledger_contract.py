@@ -44,6 +44,7 @@ from plugin.control import (
     current_permit,
 )
 from plugin.control.refusal import BudgetRefusal
+from plugin.control.sqlite_ledger import SCHEMA_VERSION as SQLITE_SCHEMA_VERSION
 from plugin.errors import (
     InvalidArgumentTypeError,
     LedgerClosedError,
@@ -834,7 +835,7 @@ async def test_a_version_3_ledger_file_gains_the_dropped_count(
         assert [a.dropped for a in await ledger.attempts("run")] == [0, 3]
     conn = sqlite3.connect(path)
     try:
-        assert conn.execute("PRAGMA user_version").fetchone() == (4,)
+        assert conn.execute("PRAGMA user_version").fetchone() == (SQLITE_SCHEMA_VERSION,)
     finally:
         conn.close()
 

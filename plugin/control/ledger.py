@@ -169,6 +169,57 @@ class AttemptTrace:
     before anything was rendered, and counted here."""
 
 
+MAX_CALL_EVIDENCE = 64
+"""The most evidence ids one call record keeps (the rest are counted in ``more``)."""
+
+MAX_CALL_EVIDENCE_BYTES = 16_384
+"""The most UTF-8 bytes of evidence ids one call record keeps (the rest are counted)."""
+
+CALL_STATUSES = ("ok", "refused", "failed")
+"""What a recorded call's status may be (an invalid call is never recorded)."""
+
+
+def bound_evidence(evidence_ids: Sequence[str]) -> tuple[tuple[str, ...], int]:
+    """The first ``evidence_ids`` within :data:`MAX_CALL_EVIDENCE` ids and
+    :data:`MAX_CALL_EVIDENCE_BYTES` bytes, and how many were left out."""
+    kept: list[str] = []
+    size = 0
+    for evidence_id in evidence_ids:
+        size += len(evidence_id.encode("utf-8", "surrogatepass")) + 1
+        if len(kept) >= MAX_CALL_EVIDENCE or size > MAX_CALL_EVIDENCE_BYTES:
+            break
+        kept.append(evidence_id)
+    return tuple(kept), len(evidence_ids) - len(kept)
+
+
+@attrs.frozen(kw_only=True)
+class CallRecord:
+    """One dispatched tool call's outcome, as recorded in the ledger.
+
+    Its identity is (``run_id``, ``call_id``, ``digest``): the digest is of the call's
+    canonical arguments, so a reused call id with other arguments is another call. A replay
+    of the identity returns this outcome instead of searching again.
+    """
+
+    run_id: str
+    call_id: str
+    digest: str
+    """Hex SHA-256 of the call's canonical arguments."""
+    status: str
+    """``"ok"``, ``"refused"`` or ``"failed"``."""
+    slot: int | None = None
+    """The run-wide slot the call's search took, or None (a refusal before any slot)."""
+    reason: str | None = None
+    """The refusal's reason (a :class:`RefusalReason` value) or the failure's reason."""
+    evidence_ids: tuple[str, ...] = ()
+    """The ids the model was shown, in order, within the record's bounds."""
+    more: int = 0
+    """Evidence ids shown but left out of the record by its bounds."""
+    reserved: int = 0
+    """For a refusal: the run's reserved slots when it was refused."""
+    executed: int = 0
+    """For a refusal: the run's executed attempts when it was refused."""
+
 @attrs.frozen(kw_only=True)
 class RefusalRecord:
     """One refused round or attempt as recorded in the ledger."""
@@ -214,9 +265,18 @@ class Ledger(Protocol):
         ...
 
     async def record(
-        self, attempts: Sequence[AttemptTrace], refusals: Sequence[RefusalRecord]
+        self,
+        attempts: Sequence[AttemptTrace],
+        refusals: Sequence[RefusalRecord],
+        calls: Sequence[CallRecord] = (),
     ) -> None:
-        """Persist attempt traces (a later trace of the same attempt replaces the earlier one)."""
+        """Persist attempt traces (a later trace of the same attempt replaces the earlier one),
+        refusals and call outcomes, all in one commit. A call's identity is recorded once: a
+        later record of the same identity leaves the first in place."""
+        ...
+
+    async def recorded_calls(self, run_id: str, call_ids: Sequence[str]) -> list[CallRecord]:
+        """The recorded outcomes of the run's calls with these ids (any arguments)."""
         ...
 
     async def usage(self, run_id: str) -> Usage:

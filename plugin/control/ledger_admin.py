@@ -18,8 +18,10 @@ import attrs
 
 from plugin.errors import InvalidArgumentError
 
-PRUNED_TABLES = ("runs", "rounds", "attempts", "refusals", "retained", "validations")
-"""What a run leaves in a ledger, by the name a :class:`PruneReport` counts it under."""
+PRUNED_TABLES = ("runs", "rounds", "attempts", "refusals", "retained", "validations", "calls")
+"""What a run leaves in a ledger, by the name a :class:`PruneReport` counts it under. A pruned
+run's ``runs`` row stays as its tombstone (counted under ``runs``): a pruned run id never opens
+a fresh allowance."""
 
 
 class RunStatus(enum.Enum):

@@ -27,7 +27,7 @@ import sys
 import threading
 import uuid
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from types import TracebackType
 from typing import TYPE_CHECKING, NoReturn
@@ -45,7 +45,7 @@ from plugin.errors import (
 
 from . import observe
 from .clock import Clock
-from .ledger import AttemptOutcome, AttemptTrace, RefusalRecord
+from .ledger import AttemptOutcome, AttemptTrace, CallRecord, RefusalRecord
 from .policy import AttemptKind, RoundKind
 from .refusal import BudgetRefusal, RecallBudgetExceeded, RefusalReason
 
@@ -184,6 +184,7 @@ class Permit:
     _dropped: dict[int, int] = attrs.field(factory=dict, init=False, repr=False)
     _traces: dict[str, AttemptTrace] = attrs.field(factory=dict, init=False, repr=False)
     _refusals: list[RefusalRecord] = attrs.field(factory=list, init=False, repr=False)
+    _calls: list[CallRecord] = attrs.field(factory=list, init=False, repr=False)
     _wall: Callable[[], float] = attrs.field(init=False, repr=False)
     _monotonic: Callable[[], float] = attrs.field(init=False, repr=False)
     _mono_deadline: float = attrs.field(init=False, repr=False)
@@ -398,6 +399,14 @@ class Permit:
 
     # -- traces ------------------------------------------------------------------------------
 
+    def record_calls(self, calls: Sequence[CallRecord]) -> None:
+        """Buffer the round's call outcomes: written in the same commit as the round's traces,
+        when its phase ends. Only while the phase runs (``PermitMisuseError`` after)."""
+        with self._lock:
+            if self._flushed:
+                raise PermitMisuseError("call outcomes are recorded before the round ends")
+            self._calls.extend(calls)
+
     async def flush(self) -> None:
         """Write buffered traces and refusals to the ledger (shielded from cancellation).
 
@@ -409,15 +418,17 @@ class Permit:
         with self._lock:
             traces = dict(self._traces)
             refusals = list(self._refusals)
+            calls = list(self._calls)
             self._traces.clear()
             self._refusals.clear()
-        if not traces and not refusals:
+            self._calls.clear()
+        if not traces and not refusals and not calls:
             return
         try:
             with anyio.CancelScope(shield=True):
                 for delay in _RECORD_RETRIES:
                     try:
-                        await self._ledger.record(list(traces.values()), refusals)
+                        await self._ledger.record(list(traces.values()), refusals, calls)
                         break
                     except LedgerLockedError:
                         if delay is None:
@@ -428,6 +439,7 @@ class Permit:
                 for attempt_id, trace in traces.items():
                     self._traces.setdefault(attempt_id, trace)  # a newer trace wins
                 self._refusals[:0] = refusals
+                self._calls[:0] = calls
             raise
 
     def _flush_from_thread(self) -> None:

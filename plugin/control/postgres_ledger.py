@@ -54,6 +54,7 @@ from .ledger_admin import PRUNED_TABLES
 from .policy import AllowancePolicy, RoundKind
 from .refusal import BudgetRefusal, RefusalReason
 from .sql_ledger import (
+    CALLS_SINCE,
     REFUSAL_REASON,
     TABLES,
     Dialect,
@@ -156,6 +157,12 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (_RESERVE_WAVE,),
     # version 5: each attempt counts the evidence dropped for naming another principal or scope
     ("ALTER TABLE {s}.attempts ADD COLUMN IF NOT EXISTS dropped bigint NOT NULL DEFAULT 0",),
+    # version 6: each dispatched call's outcome, and tombstones (a pruned run keeps its row)
+    (
+        *(statement for table in TABLES if table.since == CALLS_SINCE
+          for statement in create_table(table, _TYPES, prefix="{s}.")),
+        "ALTER TABLE {s}.runs ADD COLUMN IF NOT EXISTS pruned boolean NOT NULL DEFAULT false",
+    ),
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 """The schema version this code writes; older versions are migrated in place at open."""

@@ -4,7 +4,10 @@ It runs on the ledger's own statements and transactions (:class:`SqlLedger`): a 
 interleaves with a reservation of this process, and the database's locks keep other processes
 out while it runs.
 
-- **Prune** is one transaction that chooses the runs and removes every trace of them. A run
+- **Prune** is one transaction that chooses the runs and removes every trace of them but a
+  tombstone: the run's own ``runs`` row, marked ``pruned``. A later reservation of a pruned
+  run id meets that row, whose deadline has passed, and is refused: a pruned run id never
+  opens a fresh allowance. Its identity binding stays with its tombstone. A run
   is removed only once its deadline has passed by the operator's ``now_wall`` *and* by the
   ledger's own clock: the database server's clock for a PostgreSQL ledger judged by it,
   else the newest time the ledger itself recorded (a run opened, a round reserved, an attempt
@@ -31,12 +34,13 @@ from .sql_ledger import EXECUTED, Session, SqlLedger
 _SUMMARY = (
     "SELECT u.run_id, u.opened_wall, u.deadline_wall, u.rounds, u.max_rounds, u.reserved, "
     "u.max_searches, " + EXECUTED + ", "
-    "(SELECT count(*) FROM {q}refusals f WHERE f.run_id = u.run_id) FROM {q}runs u"
+    "(SELECT count(*) FROM {q}refusals f WHERE f.run_id = u.run_id) FROM {q}runs u "
+    "WHERE u.pruned = false"
 )
 
 _PRUNABLE = (
     "SELECT run_id FROM {q}runs WHERE deadline_wall < :before AND deadline_wall <= :now "
-    "ORDER BY deadline_wall, run_id"
+    "AND pruned = false ORDER BY deadline_wall, run_id"
 )
 
 _FINITE = "BETWEEN -1e308 AND 1e308"
@@ -54,17 +58,44 @@ _NEWEST = "SELECT max(t) FROM (" + " UNION ALL ".join(
 ) + ") AS recorded"
 """The newest time the ledger recorded: the ledger's own clock when the database has none."""
 
+CALL_INVARIANTS: tuple[tuple[str, str, str], ...] = (
+    ("every recorded call outcome matches an executed or refused attempt",
+     "run {0}: call {1} is recorded on slot {2}, which no executed attempt of the run holds",
+     "SELECT c.run_id, c.call_id, c.slot FROM {q}calls c WHERE c.slot IS NOT NULL AND NOT "
+     "EXISTS (SELECT 1 FROM {q}attempts a WHERE a.run_id = c.run_id AND a.slot = c.slot "
+     "AND a.legacy = false)"),
+    ("every recorded call outcome matches an executed or refused attempt",
+     "run {0}: call {1} is recorded as {2} without a slot",
+     "SELECT c.run_id, c.call_id, c.status FROM {q}calls c "
+     "WHERE c.slot IS NULL AND c.status != 'refused'"),
+    ("every recorded call outcome matches an executed or refused attempt",
+     "run {0}: call {1} is recorded as {2}, but the run has no refusal",
+     "SELECT c.run_id, c.call_id, c.status FROM {q}calls c WHERE c.status = 'refused' "
+     "AND c.slot IS NULL AND NOT EXISTS (SELECT 1 FROM {q}refusals f "
+     "WHERE f.run_id = c.run_id)"),
+    ("every recorded call outcome matches an executed or refused attempt",
+     "run {0}: call {1} has the unknown status {2}",
+     "SELECT run_id, call_id, status FROM {q}calls "
+     "WHERE status NOT IN ('ok', 'refused', 'failed')"),
+    ("no call record without a run",
+     "run {0}: call {1} is recorded but the run is not",
+     "SELECT run_id, call_id FROM {q}calls WHERE run_id NOT IN (SELECT run_id FROM {q}runs "
+     "WHERE pruned = false)"),
+)
+"""What a check verifies of the recorded call outcomes."""
+
 INVARIANTS: tuple[tuple[str, str, str], ...] = (
     ("each run's rounds add up to its round count",
      "run {0}: {1} rounds recorded but the run counts {2}",
      "SELECT u.run_id, (SELECT count(*) FROM {q}rounds r WHERE r.run_id = u.run_id), u.rounds "
-     "FROM {q}runs u "
-     "WHERE u.rounds != (SELECT count(*) FROM {q}rounds r WHERE r.run_id = u.run_id)"),
+     "FROM {q}runs u WHERE u.pruned = false "
+     "AND u.rounds != (SELECT count(*) FROM {q}rounds r WHERE r.run_id = u.run_id)"),
     ("each run's rounds' slots add up to its reserved count",
      "run {0}: its rounds granted {1} slots but the run counts {2} reserved",
      "SELECT run_id, granted, reserved FROM (SELECT u.run_id, u.reserved, "
      "(SELECT CAST(coalesce(sum(slots), 0) AS bigint) FROM {q}rounds r "
-     "WHERE r.run_id = u.run_id) AS granted FROM {q}runs u) AS g WHERE granted != reserved"),
+     "WHERE r.run_id = u.run_id) AS granted FROM {q}runs u WHERE u.pruned = false) AS g "
+     "WHERE granted != reserved"),
     ("no run reserved more slots than its limit",
      "run {0}: {1} slots reserved, over its limit of {2}",
      "SELECT run_id, reserved, max_searches FROM {q}runs WHERE reserved > max_searches"),
@@ -108,6 +139,7 @@ INVARIANTS: tuple[tuple[str, str, str], ...] = (
      "run {0}: a validation count ({1}) but no run",
      "SELECT run_id, used FROM {q}validations "
      "WHERE run_id NOT IN (SELECT run_id FROM {q}runs)"),
+    *CALL_INVARIANTS,
 )
 """Each invariant of a ledger: what it says, a message template for a row that breaks it,
 and the query of those rows."""
@@ -134,7 +166,7 @@ class SqlAdmin:
     async def run(self, run_id: str) -> RunSummary | None:
         if not isinstance(run_id, str):
             raise InvalidRunIdError(f"run_id must be a str, got {type(run_id).__name__}")
-        rows = await self.ledger._read(_SUMMARY + " WHERE u.run_id = :run_id",
+        rows = await self.ledger._read(_SUMMARY + " AND u.run_id = :run_id",
                                        {"run_id": run_id}, f"reading run {run_id!r}")
         return RunSummary.from_row(rows[0]) if rows else None
 
@@ -155,7 +187,12 @@ class SqlAdmin:
             run_ids = tuple(row[0] for row in await s.fetchall(sql(chosen), params))
             ids = {"ids": dialect.ids(run_ids)}
             rows: dict[str, int] = {}
-            for table in PRUNED_TABLES:
+            rows["runs"] = len(run_ids)
+            if run_ids and not dry_run:  # each run's row stays, as its tombstone
+                await s.fetchall(sql(
+                    f"UPDATE {{q}}runs SET pruned = true WHERE run_id {dialect.in_ids('ids')}"),
+                    ids)
+            for table in PRUNED_TABLES[1:]:
                 where = f"FROM {{q}}{table} WHERE run_id {dialect.in_ids('ids')}"
                 ((rows[table],),) = await s.fetchall(sql(f"SELECT count(*) {where}"), ids)
                 if not dry_run and rows[table]:

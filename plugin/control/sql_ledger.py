@@ -32,6 +32,7 @@ from ._group import GroupCommit
 from .ledger import (
     AttemptOutcome,
     AttemptTrace,
+    CallRecord,
     IdentityCache,
     RefusalRecord,
     Reservation,
@@ -134,6 +135,10 @@ rounds are used up, else its slots, else (the only other refusal) its deadline p
 SQL ledger records its refusals through this one expression."""
 
 
+CALLS_SINCE = 6
+"""The PostgreSQL schema version that added call records and tombstones (SQLite's is 5)."""
+
+
 @attrs.frozen
 class Table:
     """One table of a ledger, written once for every database (see :func:`create_table`)."""
@@ -153,7 +158,7 @@ TABLES = (
         "run_id {text} PRIMARY KEY", "opened_wall {real} NOT NULL",
         "deadline_wall {real} NOT NULL", "max_searches {int} NOT NULL",
         "max_rounds {int} NOT NULL", "rounds {int} NOT NULL", "reserved {int} NOT NULL",
-        "last_grant {int} NOT NULL"), since=1),
+        "last_grant {int} NOT NULL", "pruned {bool} NOT NULL DEFAULT false"), since=1),
     Table("rounds", (
         "run_id {text} NOT NULL", "round_index {int} NOT NULL", "kind {text} NOT NULL",
         "requested {int} NOT NULL", "first_slot {int} NOT NULL", "slots {int} NOT NULL",
@@ -177,8 +182,14 @@ TABLES = (
     Table("run_identity", (
         "run_id {text} PRIMARY KEY", "principal {text} NOT NULL", "scope {text} NOT NULL"),
         since=3),
+    Table("calls", (
+        "run_id {text} NOT NULL", "call_id {text} NOT NULL", "digest {text} NOT NULL",
+        "status {text} NOT NULL", "slot {int}", "reason {text}", "evidence {text} NOT NULL",
+        "more {int} NOT NULL", "reserved {int} NOT NULL", "executed {int} NOT NULL",
+        "PRIMARY KEY (run_id, call_id, digest)"), since=CALLS_SINCE),
 )
-"""Every table of a ledger, the same on every database."""
+"""Every table of a ledger, the same on every database. A run's ``pruned`` flag marks its
+``runs`` row as the tombstone a prune leaves (see :mod:`plugin.control.sql_admin`)."""
 
 
 def create_table(table: Table, types: Mapping[str, str], *, prefix: str = "",
@@ -211,6 +222,19 @@ _RECORD_REFUSAL = """
 INSERT INTO {q}refusals (run_id, round_index, what, kind, reason, at_wall)
 VALUES (:run_id, :round_index, :what, :kind, :reason, :at_wall)
 """
+
+_RECORD_CALL = """
+INSERT INTO {q}calls (run_id, call_id, digest, status, slot, reason, evidence, more, reserved,
+                      executed)
+VALUES (:run_id, :call_id, :digest, :status, :slot, :reason, :evidence, :more, :reserved,
+        :executed)
+ON CONFLICT (run_id, call_id, digest) DO NOTHING
+"""
+"""A call's outcome; the first record of an identity stays."""
+
+_CALLS = """
+SELECT call_id, digest, status, slot, reason, evidence, more, reserved, executed
+FROM {q}calls WHERE run_id = :run_id AND call_id """
 
 _RETAINED_AMONG = "SELECT evidence_id FROM {q}retained WHERE run_id = :run_id AND evidence_id "
 _RETAIN = """
@@ -270,6 +294,27 @@ def attempt_row(trace: AttemptTrace) -> dict[str, Any]:
         "outcome": trace.outcome.value, "started_wall": trace.started_wall,
         "elapsed_s": trace.elapsed_s, "legacy": bool(trace.legacy), "dropped": trace.dropped,
     }
+
+
+def call_row(record: CallRecord) -> dict[str, Any]:
+    """A call record as the parameters of its insert."""
+    return {
+        "run_id": record.run_id, "call_id": record.call_id, "digest": record.digest,
+        "status": record.status, "slot": record.slot, "reason": record.reason,
+        "evidence": json.dumps(list(record.evidence_ids), ensure_ascii=True),
+        "more": record.more, "reserved": record.reserved, "executed": record.executed,
+    }
+
+
+def call_record(run_id: str, row: Row) -> CallRecord:
+    """A call record from a row of :data:`_CALLS`."""
+    call_id, digest, status, slot, reason, evidence, more, reserved, executed = row
+    return CallRecord(
+        run_id=run_id, call_id=str(call_id), digest=str(digest), status=str(status),
+        slot=None if slot is None else int(slot), reason=reason,
+        evidence_ids=tuple(str(i) for i in json.loads(evidence)), more=int(more),
+        reserved=int(reserved), executed=int(executed),
+    )
 
 
 def refusal_row(record: RefusalRecord) -> dict[str, Any]:
@@ -391,16 +436,29 @@ class SqlLedger(abc.ABC):
     # -- the Ledger protocol's shared methods ------------------------------------------------
 
     async def record(
-        self, attempts: Sequence[AttemptTrace], refusals: Sequence[RefusalRecord]
+        self,
+        attempts: Sequence[AttemptTrace],
+        refusals: Sequence[RefusalRecord],
+        calls: Sequence[CallRecord] = (),
     ) -> None:
-        if not attempts and not refusals:
+        if not attempts and not refusals and not calls:
             return
 
         statements: Rows = [
             (self._sql(_RECORD_ATTEMPT), [attempt_row(t) for t in attempts]),
             (self._sql(_RECORD_REFUSAL), [refusal_row(r) for r in refusals]),
+            (self._sql(_RECORD_CALL), [call_row(c) for c in calls]),
         ]
         await self._writes.submit(("", statements))
+
+    async def recorded_calls(self, run_id: str, call_ids: Sequence[str]) -> list[CallRecord]:
+        ids = list(dict.fromkeys(call_ids))
+        if not ids:
+            return []
+        rows = await self._read(_CALLS + self._dialect.in_ids("ids"),
+                                {"run_id": run_id, "ids": self._dialect.ids(ids)},
+                                f"reading the calls of run {run_id!r}")
+        return [call_record(run_id, row) for row in rows]
 
     async def _write_batch(
         self, batch: Sequence[tuple[str, Rows]]

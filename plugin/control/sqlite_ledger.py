@@ -52,8 +52,8 @@ from .sql_ledger import (
 T = TypeVar("T")
 
 APPLICATION_ID = 0x52424C44  # "RBLD"
-SCHEMA_VERSION = 4
-_MIGRATABLE = frozenset({1, 2, 3})
+SCHEMA_VERSION = 5
+_MIGRATABLE = frozenset({1, 2, 3, 4})
 """Older schema versions this ledger upgrades in place (their tables are a subset)."""
 
 _TYPES = {"text": "TEXT", "real": "REAL", "int": "INTEGER", "bool": "INTEGER",
@@ -273,6 +273,12 @@ class SqliteLedger(SqlLedger):
                 if "dropped" not in columns:
                     await conn.fetchall(
                         "ALTER TABLE attempts ADD COLUMN dropped INTEGER NOT NULL DEFAULT 0")
+                # Version 5: call records (their table is created above) and tombstones (a
+                # pruned run keeps its row, marked).
+                columns = {row[1] for row in await conn.fetchall("PRAGMA table_info(runs)")}
+                if "pruned" not in columns:
+                    await conn.fetchall(
+                        "ALTER TABLE runs ADD COLUMN pruned INTEGER NOT NULL DEFAULT false")
                 await conn.fetchall(f"PRAGMA application_id = {APPLICATION_ID}")
                 await conn.fetchall(f"PRAGMA user_version = {SCHEMA_VERSION}")
 

@@ -19,7 +19,7 @@ that outlived the deadline is a ``deadline`` refusal, and foreign evidence is dr
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import anyio
 import attrs
@@ -31,6 +31,7 @@ from plugin.control import (
     RecallBudgetExceeded,
     RoundKind,
 )
+from plugin.control.ledger import CallRecord
 from plugin.control.policy import MAX_COUNT
 from plugin.errors import RetrieverFailedError
 
@@ -196,13 +197,15 @@ async def deliberate_round(
     run_id: str,
     caps: ContextCaps,
     nested: int = 0,
+    settle: Callable[[Sequence[DeliberateSearch]], Sequence[CallRecord]] | None = None,
 ) -> DeliberateRecall:
     """Run one deliberate round for ``searches`` (prepared by the caller); one result each,
     in order.
 
     The round reserves one slot per search plus ``nested`` (the calls that name People). A
     refused round refuses every search; a failing retriever fails only its own search. Ledger
-    failures propagate.
+    failures propagate. ``settle``, when given, turns the searches' outcomes into call records
+    inside a granted round: they are written in the same commit as the round's traces.
     """
     if not searches:
         return DeliberateRecall(searches=())
@@ -235,7 +238,8 @@ async def deliberate_round(
                         key=key,
                     )
                 except RecallBudgetExceeded as exc:
-                    results[position] = DeliberateSearch(refusal=exc.refusal)
+                    results[position] = DeliberateSearch(slot=taken[0] if taken else None,
+                                                         refusal=exc.refusal)
                 except RetrieverFailedError as exc:
                     results[position] = DeliberateSearch(slot=taken[0] if taken else None,
                                                          failure=exc.reason)
@@ -251,6 +255,8 @@ async def deliberate_round(
             async with anyio.create_task_group() as tg:
                 for position in range(len(searches)):
                     tg.start_soon(search_one, position)
+            if settle is not None:
+                permit.record_calls(settle(_settled(results)))
     except RecallBudgetExceeded as exc:
         refusal = exc.refusal
         for position, result in enumerate(results):
@@ -259,8 +265,9 @@ async def deliberate_round(
     # A search left with no outcome ended without one (on Python 3.10 a retriever's own
     # CancelledError cannot be told from a real cancel, and the task group swallows it): it is
     # that call's failure, never a missing result.
-    return DeliberateRecall(
-        searches=tuple(result if result is not None else DeliberateSearch(failure="raised")
-                       for result in results),
-        refusal=refusal,
-    )
+    return DeliberateRecall(searches=_settled(results), refusal=refusal)
+
+
+def _settled(results: Sequence[DeliberateSearch | None]) -> tuple[DeliberateSearch, ...]:
+    return tuple(result if result is not None else DeliberateSearch(failure="raised")
+                 for result in results)

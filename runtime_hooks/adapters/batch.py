@@ -22,7 +22,6 @@ into the next one.
 from __future__ import annotations
 
 import collections
-import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Literal, cast
 
@@ -30,18 +29,17 @@ import anyio
 import attrs
 
 from plugin.control import BudgetRefusal, RefusalReason
+from plugin.control.ledger import CallRecord
 from plugin.errors import InvalidHookArgumentError, InvalidHookArgumentTypeError, RunIdentityError
-from plugin.memory.enforce import Bounded
-from plugin.memory.pipeline import render
 from plugin.memory.state import WorkingState
+from runtime_hooks.calls import canonical_arguments
 from runtime_hooks.hooks import (
-    NOTHING_FOUND,
-    PARTLY_FOUND,
     PreparedContext,
     RecallHooks,
     ToolCall,
     ToolResult,
 )
+from runtime_hooks.replay import replay_call
 
 _Status = Literal["ok", "refused", "invalid", "failed"]
 
@@ -73,28 +71,12 @@ def automatic_mode(value: object) -> AutomaticMode:
     )
 
 
-def _canonical(arguments: Mapping[str, object] | str | None) -> str:
-    """The arguments as one comparable text: JSON objects compare by content, not spelling."""
-    if arguments is None:
-        return "{}"
-    value: object = arguments
-    if isinstance(arguments, str):
-        try:
-            value = json.loads(arguments)
-        except ValueError:
-            return arguments  # not JSON: the raw text is the identity (the hooks reject it)
-    try:
-        return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    except (TypeError, ValueError):
-        return repr(value)
-
-
 CallKey = tuple[str, str]
 
 
 def call_key(call_id: str, arguments: Mapping[str, object] | str | None) -> CallKey:
     """A tool call's identity: its id and its (canonical) arguments."""
-    return call_id, _canonical(arguments)
+    return call_id, canonical_arguments(arguments)
 
 
 @attrs.define(eq=False)
@@ -207,24 +189,10 @@ class RunRecall:
             kept = status if status in ("ok", "refused", "invalid", "failed") else "failed"
             return ToolResult(call_id=call_id, status=cast(_Status, kept), content=content,
                               refusal=self._refusal(record.get("refusal")))
-        checks = await self.hooks.validate_retained(
-            ids, run_id=self.run_id, scope=self.scope, principal=self.principal)
-        valid = [c.evidence for c in checks if c.status == "valid" and c.evidence is not None]
-        unchecked = sum(1 for c in checks if c.status in ("bounded", "not_retained"))
-        rendered = render(valid, self.hooks.caps)
-        bounded: tuple[Bounded, ...] = ()
-        if unchecked:
-            bounded = (Bounded(
-                part="recheck", reason="validation",
-                message=f"Memory recall was bounded: {unchecked} item(s) this search found "
-                        f"before the run was resumed could not be re-checked (the run's "
-                        f"re-check bound is spent). This is not evidence that they are "
-                        f"absent."),)
-        notes = [f"Note: {part.message}" for part in bounded]
-        text = "\n".join([rendered.text or (PARTLY_FOUND if notes else NOTHING_FOUND), *notes])
-        return ToolResult(call_id=call_id, status="ok", content=text,
-                          evidence=tuple(rendered.items), bounded=bounded,
-                          omitted=rendered.omitted)
+        # A search that ran: the one replay path (:func:`runtime_hooks.replay.replay_call`).
+        ran = CallRecord(run_id=self.run_id, call_id=call_id, digest="", status="ok",
+                         evidence_ids=tuple(ids))
+        return await replay_call(self.hooks, ran, scope=self.scope, principal=self.principal)
 
 
 @attrs.define(eq=False)

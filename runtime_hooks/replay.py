@@ -1,0 +1,68 @@
+"""A replayed tool call: the outcome the ledger recorded, never a second search.
+
+A call's identity is (run, call id, canonical arguments). The ledger keeps each dispatched
+call's outcome (:class:`~plugin.control.ledger.CallRecord`); a replay of the identity, in this
+process or another, answers from it:
+
+- a search that ran answers with its evidence re-read under the run's validation bound
+  (:meth:`RecallHooks.validate_retained`, kept in the ledger): what is gone is left out, and
+  what the bound no longer lets be re-checked is said in the bounded wording;
+- a refused call keeps its refusal, a failed one its failure.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from plugin.control import BudgetRefusal, RefusalReason
+from plugin.control.ledger import CallRecord
+from plugin.memory.enforce import Bounded
+from plugin.memory.pipeline import render
+
+from .results import NOTHING_FOUND, PARTLY_FOUND, ToolResult, failure_message
+
+if TYPE_CHECKING:
+    from .hooks import RecallHooks
+
+
+def recorded_refusal(record: CallRecord) -> BudgetRefusal | None:
+    """The typed refusal a record kept, rebuilt (None when its reason is not a refusal's)."""
+    try:
+        reason = RefusalReason(record.reason)
+    except ValueError:
+        return None
+    return BudgetRefusal(reason=reason, run_id=record.run_id, reserved=record.reserved,
+                         executed=record.executed)
+
+
+async def replay_call(
+    hooks: RecallHooks, record: CallRecord, *, scope: str, principal: str
+) -> ToolResult:
+    """The result of a replayed call, from its record; see the module docstring."""
+    if record.status == "refused":
+        refusal = recorded_refusal(record)
+        if refusal is not None:
+            return ToolResult(call_id=record.call_id, status="refused", content=refusal.message,
+                              refusal=refusal)
+    if record.status != "ok":
+        reason = record.reason or "raised"
+        return ToolResult(call_id=record.call_id, status="failed",
+                          content=failure_message(reason), slot=record.slot, failure=reason)
+    checks = (await hooks.validate_retained(
+        list(record.evidence_ids), run_id=record.run_id, scope=scope, principal=principal)
+        if record.evidence_ids else [])
+    valid = [c.evidence for c in checks if c.status == "valid" and c.evidence is not None]
+    unchecked = record.more + sum(1 for c in checks if c.status in ("bounded", "not_retained"))
+    rendered = render(valid, hooks.caps)
+    bounded: tuple[Bounded, ...] = ()
+    if unchecked:
+        bounded = (Bounded(
+            part="recheck", reason="validation",
+            message=f"Memory recall was bounded: {unchecked} item(s) this search found "
+                    f"before could not be re-checked (the run's re-check bound is spent). "
+                    f"This is not evidence that they are absent."),)
+    notes = [f"Note: {part.message}" for part in bounded]
+    text = "\n".join([rendered.text or (PARTLY_FOUND if notes else NOTHING_FOUND), *notes])
+    return ToolResult(call_id=record.call_id, status="ok", content=text, slot=record.slot,
+                      evidence=tuple(rendered.items), bounded=bounded,
+                      omitted=rendered.omitted)
