@@ -1,0 +1,228 @@
+"""Exactly-once tool calls: a dispatched call's outcome lives in the ledger.
+
+A call's identity is (run, call id, canonical arguments). These tests replay calls through
+fresh hooks objects over the same ledger (what another process or a restart sees: nothing but
+the ledger is shared) on SQLite and PostgreSQL, on both loops: a replay never searches, never
+reserves, and answers with the recorded outcome.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from plugin import (
+    AllowancePolicy,
+    Evidence,
+    ManualClock,
+    QueryPlanner,
+    QueryPreparation,
+    RecallAllowance,
+    SimpleRetriever,
+)
+from plugin.control import PostgresLedger, RefusalReason, SqliteLedger
+from plugin.control.ledger import MAX_CALL_EVIDENCE, CallRecord
+from runtime_hooks import RecallHooks, ToolCall
+from runtime_hooks.adapters.batch import RunRecalls
+from runtime_hooks.hooks import SearchCall, call_records
+
+from ._pg import DSN, connect, fresh_schema
+
+pytestmark = pytest.mark.anyio
+
+P, S = "u1", "proj"
+WALL = 1_800_000_000.0
+MEMORIES = {f"m{i}": Evidence(id=f"m{i}", text=f"cutover note {i}", principal=P, scope=S)
+            for i in range(3)}
+
+
+class Counting:
+    """A retriever that counts its searches and re-reads."""
+
+    def __init__(self) -> None:
+        self.searches = 0
+        self.reads = 0
+        self.retriever = SimpleRetriever(self.search, get=self.get)
+
+    async def search(self, request: Any) -> list[Evidence]:
+        self.searches += 1
+        return list(MEMORIES.values())
+
+    async def get(self, evidence_id: str, *, principal: str, scope: str) -> Evidence | None:
+        self.reads += 1
+        return MEMORIES.get(evidence_id)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def ledger_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def opener(ledger_kind: str, tmp_path: Path) -> Iterator[Callable[[], Any]]:
+    """Unopened ledgers over one store: each one is what another process would open."""
+    if ledger_kind == "sqlite":
+        yield lambda: SqliteLedger(tmp_path / "ledger.sqlite3")
+    else:
+        with fresh_schema("calls") as schema:
+            yield lambda: PostgresLedger(DSN, schema=schema, time_source="caller")
+
+
+@contextlib.asynccontextmanager
+async def _hooks(opener: Callable[[], Any], clock: ManualClock, retriever: Counting,
+                 **policy: Any) -> AsyncIterator[RecallHooks]:
+    async with opener() as ledger:
+        allowance = RecallAllowance(ledger, policy=AllowancePolicy(**policy), clock=clock)
+        yield RecallHooks(allowance=allowance, preparer=QueryPreparation(QueryPlanner()),
+                          retriever=retriever.retriever)
+
+
+def _call(call_id: str, query: str = "cutover") -> ToolCall:
+    return ToolCall(call_id=call_id, arguments={"query": query})
+
+
+async def _counts(hooks: RecallHooks, run_id: str) -> tuple[int, int, int]:
+    usage = await hooks.allowance.ledger.usage(run_id)
+    return usage.rounds, usage.reserved, usage.executed
+
+
+async def test_a_replay_in_another_process_answers_from_the_ledger(
+    opener: Callable[[], Any],
+) -> None:
+    clock = ManualClock(wall=WALL, monotonic=1.0)
+    first = Counting()
+    async with _hooks(opener, clock, first) as hooks:
+        (ran,) = await hooks.dispatch([_call("c1")], run_id="r", scope=S, principal=P)
+        assert ran.status == "ok" and [e.id for e in ran.evidence] == ["m0", "m1", "m2"]
+        before = await _counts(hooks, "r")
+    again = Counting()
+    async with _hooks(opener, clock, again) as hooks:
+        # The same call, spelled differently (arguments as JSON text): the same identity.
+        (replayed,) = await hooks.dispatch(
+            [ToolCall(call_id="c1", arguments=' {"query":  "cutover"} ')],
+            run_id="r", scope=S, principal=P)
+        assert replayed.status == "ok" and replayed.slot == ran.slot
+        assert [e.id for e in replayed.evidence] == ["m0", "m1", "m2"]
+        assert await _counts(hooks, "r") == before
+        assert again.searches == 0 and again.reads == 3  # re-read, never searched
+
+
+async def test_a_replay_past_the_validation_bound_says_bounded(
+    opener: Callable[[], Any],
+) -> None:
+    clock = ManualClock(wall=WALL, monotonic=1.0)
+    async with _hooks(opener, clock, Counting()) as hooks:
+        hooks.validation_limit = 2
+        await hooks.dispatch([_call("c1")], run_id="r", scope=S, principal=P)
+    retriever = Counting()
+    async with _hooks(opener, clock, retriever) as hooks:
+        hooks.validation_limit = 2
+        (replayed,) = await hooks.dispatch([_call("c1")], run_id="r", scope=S, principal=P)
+        assert [e.id for e in replayed.evidence] == ["m0", "m1"]
+        assert "bounded" in replayed.content and "not evidence" in replayed.content
+        (spent,) = await hooks.dispatch([_call("c1")], run_id="r", scope=S, principal=P)
+        assert spent.status == "ok" and spent.evidence == ()
+        assert "3 item(s)" in spent.content and "bounded" in spent.content
+        assert retriever.searches == 0
+
+
+async def test_a_refused_call_keeps_its_refusal(opener: Callable[[], Any]) -> None:
+    clock = ManualClock(wall=WALL, monotonic=1.0)
+    async with _hooks(opener, clock, Counting(), max_searches=1, automatic_slots=1) as hooks:
+        results = await hooks.dispatch([_call("c1"), _call("c2", "deploy window")],
+                                       run_id="r", scope=S, principal=P)
+        assert [r.status for r in results] == ["ok", "refused"]
+        await hooks.dispatch([_call("c3")], run_id="r", scope=S, principal=P)  # a refused round
+    retriever = Counting()
+    async with _hooks(opener, clock, retriever, max_searches=1, automatic_slots=1) as hooks:
+        before = await _counts(hooks, "r")
+        two, three = await hooks.dispatch([_call("c2", "deploy window"), _call("c3")],
+                                          run_id="r", scope=S, principal=P)
+        assert (two.status, three.status) == ("refused", "refused")
+        assert two.refusal is not None and two.refusal.reason is RefusalReason.SLOTS
+        assert three.refusal is not None and three.refusal.reason is RefusalReason.SLOTS
+        assert "bounded" in two.content and "not evidence" in two.content
+        assert await _counts(hooks, "r") == before and retriever.searches == 0
+
+
+async def test_a_reused_call_id_with_other_arguments_is_a_new_call(
+    opener: Callable[[], Any],
+) -> None:
+    clock = ManualClock(wall=WALL, monotonic=1.0)
+    retriever = Counting()
+    async with _hooks(opener, clock, retriever) as hooks:
+        (first,) = await hooks.dispatch([_call("c1")], run_id="r", scope=S, principal=P)
+        (other,) = await hooks.dispatch([_call("c1", "deploy window")], run_id="r", scope=S,
+                                        principal=P)
+        assert other.status == "ok" and other.slot != first.slot
+        assert retriever.searches == 2 and (await _counts(hooks, "r"))[1] == 2
+        records = await hooks.allowance.ledger.recorded_calls("r", ["c1"])
+        assert sorted(r.slot for r in records) == sorted([first.slot, other.slot])
+
+
+async def test_a_run_forgotten_by_the_registry_replays_from_the_ledger(
+    opener: Callable[[], Any],
+) -> None:
+    clock = ManualClock(wall=WALL, monotonic=1.0)
+    retriever = Counting()
+    async with _hooks(opener, clock, retriever) as hooks:
+        runs = RunRecalls(hooks, max_runs=1)
+        batch = [_call("c1"), _call("c2", "deploy window")]
+        answered = await runs.get("a", scope=S, principal=P).dispatch_batch(batch)
+        await runs.get("b", scope=S, principal=P).dispatch_batch([_call("c9")])  # evicts "a"
+        before, searches = await _counts(hooks, "a"), retriever.searches
+        again = await runs.get("a", scope=S, principal=P).dispatch_batch(batch)
+        assert [r.status for r in again] == ["ok", "ok"]
+        assert [r.slot for r in again] == [r.slot for r in answered]
+        assert await _counts(hooks, "a") == before and retriever.searches == searches
+
+
+async def _table_rows(ledger: Any) -> int:
+    """Every row of every ledger table (the whole durable footprint)."""
+    tables = ("runs", "rounds", "attempts", "refusals", "retained", "validations",
+              "run_identity", "calls")
+    if isinstance(ledger, SqliteLedger):
+        rows = await ledger._read(" + ".join(f"(SELECT count(*) FROM {t})" for t in tables)
+                                  .join(("SELECT ", "")), {}, "counting")
+        return int(rows[0][0])
+    with connect() as conn:
+        schema = ledger.schema
+        row = conn.execute("SELECT " + " + ".join(
+            f'(SELECT count(*) FROM "{schema}".{t})' for t in tables)).fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+async def test_invalid_calls_with_fresh_run_ids_write_no_rows(
+    opener: Callable[[], Any],
+) -> None:
+    clock = ManualClock(wall=WALL, monotonic=1.0)
+    retriever = Counting()
+    bad = ['{"query": "cutover", "x": 1}', "not json", '{"query": ""}', '{"query": 5}']
+    async with _hooks(opener, clock, retriever) as hooks:
+        for i in range(300):
+            (result,) = await hooks.dispatch(
+                [ToolCall(call_id=f"c{i}", arguments=bad[i % len(bad)])],
+                run_id=f"fresh-{i}", scope=S, principal=P)
+            assert result.status == "invalid"
+        assert await _table_rows(hooks.allowance.ledger) == 0
+        assert retriever.searches == 0
+
+
+async def test_call_records_are_bounded() -> None:
+    from plugin.memory.protocol import ContextCaps
+    from plugin.memory.recall import DeliberateSearch
+    from plugin.memory.rendering import render
+
+    items = [Evidence(id="x" * 1000 + str(i), text="t", principal=P, scope=S)
+             for i in range(MAX_CALL_EVIDENCE + 10)]
+    search = DeliberateSearch(slot=1, rendered=render(items, ContextCaps(
+        max_items=len(items), max_bytes=10**7)))
+    (record,) = call_records("r", [(0, SearchCall(call_id="c", query="q"))], {0: "d"}, [search])
+    assert isinstance(record, CallRecord) and record.status == "ok"
+    assert sum(len(i) + 1 for i in record.evidence_ids) <= 16_384
+    assert len(record.evidence_ids) + record.more == len(items) and record.more > 0
