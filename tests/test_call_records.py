@@ -9,6 +9,9 @@ reserves, and answers with the recorded outcome.
 from __future__ import annotations
 
 import contextlib
+import json
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -226,3 +229,31 @@ async def test_call_records_are_bounded() -> None:
     assert isinstance(record, CallRecord) and record.status == "ok"
     assert sum(len(i) + 1 for i in record.evidence_ids) <= 16_384
     assert len(record.evidence_ids) + record.more == len(items) and record.more > 0
+
+
+@pytest.mark.parametrize("framework", ["pydantic_ai", "openai_agents"])
+def test_an_adapter_replay_in_a_fresh_process_never_searches_again(
+    framework: str, ledger_kind: str, tmp_path: Path,
+) -> None:
+    """Two processes run the same scripted turn (same call ids, same arguments) on one run:
+    the second answers from the ledger, with the first's evidence, and changes no count."""
+    with contextlib.ExitStack() as stack:
+        if ledger_kind == "sqlite":
+            where = [str(tmp_path / "ledger.sqlite3")]
+        else:
+            where = [DSN, stack.enter_context(fresh_schema("replay"))]
+
+        def one_process() -> dict[str, Any]:
+            done = subprocess.run(
+                [sys.executable, "-m", "tests._replay_worker", framework, ledger_kind, *where],
+                capture_output=True, text=True, timeout=120, check=False,
+                cwd=Path(__file__).parent.parent)
+            assert done.returncode == 0, done.stderr[-3000:]
+            return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+        first = one_process()
+        assert first["searches"] == 2 and first["usage"] == [1, 2, 2]
+        assert [status for status, _ in first["calls"].values()] == ["ok", "ok"]
+        second = one_process()
+        assert second["searches"] == 0 and second["usage"] == first["usage"]
+        assert second["calls"] == first["calls"]
