@@ -322,8 +322,10 @@ class MemoryAdmin:
             if call.slot is not None and (call.run_id, call.slot) not in slots:
                 problems.append(f"run {call.run_id}: call {call.call_id} is recorded on slot "
                                 f"{call.slot}, which no executed attempt of the run holds")
-            elif call.slot is None and (call.status != "refused"
-                                        or call.run_id not in refused_runs):
+            elif call.slot is None and call.status != "refused":
+                problems.append(f"run {call.run_id}: call {call.call_id} is recorded as "
+                                f"{call.status} without a slot")
+            elif call.slot is None and call.run_id not in refused_runs:
                 problems.append(f"run {call.run_id}: call {call.call_id} is recorded as "
                                 f"{call.status}, but the run has no refusal")
         return LedgerCheck(backend="memory", location="memory", schema_version=0,

@@ -32,6 +32,7 @@ from plugin.control import (
     Usage,
     Validity,
 )
+from plugin.control.ledger import CallRecord
 from plugin.control.ledger_admin import (
     PRUNED_TABLES,
     LedgerAdmin,
@@ -324,6 +325,31 @@ async def test_check_passes_on_a_sound_ledger(pair: Pair) -> None:
     result = await pair.admin.check()
     assert result.problems == ()
     assert result.ok and result.schema_version == result.expected_version
+
+
+async def test_check_verifies_each_recorded_call_outcome(pair: Pair) -> None:
+    await _populate(pair.ledger)
+
+    def call(run_id: str, call_id: str, status: str, slot: int | None) -> CallRecord:
+        return CallRecord(run_id=run_id, call_id=call_id, digest="d", status=status, slot=slot,
+                          reason=None if status == "ok" else "slots", evidence_ids=("m1",))
+
+    # Sound: an ok call on an executed attempt's slot, a refusal where the run has one.
+    await pair.ledger.record([], [], [call("old", "c1", "ok", 1),
+                                      call("old", "c2", "refused", None)])
+    assert (await pair.admin.check()).problems == ()
+    # Each kind of mismatch: a slot no attempt holds, a search outcome without a slot, a
+    # refusal on a run that was never refused.
+    await pair.ledger.record([], [], [call("mid", "c3", "ok", 2),
+                                      call("mid", "c4", "failed", None),
+                                      call("mid", "c5", "refused", None)])
+    result = await pair.admin.check()
+    assert not result.ok
+    assert set(result.problems) == {
+        "run mid: call c3 is recorded on slot 2, which no executed attempt of the run holds",
+        "run mid: call c4 is recorded as failed without a slot",
+        "run mid: call c5 is recorded as refused, but the run has no refusal",
+    }
 
 
 async def test_check_reports_each_broken_invariant(sql_pair: Pair) -> None:

@@ -190,11 +190,11 @@ def test_check_ok(ledger_file: Path) -> None:
     code, out, _ = cli("ledger", "--ledger", str(ledger_file), "check")
     assert code == 0
     first, checked = out.splitlines()
-    assert first == f"{ledger_file} (sqlite): schema version 4 (expected 4): ok"
+    assert first == f"{ledger_file} (sqlite): schema version 5 (expected 5): ok"
     assert checked.startswith("  checked: storage integrity (PRAGMA integrity_check); ")
     assert "the ledger's invariants" in checked
     document = json.loads(cli("ledger", "--ledger", str(ledger_file), "check", "--json")[1])
-    assert (document["ok"], document["schema_version"], document["problems"]) == (True, 4, [])
+    assert (document["ok"], document["schema_version"], document["problems"]) == (True, 5, [])
     assert document["checked"] == checked.removeprefix("  checked: ").split("; ")
 
 

@@ -94,6 +94,10 @@ def _rows(cur: psycopg.Cursor[Row] | psycopg.AsyncCursor[Row]) -> bool:
 def _pipeline(
     conn: psycopg.Connection[Row], statements: Sequence[tuple[str, Params | None]]
 ) -> list[list[Row]]:
+    if len(statements) == 1:  # one statement is one round trip already: no pipeline's sync
+        ((sql, params),) = statements
+        cur = conn.execute(sql, params)
+        return [cur.fetchall() if _rows(cur) else []]
     with conn.pipeline():
         cursors = [conn.execute(sql, params) for sql, params in statements]
     return [cur.fetchall() if _rows(cur) else [] for cur in cursors]
@@ -118,6 +122,10 @@ class _AsyncSession:
 
     async def pipeline(self, statements: Sequence[tuple[str, Params | None]]) -> list[list[Row]]:
         conn = self._conn
+        if len(statements) == 1:  # one statement is one round trip already: no pipeline's sync
+            ((sql, params),) = statements
+            cur = await conn.execute(sql, params)
+            return [await cur.fetchall() if _rows(cur) else []]
         async with conn.pipeline():
             cursors = [await conn.execute(sql, params) for sql, params in statements]
         return [await cur.fetchall() if _rows(cur) else [] for cur in cursors]

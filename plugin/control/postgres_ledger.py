@@ -140,6 +140,28 @@ $body$
 round, or the refusal, of each, in the order of ``ord``. Called after the batch's locks, so
 every time it reads is current (each query of a volatile function takes a new snapshot)."""
 
+_RESERVE_LONE = """
+CREATE FUNCTION {s}.reserve_lone(p_space int4, p_statement text, p_lock text, p_idle text,
+                                 p_requests jsonb)
+RETURNS TABLE (ord int4, judged float8, executed int8, rounds int8, reserved int8,
+               granted int8, deadline float8, opened float8, reason text,
+               reserved_before int8)
+LANGUAGE plpgsql VOLATILE AS $body$
+BEGIN
+PERFORM set_config('synchronous_commit', 'on', true),
+        set_config('statement_timeout', p_statement, true),
+        set_config('lock_timeout', p_lock, true),
+        set_config('idle_in_transaction_session_timeout', p_idle, true);
+PERFORM pg_advisory_xact_lock(p_space, hashtext(p_requests->0->>'run_id'));
+RETURN QUERY SELECT * FROM {s}.reserve_wave(true, p_requests);
+END
+$body$
+"""
+"""A lone request, judged by the server's clock, in ONE statement (one round trip, its own
+transaction): the transaction's settings, the run's lock, then :data:`_RESERVE_WAVE`. The
+settings it makes apply from there on: the lock wait is bounded by ``lock_timeout`` and the
+commit is synchronous."""
+
 _TYPES = {"text": "text", "real": "float8", "int": "bigint", "bool": "boolean",
           "serial": "bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY"}
 
@@ -162,6 +184,7 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         *(statement for table in TABLES if table.since == CALLS_SINCE
           for statement in create_table(table, _TYPES, prefix="{s}.")),
         "ALTER TABLE {s}.runs ADD COLUMN IF NOT EXISTS pruned boolean NOT NULL DEFAULT false",
+        _RESERVE_LONE,
     ),
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
@@ -189,6 +212,11 @@ _RESERVE = """
 SELECT * FROM {q}reserve_wave(:server::boolean, :requests::jsonb)
 """
 """One wave of a batch (at most one request per run), judged and recorded in ONE statement."""
+
+_RESERVE_ONE = """
+SELECT * FROM {q}reserve_lone(:space::int4, :statement, :lock, :idle, :requests::jsonb)
+"""
+"""A lone request judged by the server's clock: one statement (see :data:`_RESERVE_LONE`)."""
 
 _TABLES = ("recallbound_meta", *PRUNED_TABLES)
 """Every table of a ledger schema."""
@@ -309,6 +337,10 @@ class PostgresLedger(SqlLedger):
         self._min_size, self._max_size = min_size, max_size
         self._connect_timeout = float(connect_timeout)
         self._pool_timeout = float(pool_timeout)
+        self._lone_settings = {
+            "statement": _interval_ms(statement_timeout), "lock": _interval_ms(lock_timeout),
+            "idle": _interval_ms(statement_timeout * 2),
+        }
         self._settings = (
             "SELECT set_config('synchronous_commit', 'on', true), "
             f"set_config('statement_timeout', '{_interval_ms(statement_timeout)}', true), "
@@ -328,6 +360,7 @@ class PostgresLedger(SqlLedger):
             clock=_SERVER_CLOCK if server else None,
         )
         self._reserve_sql = self._dialect.sql(_RESERVE)
+        self._reserve_one_sql = self._dialect.sql(_RESERVE_ONE)
         self._lock_runs_sql = self._dialect.sql(_LOCK_RUNS)
         # Advisory locks on runs live in their own space per schema (two-key locks never meet
         # the one-key lock of schema creation).
@@ -566,6 +599,8 @@ class PostgresLedger(SqlLedger):
         trip; by the callers' clocks, two (the clocks are read after the locks)."""
         outcomes: dict[int, Reservation | BudgetRefusal | BaseException] = {}
         caller = self._time_source == "caller"
+        if not caller and len(batch) == 1:
+            return await self._judge_lone(batch[0], send)
         locks = (self._lock_runs_sql,
                  {"space": self._space, "runs": sorted({r.run_id for r in batch})})
         head: list[tuple[str, Any]] = [(self._settings, None), locks]
@@ -587,22 +622,37 @@ class PostgresLedger(SqlLedger):
         ]
         results = await send(statements)
         for rows in results[len(head):len(head) + len(waves)]:
-            for (i, judged, executed, rounds, reserved, grant, deadline, opened, reason,
-                 reserved_before) in rows:
-                request = batch[i]
-                outcomes[i] = (
-                    BudgetRefusal(reason=RefusalReason(reason), run_id=request.run_id,
-                                  reserved=reserved_before, executed=executed)
-                    if rounds is None else
-                    reservation(request.run_id, request.kind, request.requested, rounds=rounds,
-                                reserved=reserved, grant=grant, executed=executed,
-                                deadline=deadline, opened=opened, judged=judged)
-                )
+            for row in rows:
+                outcomes[row[0]] = _judged(batch[row[0]], row)
         return [outcomes[i] for i in range(len(batch))]
+
+    async def _judge_lone(
+        self, request: ReserveRequest, send: _Send
+    ) -> list[Reservation | BudgetRefusal | BaseException]:
+        """A lone request judged by the server's clock: one statement, one round trip."""
+        try:
+            floor = read_time(request.floor)
+        except BaseException as exc:  # the caller's clock, whatever it raises
+            return [exc]
+        params = {"space": self._space, **self._lone_settings,
+                  "requests": _wave([request], [0], {0: (None, floor)}, True)["requests"]}
+        ((row,),) = await send([(self._reserve_one_sql, params)])
+        return [_judged(request, row)]
 
 
 _Send: TypeAlias = "Callable[[Sequence[tuple[str, Any]]], Awaitable[list[list[Row]]]]"
 """Sends statements to the server, one trip, and returns each one's rows."""
+
+
+def _judged(request: ReserveRequest, row: Row) -> Reservation | BudgetRefusal:
+    """The outcome of one request from its row of the reserving statement."""
+    _, judged, executed, rounds, reserved, grant, deadline, opened, reason, before = row
+    if rounds is None:
+        return BudgetRefusal(reason=RefusalReason(reason), run_id=request.run_id,
+                             reserved=before, executed=executed)
+    return reservation(request.run_id, request.kind, request.requested, rounds=rounds,
+                       reserved=reserved, grant=grant, executed=executed, deadline=deadline,
+                       opened=opened, judged=judged)
 
 
 def _waves(batch: Sequence[ReserveRequest], ready: list[int]) -> list[list[int]]:
