@@ -31,6 +31,7 @@ picks the concrete classes.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from collections.abc import Iterator, Mapping, Sequence
@@ -295,6 +296,27 @@ class RecallHooks:
                 await self._run_calls(valid, results, run_id, scope, principal, digests)
         assert all(result is not None for result in results)
         return [result for result in results if result is not None]
+
+    async def replay(
+        self, calls: Sequence[ToolCall], *, run_id: str, scope: str, principal: str
+    ) -> list[ToolResult | None]:
+        """Answer each call the ledger recorded (same run, id and canonical arguments, in any
+        process) with its recorded outcome; None for a call never dispatched (or invalid).
+
+        Never searches and never reserves: what a tool that finds no stored result asks
+        before it concludes that its call was never dispatched.
+        """
+        scope, principal = self._check(run_id, scope, principal)
+        results: list[ToolResult | None] = [None] * len(calls)
+        valid: list[tuple[int, SearchCall]] = []
+        for index, call in enumerate(calls):
+            with contextlib.suppress(InvalidSearchCallError):
+                valid.append((index, SearchCall.validate(call, scope=scope)))
+        if valid and not self.legacy:
+            await self._bind(run_id, scope, principal)
+            digests = {index: arguments_digest(calls[index].arguments) for index, _ in valid}
+            await self._replay(valid, digests, results, run_id, scope, principal)
+        return results
 
     async def _replay(
         self,

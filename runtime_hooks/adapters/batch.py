@@ -124,6 +124,23 @@ class RunRecall:
                     self._latest[key[0]] = result
         return [self._results[key] for key in keys]
 
+    async def recorded(
+        self, call_id: str, arguments: Mapping[str, object] | str
+    ) -> ToolResult | None:
+        """The stored result of this call, or the outcome the ledger recorded for it in any
+        process (replayed: never searched again); None for a call never dispatched."""
+        key = call_key(call_id, arguments)
+        async with self._lock:
+            if key not in self._results:
+                (result,) = await self.hooks.replay(
+                    [ToolCall(call_id=call_id, arguments=arguments)], run_id=self.run_id,
+                    scope=self.scope, principal=self.principal)
+                if result is None:
+                    return None
+                self._results[key] = result
+                self._latest[call_id] = result
+            return self._results[key]
+
     def result(
         self, call_id: str, arguments: Mapping[str, object] | str | None = None
     ) -> ToolResult | None:

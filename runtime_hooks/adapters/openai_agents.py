@@ -249,12 +249,15 @@ async def _stored(run: RunRecall, call_id: str, arguments: str) -> ToolResult:
     """The stored result of a call; a call this run never dispatched is refused, not searched.
 
     With :class:`RecallRunHooks` installed, a call reaches its tool without a stored result
-    only in a run resumed in a new process (a ``RunState`` restored from JSON): its slot was
-    reserved where the batch ran, and that round's permit is gone. Dispatching it again would
-    reserve it twice. (Without the hooks, e.g. ``RecallRunner.run`` instead of
-    ``AgentsRecall.run``, every call lands here: nothing is searched, and the model is told so.)
+    only in a run resumed in a new process (a ``RunState`` restored from JSON): the ledger
+    recorded its outcome where the batch ran, and it is replayed from there. A call the ledger
+    never recorded is refused (``closed``): dispatching it here would reserve it a second
+    time. (Without the hooks, e.g. ``RecallRunner.run`` instead of ``AgentsRecall.run``, every
+    call lands here: nothing is searched, and the model is told so.)
     """
     result = run.result(call_id, arguments)
+    if result is None:
+        result = await run.recorded(call_id, arguments)
     if result is not None:
         return result
     usage = await run.hooks.allowance.ledger.usage(run.run_id)
