@@ -404,7 +404,8 @@ class RecallHooks:
 
         recall = await deliberate_round(
             self.allowance, self.retriever, prepared, run_id=run_id, caps=self.caps,
-            nested=naming, settle=None if digests is None or self.legacy else settle)
+            nested=naming, settle=None if digests is None or self.legacy else settle,
+            retain_limit=self.max_retained)
         if digests is not None and not self.legacy and not settled:
             # The round itself was refused: each call keeps its refusal.
             await self.allowance.ledger.record(
@@ -435,7 +436,7 @@ class RecallHooks:
                     evidence=rendered.items, notes=search.notes, bounded=bounded,
                     omitted=rendered.omitted, dropped=search.dropped,
                 )
-        if retained:
+        if retained and not settled:  # else retained with the call records, in their commit
             await self.allowance.ledger.retain(run_id, retained, limit=self.max_retained)
 
     # -- retained evidence -----------------------------------------------------------------

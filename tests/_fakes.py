@@ -178,6 +178,8 @@ class MemoryLedger:
         attempts: Sequence[AttemptTrace],
         refusals: Sequence[RefusalRecord],
         calls: Sequence[CallRecord] = (),
+        *,
+        retain_limit: int = 0,
     ) -> None:
         store = self._open()
         for trace in attempts:
@@ -185,6 +187,8 @@ class MemoryLedger:
         self.refused.extend(refusals)
         for call in calls:
             store.calls.setdefault((call.run_id, call.call_id, call.digest), call)
+            if retain_limit > 0 and call.status == "ok":
+                await self.retain(call.run_id, call.evidence_ids, limit=retain_limit)
 
     async def recorded_calls(self, run_id: str, call_ids: Sequence[str]) -> list[CallRecord]:
         wanted = set(call_ids)

@@ -269,10 +269,14 @@ class Ledger(Protocol):
         attempts: Sequence[AttemptTrace],
         refusals: Sequence[RefusalRecord],
         calls: Sequence[CallRecord] = (),
+        *,
+        retain_limit: int = 0,
     ) -> None:
         """Persist attempt traces (a later trace of the same attempt replaces the earlier one),
         refusals and call outcomes, all in one commit. A call's identity is recorded once: a
-        later record of the same identity leaves the first in place."""
+        later record of the same identity leaves the first in place. With ``retain_limit``,
+        the evidence ids of the ``ok`` calls are retained with their run in the same commit,
+        as :meth:`retain` does with that limit."""
         ...
 
     async def recorded_calls(self, run_id: str, call_ids: Sequence[str]) -> list[CallRecord]:

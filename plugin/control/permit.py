@@ -185,6 +185,7 @@ class Permit:
     _traces: dict[str, AttemptTrace] = attrs.field(factory=dict, init=False, repr=False)
     _refusals: list[RefusalRecord] = attrs.field(factory=list, init=False, repr=False)
     _calls: list[CallRecord] = attrs.field(factory=list, init=False, repr=False)
+    _retain_limit: list[int] = attrs.field(factory=list, init=False, repr=False)
     _wall: Callable[[], float] = attrs.field(init=False, repr=False)
     _monotonic: Callable[[], float] = attrs.field(init=False, repr=False)
     _mono_deadline: float = attrs.field(init=False, repr=False)
@@ -399,13 +400,15 @@ class Permit:
 
     # -- traces ------------------------------------------------------------------------------
 
-    def record_calls(self, calls: Sequence[CallRecord]) -> None:
+    def record_calls(self, calls: Sequence[CallRecord], *, retain_limit: int = 0) -> None:
         """Buffer the round's call outcomes: written in the same commit as the round's traces,
-        when its phase ends. Only while the phase runs (``PermitMisuseError`` after)."""
+        when its phase ends, with the ``ok`` calls' evidence retained within ``retain_limit``
+        (see :meth:`Ledger.record`). Only while the phase runs (``PermitMisuseError`` after)."""
         with self._lock:
             if self._flushed:
                 raise PermitMisuseError("call outcomes are recorded before the round ends")
             self._calls.extend(calls)
+            self._retain_limit.append(retain_limit)
 
     async def flush(self) -> None:
         """Write buffered traces and refusals to the ledger (shielded from cancellation).
@@ -428,7 +431,9 @@ class Permit:
             with anyio.CancelScope(shield=True):
                 for delay in _RECORD_RETRIES:
                     try:
-                        await self._ledger.record(list(traces.values()), refusals, calls)
+                        await self._ledger.record(
+                            list(traces.values()), refusals, calls,
+                            retain_limit=max(self._retain_limit, default=0))
                         break
                     except LedgerLockedError:
                         if delay is None:

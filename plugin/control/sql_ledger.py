@@ -440,6 +440,8 @@ class SqlLedger(abc.ABC):
         attempts: Sequence[AttemptTrace],
         refusals: Sequence[RefusalRecord],
         calls: Sequence[CallRecord] = (),
+        *,
+        retain_limit: int = 0,
     ) -> None:
         if not attempts and not refusals and not calls:
             return
@@ -449,7 +451,14 @@ class SqlLedger(abc.ABC):
             (self._sql(_RECORD_REFUSAL), [refusal_row(r) for r in refusals]),
             (self._sql(_RECORD_CALL), [call_row(c) for c in calls]),
         ]
-        await self._writes.submit(("", statements))
+        found: dict[str, list[str]] = {}
+        if retain_limit > 0:
+            for call in calls:
+                if call.status == "ok" and call.evidence_ids:
+                    found.setdefault(call.run_id, []).extend(call.evidence_ids)
+        for run_id in sorted(found):  # the runs' locks in one order, as a batch takes them
+            statements.extend(self._retaining(run_id, found[run_id], retain_limit))
+        await self._writes.submit((min(found, default=""), statements))
 
     async def recorded_calls(self, run_id: str, call_ids: Sequence[str]) -> list[CallRecord]:
         ids = list(dict.fromkeys(call_ids))
@@ -505,11 +514,9 @@ class SqlLedger(abc.ABC):
         )
         return {row[0] for row in rows}
 
-    async def retain(self, run_id: str, evidence_ids: Sequence[str], *, limit: int) -> None:
+    def _retaining(self, run_id: str, evidence_ids: Sequence[str], limit: int) -> Rows:
+        """The statements retaining ``evidence_ids`` with the run (under its lock)."""
         ids = list(dict.fromkeys(evidence_ids))
-        if not ids or limit < 1:
-            return
-
         dialect = self._dialect
         statements: Rows = []
         if dialect.lock_run is not None:
@@ -519,8 +526,13 @@ class SqlLedger(abc.ABC):
             self._sql(retain.replace("{greatest}", dialect.greatest)),
             [{"run_id": run_id, "ids": dialect.ids(ids), "limit": limit}],
         ))
+        return statements
+
+    async def retain(self, run_id: str, evidence_ids: Sequence[str], *, limit: int) -> None:
+        if not evidence_ids or limit < 1:
+            return
         # Group-committed with the trace writes; a batch takes its runs' locks in one order.
-        await self._writes.submit((run_id, statements))
+        await self._writes.submit((run_id, self._retaining(run_id, evidence_ids, limit)))
 
     async def bind_identity(self, run_id: str, *, principal: str, scope: str) -> None:
         identity_arguments(run_id, principal, scope)

@@ -198,6 +198,7 @@ async def deliberate_round(
     caps: ContextCaps,
     nested: int = 0,
     settle: Callable[[Sequence[DeliberateSearch]], Sequence[CallRecord]] | None = None,
+    retain_limit: int = 0,
 ) -> DeliberateRecall:
     """Run one deliberate round for ``searches`` (prepared by the caller); one result each,
     in order.
@@ -205,7 +206,8 @@ async def deliberate_round(
     The round reserves one slot per search plus ``nested`` (the calls that name People). A
     refused round refuses every search; a failing retriever fails only its own search. Ledger
     failures propagate. ``settle``, when given, turns the searches' outcomes into call records
-    inside a granted round: they are written in the same commit as the round's traces.
+    inside a granted round: they are written in the same commit as the round's traces, with
+    the evidence of the ``ok`` calls retained within ``retain_limit``.
     """
     if not searches:
         return DeliberateRecall(searches=())
@@ -256,7 +258,7 @@ async def deliberate_round(
                 for position in range(len(searches)):
                     tg.start_soon(search_one, position)
             if settle is not None:
-                permit.record_calls(settle(_settled(results)))
+                permit.record_calls(settle(_settled(results)), retain_limit=retain_limit)
     except RecallBudgetExceeded as exc:
         refusal = exc.refusal
         for position, result in enumerate(results):
