@@ -17,13 +17,13 @@ from plugin.control import (
     AllowancePolicy,
     AttemptTrace,
     BudgetRefusal,
-    RefusalReason,
     RefusalRecord,
     Reservation,
     RoundKind,
     Usage,
 )
 from plugin.control import ledger as rules
+from plugin.control.headroom import Headroom
 from plugin.control.ledger import (
     CallRecord,
     Validity,
@@ -148,13 +148,10 @@ class MemoryLedger:
             run = self.runs[run_id] = _Run(
                 now_wall, now_wall + policy.deadline_s, policy.max_searches, policy.max_rounds
             )
-        reason = None
-        if run.round_count >= run.max_rounds:
-            reason = RefusalReason.ROUNDS
-        elif run.reserved >= run.max_searches:
-            reason = RefusalReason.SLOTS
-        elif now_wall >= run.deadline:
-            reason = RefusalReason.DEADLINE
+        left = Headroom(rounds=run.round_count, max_rounds=run.max_rounds,
+                        reserved=run.reserved, max_searches=run.max_searches,
+                        deadline_wall=run.deadline)
+        reason = left.refusal(now_wall)
         if reason is not None:
             self.refused.append(RefusalRecord(
                 run_id=run_id, round_index=None, what="round", kind=kind.value, reason=reason,
@@ -162,7 +159,7 @@ class MemoryLedger:
             ))
             return BudgetRefusal(reason=reason, run_id=run_id, reserved=run.reserved,
                                  executed=self._executed(run_id))
-        grant = min(requested, run.max_searches - run.reserved)
+        grant = left.grant(requested)
         first = run.reserved + 1
         reservation = Reservation(
             run_id=run_id, round_index=run.round_count + 1, kind=kind, requested=requested,

@@ -29,6 +29,7 @@ from plugin.errors import (
 
 from . import observe
 from .clock import Clock, FiniteClock, SystemClock, finite_clock
+from .headroom import Headroom
 from .ledger import Ledger, Usage
 from .logs import CONTROL, log_event
 from .permit import LEGACY_SLOTS, Permit, _Binding, _issue_permit, key_digest
@@ -189,12 +190,21 @@ class RecallAllowance:
         validate_run_id(run_id)
         if self.is_legacy:
             return LEGACY_SLOTS
+        return (await self.run_headroom(run_id)).slots(self.clock.wall())
+
+    async def run_headroom(self, run_id: str) -> Headroom:
+        """What ``run_id`` has left under this allowance's policy (rounds, slots, deadline),
+        read from the ledger: the one allowance rule (:class:`~plugin.control.headroom.
+        Headroom`), for anyone who decides what is worth doing before a round. In legacy mode
+        every round and slot is left."""
+        validate_run_id(run_id)
+        if self.is_legacy:
+            return Headroom(rounds=0, max_rounds=LEGACY_SLOTS, reserved=0,
+                            max_searches=LEGACY_SLOTS)
         usage = await self.ledger.usage(run_id)
-        if usage.rounds >= self.policy.max_rounds:
-            return 0
-        if usage.deadline_wall is not None and self.clock.wall() >= usage.deadline_wall:
-            return 0
-        return max(0, self.policy.max_searches - usage.reserved)
+        return Headroom(rounds=usage.rounds, max_rounds=self.policy.max_rounds,
+                        reserved=usage.reserved, max_searches=self.policy.max_searches,
+                        deadline_wall=usage.deadline_wall)
 
     async def usage(self, run_id: str) -> Usage:
         """The run's totals from the ledger."""

@@ -49,13 +49,13 @@ from plugin.errors import (
 
 from . import _postgres
 from ._group import GroupCommit
+from .headroom import REFUSAL_REASON, admits, grant
 from .ledger import Reservation, WallTime, read_time
 from .ledger_admin import PRUNED_TABLES
 from .policy import AllowancePolicy, RoundKind
 from .refusal import BudgetRefusal, RefusalReason
 from .sql_ledger import (
     CALLS_SINCE,
-    REFUSAL_REASON,
     TABLES,
     Dialect,
     ReserveRequest,
@@ -72,6 +72,8 @@ T = TypeVar("T")
 TimeSource = Literal["server", "caller"]
 APPLICATION = "recallbound"
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+_REQUESTED = "(SELECT p.requested FROM p WHERE p.run_id = excluded.run_id)"
 
 _RESERVE_WAVE = """
 CREATE FUNCTION {s}.reserve_wave(p_server boolean, p_requests jsonb)
@@ -108,13 +110,9 @@ WITH req AS MATERIALIZED (
     FROM p ORDER BY p.run_id
     ON CONFLICT (run_id) DO UPDATE SET
         rounds = r.rounds + 1,
-        last_grant = least((SELECT p.requested FROM p WHERE p.run_id = excluded.run_id),
-                           r.max_searches - r.reserved),
-        reserved = r.reserved + least((SELECT p.requested FROM p
-                                       WHERE p.run_id = excluded.run_id),
-                                      r.max_searches - r.reserved)
-    WHERE r.rounds < r.max_rounds AND r.reserved < r.max_searches
-      AND excluded.opened_wall < r.deadline_wall
+        last_grant = """ + grant("r", _REQUESTED, "least") + """,
+        reserved = r.reserved + """ + grant("r", _REQUESTED, "least") + """
+    WHERE """ + admits("r", "excluded.opened_wall") + """
     RETURNING r.run_id, r.rounds, r.reserved, r.last_grant, r.deadline_wall, r.opened_wall
 ), rnd AS (
     INSERT INTO {s}.rounds (run_id, round_index, kind, requested, first_slot, slots, executed,

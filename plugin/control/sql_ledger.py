@@ -126,15 +126,6 @@ class ReserveRequest:
     floor: WallTime
 
 
-REFUSAL_REASON = (
-    "CASE WHEN u.rounds >= u.max_rounds THEN 'rounds' "
-    "WHEN u.reserved >= u.max_searches THEN 'slots' ELSE 'deadline' END"
-)
-"""Why a round of the run in row ``u`` of ``runs`` is refused, first reason first: its
-rounds are used up, else its slots, else (the only other refusal) its deadline passed. Every
-SQL ledger records its refusals through this one expression."""
-
-
 CALLS_SINCE = 6
 """The PostgreSQL schema version that added call records and tombstones (SQLite's is 5)."""
 

@@ -34,11 +34,11 @@ from . import _sqlite
 from ._group import GroupCommit
 from ._sqlite.translate import Family
 from ._sqlite.translate import translate as translate_sqlite
+from .headroom import REFUSAL_REASON, admits, grant
 from .ledger import Reservation, WallTime, read_time
 from .policy import AllowancePolicy, RoundKind
 from .refusal import BudgetRefusal, RefusalReason
 from .sql_ledger import (
-    REFUSAL_REASON,
     TABLES,
     Dialect,
     ReserveRequest,
@@ -77,9 +77,9 @@ VALUES (:run_id, :now, :now + :deadline_s, :max_searches, :max_rounds,
         1, min(:requested, :max_searches), min(:requested, :max_searches))
 ON CONFLICT (run_id) DO UPDATE SET
     rounds = rounds + 1,
-    last_grant = min(:requested, max_searches - reserved),
-    reserved = reserved + min(:requested, max_searches - reserved)
-WHERE rounds < max_rounds AND reserved < max_searches AND :now < deadline_wall
+    last_grant = {grant("runs", ":requested", "min")},
+    reserved = reserved + {grant("runs", ":requested", "min")}
+WHERE {admits("runs", ":now")}
 RETURNING rounds, reserved, last_grant, deadline_wall, opened_wall, {_EXECUTED}
 """
 
