@@ -16,7 +16,13 @@ import anyio
 import pytest
 
 from plugin import PostgresLedger
-from plugin.control import AllowancePolicy, Reservation, RoundKind
+from plugin.control import (
+    AllowancePolicy,
+    BudgetRefusal,
+    RefusalReason,
+    Reservation,
+    RoundKind,
+)
 from plugin.control.ledger_admin import LedgerAdmin
 from plugin.control.postgres_admin import PostgresAdmin
 from plugin.control.postgres_ledger import redact_dsn
@@ -140,7 +146,7 @@ async def test_a_prune_is_one_transaction(schema: str) -> None:
         assert (await _admin(ledger).check()).ok
 
 
-async def test_a_reservation_waits_for_a_prune_of_its_run_then_opens_it_afresh(
+async def test_a_reservation_waits_for_a_prune_of_its_run_then_meets_its_tombstone(
     schema: str,
 ) -> None:
     await _old_run(schema)
@@ -157,7 +163,7 @@ async def test_a_reservation_waits_for_a_prune_of_its_run_then_opens_it_afresh(
                                                           now_wall=WALL + 20, dry_run=False)
 
         async def reserve() -> None:
-            # Past the old deadline: refused if it saw the old run, round 1 if it waited.
+            # Past the old deadline: refused, before the prune or after (its tombstone).
             results["reserve"] = await ledger.reserve("old", AUTO, 2, POLICY, WALL + 30)
 
         with _pg.connect() as holder:
@@ -171,9 +177,9 @@ async def test_a_reservation_waits_for_a_prune_of_its_run_then_opens_it_afresh(
                 holder.execute("COMMIT")
         assert results["prune"].run_ids == ("old",)
         assert results["prune"].rows["retained"] == 1
-        fresh = results["reserve"]
-        assert isinstance(fresh, Reservation)
-        assert (fresh.round_index, fresh.opened_wall, fresh.first_slot) == (1, WALL + 30, 1)
+        refused = results["reserve"]
+        assert isinstance(refused, BudgetRefusal) and refused.reason is RefusalReason.DEADLINE
+        assert (await ledger.usage("old")).rounds == 1  # never opened afresh
         assert (await _admin(ledger).check()).problems == ()
 
 

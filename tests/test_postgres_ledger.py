@@ -31,7 +31,7 @@ from plugin.control import (
     RoundKind,
     current_permit,
 )
-from plugin.control.postgres_ledger import _MIGRATIONS, SCHEMA_VERSION
+from plugin.control._postgres_schema import MIGRATIONS, SCHEMA_VERSION
 from plugin.control.refusal import BudgetRefusal
 from plugin.errors import (
     LedgerConfigError,
@@ -290,7 +290,7 @@ async def test_a_version_1_schema_is_migrated_in_place(schema: str) -> None:
             "NOT NULL)".encode())
         conn.execute(f"INSERT INTO \"{schema}\".recallbound_meta (application, version) "
                      "VALUES ('recallbound', 1)".encode())
-        for statement in _MIGRATIONS[0]:
+        for statement in MIGRATIONS[0]:
             conn.execute(statement.format(s=f'"{schema}"').encode())
         conn.execute(f"INSERT INTO \"{schema}\".runs VALUES ('old', 100, 110, 4, 2, 1, 2, 2)"
                      .encode())

@@ -24,12 +24,11 @@ restarted or too slow is :class:`~plugin.errors.LedgerUnavailableError`, a lock 
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import re
 import zlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Literal, TypeAlias, TypeVar
+from typing import Any, Literal, TypeVar
 
 import anyio
 import psycopg
@@ -43,181 +42,38 @@ from plugin.errors import (
     LedgerCorruptError,
     LedgerError,
     LedgerLockedError,
-    LedgerPathError,
     LedgerUnavailableError,
 )
 
 from . import _postgres
 from ._group import GroupCommit
-from .headroom import REFUSAL_REASON, admits, grant
-from .ledger import Reservation, WallTime, read_time
-from .ledger_admin import PRUNED_TABLES
+from ._postgres_batch import Judge, Send
+from ._postgres_schema import (
+    LOCK_RUN,
+    LOCK_RUNS,
+    RESERVE,
+    RESERVE_ONE,
+    SCHEMA_VERSION,
+    SERVER_CLOCK,
+    inspect_schema,
+    setup_schema,
+)
+from .ledger import Reservation, WallTime
 from .policy import AllowancePolicy, RoundKind
-from .refusal import BudgetRefusal, RefusalReason
-from .sql_ledger import (
-    CALLS_SINCE,
-    TABLES,
+from .refusal import BudgetRefusal
+from .sql_ledger import SqlLedger
+from .sql_schema import (
     Dialect,
     ReserveRequest,
     Row,
     Rows,
     Session,
-    SqlLedger,
-    create_table,
-    reservation,
 )
 
 T = TypeVar("T")
 
 TimeSource = Literal["server", "caller"]
-APPLICATION = "recallbound"
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
-
-_REQUESTED = "(SELECT p.requested FROM p WHERE p.run_id = excluded.run_id)"
-
-_RESERVE_WAVE = """
-CREATE FUNCTION {s}.reserve_wave(p_server boolean, p_requests jsonb)
-RETURNS TABLE (ord int4, judged float8, executed int8, rounds int8, reserved int8,
-               granted int8, deadline float8, opened float8, reason text,
-               reserved_before int8)
-LANGUAGE plpgsql VOLATILE AS $body$
-#variable_conflict use_column
-BEGIN
-RETURN QUERY
-WITH req AS MATERIALIZED (
-    -- times travel as text: JSON has no infinity (a floor of -inf is the usual one)
-    SELECT t.ord, t.run_id, t.kind, t.requested, t.deadline_s::float8 AS deadline_s,
-           t.max_searches, t.max_rounds, t.now::float8 AS now, t.floor::float8 AS floor
-    FROM jsonb_to_recordset(p_requests) AS t(ord int4, run_id text, kind text, requested int8,
-        deadline_s text, max_searches int8, max_rounds int8, now text, floor text)
-), p AS MATERIALIZED (
-    SELECT req.ord, req.run_id, req.kind, req.requested, req.deadline_s, req.max_searches,
-           req.max_rounds,
-           greatest(CASE WHEN p_server THEN extract(epoch FROM clock_timestamp())::float8
-                         ELSE req.now END, req.floor) AS now
-    FROM req
-), cur AS MATERIALIZED (
-    SELECT u.run_id, u.reserved, """ + REFUSAL_REASON + """ AS reason
-    FROM {s}.runs u WHERE u.run_id IN (SELECT req.run_id FROM req)
-), exe AS MATERIALIZED (
-    SELECT a.run_id, count(*) AS n FROM {s}.attempts a
-    WHERE a.run_id IN (SELECT req.run_id FROM req) AND a.legacy = false GROUP BY a.run_id
-), up AS (
-    INSERT INTO {s}.runs AS r (run_id, opened_wall, deadline_wall, max_searches, max_rounds,
-                               rounds, reserved, last_grant)
-    SELECT p.run_id, p.now, p.now + p.deadline_s, p.max_searches, p.max_rounds,
-           1, least(p.requested, p.max_searches), least(p.requested, p.max_searches)
-    FROM p ORDER BY p.run_id
-    ON CONFLICT (run_id) DO UPDATE SET
-        rounds = r.rounds + 1,
-        last_grant = """ + grant("r", _REQUESTED, "least") + """,
-        reserved = r.reserved + """ + grant("r", _REQUESTED, "least") + """
-    WHERE """ + admits("r", "excluded.opened_wall") + """
-    RETURNING r.run_id, r.rounds, r.reserved, r.last_grant, r.deadline_wall, r.opened_wall
-), rnd AS (
-    INSERT INTO {s}.rounds (run_id, round_index, kind, requested, first_slot, slots, executed,
-                            reserved_wall)
-    SELECT p.run_id, up.rounds, p.kind, p.requested, up.reserved - up.last_grant + 1,
-           up.last_grant, coalesce(exe.n, 0), p.now
-    FROM p JOIN up ON up.run_id = p.run_id LEFT JOIN exe ON exe.run_id = p.run_id
-), ref AS (
-    INSERT INTO {s}.refusals (run_id, round_index, what, kind, reason, at_wall)
-    SELECT p.run_id, NULL, 'round', p.kind, cur.reason, p.now
-    FROM p JOIN cur ON cur.run_id = p.run_id
-    WHERE NOT EXISTS (SELECT FROM up WHERE up.run_id = p.run_id)
-)
-SELECT p.ord, p.now, coalesce(exe.n, 0)::int8, up.rounds, up.reserved, up.last_grant,
-       up.deadline_wall, up.opened_wall, cur.reason, cur.reserved
-FROM p LEFT JOIN exe ON exe.run_id = p.run_id LEFT JOIN up ON up.run_id = p.run_id
-       LEFT JOIN cur ON cur.run_id = p.run_id
-ORDER BY p.ord;
-END
-$body$
-"""
-"""One wave of a batch judged and recorded in one statement over arrays of requests: the
-round, or the refusal, of each, in the order of ``ord``. Called after the batch's locks, so
-every time it reads is current (each query of a volatile function takes a new snapshot)."""
-
-_RESERVE_LONE = """
-CREATE FUNCTION {s}.reserve_lone(p_space int4, p_statement text, p_lock text, p_idle text,
-                                 p_requests jsonb)
-RETURNS TABLE (ord int4, judged float8, executed int8, rounds int8, reserved int8,
-               granted int8, deadline float8, opened float8, reason text,
-               reserved_before int8)
-LANGUAGE plpgsql VOLATILE AS $body$
-BEGIN
-PERFORM set_config('synchronous_commit', 'on', true),
-        set_config('statement_timeout', p_statement, true),
-        set_config('lock_timeout', p_lock, true),
-        set_config('idle_in_transaction_session_timeout', p_idle, true);
-PERFORM pg_advisory_xact_lock(p_space, hashtext(p_requests->0->>'run_id'));
-RETURN QUERY SELECT * FROM {s}.reserve_wave(true, p_requests);
-END
-$body$
-"""
-"""A lone request, judged by the server's clock, in ONE statement (one round trip, its own
-transaction): the transaction's settings, the run's lock, then :data:`_RESERVE_WAVE`. The
-settings it makes apply from there on: the lock wait is bounded by ``lock_timeout`` and the
-commit is synchronous."""
-
-_TYPES = {"text": "text", "real": "float8", "int": "bigint", "bool": "boolean",
-          "serial": "bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY"}
-
-_MIGRATIONS: tuple[tuple[str, ...], ...] = (
-    # versions 1 to 3, the ledger's tables by the version that added them: 1 runs, rounds,
-    # attempts, refusals; 2 retained evidence and its re-check bound; 3 each run bound to the
-    # principal and scope of its first use
-    *(
-        tuple(statement for table in TABLES if table.since == version
-              for statement in create_table(table, _TYPES, prefix="{s}."))
-        for version in (1, 2, 3)
-    ),
-    # version 4: the reserving statement, kept in the schema (its plan is cached per server
-    # connection, where a client-side prepared statement would not survive a transaction pooler)
-    (_RESERVE_WAVE,),
-    # version 5: each attempt counts the evidence dropped for naming another principal or scope
-    ("ALTER TABLE {s}.attempts ADD COLUMN IF NOT EXISTS dropped bigint NOT NULL DEFAULT 0",),
-    # version 6: each dispatched call's outcome, and tombstones (a pruned run keeps its row)
-    (
-        *(statement for table in TABLES if table.since == CALLS_SINCE
-          for statement in create_table(table, _TYPES, prefix="{s}.")),
-        "ALTER TABLE {s}.runs ADD COLUMN IF NOT EXISTS pruned boolean NOT NULL DEFAULT false",
-        _RESERVE_LONE,
-    ),
-)
-SCHEMA_VERSION = len(_MIGRATIONS)
-"""The schema version this code writes; older versions are migrated in place at open."""
-
-_META = """CREATE TABLE {s}.recallbound_meta (
-    singleton   boolean PRIMARY KEY DEFAULT true CHECK (singleton),
-    application text NOT NULL,
-    version     integer NOT NULL)"""
-
-_SERVER_CLOCK = "extract(epoch FROM clock_timestamp())::float8"
-"""The server's clock, read when the statement evaluates it (after any lock wait before it)."""
-
-_LOCK_RUN = "SELECT pg_advisory_xact_lock(:space::int4, hashtext(:run_id))"
-
-_LOCK_RUNS = """
-SELECT count(pg_advisory_xact_lock(:space::int4, hashtext(r)))
-FROM (SELECT DISTINCT r COLLATE "C" AS r FROM unnest(:runs::text[]) AS r ORDER BY 1 OFFSET 0)
-    AS ordered
-"""
-"""The per-run locks of a batch, taken in one order, by run id byte-wise (as a batch of writes
-orders its runs), so that two workers' batches never wait for each other in a cycle."""
-
-_RESERVE = """
-SELECT * FROM {q}reserve_wave(:server::boolean, :requests::jsonb)
-"""
-"""One wave of a batch (at most one request per run), judged and recorded in ONE statement."""
-
-_RESERVE_ONE = """
-SELECT * FROM {q}reserve_lone(:space::int4, :statement, :lock, :idle, :requests::jsonb)
-"""
-"""A lone request judged by the server's clock: one statement (see :data:`_RESERVE_LONE`)."""
-
-_TABLES = ("recallbound_meta", *PRUNED_TABLES)
-"""Every table of a ledger schema."""
 
 
 _URL_PASSWORD = re.compile(r"(://[^:/@?#]*:)[^@/?#]*@")
@@ -335,7 +191,7 @@ class PostgresLedger(SqlLedger):
         self._min_size, self._max_size = min_size, max_size
         self._connect_timeout = float(connect_timeout)
         self._pool_timeout = float(pool_timeout)
-        self._lone_settings = {
+        lone_settings = {
             "statement": _interval_ms(statement_timeout), "lock": _interval_ms(lock_timeout),
             "idle": _interval_ms(statement_timeout * 2),
         }
@@ -354,15 +210,16 @@ class PostgresLedger(SqlLedger):
         self._dialect = Dialect(
             name="postgresql", prefix=quoted + ".", pyformat=True, id_list="= ANY(:{name})",
             id_rows="unnest(:{name}::text[]) WITH ORDINALITY AS j(value, key)", greatest="greatest",
-            lock_run=_LOCK_RUN, for_update=" FOR UPDATE", binary_order=' COLLATE "C"',
-            clock=_SERVER_CLOCK if server else None,
+            lock_run=LOCK_RUN, for_update=" FOR UPDATE", binary_order=' COLLATE "C"',
+            clock=SERVER_CLOCK if server else None,
         )
-        self._reserve_sql = self._dialect.sql(_RESERVE)
-        self._reserve_one_sql = self._dialect.sql(_RESERVE_ONE)
-        self._lock_runs_sql = self._dialect.sql(_LOCK_RUNS)
         # Advisory locks on runs live in their own space per schema (two-key locks never meet
         # the one-key lock of schema creation).
         self._space = zlib.crc32(schema.encode()) - 2**31
+        self._judge = Judge(
+            settings=self._settings, lone_settings=lone_settings, space=self._space,
+            caller=time_source == "caller", reserve=self._dialect.sql(RESERVE),
+            reserve_one=self._dialect.sql(RESERVE_ONE), lock_runs=self._dialect.sql(LOCK_RUNS))
         self._driver: _postgres.Driver | None = None
         super().__init__()
         self._group: GroupCommit[ReserveRequest, Reservation | BudgetRefusal] = GroupCommit(
@@ -405,45 +262,7 @@ class PostgresLedger(SqlLedger):
             raise
 
     async def _setup(self, s: Session) -> None:
-        q = self._q
-        await s.fetchall("SELECT pg_advisory_xact_lock(hashtext(%(key)s)::bigint)",
-                         {"key": f"recallbound schema {self._schema}"})
-        ((relations, has_meta),) = await s.fetchall(
-            "SELECT (SELECT count(*) FROM pg_class c JOIN pg_namespace n "
-            "ON n.oid = c.relnamespace WHERE n.nspname = %(n)s), "
-            "to_regclass(%(meta)s) IS NOT NULL",
-            {"n": self._schema, "meta": f"{q}.recallbound_meta"},
-        )
-        if has_meta:
-            ((application, version),) = await s.fetchall(
-                f"SELECT application, version FROM {q}.recallbound_meta", {})
-            if application != APPLICATION:
-                raise LedgerCorruptError(f"schema {self._schema!r} is not a recallbound ledger")
-            if version > SCHEMA_VERSION:
-                raise LedgerCorruptError(
-                    f"ledger schema {self._schema!r} has version {version}; "
-                    f"this recallbound reads version {SCHEMA_VERSION}"
-                )
-        elif relations:
-            raise LedgerCorruptError(
-                f"schema {self._schema!r} holds other tables and is not a recallbound ledger"
-            )
-        elif not self._create:
-            raise LedgerPathError(
-                f"no recallbound ledger in schema {self._schema!r} of this database")
-        else:
-            version = 0
-            await s.fetchall(f"CREATE SCHEMA IF NOT EXISTS {q}", {})
-            await s.fetchall(_META.format(s=q), {})
-            await s.fetchall(
-                f"INSERT INTO {q}.recallbound_meta (application, version) VALUES (%(a)s, 0)",
-                {"a": APPLICATION})
-        for step in _MIGRATIONS[version:]:
-            for statement in step:
-                await s.fetchall(statement.format(s=q), {})
-        if version < SCHEMA_VERSION:
-            await s.fetchall(f"UPDATE {q}.recallbound_meta SET version = %(v)s",
-                             {"v": SCHEMA_VERSION})
+        await setup_schema(s, self._schema, create=self._create)
 
     async def aclose(self) -> None:
         """Close the pool; idempotent."""
@@ -516,24 +335,7 @@ class PostgresLedger(SqlLedger):
         return {"run_id": run_id, "space": self._space}
 
     async def _inspect_storage(self, session: Session, problems: list[str]) -> tuple[int, bool]:
-        q = self._q
-        ((*present,),) = await session.fetchall(
-            "SELECT " + ", ".join(f"to_regclass('{q}.{t}') IS NOT NULL" for t in _TABLES), {})
-        missing = [table for table, there in zip(_TABLES, present, strict=True) if not there]
-        if missing:
-            problems.append(f"missing table(s): {', '.join(missing)}")
-        version = -1
-        if "recallbound_meta" not in missing:
-            meta = await session.fetchall(f"SELECT application, version FROM {q}.recallbound_meta",
-                                          {})
-            if len(meta) != 1:
-                problems.append(f"the schema's meta table holds {len(meta)} rows, not 1")
-            else:
-                ((application, version),) = meta
-                if application != APPLICATION:
-                    problems.append(f"application {application!r} is not a recallbound "
-                                    "ledger's")
-        return int(version), not missing
+        return await inspect_schema(session, self._schema, problems)
 
     # -- reserving: group commit, one statement per wave -------------------------------------
 
@@ -560,8 +362,8 @@ class PostgresLedger(SqlLedger):
                  else f"reserving {len(batch)} rounds")
         try:
             if self._time_source == "server":
-                return await self._judge(batch, self._one_trip(where))
-            return await self._session(lambda s: self._judge(batch, s.pipeline), where)
+                return await self._judge.judge(batch, self._one_trip(where))
+            return await self._session(lambda s: self._judge.judge(batch, s.pipeline), where)
         except (LedgerUnavailableError, LedgerLockedError):
             raise  # the server, not one request: every request of the batch fails with it
         except Exception:  # a statement, or a value the driver cannot take
@@ -577,7 +379,7 @@ class PostgresLedger(SqlLedger):
                 outcomes.append(exc)
         return outcomes
 
-    def _one_trip(self, where: str) -> _Send:
+    def _one_trip(self, where: str) -> Send:
         """Send a whole transaction: a connection checked out, the statements, back (on trio,
         one hop to a worker thread); errors typed."""
         driver = self._connected()
@@ -589,96 +391,3 @@ class PostgresLedger(SqlLedger):
                 raise _translate(exc, where, self._secret) from exc
 
         return send
-
-    async def _judge(
-        self, batch: Sequence[ReserveRequest], send: _Send
-    ) -> list[Reservation | BudgetRefusal | BaseException]:
-        """The batch's transaction through ``send``: the run locks, the waves, ``COMMIT`` in one
-        trip; by the callers' clocks, two (the clocks are read after the locks)."""
-        outcomes: dict[int, Reservation | BudgetRefusal | BaseException] = {}
-        caller = self._time_source == "caller"
-        if not caller and len(batch) == 1:
-            return await self._judge_lone(batch[0], send)
-        locks = (self._lock_runs_sql,
-                 {"space": self._space, "runs": sorted({r.run_id for r in batch})})
-        head: list[tuple[str, Any]] = [(self._settings, None), locks]
-        tail: list[tuple[str, Any]] = []
-        if caller:
-            # Two trips: an explicit transaction across them; the clocks are read between.
-            await send([("BEGIN", None), *head])
-            head, tail = [], [("COMMIT", None)]
-        times: dict[int, tuple[float | None, float]] = {}
-        for i, request in enumerate(batch):
-            try:
-                times[i] = (read_time(request.now) if caller else None, read_time(request.floor))
-            except BaseException as exc:  # that caller's clock, whatever it raises: alone
-                outcomes[i] = exc
-        waves = _waves(batch, list(times))
-        statements = [
-            *head, *((self._reserve_sql, _wave(batch, wave, times, not caller)) for wave in waves),
-            *tail,
-        ]
-        results = await send(statements)
-        for rows in results[len(head):len(head) + len(waves)]:
-            for row in rows:
-                outcomes[row[0]] = _judged(batch[row[0]], row)
-        return [outcomes[i] for i in range(len(batch))]
-
-    async def _judge_lone(
-        self, request: ReserveRequest, send: _Send
-    ) -> list[Reservation | BudgetRefusal | BaseException]:
-        """A lone request judged by the server's clock: one statement, one round trip."""
-        try:
-            floor = read_time(request.floor)
-        except BaseException as exc:  # the caller's clock, whatever it raises
-            return [exc]
-        params = {"space": self._space, **self._lone_settings,
-                  "requests": _wave([request], [0], {0: (None, floor)}, True)["requests"]}
-        ((row,),) = await send([(self._reserve_one_sql, params)])
-        return [_judged(request, row)]
-
-
-_Send: TypeAlias = "Callable[[Sequence[tuple[str, Any]]], Awaitable[list[list[Row]]]]"
-"""Sends statements to the server, one trip, and returns each one's rows."""
-
-
-def _judged(request: ReserveRequest, row: Row) -> Reservation | BudgetRefusal:
-    """The outcome of one request from its row of the reserving statement."""
-    _, judged, executed, rounds, reserved, grant, deadline, opened, reason, before = row
-    if rounds is None:
-        return BudgetRefusal(reason=RefusalReason(reason), run_id=request.run_id,
-                             reserved=before, executed=executed)
-    return reservation(request.run_id, request.kind, request.requested, rounds=rounds,
-                       reserved=reserved, grant=grant, executed=executed, deadline=deadline,
-                       opened=opened, judged=judged)
-
-
-def _waves(batch: Sequence[ReserveRequest], ready: list[int]) -> list[list[int]]:
-    """``ready`` (indexes into ``batch``) in waves of at most one request per run, each run's
-    requests in their order: a wave's statement sees the waves before it."""
-    waves: list[list[int]] = []
-    seen: dict[str, int] = {}
-    for i in ready:
-        k = seen.get(batch[i].run_id, 0)
-        seen[batch[i].run_id] = k + 1
-        if k == len(waves):
-            waves.append([])
-        waves[k].append(i)
-    return waves
-
-
-def _wave(batch: Sequence[ReserveRequest], wave: list[int],
-          times: Mapping[int, tuple[float | None, float]], server: bool) -> dict[str, Any]:
-    """The parameters of one wave's statement: its requests as one JSON array (one value to
-    send instead of ten arrays), times as exact text (``repr``; ``-inf`` and ``inf`` too)."""
-    requests = []
-    for i in wave:
-        request, (now, floor) = batch[i], times[i]
-        policy = request.policy
-        requests.append({
-            "ord": i, "run_id": request.run_id, "kind": request.kind.value,
-            "requested": request.requested, "deadline_s": repr(float(policy.deadline_s)),
-            "max_searches": policy.max_searches, "max_rounds": policy.max_rounds,
-            "now": None if now is None else repr(float(now)), "floor": repr(float(floor)),
-        })
-    return {"server": server, "requests": json.dumps(requests)}

@@ -1,8 +1,9 @@
 """The one :class:`~plugin.control.ledger_admin.LedgerAdmin` of the SQL ledgers.
 
-It runs on the ledger's own statements and transactions (:class:`SqlLedger`): a prune never
-interleaves with a reservation of this process, and the database's locks keep other processes
-out while it runs.
+It runs on the ledger's own statements and transactions (what
+:class:`~plugin.control.sql_schema.SqlStorage` names of a ledger): a prune never interleaves
+with a reservation of this process, and the database's locks keep other processes out while
+it runs.
 
 - **Prune** is one transaction that chooses the runs and removes every trace of them but a
   tombstone: the run's own ``runs`` row, marked ``pruned``. A later reservation of a pruned
@@ -29,7 +30,7 @@ import attrs
 from plugin.errors import InvalidRunIdError, LedgerCorruptError
 
 from .ledger_admin import PRUNED_TABLES, LedgerCheck, PruneReport, RunSummary, check_limit
-from .sql_ledger import EXECUTED, Session, SqlLedger
+from .sql_schema import EXECUTED, Session, SqlStorage
 
 _SUMMARY = (
     "SELECT u.run_id, u.opened_wall, u.deadline_wall, u.rounds, u.max_rounds, u.reserved, "
@@ -154,7 +155,7 @@ _INVARIANTS_CHECKED = "the ledger's invariants ({})".format(
 class SqlAdmin:
     """Admin queries over an opened :class:`~plugin.control.sql_ledger.SqlLedger`."""
 
-    ledger: SqlLedger
+    ledger: SqlStorage
 
     async def runs(self, *, limit: int) -> list[RunSummary]:
         check_limit(limit)

@@ -16,15 +16,11 @@ table name; the :class:`Dialect` turns it into what the driver expects.
 from __future__ import annotations
 
 import abc
-import functools
-import json
-import re
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias, TypeVar
+from typing import Any, TypeVar
 
 import anyio
-import attrs
 
 from plugin.errors import LedgerError, LedgerLockedError, LedgerUnavailableError
 
@@ -38,294 +34,38 @@ from .ledger import (
     Reservation,
     Usage,
     Validity,
-    WallTime,
     check_identity,
     grant_validations,
     identity_arguments,
 )
-from .policy import AllowancePolicy, RoundKind
+from .ledger_admin import LedgerAdmin
+from .policy import RoundKind
 from .refusal import RefusalReason
-
-if TYPE_CHECKING:
-    from .ledger_admin import LedgerAdmin
+from .sql_admin import SqlAdmin
+from .sql_rows import (
+    _ATTEMPTS,
+    _BIND,
+    _BOUND,
+    _CALLS,
+    _RECORD_ATTEMPT,
+    _RECORD_CALL,
+    _RECORD_REFUSAL,
+    _REFUSALS,
+    _RESERVATIONS,
+    _RETAIN,
+    _RETAINED_AMONG,
+    _SET_USED,
+    _USAGE,
+    _USED,
+    attempt_row,
+    call_record,
+    call_row,
+    refusal_row,
+)
+from .sql_schema import Dialect, Row, Rows, Session
 
 T = TypeVar("T")
-Row: TypeAlias = "tuple[Any, ...]"
-Rows: TypeAlias = "list[tuple[str, Sequence[Mapping[str, Any]]]]"
-"""Statements to run once per row of theirs, in one transaction."""
 Self = TypeVar("Self", bound="SqlLedger")
-
-_NAMED = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
-
-
-class Session(Protocol):
-    """A connection held for one read or one transaction."""
-
-    async def fetchall(self, sql: str, params: Mapping[str, Any]) -> list[Row]:
-        """Execute one statement and return its rows (none for a statement without rows)."""
-        ...
-
-    async def executemany(self, sql: str, rows: Iterable[Mapping[str, Any]]) -> None:
-        """Execute one statement once per parameter set."""
-        ...
-
-
-@functools.lru_cache(maxsize=512)
-def _render(template: str, prefix: str, pyformat: bool) -> str:
-    sql = template.replace("{q}", prefix)
-    return _NAMED.sub(r"%(\1)s", sql) if pyformat else sql
-
-
-@attrs.frozen(kw_only=True)
-class Dialect:
-    """What differs between the SQL of two databases, and nothing else."""
-
-    name: Literal["sqlite", "postgresql"]
-    prefix: str = ""
-    """Put before every table name: ``""`` or a quoted schema and a dot."""
-    pyformat: bool = False
-    """Parameters as ``%(name)s`` (psycopg) instead of ``:name`` (sqlite3)."""
-    id_list: str = "IN (SELECT value FROM json_each(:{name}))"
-    """Membership in a list parameter called ``name``."""
-    lock_run: str | None = None
-    """A statement taking the per-run lock on ``:run_id`` for the transaction, if the database
-    has one (SQLite's write lock already covers the whole file)."""
-    for_update: str = ""
-    """Appended to a ``SELECT`` of ``runs`` rows to lock them for the transaction."""
-    id_rows: str = "json_each(:{name}) AS j"
-    """The list parameter ``name`` as a table ``j`` of ``(value, key)``, ``key`` its order."""
-    greatest: str = "max"
-    """The larger-of-several function."""
-    binary_order: str = ""
-    """Appended to an ``ORDER BY`` of run ids so that they sort byte-wise."""
-    clock: str | None = None
-    """An SQL expression of the database's own clock (epoch seconds), when it judges by it."""
-
-    def sql(self, template: str) -> str:
-        """``template`` for this database: ``{q}`` and ``:name`` placeholders rendered."""
-        return _render(template, self.prefix, self.pyformat)
-
-    def in_ids(self, name: str) -> str:
-        """``IN``-list membership in the list parameter ``name`` (see :meth:`ids`)."""
-        return self.id_list.format(name=name)
-
-    def ids(self, values: Sequence[str]) -> Any:
-        """The parameter value of an id list."""
-        return list(values) if self.pyformat else json.dumps(list(values))
-
-
-@attrs.frozen
-class ReserveRequest:
-    """One call of ``reserve``, waiting for its batch."""
-
-    run_id: str
-    kind: RoundKind
-    requested: int
-    policy: AllowancePolicy
-    now: WallTime
-    floor: WallTime
-
-
-CALLS_SINCE = 6
-"""The PostgreSQL schema version that added call records and tombstones (SQLite's is 5)."""
-
-
-@attrs.frozen
-class Table:
-    """One table of a ledger, written once for every database (see :func:`create_table`)."""
-
-    name: str
-    columns: tuple[str, ...]
-    """Column and constraint definitions; ``{text}``, ``{real}``, ``{int}``, ``{bool}`` and
-    ``{serial}`` (an auto-numbered primary key) stand for the database's types."""
-    since: int
-    """The schema version that added it."""
-    indexes: tuple[tuple[str, str], ...] = ()
-    """(name, column list) of its indexes."""
-
-
-TABLES = (
-    Table("runs", (
-        "run_id {text} PRIMARY KEY", "opened_wall {real} NOT NULL",
-        "deadline_wall {real} NOT NULL", "max_searches {int} NOT NULL",
-        "max_rounds {int} NOT NULL", "rounds {int} NOT NULL", "reserved {int} NOT NULL",
-        "last_grant {int} NOT NULL", "pruned {bool} NOT NULL DEFAULT false"), since=1),
-    Table("rounds", (
-        "run_id {text} NOT NULL", "round_index {int} NOT NULL", "kind {text} NOT NULL",
-        "requested {int} NOT NULL", "first_slot {int} NOT NULL", "slots {int} NOT NULL",
-        "executed {int} NOT NULL", "reserved_wall {real} NOT NULL",
-        "PRIMARY KEY (run_id, round_index)"), since=1),
-    Table("attempts", (
-        "attempt_id {text} PRIMARY KEY", "run_id {text} NOT NULL",
-        "round_index {int} NOT NULL", "slot {int} NOT NULL", "kind {text} NOT NULL",
-        "strategy {text}", "fingerprint {text}", "outcome {text} NOT NULL",
-        "started_wall {real} NOT NULL", "elapsed_s {real}", "legacy {bool} NOT NULL",
-        "dropped {int} NOT NULL DEFAULT 0"),
-        since=1, indexes=(("attempts_by_run", "run_id, legacy"),)),
-    Table("refusals", (
-        "id {serial}", "run_id {text} NOT NULL", "round_index {int}", "what {text} NOT NULL",
-        "kind {text} NOT NULL", "reason {text} NOT NULL", "at_wall {real} NOT NULL"),
-        since=1, indexes=(("refusals_by_run", "run_id"),)),
-    Table("retained", (
-        "run_id {text} NOT NULL", "evidence_id {text} NOT NULL",
-        "PRIMARY KEY (run_id, evidence_id)"), since=2),
-    Table("validations", ("run_id {text} PRIMARY KEY", "used {int} NOT NULL"), since=2),
-    Table("run_identity", (
-        "run_id {text} PRIMARY KEY", "principal {text} NOT NULL", "scope {text} NOT NULL"),
-        since=3),
-    Table("calls", (
-        "run_id {text} NOT NULL", "call_id {text} NOT NULL", "digest {text} NOT NULL",
-        "status {text} NOT NULL", "slot {int}", "reason {text}", "evidence {text} NOT NULL",
-        "more {int} NOT NULL", "reserved {int} NOT NULL", "executed {int} NOT NULL",
-        "PRIMARY KEY (run_id, call_id, digest)"), since=CALLS_SINCE),
-)
-"""Every table of a ledger, the same on every database. A run's ``pruned`` flag marks its
-``runs`` row as the tombstone a prune leaves (see :mod:`plugin.control.sql_admin`)."""
-
-
-def create_table(table: Table, types: Mapping[str, str], *, prefix: str = "",
-                 if_not_exists: bool = False, suffix: str = "") -> list[str]:
-    """The statements creating ``table`` (and its indexes) with the database's ``types``."""
-    exists = " IF NOT EXISTS" if if_not_exists else ""
-    columns = ",\n    ".join(column.format(**types) for column in table.columns)
-    return [
-        f"CREATE TABLE{exists} {prefix}{table.name} (\n    {columns}){suffix}",
-        *(f"CREATE INDEX{exists} {name} ON {prefix}{table.name} ({keys})"
-          for name, keys in table.indexes),
-    ]
-
-
-# -- the shared statements --------------------------------------------------------------------
-
-EXECUTED = "(SELECT count(*) FROM {q}attempts a WHERE a.run_id = u.run_id AND a.legacy = false)"
-"""A run's executed attempts (legacy ones excluded), for a row ``u`` of ``runs``."""
-
-_RECORD_ATTEMPT = """
-INSERT INTO {q}attempts (attempt_id, run_id, round_index, slot, kind, strategy, fingerprint,
-                         outcome, started_wall, elapsed_s, legacy, dropped)
-VALUES (:attempt_id, :run_id, :round_index, :slot, :kind, :strategy, :fingerprint, :outcome,
-        :started_wall, :elapsed_s, :legacy, :dropped)
-ON CONFLICT (attempt_id) DO UPDATE SET outcome = excluded.outcome, elapsed_s = excluded.elapsed_s,
-                                       dropped = excluded.dropped
-"""
-
-_RECORD_REFUSAL = """
-INSERT INTO {q}refusals (run_id, round_index, what, kind, reason, at_wall)
-VALUES (:run_id, :round_index, :what, :kind, :reason, :at_wall)
-"""
-
-_RECORD_CALL = """
-INSERT INTO {q}calls (run_id, call_id, digest, status, slot, reason, evidence, more, reserved,
-                      executed)
-VALUES (:run_id, :call_id, :digest, :status, :slot, :reason, :evidence, :more, :reserved,
-        :executed)
-ON CONFLICT (run_id, call_id, digest) DO NOTHING
-"""
-"""A call's outcome; the first record of an identity stays."""
-
-_CALLS = """
-SELECT call_id, digest, status, slot, reason, evidence, more, reserved, executed
-FROM {q}calls WHERE run_id = :run_id AND call_id """
-
-_RETAINED_AMONG = "SELECT evidence_id FROM {q}retained WHERE run_id = :run_id AND evidence_id "
-_RETAIN = """
-INSERT INTO {q}retained (run_id, evidence_id)
-SELECT :run_id, j.value FROM {ids}
-WHERE NOT EXISTS (SELECT 1 FROM {q}retained r WHERE r.run_id = :run_id AND r.evidence_id = j.value)
-ORDER BY j.key
-LIMIT {greatest}(0, :limit - (SELECT count(*) FROM {q}retained c WHERE c.run_id = :run_id))
-"""
-"""The first ids of ``:ids`` the run has not retained yet, as many as its limit leaves room
-for, in one statement (under the run's lock)."""
-_USED = "SELECT used FROM {q}validations WHERE run_id = :run_id"
-_SET_USED = """
-INSERT INTO {q}validations (run_id, used) VALUES (:run_id, :used)
-ON CONFLICT (run_id) DO UPDATE SET used = excluded.used
-"""
-
-_BIND = """
-INSERT INTO {q}run_identity (run_id, principal, scope) VALUES (:run_id, :principal, :scope)
-ON CONFLICT (run_id) DO NOTHING
-"""
-_BOUND = "SELECT principal, scope FROM {q}run_identity WHERE run_id = :run_id"
-
-_USAGE = """
-SELECT u.rounds, u.reserved, u.deadline_wall,
-       (SELECT count(*) FROM {q}attempts a WHERE a.run_id = :run_id AND a.legacy = false),
-       (SELECT count(*) FROM {q}refusals f WHERE f.run_id = :run_id),
-       (SELECT count(*) FROM {q}attempts a WHERE a.run_id = :run_id AND a.legacy = true)
-FROM (SELECT 1 AS one) AS one LEFT JOIN {q}runs u ON u.run_id = :run_id
-"""
-
-_RESERVATIONS = """
-SELECT r.round_index, r.kind, r.requested, r.first_slot, r.slots, r.first_slot + r.slots - 1,
-       r.executed, r.reserved_wall, u.deadline_wall, u.opened_wall
-FROM {q}rounds r JOIN {q}runs u ON u.run_id = r.run_id WHERE r.run_id = :run_id
-ORDER BY r.round_index
-"""
-
-_ATTEMPTS = """
-SELECT attempt_id, round_index, slot, kind, strategy, fingerprint, outcome, started_wall,
-       elapsed_s, legacy, dropped
-FROM {q}attempts WHERE run_id = :run_id ORDER BY legacy, round_index, slot, started_wall
-"""
-
-_REFUSALS = """
-SELECT round_index, what, kind, reason, at_wall FROM {q}refusals WHERE run_id = :run_id
-ORDER BY id
-"""
-
-
-def attempt_row(trace: AttemptTrace) -> dict[str, Any]:
-    """An attempt trace as the parameters of the attempt upsert."""
-    return {
-        "attempt_id": trace.attempt_id, "run_id": trace.run_id,
-        "round_index": trace.round_index, "slot": trace.slot, "kind": trace.kind,
-        "strategy": trace.strategy, "fingerprint": trace.fingerprint,
-        "outcome": trace.outcome.value, "started_wall": trace.started_wall,
-        "elapsed_s": trace.elapsed_s, "legacy": bool(trace.legacy), "dropped": trace.dropped,
-    }
-
-
-def call_row(record: CallRecord) -> dict[str, Any]:
-    """A call record as the parameters of its insert."""
-    return {
-        "run_id": record.run_id, "call_id": record.call_id, "digest": record.digest,
-        "status": record.status, "slot": record.slot, "reason": record.reason,
-        "evidence": json.dumps(list(record.evidence_ids), ensure_ascii=True),
-        "more": record.more, "reserved": record.reserved, "executed": record.executed,
-    }
-
-
-def call_record(run_id: str, row: Row) -> CallRecord:
-    """A call record from a row of :data:`_CALLS`."""
-    call_id, digest, status, slot, reason, evidence, more, reserved, executed = row
-    return CallRecord(
-        run_id=run_id, call_id=str(call_id), digest=str(digest), status=str(status),
-        slot=None if slot is None else int(slot), reason=reason,
-        evidence_ids=tuple(str(i) for i in json.loads(evidence)), more=int(more),
-        reserved=int(reserved), executed=int(executed),
-    )
-
-
-def refusal_row(record: RefusalRecord) -> dict[str, Any]:
-    """A refusal as the parameters of its insert."""
-    return {
-        "run_id": record.run_id, "round_index": record.round_index, "what": record.what,
-        "kind": record.kind, "reason": record.reason.value, "at_wall": record.at_wall,
-    }
-
-
-def reservation(run_id: str, kind: RoundKind, requested: int, *, rounds: int, reserved: int,
-                grant: int, executed: int, deadline: float, opened: float,
-                judged: float) -> Reservation:
-    """The reservation a reserving statement returned (the run's counts after the round)."""
-    return Reservation(
-        run_id=run_id, round_index=int(rounds), kind=kind, requested=requested,
-        first_slot=int(reserved - grant + 1), slots=int(grant), reserved=int(reserved),
-        executed=int(executed), deadline_wall=float(deadline), opened_wall=float(opened),
-        reserved_wall=float(judged),
-    )
 
 
 class SqlLedger(abc.ABC):
@@ -400,8 +140,6 @@ class SqlLedger(abc.ABC):
 
     def admin(self) -> LedgerAdmin:
         """The operator's view of this ledger (``recallbound ledger …``)."""
-        from .sql_admin import SqlAdmin  # it builds on this module
-
         return SqlAdmin(self)
 
     def _shared_failure(self, error: BaseException) -> BaseException:

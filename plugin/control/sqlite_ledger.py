@@ -38,16 +38,9 @@ from .headroom import REFUSAL_REASON, admits, grant
 from .ledger import Reservation, WallTime, read_time
 from .policy import AllowancePolicy, RoundKind
 from .refusal import BudgetRefusal, RefusalReason
-from .sql_ledger import (
-    TABLES,
-    Dialect,
-    ReserveRequest,
-    Row,
-    Session,
-    SqlLedger,
-    create_table,
-    reservation,
-)
+from .sql_ledger import SqlLedger
+from .sql_rows import reservation
+from .sql_schema import TABLES, Dialect, ReserveRequest, Row, Session, create_table
 
 T = TypeVar("T")
 

@@ -1,0 +1,144 @@
+"""The statements the SQL ledgers share, and the rows they take and give.
+
+Each statement is written once for both databases (see :class:`~plugin.control.sql_schema.
+Dialect`); each converter turns one of the ledger's values into a statement's parameters, or
+a statement's row back into a value.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .ledger import AttemptTrace, CallRecord, RefusalRecord, Reservation
+from .policy import RoundKind
+from .sql_schema import Row
+
+_RECORD_ATTEMPT = """
+INSERT INTO {q}attempts (attempt_id, run_id, round_index, slot, kind, strategy, fingerprint,
+                         outcome, started_wall, elapsed_s, legacy, dropped)
+VALUES (:attempt_id, :run_id, :round_index, :slot, :kind, :strategy, :fingerprint, :outcome,
+        :started_wall, :elapsed_s, :legacy, :dropped)
+ON CONFLICT (attempt_id) DO UPDATE SET outcome = excluded.outcome, elapsed_s = excluded.elapsed_s,
+                                       dropped = excluded.dropped
+"""
+
+_RECORD_REFUSAL = """
+INSERT INTO {q}refusals (run_id, round_index, what, kind, reason, at_wall)
+VALUES (:run_id, :round_index, :what, :kind, :reason, :at_wall)
+"""
+
+_RECORD_CALL = """
+INSERT INTO {q}calls (run_id, call_id, digest, status, slot, reason, evidence, more, reserved,
+                      executed)
+VALUES (:run_id, :call_id, :digest, :status, :slot, :reason, :evidence, :more, :reserved,
+        :executed)
+ON CONFLICT (run_id, call_id, digest) DO NOTHING
+"""
+"""A call's outcome; the first record of an identity stays."""
+
+_CALLS = """
+SELECT call_id, digest, status, slot, reason, evidence, more, reserved, executed
+FROM {q}calls WHERE run_id = :run_id AND call_id """
+
+_RETAINED_AMONG = "SELECT evidence_id FROM {q}retained WHERE run_id = :run_id AND evidence_id "
+_RETAIN = """
+INSERT INTO {q}retained (run_id, evidence_id)
+SELECT :run_id, j.value FROM {ids}
+WHERE NOT EXISTS (SELECT 1 FROM {q}retained r WHERE r.run_id = :run_id AND r.evidence_id = j.value)
+ORDER BY j.key
+LIMIT {greatest}(0, :limit - (SELECT count(*) FROM {q}retained c WHERE c.run_id = :run_id))
+"""
+"""The first ids of ``:ids`` the run has not retained yet, as many as its limit leaves room
+for, in one statement (under the run's lock)."""
+_USED = "SELECT used FROM {q}validations WHERE run_id = :run_id"
+_SET_USED = """
+INSERT INTO {q}validations (run_id, used) VALUES (:run_id, :used)
+ON CONFLICT (run_id) DO UPDATE SET used = excluded.used
+"""
+
+_BIND = """
+INSERT INTO {q}run_identity (run_id, principal, scope) VALUES (:run_id, :principal, :scope)
+ON CONFLICT (run_id) DO NOTHING
+"""
+_BOUND = "SELECT principal, scope FROM {q}run_identity WHERE run_id = :run_id"
+
+_USAGE = """
+SELECT u.rounds, u.reserved, u.deadline_wall,
+       (SELECT count(*) FROM {q}attempts a WHERE a.run_id = :run_id AND a.legacy = false),
+       (SELECT count(*) FROM {q}refusals f WHERE f.run_id = :run_id),
+       (SELECT count(*) FROM {q}attempts a WHERE a.run_id = :run_id AND a.legacy = true)
+FROM (SELECT 1 AS one) AS one LEFT JOIN {q}runs u ON u.run_id = :run_id
+"""
+
+_RESERVATIONS = """
+SELECT r.round_index, r.kind, r.requested, r.first_slot, r.slots, r.first_slot + r.slots - 1,
+       r.executed, r.reserved_wall, u.deadline_wall, u.opened_wall
+FROM {q}rounds r JOIN {q}runs u ON u.run_id = r.run_id WHERE r.run_id = :run_id
+ORDER BY r.round_index
+"""
+
+_ATTEMPTS = """
+SELECT attempt_id, round_index, slot, kind, strategy, fingerprint, outcome, started_wall,
+       elapsed_s, legacy, dropped
+FROM {q}attempts WHERE run_id = :run_id ORDER BY legacy, round_index, slot, started_wall
+"""
+
+_REFUSALS = """
+SELECT round_index, what, kind, reason, at_wall FROM {q}refusals WHERE run_id = :run_id
+ORDER BY id
+"""
+
+
+def attempt_row(trace: AttemptTrace) -> dict[str, Any]:
+    """An attempt trace as the parameters of the attempt upsert."""
+    return {
+        "attempt_id": trace.attempt_id, "run_id": trace.run_id,
+        "round_index": trace.round_index, "slot": trace.slot, "kind": trace.kind,
+        "strategy": trace.strategy, "fingerprint": trace.fingerprint,
+        "outcome": trace.outcome.value, "started_wall": trace.started_wall,
+        "elapsed_s": trace.elapsed_s, "legacy": bool(trace.legacy), "dropped": trace.dropped,
+    }
+
+
+def call_row(record: CallRecord) -> dict[str, Any]:
+    """A call record as the parameters of its insert."""
+    return {
+        "run_id": record.run_id, "call_id": record.call_id, "digest": record.digest,
+        "status": record.status, "slot": record.slot, "reason": record.reason,
+        "evidence": json.dumps(list(record.evidence_ids), ensure_ascii=True),
+        "more": record.more, "reserved": record.reserved, "executed": record.executed,
+    }
+
+
+def call_record(run_id: str, row: Row) -> CallRecord:
+    """A call record from a row of :data:`_CALLS`."""
+    call_id, digest, status, slot, reason, evidence, more, reserved, executed = row
+    return CallRecord(
+        run_id=run_id, call_id=str(call_id), digest=str(digest), status=str(status),
+        slot=None if slot is None else int(slot), reason=reason,
+        evidence_ids=tuple(str(i) for i in json.loads(evidence)), more=int(more),
+        reserved=int(reserved), executed=int(executed),
+    )
+
+
+def refusal_row(record: RefusalRecord) -> dict[str, Any]:
+    """A refusal as the parameters of its insert."""
+    return {
+        "run_id": record.run_id, "round_index": record.round_index, "what": record.what,
+        "kind": record.kind, "reason": record.reason.value, "at_wall": record.at_wall,
+    }
+
+
+def reservation(run_id: str, kind: RoundKind, requested: int, *, rounds: int, reserved: int,
+                grant: int, executed: int, deadline: float, opened: float,
+                judged: float) -> Reservation:
+    """The reservation a reserving statement returned (the run's counts after the round)."""
+    return Reservation(
+        run_id=run_id, round_index=int(rounds), kind=kind, requested=requested,
+        first_slot=int(reserved - grant + 1), slots=int(grant), reserved=int(reserved),
+        executed=int(executed), deadline_wall=float(deadline), opened_wall=float(opened),
+        reserved_wall=float(judged),
+    )
+
+
