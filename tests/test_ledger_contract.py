@@ -43,6 +43,7 @@ from plugin.control import (
     Validity,
     current_permit,
 )
+from plugin.control.ledger import CallRecord
 from plugin.control.refusal import BudgetRefusal
 from plugin.control.sqlite_ledger import SCHEMA_VERSION as SQLITE_SCHEMA_VERSION
 from plugin.errors import (
@@ -833,6 +834,31 @@ async def test_a_version_3_ledger_file_gains_the_dropped_count(
         assert (old.attempt_id, old.dropped) == ("a1", 0)
         await ledger.record([attrs.evolve(old, attempt_id="a2", slot=2, dropped=3)], [])
         assert [a.dropped for a in await ledger.attempts("run")] == [0, 3]
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("PRAGMA user_version").fetchone() == (SQLITE_SCHEMA_VERSION,)
+    finally:
+        conn.close()
+
+
+async def test_a_version_4_ledger_file_gains_call_records_and_tombstones(
+    anyio_backend: object, tmp_path: Path
+) -> None:
+    path = await _ledger_file_then(
+        tmp_path, "DROP TABLE calls", "ALTER TABLE runs DROP COLUMN pruned",
+        "PRAGMA user_version = 4")
+    record = CallRecord(run_id="run", call_id="c1", digest="d", status="ok", slot=1,
+                        evidence_ids=("m1",))
+    async with SqliteLedger(path) as ledger:
+        assert (await ledger.usage("run")).rounds == 1  # kept
+        await ledger.record([], [], [record])
+        assert await ledger.recorded_calls("run", ["c1"]) == [record]
+        _granted(await ledger.reserve("later", AUTO, 2, POLICY, WALL + 100))
+        report = await ledger.admin().prune(before_wall=WALL + 50, now_wall=WALL + 100,
+                                            dry_run=False)
+        assert report.run_ids == ("run",) and report.rows["calls"] == 1
+        refused = await ledger.reserve("run", AUTO, 2, POLICY, WALL + 200)
+        assert isinstance(refused, BudgetRefusal)  # its tombstone: never opened afresh
     conn = sqlite3.connect(path)
     try:
         assert conn.execute("PRAGMA user_version").fetchone() == (SQLITE_SCHEMA_VERSION,)

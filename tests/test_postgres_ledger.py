@@ -32,6 +32,7 @@ from plugin.control import (
     current_permit,
 )
 from plugin.control._postgres_schema import MIGRATIONS, SCHEMA_VERSION
+from plugin.control.ledger import CallRecord
 from plugin.control.refusal import BudgetRefusal
 from plugin.errors import (
     LedgerConfigError,
@@ -279,6 +280,29 @@ async def test_eight_workers_opening_at_once_create_one_schema(schema: str) -> N
         "attempts", "calls", "recallbound_meta", "refusals", "retained", "rounds",
         "run_identity", "runs", "validations",
     ]
+
+
+async def test_a_version_5_schema_gains_call_records_tombstones_and_the_lone_statement(
+    schema: str,
+) -> None:
+    async with PostgresLedger(_pg.DSN, schema=schema, time_source="caller") as ledger:
+        _granted(await ledger.reserve("old", AUTO, 2, POLICY, 100.0))
+    q = f'"{schema}"'
+    for statement in (f"DROP TABLE {q}.calls", f"ALTER TABLE {q}.runs DROP COLUMN pruned",
+                      f"DROP FUNCTION {q}.reserve_lone",
+                      f"UPDATE {q}.recallbound_meta SET version = 5"):
+        _sql(statement)
+    record = CallRecord(run_id="old", call_id="c1", digest="d", status="ok", slot=1)
+    async with PostgresLedger(_pg.DSN, schema=schema) as ledger:  # the server's clock
+        assert (await ledger.usage("old")).rounds == 1
+        fresh = _granted(await ledger.reserve("fresh", AUTO, 2, POLICY, 0.0))  # lone: 1 stmt
+        assert fresh.round_index == 1
+        await ledger.record([], [], [record])
+        assert await ledger.recorded_calls("old", ["c1"]) == [record]
+        report = await ledger.admin().prune(before_wall=1e6, now_wall=1e12, dry_run=False)
+        assert report.run_ids == ("old",) and report.rows["calls"] == 1
+        assert isinstance(await ledger.reserve("old", AUTO, 2, POLICY, 0.0), BudgetRefusal)
+    assert _sql(f"SELECT version FROM {q}.recallbound_meta") == [(SCHEMA_VERSION,)]
 
 
 async def test_a_version_1_schema_is_migrated_in_place(schema: str) -> None:
