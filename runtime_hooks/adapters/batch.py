@@ -166,7 +166,9 @@ class RunRecall:
         """Store the results of a batch that ran before a restart, from the records
         (:meth:`record`) the host kept, without dispatching anything.
 
-        A search that ran is never run again nor reported as refused: its evidence is re-read
+        Each call is answered from the ledger's record of it when there is one (as any replay
+        is); the host's record answers the rest. A search that ran is never run again nor
+        reported as refused: its evidence is re-read
         under the run's validation bound (:meth:`RecallHooks.validate_retained`, kept in the
         ledger); what is gone is left out, what the bound no longer lets be re-checked is said
         in the bounded wording. A call that was refused or invalid then keeps that answer.
@@ -200,13 +202,20 @@ class RunRecall:
     async def _replayed(self, record: Mapping[str, object]) -> ToolResult:
         call_id, status, content = (str(record["call_id"]), str(record["status"]),
                                     str(record["content"]))
+        if status in ("ok", "refused", "failed"):
+            # The ledger's record of the call is the source of truth (the one replay path);
+            # the host's checkpoint answers only what the ledger never recorded.
+            (answer,) = await self.hooks.replay(
+                [ToolCall(call_id=call_id, arguments=str(record["arguments"]))],
+                run_id=self.run_id, scope=self.scope, principal=self.principal)
+            if answer is not None:
+                return answer
         found = record.get("evidence_ids")
         ids = [str(i) for i in found] if isinstance(found, list) else []
         if status != "ok" or not ids:
             kept = status if status in ("ok", "refused", "invalid", "failed") else "failed"
             return ToolResult(call_id=call_id, status=cast(_Status, kept), content=content,
                               refusal=self._refusal(record.get("refusal")))
-        # A search that ran: the one replay path (:func:`runtime_hooks.replay.replay_call`).
         ran = CallRecord(run_id=self.run_id, call_id=call_id, digest="", status="ok",
                          evidence_ids=tuple(ids))
         return await replay_call(self.hooks, ran, scope=self.scope, principal=self.principal)
