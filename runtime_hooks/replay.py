@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from plugin.control import BudgetRefusal, RefusalReason
+from plugin.control import BudgetRefusal, RefusalReason, wording
 from plugin.control.ledger import CallRecord
 from plugin.memory.enforce import Bounded
 from plugin.memory.pipeline import render
@@ -58,9 +58,8 @@ async def replay_call(
     if unchecked:
         bounded = (Bounded(
             part="recheck", reason="validation",
-            message=f"Memory recall was bounded: {unchecked} item(s) this search found "
-                    f"before could not be re-checked (the run's re-check bound is spent). "
-                    f"This is not evidence that they are absent."),)
+            message=wording.bounded(f"{unchecked} item(s) this search found before could not "
+                                    f"be re-checked (the run's re-check bound is spent)")),)
     notes = [f"Note: {part.message}" for part in bounded]
     text = "\n".join([rendered.text or (PARTLY_FOUND if notes else NOTHING_FOUND), *notes])
     return ToolResult(call_id=record.call_id, status="ok", content=text, slot=record.slot,

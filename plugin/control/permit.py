@@ -431,9 +431,12 @@ class Permit:
             with anyio.CancelScope(shield=True):
                 for delay in _RECORD_RETRIES:
                     try:
-                        await self._ledger.record(
-                            list(traces.values()), refusals, calls,
-                            retain_limit=max(self._retain_limit, default=0))
+                        if calls:
+                            await self._ledger.record(
+                                list(traces.values()), refusals, calls,
+                                retain_limit=max(self._retain_limit, default=0))
+                        else:  # a ledger written before call records still takes this
+                            await self._ledger.record(list(traces.values()), refusals)
                         break
                     except LedgerLockedError:
                         if delay is None:
