@@ -103,7 +103,7 @@ def test_without_psycopg_a_keyword_dsn_names_the_postgres_extra(
 
 def test_a_keyword_dsn_in_a_file_is_not_taken_relative_to_the_file(tmp_path: Path) -> None:
     (tmp_path / "recallbound.toml").write_text(
-        f'ledger = "host=127.0.0.1 dbname=fleet"\nstore = "memory.db"\n')
+        'ledger = "host=127.0.0.1 dbname=fleet"\nstore = "memory.db"\n')
     loaded = load_config(tmp_path / "recallbound.toml", env={})
     assert loaded.values["ledger"] == "host=127.0.0.1 dbname=fleet"
     assert loaded.values["store"] == str(tmp_path / "memory.db")
@@ -112,14 +112,14 @@ def test_a_keyword_dsn_in_a_file_is_not_taken_relative_to_the_file(tmp_path: Pat
 @pytest.mark.parametrize("source", ["file", "env", "code"])
 def test_a_bad_dsn_is_refused_at_configuration(tmp_path: Path, source: str) -> None:
     bad = f"host=db port=5432 dbname password={SECRET}"
+    (tmp_path / "r.toml").write_text(f'ledger = "{bad}"\nstore = "m.db"\n')
+    build = {
+        "file": lambda: load_config(tmp_path / "r.toml", env={}),
+        "env": lambda: load_config(env={"RECALLBOUND_LEDGER": bad}, cwd=tmp_path),
+        "code": lambda: RecallConfig(ledger_path=bad, store_path=tmp_path / "m.db"),
+    }[source]
     with pytest.raises(ConfigError) as caught:
-        if source == "file":
-            (tmp_path / "r.toml").write_text(f'ledger = "{bad}"\nstore = "m.db"\n')
-            load_config(tmp_path / "r.toml", env={})
-        elif source == "env":
-            load_config(env={"RECALLBOUND_LEDGER": bad}, cwd=tmp_path)
-        else:
-            RecallConfig(ledger_path=bad, store_path=tmp_path / "m.db")
+        build()
     assert "ledger" in str(caught.value) and SECRET not in str(caught.value)
     assert not list(tmp_path.glob("host=*"))  # no SQLite file was made of it
 
