@@ -27,7 +27,8 @@ another principal or scope, or whose id (or a cited id) is not a valid id
 (:func:`plugin.control.validate.identifier`: at most 512 UTF-8 bytes, valid Unicode, no control
 character), is dropped, counted and logged at WARNING without its text; so a bad id never
 reaches a ledger, and every ledger behaves the same. Whatever the allowance cut short (a
-refused nested read, source reads past the fallbacks) is recorded from what the handle saw, not from what the retriever reports.
+refused nested read, source reads past the fallbacks) is recorded from what the handle saw,
+not from what the retriever reports.
 """
 
 from __future__ import annotations
