@@ -17,6 +17,7 @@ import attrs
 
 from plugin.errors import InvalidArgumentTypeError, RunIdentityError
 
+from . import validate
 from .policy import AllowancePolicy, RoundKind
 from .refusal import BudgetRefusal, RefusalReason
 
@@ -78,6 +79,9 @@ def identity_arguments(run_id: object, principal: object, scope: object) -> None
             raise InvalidArgumentTypeError(
                 f"bind_identity {name} must be a str, got {type(value).__name__}"
             )
+    validate.run_id(run_id)
+    validate.bounded_text(principal, field="principal", max_bytes=validate.MAX_ID_BYTES)
+    validate.bounded_text(scope, field="scope", max_bytes=validate.MAX_ID_BYTES)
 
 
 class IdentityCache:

@@ -47,7 +47,7 @@ from plugin.errors import (
     LedgerUnavailableError,
 )
 
-from . import _postgres
+from . import _postgres, validate
 from ._group import GroupCommit
 from .dsn import password_of, redact
 from .ledger import Reservation, WallTime, read_time
@@ -501,6 +501,7 @@ class PostgresLedger(SqlLedger):
         *,
         floor: WallTime = -math.inf,
     ) -> Reservation | BudgetRefusal:
+        validate.run_id(run_id)
         self._connected()  # closed: fail now, not inside someone else's batch
         return await self._group.submit(
             ReserveRequest(run_id, kind, requested, policy, now, floor))

@@ -28,6 +28,7 @@ import attrs
 
 from plugin.errors import LedgerError, LedgerLockedError, LedgerUnavailableError
 
+from . import validate
 from ._group import GroupCommit
 from .ledger import (
     AttemptOutcome,
@@ -448,6 +449,7 @@ class SqlLedger(abc.ABC):
         return {row[0] for row in rows}
 
     async def retain(self, run_id: str, evidence_ids: Sequence[str], *, limit: int) -> None:
+        validate.run_id(run_id)
         ids = list(dict.fromkeys(evidence_ids))
         if not ids or limit < 1:
             return
@@ -486,6 +488,7 @@ class SqlLedger(abc.ABC):
     async def take_validations(
         self, run_id: str, evidence_ids: Sequence[str], *, limit: int
     ) -> dict[str, Validity]:
+        validate.run_id(run_id)
         ids = list(dict.fromkeys(evidence_ids))
         if not ids:
             return {}
@@ -501,6 +504,7 @@ class SqlLedger(abc.ABC):
         return await self._transact(write, f"taking validations of run {run_id!r}")
 
     async def usage(self, run_id: str) -> Usage:
+        validate.run_id(run_id)
         ((rounds, reserved, deadline, executed, refused, legacy),) = await self._read(
             _USAGE, {"run_id": run_id}, f"reading the usage of run {run_id!r}")
         if rounds is None:
@@ -511,6 +515,7 @@ class SqlLedger(abc.ABC):
         )
 
     async def reservations(self, run_id: str) -> list[Reservation]:
+        validate.run_id(run_id)
         rows = await self._read(_RESERVATIONS, {"run_id": run_id},
                                 f"reading the rounds of run {run_id!r}")
         return [
@@ -524,6 +529,7 @@ class SqlLedger(abc.ABC):
         ]
 
     async def attempts(self, run_id: str) -> list[AttemptTrace]:
+        validate.run_id(run_id)
         rows = await self._read(_ATTEMPTS, {"run_id": run_id},
                                 f"reading the attempts of run {run_id!r}")
         return [
@@ -539,6 +545,7 @@ class SqlLedger(abc.ABC):
         ]
 
     async def refusals(self, run_id: str) -> list[RefusalRecord]:
+        validate.run_id(run_id)
         rows = await self._read(_REFUSALS, {"run_id": run_id},
                                 f"reading the refusals of run {run_id!r}")
         return [

@@ -30,7 +30,7 @@ from plugin.errors import (
     LedgerPathError,
 )
 
-from . import _sqlite
+from . import _sqlite, validate
 from ._group import GroupCommit
 from ._sqlite.translate import Family
 from ._sqlite.translate import translate as translate_sqlite
@@ -333,6 +333,7 @@ class SqliteLedger(SqlLedger):
         *,
         floor: WallTime = -math.inf,
     ) -> Reservation | BudgetRefusal:
+        validate.run_id(run_id)
         request = ReserveRequest(run_id, kind, requested, policy, now, floor)
         self._connection()  # closed: fail now, not inside someone else's batch
         if self._group is None:
