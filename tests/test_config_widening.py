@@ -98,7 +98,8 @@ def test_the_defaults_and_tighter_values_need_nothing(folder: Path) -> None:
 
 
 def test_built_in_code_the_host_decides_and_is_told(folder: Path) -> None:
+    caps = attrs.evolve(RecallConfig(ledger_path="l.db", store_path="m.db").caps,
+                        max_bytes=1 << 20)
     config = RecallConfig(ledger_path="l.db", store_path="m.db", preparation_budget_s=9.0,
-                          caps=attrs.evolve(RecallConfig(ledger_path="l.db",
-                                                         store_path="m.db").caps, max_bytes=1 << 20))
+                          caps=caps)
     assert {key for key, _ in config.loosened()} == {"preparation_budget_s", "caps.max_bytes"}
