@@ -37,7 +37,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 import anyio
 import attrs
@@ -65,7 +65,13 @@ from .evaluator import (
     default_embedding,
     render_table,
 )
-from .scenarios import InvalidScenarioError, Scenario, stream_scenarios
+from .scenarios import (
+    InvalidScenarioError,
+    Scenario,
+    ScenarioLineTooLongError,
+    bounded_lines,
+    stream_scenarios,
+)
 
 __all__ = ["configure", "main", "provenance", "run", "sample_indices"]
 
@@ -95,14 +101,35 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="evaluate a seeded sample of N scenarios (default: all)")
     parser.add_argument("--seed", type=int, default=0,
                         help="the sample's seed (with --limit; default 0)")
-    parser.add_argument("--determinism", type=int, default=20, metavar="N",
+    parser.add_argument("--determinism", type=_count_or_zero, default=20, metavar="N",
                         help="re-run the first N scenarios in a second process with another "
                         "PYTHONHASHSEED and compare rankings (0: skip)")
     parser.add_argument("--digest-only", type=int, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--resamples", type=int, default=BOOTSTRAP_RESAMPLES,
+    parser.add_argument("--resamples", type=_count, default=BOOTSTRAP_RESAMPLES,
                         help=argparse.SUPPRESS)
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    # A usage error is one ``recallbound:`` line (the usage on it) and exit status 2.
+    setattr(parser, "error", _usage_error(parser))  # noqa: B010 - argparse calls self.error
     return parser
+
+
+def _usage_error(parser: argparse.ArgumentParser) -> Callable[[str], NoReturn]:
+    def error(message: str) -> NoReturn:
+        usage = " ".join(parser.format_usage().split())
+        print(f"recallbound: {' '.join(message.split())} ({usage})", file=sys.stderr)
+        raise SystemExit(2)
+
+    return error
+
+
+def _count_or_zero(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+    return value
 
 
 def _count(text: str) -> int:
@@ -192,7 +219,7 @@ def count_scenario_lines(path: Path) -> int:
     """Lines that hold a scenario (not a corpus), counted without parsing JSON."""
     count = 0
     with path.open("rb") as file:
-        for line in file:
+        for line in bounded_lines(file):
             stripped = line.lstrip(b"\xef\xbb\xbf \t")
             if stripped.strip() and not stripped.startswith(b'{"corpus"'):
                 count += 1
@@ -425,25 +452,31 @@ def _legend_name(name: str, ks: Sequence[int]) -> str:
     return name
 
 
+WORSE = {"recall@5": -1, "ndcg@10": -1, "harm@5": +1}
+"""The metrics the verdict reads, and which sign of task_context - baseline is worse."""
+
+
 def verdict(report: dict[str, Any], metric: str = "recall@5") -> str:
-    """One paragraph: where task_context helps or harms on ``metric``, per arm, and whether
-    fusion reaches the best single arm."""
+    """One paragraph, from the same differences the table prints (the same numbers, rounded
+    the same way): per arm, the families where task_context helps on ``metric`` (95% CI above
+    0), then EVERY family and metric where it is worse (a lower recall or nDCG, a higher
+    harm), or that none is; and whether fusion reaches the best single arm."""
     sentences: list[str] = []
     for arm, families in report["differences"].items():
-        gains, harms = [], []
+        gains, worse = [], []
         for family, metrics in families.items():
-            if family == ALL or metric not in metrics:
-                continue
-            d = metrics[metric]
-            if d["ci95"][0] > 0:
+            d = metrics.get(metric)
+            if family != ALL and d is not None and d["ci95"][0] > 0:
                 gains.append(f"{family} {d['mean']:+.3f}")
-            elif d["ci95"][1] < 0 or d["mean"] < -0.02:
-                harms.append(f"{family} {d['mean']:+.3f}")
+            for name, sign in WORSE.items():
+                shown = metrics.get(name)
+                if shown is not None and round(sign * shown["mean"], 3) > 0:
+                    worse.append(f"{family} {name} {shown['mean']:+.3f}")
         said = f"On {arm}, task_context "
-        said += (f"helps {', '.join(gains)} (95% CI above 0)" if gains
-                 else "helps no family with its 95% CI above 0")
-        said += f" and costs {', '.join(harms)}." if harms else " and costs no family more " \
-            "than 0.02."
+        said += (f"helps {', '.join(gains)} on {metric} (95% CI above 0)" if gains
+                 else f"helps no family on {metric} with its 95% CI above 0")
+        said += (f"; it is worse on {', '.join(worse)}." if worse
+                 else "; it is worse on no family (recall, nDCG and harm).")
         sentences.append(said)
     results = report["results"]
     if {"sparse", "semantic", "fused"} <= set(results):
@@ -493,9 +526,9 @@ def write_chart(report: dict[str, Any], path: Path, metric: str = "recall@5") ->
     plt.close(figure)
 
 
-def _fail(message: str) -> int:
-    print(f"recallbound: {message}", file=sys.stderr)
-    return 1
+def _fail(message: str, status: int = 1) -> int:
+    print(f"recallbound: {' '.join(message.split())}", file=sys.stderr)
+    return status
 
 
 def _forwarded(args: argparse.Namespace) -> list[str]:
@@ -537,7 +570,9 @@ def main(args: argparse.Namespace, command_line: Sequence[str] | None = None) ->
     program reduced to its file name).
 
     Errors print one ``recallbound: ...`` line and return 1 (bad input, a missing model, a
-    failed determinism check); argparse's usage errors exit 2 before this runs.
+    failed determinism check); a file that cannot be read as lines of scenarios (a line over
+    :data:`~plugin.evaluation.scenarios.MAX_LINE_BYTES`, ``/dev/zero``) returns 2, as
+    argparse's usage errors do (one line too) before this runs.
     """
     path: Path = args.scenarios
     try:
@@ -546,6 +581,11 @@ def main(args: argparse.Namespace, command_line: Sequence[str] | None = None) ->
         return _fail(f"the {args.semantic or 'default'} semantic model is not available: {exc}")
     try:
         total = count_scenario_lines(path)
+    except ScenarioLineTooLongError as exc:
+        return _fail(f"{path} is not a scenario file: {exc}", 2)
+    except OSError as exc:
+        return _fail(f"cannot use {exc.filename}: {exc.strerror}")
+    try:
         keep = sample_indices(total, args.limit, args.seed)
         if args.digest_only is not None:
             return _digest_only(args, path, embedding, keep)

@@ -55,6 +55,7 @@ from plugin.memory.planning import QueryPlanner, QueryStrategy
 from plugin.memory.preparation import PreparedRecall, QueryPreparation
 from plugin.memory.ranking import RankingPolicy
 from plugin.memory.recall import AutomaticRecall, automatic_round
+from plugin.memory.safe_text import one_line
 from plugin.memory.store import MemoryRecord, MemoryStore
 from plugin.memory.turn import PREPARATION_BUDGET_S, prepare_turn
 
@@ -359,9 +360,16 @@ class Report:
         return render_table(head, rows, markdown=False)
 
 
+def _table_cell(text: str, *, markdown: bool) -> str:
+    line = one_line(text)
+    return line.replace("\\", "\\\\").replace("|", "\\|") if markdown else line
+
+
 def render_table(head: Sequence[str], rows: Sequence[Sequence[str]], *,
                  markdown: bool) -> list[str]:
-    """The one table renderer: Markdown (``| a | b |``) or aligned plain text."""
+    """The one table renderer: Markdown (``| a | b |``) or aligned plain text. Every cell is
+    one inert line (a newline or a ``|`` in a name cannot open a row or a column of its own)."""
+    rows = [[_table_cell(c, markdown=markdown) for c in row] for row in rows]
     if markdown:
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         lines += ["| " + " | ".join(row) + " |" for row in rows]

@@ -23,14 +23,16 @@ import math
 import os
 import types
 from collections.abc import Generator, Iterable, Iterator, Mapping
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import attrs
 
+from plugin.control import validate
 from plugin.errors import InvalidWorkingStateError, InvalidWorkingStateTypeError, RecallboundError
 from plugin.memory.state import WorkingState
 
 __all__ = [
+    "MAX_LINE_BYTES", "ScenarioLineTooLongError", "bounded_lines",
     "InvalidScenarioError",
     "Scenario",
     "ScenarioCorpus",
@@ -69,6 +71,32 @@ class InvalidScenarioError(RecallboundError, ValueError):
     def at_line(self, line: int) -> InvalidScenarioError:
         """The same error, located at ``line``."""
         return InvalidScenarioError(self.reason, field=self.field, line=line)
+
+
+class ScenarioLineTooLongError(InvalidScenarioError):
+    """A line of the scenario file is longer than :data:`MAX_LINE_BYTES` (``/dev/zero`` is one
+    endless line): the file cannot be read as a scenario file at all."""
+
+
+MAX_LINE_BYTES = 64 * 1024 * 1024
+"""The longest line of a scenario file (a corpus line holds many memories); longer is an error,
+read no further than the bound."""
+
+
+def bounded_lines(file: BinaryIO) -> Iterator[bytes]:
+    """The lines of a binary file, each read no further than :data:`MAX_LINE_BYTES` + 1 bytes;
+    a longer one raises :class:`ScenarioLineTooLongError` naming its line."""
+    limit = MAX_LINE_BYTES
+    number = 0
+    while True:
+        line = file.readline(limit + 1)
+        if not line:
+            return
+        number += 1
+        if len(line) > limit and not (len(line) == limit + 1 and line.endswith(b"\n")):
+            raise ScenarioLineTooLongError(
+                f"the line is longer than {limit:,} bytes", line=number)
+        yield line
 
 
 # -- values ---------------------------------------------------------------------------------------
@@ -267,7 +295,7 @@ def stream_scenarios(path: str | os.PathLike[str]) -> Generator[Scenario, None, 
     """Read a scenario file line by line (see :func:`iter_scenarios`); the file stays open
     while the iterator is consumed."""
     with open(path, "rb") as file:
-        yield from iter_scenarios(file)
+        yield from iter_scenarios(bounded_lines(file))
 
 
 # -- parsing --------------------------------------------------------------------------------------
@@ -368,6 +396,11 @@ def _text(value: object, field: str, *, key: bool = False) -> str:
         ) from None
     if key and not value.strip():
         raise InvalidScenarioError("must not be empty", field=field)
+    if key:  # an id, a name or a family: printed in reports, on one line
+        try:
+            validate.identifier(value, field=field)
+        except ValueError as exc:
+            raise InvalidScenarioError(str(exc).removeprefix(f"{field} "), field=field) from None
     return value
 
 
