@@ -110,6 +110,19 @@ async def test_ids_count_against_the_caps_and_are_shown_whole(
     assert result.omitted == 40 - len(ids)
 
 
+async def test_a_bad_id_to_revalidate_was_never_retained(
+    anyio_backend: object, env: tuple[RecallHooks, Backend]
+) -> None:
+    hooks, backend = env
+    run = f"run-{uuid.uuid4()}"
+    backend.items = [Evidence(id="m-good", text="cutover")]
+    await hooks.dispatch([ToolCall(call_id="c0", arguments={"query": "cutover"})],
+                         run_id=run, scope=S, principal=P)
+    answers = await hooks.validate_retained(
+        ["m\x00", "m\ud800", "m" * 100_000, "m-good"], run_id=run, scope=S, principal=P)
+    assert [a.status for a in answers] == ["not_retained"] * 3 + ["gone"]
+
+
 @pytest.fixture
 def work(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """Counts what recallbound does with a result: items examined, longest text rendered."""
