@@ -21,8 +21,13 @@ __all__ = [
     "Arm",
     "Evidence",
     "EvidenceKind",
+    "MAX_MEMORY_ID_BYTES",
+    "MAX_MEMORY_TEXT_BYTES",
     "MemoryRecord",
+    "MemoryWrite",
     "Person",
+    "check_memory_id",
+    "check_memory_text",
     "check_ids",
     "check_key",
     "check_limit",
@@ -136,6 +141,103 @@ def check_time(value: object) -> float | None:
     if not math.isfinite(value):
         raise InvalidMemoryError(f"created_at must be finite, got {value!r}")
     return float(value)
+
+
+#: The most UTF-8 bytes a memory written with ``remember`` may hold.
+MAX_MEMORY_TEXT_BYTES = 64 * 1024
+#: The most UTF-8 bytes of a memory id given to ``remember``.
+MAX_MEMORY_ID_BYTES = 256
+
+# Characters an id may not hold: controls (a newline, ESC, NUL), format characters (bidi
+# overrides), line and paragraph separators and surrogates, so an id prints as one plain token.
+_ID_FORBIDDEN = frozenset(("Cc", "Cf", "Zl", "Zp", "Cs"))
+
+
+def check_memory_id(value: object, name: str = "id") -> str:
+    """A memory id for ``remember``/``forget``: a non-empty ``str`` of at most
+    :data:`MAX_MEMORY_ID_BYTES` UTF-8 bytes, with no control, format or separator character
+    and no lone surrogate; else :class:`InvalidMemoryError`."""
+    if not isinstance(value, str):
+        raise InvalidMemoryError(f"{name} must be a str, got {type(value).__name__}")
+    if not value.strip():
+        raise InvalidMemoryError(f"{name} must not be empty")
+    for char in value:
+        if unicodedata.category(char) in _ID_FORBIDDEN:
+            raise InvalidMemoryError(
+                f"{name} must not contain control, format or surrogate characters "
+                f"(found U+{ord(char):04X})"
+            )
+    if len(value.encode("utf-8")) > MAX_MEMORY_ID_BYTES:
+        raise InvalidMemoryError(f"{name} must be at most {MAX_MEMORY_ID_BYTES} UTF-8 bytes")
+    return value
+
+
+def check_memory_text(value: object) -> str:
+    """A memory's text for ``remember``: a ``str`` with a non-blank character, valid Unicode
+    (no lone surrogate) and at most :data:`MAX_MEMORY_TEXT_BYTES` UTF-8 bytes; else
+    :class:`InvalidMemoryError`. Stored exactly as given."""
+    if not isinstance(value, str):
+        raise InvalidMemoryError(f"text must be a str, got {type(value).__name__}")
+    if not value.strip():
+        raise InvalidMemoryError("text must not be empty")
+    if not encodable(value):
+        raise InvalidMemoryError("text must be valid Unicode (it holds a lone surrogate)")
+    size = len(value.encode("utf-8"))
+    if size > MAX_MEMORY_TEXT_BYTES:
+        raise InvalidMemoryError(
+            f"text must be at most {MAX_MEMORY_TEXT_BYTES} UTF-8 bytes, got {size}"
+        )
+    return value
+
+
+def _validate_memory_id(_instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None:
+        check_memory_id(value, attribute.name)
+
+
+def _validate_memory_text(
+    _instance: object, _attribute: attrs.Attribute[Any], value: object
+) -> None:
+    check_memory_text(value)
+
+
+@attrs.frozen(kw_only=True)
+class MemoryWrite:
+    """One memory to ``remember``: the input of :meth:`MemoryStore.remember_many`.
+
+    ``id`` None lets the store generate one; an id already held by the same principal and
+    scope is replaced. Checked on construction (:class:`InvalidMemoryError` names the field):
+    see :func:`check_memory_text` and :func:`check_memory_id`; principal and scope must be
+    non-empty and encodable.
+    """
+
+    text: str = attrs.field(validator=_validate_memory_text)
+    principal: str = attrs.field(validator=_validate_key)
+    scope: str = attrs.field(validator=_validate_key)
+    id: str | None = attrs.field(default=None, validator=_validate_memory_id)
+
+    @classmethod
+    def from_dict(cls, data: object) -> MemoryWrite:
+        """Build from a JSON object ``{"text", "principal", "scope", "id"?}``; anything else
+        (another type, a missing or unknown key) is :class:`InvalidMemoryError`."""
+        if not isinstance(data, dict):
+            raise InvalidMemoryError(
+                f"a memory must be an object with text, principal and scope, "
+                f"got {type(data).__name__}"
+            )
+        unknown = sorted(str(key) for key in data if key not in _WRITE_KEYS)
+        if unknown:
+            raise InvalidMemoryError(f"unknown key(s): {', '.join(map(repr, unknown))}")
+        missing = [key for key in ("text", "principal", "scope") if key not in data]
+        if missing:
+            raise InvalidMemoryError(f"missing key(s): {', '.join(map(repr, missing))}")
+        return cls(
+            text=data["text"], principal=data["principal"], scope=data["scope"],
+            id=data.get("id"),
+        )
+
+
+_WRITE_KEYS = frozenset(("text", "principal", "scope", "id"))
 
 
 def _cites(value: object) -> tuple[str, ...]:
