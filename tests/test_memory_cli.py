@@ -92,7 +92,7 @@ GOOD = json.dumps({"text": "fine", "principal": "u1", "scope": "proj", "id": "g"
         (b'{"text": "x", "principal": "u1"}', "line 2: missing key(s): 'scope'"),
         (b'{"text": "", "principal": "u1", "scope": "p"}', "line 2: text must not be empty"),
         (b'{"text": "x", "principal": "u1", "scope": "p", "id": "a\\u0000"}', "line 2: id must"),
-        (b'{"text": "\\ud800", "principal": "u1", "scope": "p"}', "line 2: text must be valid"),
+        (b'{"text": "\\ud800", "principal": "u1", "scope": "p"}', "line 2: text is not valid"),
         (b'{"text": "x", "principal": "u1", "scope": "proj", "id": "g"}',
          "line 2: repeats the id 'g' of line 1"),
         (b'{"text": "x", "principal": "u1", "scope": "proj", "id": "theirs"}',

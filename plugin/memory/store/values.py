@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import attrs
 
+from ...control import validate
 from ..terms import remove_lone_surrogates
 from .errors import InvalidMemoryError
 
@@ -145,49 +146,30 @@ def check_time(value: object) -> float | None:
 
 #: The most UTF-8 bytes a memory written with ``remember`` may hold.
 MAX_MEMORY_TEXT_BYTES = 64 * 1024
-#: The most UTF-8 bytes of a memory id given to ``remember``.
-MAX_MEMORY_ID_BYTES = 256
-
-# Characters an id may not hold: controls (a newline, ESC, NUL), format characters (bidi
-# overrides), line and paragraph separators and surrogates, so an id prints as one plain token.
-_ID_FORBIDDEN = frozenset(("Cc", "Cf", "Zl", "Zp", "Cs"))
+#: The most UTF-8 bytes of a memory id given to ``remember`` (the shared rule for ids).
+MAX_MEMORY_ID_BYTES = validate.MAX_ID_BYTES
 
 
 def check_memory_id(value: object, name: str = "id") -> str:
-    """A memory id for ``remember``/``forget``: a non-empty ``str`` of at most
-    :data:`MAX_MEMORY_ID_BYTES` UTF-8 bytes, with no control, format or separator character
-    and no lone surrogate; else :class:`InvalidMemoryError`."""
-    if not isinstance(value, str):
-        raise InvalidMemoryError(f"{name} must be a str, got {type(value).__name__}")
-    if not value.strip():
-        raise InvalidMemoryError(f"{name} must not be empty")
-    for char in value:
-        if unicodedata.category(char) in _ID_FORBIDDEN:
-            raise InvalidMemoryError(
-                f"{name} must not contain control, format or surrogate characters "
-                f"(found U+{ord(char):04X})"
-            )
-    if len(value.encode("utf-8")) > MAX_MEMORY_ID_BYTES:
-        raise InvalidMemoryError(f"{name} must be at most {MAX_MEMORY_ID_BYTES} UTF-8 bytes")
-    return value
+    """A memory id for ``remember``: the shared rule for ids
+    (:func:`plugin.control.validate.identifier`: not blank, at most
+    :data:`MAX_MEMORY_ID_BYTES` UTF-8 bytes, valid Unicode, no control character or line
+    separator); else :class:`InvalidMemoryError`."""
+    return validate.identifier(
+        value, field=name, max_bytes=MAX_MEMORY_ID_BYTES,
+        error=InvalidMemoryError, type_error=InvalidMemoryError,
+    )
 
 
 def check_memory_text(value: object) -> str:
-    """A memory's text for ``remember``: a ``str`` with a non-blank character, valid Unicode
-    (no lone surrogate) and at most :data:`MAX_MEMORY_TEXT_BYTES` UTF-8 bytes; else
-    :class:`InvalidMemoryError`. Stored exactly as given."""
-    if not isinstance(value, str):
-        raise InvalidMemoryError(f"text must be a str, got {type(value).__name__}")
-    if not value.strip():
-        raise InvalidMemoryError("text must not be empty")
-    if not encodable(value):
-        raise InvalidMemoryError("text must be valid Unicode (it holds a lone surrogate)")
-    size = len(value.encode("utf-8"))
-    if size > MAX_MEMORY_TEXT_BYTES:
-        raise InvalidMemoryError(
-            f"text must be at most {MAX_MEMORY_TEXT_BYTES} UTF-8 bytes, got {size}"
-        )
-    return value
+    """A memory's text for ``remember``: the shared rule for bounded text
+    (:func:`plugin.control.validate.bounded_text`: not blank, valid Unicode, no NUL, at most
+    :data:`MAX_MEMORY_TEXT_BYTES` UTF-8 bytes); else :class:`InvalidMemoryError`. Stored
+    exactly as given."""
+    return validate.bounded_text(
+        value, field="text", max_bytes=MAX_MEMORY_TEXT_BYTES,
+        error=InvalidMemoryError, type_error=InvalidMemoryError,
+    )
 
 
 def _validate_memory_id(_instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
