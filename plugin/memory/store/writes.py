@@ -1,5 +1,5 @@
-"""How things get into the store: memories (with their vectors and their cells' full-text
-indexes), People, beliefs, corrections and sources. Each write is one transaction; a rejected
+"""How things get into the store: memories (with their vectors and their place in the term
+index), People, beliefs, corrections and sources. Each write is one transaction; a rejected
 value stores nothing."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from ...errors import MemoryStoreError
 from ..embedding import EmbeddingAdapter
 from .database import Database, Statement
 from .errors import InvalidMemoryError, MemoryOwnershipError
-from .schema import index_cell
+from .sparse_index import index_logged
 from .values import (
     MemoryRecord,
     MemoryWrite,
@@ -29,7 +29,7 @@ from .values import (
     person_key,
 )
 
-__all__ = ["Writer", "index_statements"]
+__all__ = ["Writer"]
 
 
 async def _vectors(adapter: EmbeddingAdapter, texts: list[str]) -> list[bytes]:
@@ -52,15 +52,6 @@ def _person_statement(name: str, principal: str, scope: str) -> Statement:
         "INSERT OR IGNORE INTO people (principal, scope, key, name) VALUES (?, ?, ?, ?)",
         [(principal, scope, person_key(name), name.strip())],
     )
-
-
-def index_statements(cells: Iterable[tuple[str, str]]) -> list[Statement]:
-    """Bring these cells' full-text indexes up to date (see :func:`.schema.index_cell`)."""
-    return [
-        (sql, [params])
-        for principal, scope in cells
-        for sql, params in index_cell(principal, scope)
-    ]
 
 
 @attrs.define(eq=False)
@@ -125,8 +116,13 @@ class Writer:
                     ],
                 )
             )
-        statements += index_statements(dict.fromkeys((r.principal, r.scope) for r in records))
-        await self.db.write(statements)
+
+        def write(conn: sqlite3.Connection) -> None:
+            for sql, params in statements:
+                conn.executemany(sql, params)
+            index_logged(conn)
+
+        await self.db.transact(write)
         return len(records)
 
     async def remember(self, memories: Iterable[MemoryWrite]) -> list[str]:
@@ -154,7 +150,6 @@ class Writer:
         adapter = self.embedding
         blobs = await _vectors(adapter, [r.text for r in items]) if adapter is not None else None
         rows = [(r.principal, r.scope, i, r.text, now) for r, i in zip(items, ids, strict=True)]
-        cells = list(dict.fromkeys((r.principal, r.scope) for r in items))
 
         def write(conn: sqlite3.Connection) -> None:
             for principal, scope, memory_id, _, _ in rows:
@@ -185,9 +180,7 @@ class Writer:
                     [(adapter.name, blob, p, s, i)
                      for (p, s, i, _, _), blob in zip(rows, blobs, strict=True)],
                 )
-            for principal, scope in cells:
-                for sql, params in index_cell(principal, scope):
-                    conn.execute(sql, params)
+            index_logged(conn)
 
         await self.db.transact(write)
         return ids
@@ -208,8 +201,7 @@ class Writer:
                 "DELETE FROM memories WHERE principal = ? AND scope = ? AND id = ?",
                 (principal, scope, id),
             ).rowcount
-            for sql, params in index_cell(principal, scope):
-                conn.execute(sql, params)
+            index_logged(conn)
             return gone > 0
 
         return await self.db.transact(delete)
