@@ -80,7 +80,7 @@ INDEX_TABLES = (
 
 _SCRATCH = (
     "CREATE VIRTUAL TABLE IF NOT EXISTS temp.memory_tokens "
-    f"USING fts5(text, tokenize = '{TOKENIZER}')",
+    f"USING fts5(text, content = '', tokenize = '{TOKENIZER}')",
     "CREATE VIRTUAL TABLE IF NOT EXISTS temp.memory_token_rows "
     "USING fts5vocab(temp, memory_tokens, instance)",
 )
@@ -102,7 +102,8 @@ def tokenize(conn: sqlite3.Connection, texts: Sequence[str]) -> list[Counter[str
         ):
             counts[doc - 1][term] = count
     finally:
-        conn.execute("DELETE FROM temp.memory_tokens")
+        # Contentless: 'delete-all' empties the index itself, leaving no tombstones behind.
+        conn.execute("INSERT INTO temp.memory_tokens (memory_tokens) VALUES ('delete-all')")
     return counts
 
 
