@@ -29,6 +29,11 @@ __all__ = ["MemoryStore"]
 class MemoryStore:
     """An embedded memory store: ``async with MemoryStore(path) as store``.
 
+    Write memories with :meth:`remember` (an upsert by id), delete them with :meth:`forget`,
+    list them with :meth:`memories`, import a batch with :meth:`remember_many`. Corrections
+    (:meth:`add_correction`) and People (:meth:`add_person`, :meth:`add_belief`) have their
+    own writes. :meth:`add_memories` is for seeding with your own ids and times.
+
     ``embedding`` enables the semantic arm (vectors are computed on write, in a worker thread);
     ``clock`` supplies ``created_at`` when a write does not give one (default: the system
     clock). ``timeout`` is SQLite's busy timeout in seconds. ``vector_cache_bytes``
@@ -171,7 +176,8 @@ class MemoryStore:
         created_at: float | None = None,
         cites: Iterable[str] = (),
     ) -> None:
-        """Store one memory (see :meth:`add_memories`)."""
+        """Store one memory with this id and time, never replacing one (see
+        :meth:`add_memories`); to write or update a memory, use :meth:`remember`."""
         await self.add_memories(
             [
                 MemoryRecord(
@@ -187,6 +193,10 @@ class MemoryStore:
 
     async def add_memories(self, memories: Iterable[MemoryRecord]) -> int:
         """Store ``memories`` in one transaction and return how many were stored.
+
+        For seeding: each keeps its own id, ``created_at`` (the store's clock when None) and
+        cited sources, and an existing id is an error, never replaced. To write or update
+        memories, use :meth:`remember` and :meth:`remember_many`.
 
         With an embedding adapter, their vectors are computed first, in a worker thread. An id
         already stored for the same principal and scope (or repeated in the batch) raises
