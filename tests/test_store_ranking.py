@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from plugin.memory.store import Evidence, MemoryRecord, MemoryStore, MemoryWrite
+from plugin.memory.store import Evidence, MemoryRecord, MemoryStore, MemoryWrite, sparse_index
 
 from ._hostile import HOSTILE_TEXT
 
@@ -221,12 +221,13 @@ def python_bm25(docs: dict[str, str], query: list[str]) -> list[tuple[str, float
     count = len(terms)
     avgdl = sum(len(words) for words in terms.values()) / count
     weights = dict.fromkeys(query, 1)  # a repeated query word counts once, as FTS5's terms
+    dfs = {word: sum(word in other for other in terms.values()) for word in weights}
     scores: list[tuple[str, float, int]] = []
     for age, (id, words) in enumerate(terms.items()):
         score, hit = 0.0, False
         for word, weight in weights.items():
             tf = words.count(word)
-            df = sum(word in other for other in terms.values())
+            df = dfs[word]
             if df == 0:
                 continue
             idf = math.log((count - df + 0.5) / (df + 0.5))
@@ -302,3 +303,30 @@ async def test_top_10_equals_an_independent_per_cell_bm25_after_writes_and_forge
             }
     finally:
         conn.close()
+
+
+async def test_skipping_common_terms_keeps_the_exact_top_10(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Memories that hold none of a query's rare terms cannot rank once a first pass has a
+    # 10th score above the common terms' upper bounds; that pass must not change the result.
+    rng = random.Random(2026)
+    weights = [1.0 / (rank + 1) for rank in range(len(VOCABULARY))]
+    texts = {f"m{k}": " ".join(rng.choices(VOCABULARY, weights, k=rng.randint(3, 10)))
+             for k in range(600)}
+    pruned: list[int] = []
+    real = sparse_index._Scorer.containing
+
+    def spy(self: sparse_index._Scorer, terms: list[str]) -> list[tuple[int, float]]:
+        pruned.append(len(self.query) - len(terms))
+        return real(self, terms)
+
+    monkeypatch.setattr(sparse_index._Scorer, "containing", spy)
+    async with MemoryStore(tmp_path / "m.db") as store:
+        await store.remember_many(MemoryWrite(text=t, id=i, **ME) for i, t in texts.items())
+        for _ in range(60):
+            query = [rng.choice(VOCABULARY[:5]), rng.choice(VOCABULARY[30:])]
+            want = python_bm25(texts, query)[:10]
+            got = await store.sparse_candidates(" ".join(query), limit=10, **ME)
+            assert [e.id for e in got] == [id for id, _ in want], query
+    assert pruned and max(pruned) >= 1  # common terms were skipped in some queries

@@ -34,6 +34,8 @@ import sqlite3
 from collections import Counter
 from collections.abc import Sequence
 
+import attrs
+
 from ...control._sqlite import Row
 from ..fts import TOKENIZER
 
@@ -219,15 +221,79 @@ def ranked_seqs(
              if term in found]
     if not query:
         return []
-    avgdl = tokens / docs
-    values = ", ".join("(?, ?)" for _ in query)
-    rows = conn.execute(
-        f"WITH q (term, idf) AS (VALUES {values}) "
-        # FTS5's bm25 term by term, in its own order of operations.
-        "SELECT p.seq, "
-        "sum(q.idf * ((p.tf * (? + 1.0)) / (p.tf + ? * (1.0 - ? + ? * p.length / ?)))) AS score "
-        "FROM q JOIN memory_terms AS p ON p.cell = ? AND p.term = q.term "
-        "GROUP BY p.seq ORDER BY score DESC, p.seq LIMIT ?",
-        (*(value for pair in query for value in pair), K1, K1, B, B, avgdl, cell_id, limit),
-    ).fetchall()
-    return [(int(seq), float(score)) for seq, score in rows]
+    scorer = _Scorer(conn, cell_id, query, tokens / docs, limit)
+    df = {term: int(found[term]) for term, _ in query}
+    # Pass 1: the rarest terms until they hold ``limit`` memories, scored in full: their
+    # k-th score is a lower bound of the true k-th score.
+    rarest: list[str] = []
+    held = 0
+    for term in sorted(df, key=lambda term: (df[term], term)):
+        rarest.append(term)
+        held += df[term]
+        if held >= limit:
+            break
+    if len(rarest) == len(query):
+        return scorer.all()
+    first = scorer.containing(rarest)
+    if len(first) < limit:
+        return scorer.all()
+    # A memory holding none of the "essential" terms scores at most the sum of the others'
+    # upper bounds (idf * (k1 + 1) each): below the bound, it cannot reach the top ``limit``
+    # (MaxScore). Only memories holding an essential term need a score.
+    bound = first[-1][1] * (1.0 - 1e-9)  # a margin for the rounding of the sums
+    essential = [term for term, _ in query]
+    spare = 0.0
+    for term, idf in sorted(query, key=lambda pair: (pair[1], pair[0])):
+        if spare + idf * (K1 + 1.0) >= bound:
+            break
+        spare += idf * (K1 + 1.0)
+        essential.remove(term)
+    if set(essential) <= set(rarest):
+        return first  # pass 1 already scored every memory that can rank
+    if len(essential) == len(query):
+        return scorer.all()
+    return scorer.containing(essential)
+
+
+@attrs.frozen
+class _Scorer:
+    """bm25 of one cell's memories for one query: of all its matches, or of those holding
+    some of its terms. Sums run over the query's terms in its order, either way."""
+
+    conn: sqlite3.Connection
+    cell: int
+    query: list[tuple[str, float]]
+    avgdl: float
+    limit: int
+
+    def _run(self, sql: str, params: tuple[object, ...]) -> list[tuple[int, float]]:
+        values = ", ".join("(?, ?)" for _ in self.query)
+        rows = self.conn.execute(
+            f"WITH q (term, idf) AS (VALUES {values}) {sql}",
+            (*(value for pair in self.query for value in pair), K1, K1, B, B, self.avgdl,
+             *params, self.limit),
+        ).fetchall()
+        return [(int(seq), float(score)) for seq, score in rows]
+
+    def all(self) -> list[tuple[int, float]]:
+        return self._run(
+            f"SELECT p.seq, {_BM25} AS score "
+            "FROM q JOIN memory_terms AS p ON p.cell = ? AND p.term = q.term "
+            "GROUP BY p.seq ORDER BY score DESC, p.seq LIMIT ?",
+            (self.cell,),
+        )
+
+    def containing(self, terms: Sequence[str]) -> list[tuple[int, float]]:
+        marks = ", ".join("?" for _ in terms)
+        return self._run(
+            f"SELECT c.seq, {_BM25} AS score FROM ("
+            f"SELECT DISTINCT seq FROM memory_terms WHERE cell = ? AND term IN ({marks})"
+            ") AS c CROSS JOIN q CROSS JOIN memory_terms AS p "
+            "WHERE p.cell = ? AND p.term = q.term AND p.seq = c.seq "
+            "GROUP BY c.seq ORDER BY score DESC, c.seq LIMIT ?",
+            (self.cell, *terms, self.cell),
+        )
+
+
+# FTS5's bm25 term by term, in its own order of operations (parameters: k1, k1, b, b, avgdl).
+_BM25 = "sum(q.idf * ((p.tf * (? + 1.0)) / (p.tf + ? * (1.0 - ? + ? * p.length / ?))))"
