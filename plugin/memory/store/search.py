@@ -41,12 +41,14 @@ def _ranked(
         ranked = ranked_seqs(conn, principal, scope, words, limit)
         if not ranked:
             return []
-        # Read from ``memories``, which checks the principal and scope once more.
+        # Read from ``memories``, which checks the principal and scope once more. The unary
+        # ``+`` keeps the planner on the primary key: with a list of seqs it would otherwise
+        # scan the whole cell through its (principal, scope) index.
         rows = {
             row[-1]: row
             for row in conn.execute(
                 f"SELECT {MEMORY_COLUMNS}, m.seq FROM memories AS m "
-                "WHERE m.principal = ? AND m.scope = ? AND m.seq IN "
+                "WHERE +m.principal = ? AND +m.scope = ? AND m.seq IN "
                 f"({', '.join('?' * len(ranked))})",
                 (principal, scope, *(seq for seq, _ in ranked)),
             )
