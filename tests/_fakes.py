@@ -201,17 +201,18 @@ class MemoryLedger:
         rules.check_identity(run_id, bound, principal, scope)
 
     async def open_run(
-        self, run_id: str, *, principal: str, scope: str, now: float, per_hour: int
+        self, run_id: str, *, principal: str, scope: str, now: WallTime, per_hour: int
     ) -> bool:
         rules.open_run_arguments(run_id, principal, scope)
+        at = read_time(now)
         opened = self._open().run_opens.setdefault((principal, scope), {})
         if run_id in opened:
             return True
-        for old in [r for r, at in opened.items() if at <= now - rules.RUN_RATE_WINDOW_S]:
+        for old in [r for r, at_ in opened.items() if at_ <= at - rules.RUN_RATE_WINDOW_S]:
             del opened[old]
         if len(opened) >= per_hour:
             return False
-        opened[run_id] = now
+        opened[run_id] = at
         return True
 
     async def take_validations(

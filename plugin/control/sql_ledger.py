@@ -43,6 +43,7 @@ from .ledger import (
     grant_validations,
     identity_arguments,
     open_run_arguments,
+    read_time,
 )
 from .policy import AllowancePolicy, RoundKind
 from .refusal import RefusalReason
@@ -503,6 +504,7 @@ class SqlLedger(abc.ABC):
     ) -> bool:
         open_run_arguments(run_id, principal, scope)
         cell = {"principal": principal, "scope": scope}
+        at = read_time(now)
 
         async def write(s: Session) -> bool:
             # One lock per (principal, scope): two processes opening runs for it queue here.
@@ -510,11 +512,11 @@ class SqlLedger(abc.ABC):
             if await s.fetchall(self._sql(_OPENED), {**cell, "run_id": run_id}):
                 return True
             # Openings older than the window count no more: the pair's rows stay bounded.
-            await s.fetchall(self._sql(_FORGET_OPENS), {**cell, "since": now - RUN_RATE_WINDOW_S})
+            await s.fetchall(self._sql(_FORGET_OPENS), {**cell, "since": at - RUN_RATE_WINDOW_S})
             ((opened,),) = await s.fetchall(self._sql(_OPENS), cell)
             if opened >= per_hour:
                 return False
-            await s.fetchall(self._sql(_OPEN), {**cell, "run_id": run_id, "now": now})
+            await s.fetchall(self._sql(_OPEN), {**cell, "run_id": run_id, "now": at})
             return True
 
         return await self._transact(write, f"opening run {run_id!r}")
