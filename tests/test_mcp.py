@@ -23,7 +23,7 @@ from plugin.memory.preparation import PreparedRecall
 from runtime_hooks.mcp import RecallServer
 from runtime_hooks.mcp.trust import Caller
 
-from ._mcp_env import ANA, QUERIES, recall_server, search, structured
+from ._mcp_env import ANA, QUERIES, ledger_id, recall_server, search, structured
 
 pytestmark = pytest.mark.anyio
 
@@ -42,8 +42,8 @@ async def parallel(client: Client, queries: tuple[str, ...], **kw: Any) -> list[
     return results
 
 
-async def usage(server: RecallServer, run_id: str) -> tuple[int, int, int]:
-    found = await server.hooks.allowance.ledger.usage(run_id)
+async def usage(server: RecallServer, run_id: str, caller: Caller = ANA) -> tuple[int, int, int]:
+    found = await server.hooks.allowance.ledger.usage(ledger_id(run_id, caller))
     return found.rounds, found.reserved, found.executed
 
 
@@ -57,8 +57,8 @@ async def test_six_parallel_searches_get_four_slots_and_two_refusals(tmp_path: P
         assert statuses(results) == ["ok"] * 4 + ["refused"] * 2
         refusals = [r["refusal"] for r in results if r["status"] == "refused"]
         assert {r["reason"] for r in refusals} == {"slots"}
-        assert all("bounded" in r["message"] and "not evidence" in r["message"]
-                   for r in refusals)
+        texts = [r["content"] for r in results if r["status"] == "refused"]
+        assert all("bounded" in t and "not evidence" in t for t in texts)
         rounds, reserved, executed = await usage(server, "run-six")
         assert rounds <= 2 and (reserved, executed) == (4, 4)
 
@@ -125,8 +125,10 @@ async def test_without_a_run_id_one_client_session_is_one_run(tmp_path: Path) ->
         async with Client(server.server) as client:  # a new session is a new run
             assert (await search(client, QUERIES[3]))["status"] == "ok"
         tools = {tool.name: tool for tool in (await _list(server)).tools}
-        assert "recallbound/run_id" in (tools["search_memory"].description or "")
-        assert "client session is one run" in (tools["search_memory"].description or "")
+        for tool in tools.values():
+            assert "recallbound/run_id" in (tool.description or "")
+            assert "at most 4 searches in at most 2 rounds" in (tool.description or "")
+            assert "current run, which ends at its deadline" in (tool.description or "")
 
 
 async def _list(server: RecallServer) -> Any:
@@ -145,21 +147,22 @@ async def test_a_run_id_from_meta_is_shared_across_sessions(tmp_path: Path) -> N
         assert await usage(server, "run-meta") == (2, 2, 2)
 
 
-async def test_a_run_id_reused_by_another_principal_is_rejected(tmp_path: Path) -> None:
+async def test_a_run_id_sent_by_another_principal_names_another_run(tmp_path: Path) -> None:
     async with recall_server(tmp_path) as ana:
         bo = RecallServer(ana.hooks, caller=BO)
         async with Client(ana.server) as client:
             assert (await search(client, "cutover date", run_id="run-owned"))["status"] == "ok"
-        async with Client(bo.server) as client:
-            result = await client.call_tool("search_memory", {"query": "cutover date"},
-                                            meta={"recallbound/run_id": "run-owned"})
-            assert result.is_error
-            assert structured(result)["status"] == "invalid"
-            assert structured(result)["error"] == errors.RunIdentityError.__name__
+        async with Client(bo.server) as client:  # no squatting, no probing: bo's own run
+            for query in ("cutover date", "deploy window"):
+                assert (await search(client, query, run_id="run-owned"))["status"] == "ok"
             context = await client.call_tool("recall_context", {"current_request": "Continue"},
                                              meta={"recallbound/run_id": "run-owned"})
-            assert structured(context)["error"] == errors.RunIdentityError.__name__
-        assert await usage(ana, "run-owned") == (1, 1, 1)
+            assert structured(context)["status"] == "refused"  # bo's run has no round left
+        async with Client(ana.server) as client:  # ana's run is untouched by bo
+            assert (await search(client, "deploy window", run_id="run-owned"))["status"] == "ok"
+        assert await usage(ana, "run-owned") == (2, 2, 2)
+        assert await usage(ana, "run-owned", BO) == (2, 2, 2)
+        assert ledger_id("run-owned", ANA) != ledger_id("run-owned", BO)
 
 
 async def test_a_forged_principal_or_scope_in_arguments_is_rejected(tmp_path: Path) -> None:

@@ -20,6 +20,8 @@ from typing import Any
 
 import mcp_types as types
 
+from plugin.control.policy import AllowancePolicy
+from plugin.control.refusal import BudgetRefusal
 from plugin.errors import (
     InvalidRunIdError,
     InvalidWorkingStateError,
@@ -42,10 +44,26 @@ RECALL_CONTEXT = "recall_context"
 MAX_STATE_CHARS = 64 * 1024
 """The longest working state read by ``recall_context`` (characters of its JSON form)."""
 
-_RUN_WORDS = (
-    f" The run is the one the client names in the request's _meta key {RUN_ID_META_KEY!r}; "
-    "without it, this whole client session is one run and shares one allowance."
+INSTRUCTIONS = (
+    "Long-term memory with a bounded recall allowance per run. A refusal that says recall was "
+    "bounded is not evidence that no memory exists."
 )
+
+
+def run_words(policy: AllowancePolicy) -> str:
+    """What a call gets, for the model: the run it belongs to and that run's allowance."""
+    searches = "search" if policy.max_searches == 1 else "searches"
+    rounds = "round" if policy.max_rounds == 1 else "rounds"
+    return (
+        f" Each run gets at most {policy.max_searches} {searches} in at most "
+        f"{policy.max_rounds} {rounds} (the parallel calls of one response share a round), "
+        f"within {policy.deadline_s:g} s of its first search. Calls belong to the run the client "
+        f"names in the request's _meta key {RUN_ID_META_KEY!r}; without one, to this client's "
+        "current run, which ends at its deadline (the next call then starts a new run). When "
+        "the allowance is spent the tool says recall was bounded: that is not evidence that "
+        "no memory exists."
+    )
+
 
 _TEXT = {"type": "string"}
 _TEXTS = {"type": "array", "items": _TEXT}
@@ -81,23 +99,62 @@ STATE_SCHEMA: dict[str, Any] = {
 }
 
 
-def tools() -> list[types.Tool]:
-    """The tools the server lists."""
+_STATUS = {"type": "string", "enum": ["ok", "refused", "invalid", "failed"]}
+_ERROR = {"type": "string", "description": "The error type (status invalid or failed)."}
+_REFUSAL = {
+    "type": "object",
+    "description": "Why recall was bounded (status refused).",
+    "properties": {
+        "reason": {"type": "string"}, "reserved": {"type": "integer"},
+        "executed": {"type": "integer"}, "message": {"type": "string"},
+    },
+    "required": ["reason"],
+}
+SEARCH_OUTPUT: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "status": _STATUS,
+        "content": {**_TEXT, "description": "What the model reads (evidence or why not)."},
+        "evidence_ids": _TEXTS,
+        "refusal": _REFUSAL,
+        "error": _ERROR,
+    },
+    "required": ["status", "content"],
+}
+CONTEXT_OUTPUT: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "status": _STATUS,
+        "context": {**_TEXT, "description": "The context to add before the next model call."},
+        "evidence_ids": _TEXTS,
+        "correction_ids": _TEXTS,
+        "notice": _REFUSAL,
+        "content": _TEXT,
+        "error": _ERROR,
+    },
+    "required": ["status"],
+}
+
+
+def tools(policy: AllowancePolicy | None = None) -> list[types.Tool]:
+    """The tools the server lists; their descriptions state ``policy``'s allowance."""
+    words = run_words(policy or AllowancePolicy())
     return [
         types.Tool(
             name=SEARCH_MEMORY,
-            description=SEARCH_TOOL.description + _RUN_WORDS,
+            description=SEARCH_TOOL.description + words,
             input_schema=SEARCH_TOOL.json_schema(),
+            output_schema=SEARCH_OUTPUT,
         ),
         types.Tool(
             name=RECALL_CONTEXT,
             description=(
                 "Prepare recalled memory for the next model call from the agent's working "
                 "state (one automatic recall round). Returns the context to add, or a notice "
-                "that recall was bounded, which is not evidence that no memory exists."
-                + _RUN_WORDS
+                "that recall was bounded." + words
             ),
             input_schema=STATE_SCHEMA,
+            output_schema=CONTEXT_OUTPUT,
         ),
     ]
 
@@ -116,11 +173,40 @@ def working_state(arguments: Mapping[str, Any]) -> WorkingState:
 
 
 def search_result(result: ToolResult) -> types.CallToolResult:
-    """A search call's result: evidence, the typed refusal, or why the call was rejected."""
+    """A search call's result: evidence, the typed refusal, or why the call was rejected.
+
+    The bounded sentence appears once in each form: the text block says it, and so does the
+    structured content's ``content`` (its ``refusal`` keeps the reason and the counts only).
+    Every error result names its error.
+    """
+    structured = result.as_dict()
+    refusal = structured.get("refusal")
+    if isinstance(refusal, dict):
+        structured["refusal"] = {k: v for k, v in refusal.items() if k not in ("message", "status")}
+    if result.status == "invalid":
+        structured["error"] = "InvalidSearchCall"
+    elif result.status == "failed":
+        structured["error"] = "SearchFailed"
     return types.CallToolResult(
         content=[types.TextContent(type="text", text=result.content)],
-        structured_content=result.as_dict(),
+        structured_content=structured,
         is_error=result.status in ("invalid", "failed"),
+    )
+
+
+def refused_result(tool: str, refusal: BudgetRefusal) -> types.CallToolResult:
+    """A call refused before any round (the caller's runs per hour): data, not an error."""
+    if tool == SEARCH_MEMORY:
+        return search_result(ToolResult(call_id="", status="refused", content=refusal.message,
+                                        refusal=refusal))
+    structured: dict[str, Any] = {
+        "status": "refused", "context": refusal.message, "evidence_ids": [],
+        "correction_ids": [], "notice": {"reason": refusal.reason.value,
+                                         "message": refusal.message},
+    }
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=refusal.message)],
+        structured_content=structured, is_error=False,
     )
 
 
