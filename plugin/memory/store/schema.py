@@ -184,6 +184,8 @@ CREATE TABLE IF NOT EXISTS memories (
     UNIQUE (principal, scope, id)
 );
 CREATE INDEX IF NOT EXISTS memories_recent ON memories (principal, scope, created_at DESC, id);
+-- Which cell holds an id: ``remember`` refuses an id another principal or scope holds.
+CREATE INDEX IF NOT EXISTS memories_id ON memories (id);
 {_INDEX_LOG_SQL}
 CREATE TABLE IF NOT EXISTS embeddings (
     memory_seq INTEGER NOT NULL REFERENCES memories (seq) ON DELETE CASCADE,
