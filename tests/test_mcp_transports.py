@@ -79,7 +79,7 @@ async def test_stdio_subprocess_serves_searches_and_refusals(
     with anyio.fail_after(120):
         async with Client(_stdio(tmp_path, server_backend)) as client:
             names = [tool.name for tool in (await client.list_tools()).tools]
-            assert names == ["search_memory", "recall_context"]
+            assert names == ["search_memory", "recall_context", "remember", "forget"]
             statuses = await _parallel(client, QUERIES, "run-stdio")
             hit = await search(client, "invoice backfill dry-run")  # the session's own run
     assert statuses == ["ok"] * 4 + ["refused"] * 2
@@ -288,3 +288,21 @@ async def test_host_and_origin_are_checked_on_every_bind(tmp_path: Path, bind: s
                 ]:
                     answer = await raw.post(url, json=body, headers={**base, **headers})
                     assert answer.status_code == status, (headers, answer.text)
+
+
+@pytest.mark.parametrize("server_backend", ["asyncio", "trio"])
+async def test_stdio_remember_and_forget(tmp_path: Path, server_backend: str) -> None:
+    await _seeded(tmp_path)
+    with anyio.fail_after(120):
+        async with Client(_stdio(tmp_path, server_backend)) as client:
+            made = await client.call_tool("remember", {"text": "The audit moved to Friday."})
+            memory_id = made.structured_content["id"] if made.structured_content else None
+            assert isinstance(memory_id, str)
+            found = await search(client, "audit moved", run_id="run-write")
+            assert memory_id in found["evidence_ids"]
+            gone = await client.call_tool("forget", {"id": memory_id})
+            assert gone.structured_content == {
+                "status": "ok", "id": memory_id, "forgotten": True,
+                "content": f"Forgot {memory_id!r}."}
+            after = await search(client, "audit moved", run_id="run-write")
+            assert memory_id not in after.get("evidence_ids", [])

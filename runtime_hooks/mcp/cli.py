@@ -182,7 +182,8 @@ async def serve(args: argparse.Namespace, chosen: McpSettings, env: Mapping[str,
         raise InvalidConfigError(f"{chosen.looser[0]} above its default widens a bound: it "
                                  f"needs allow_looser_policy = true")
     options: dict[str, Any] = {"window_s": chosen.window_s,
-                               "max_runs_per_hour": chosen.max_runs_per_hour}
+                               "max_runs_per_hour": chosen.max_runs_per_hour,
+                               "max_memory_bytes": chosen.max_memory_bytes}
     if chosen.http is not None:
         table = (TokenTable.from_file(chosen.token_file) if chosen.token_file is not None
                  else TokenTable.from_env(chosen.tokens_env, env))

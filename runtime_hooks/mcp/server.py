@@ -35,6 +35,8 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from plugin.control.logs import log_event
 from plugin.control.refusal import BudgetRefusal, RefusalReason
 from plugin.errors import McpAuthError
+from plugin.memory.pipeline import MemoryRetriever
+from plugin.memory.store import MemoryStore
 from runtime_hooks.hooks import RecallHooks, ToolCall
 
 from . import tools
@@ -48,6 +50,8 @@ SERVER_NAME = "recallbound"
 
 DEFAULT_MAX_RUNS_PER_HOUR = 60
 """How many runs a (principal, scope) may open in an hour unless configured otherwise."""
+DEFAULT_MAX_MEMORY_BYTES = 8 * 1024
+"""The longest memory text ``remember`` stores (UTF-8 bytes) unless configured otherwise."""
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -117,6 +121,11 @@ class RecallServer:
     window_s: float = attrs.field(default=DEFAULT_WINDOW_S, converter=check_window)
     max_runs_per_hour: int = attrs.field(default=DEFAULT_MAX_RUNS_PER_HOUR,
                                          validator=_check_positive)
+    store: MemoryStore | None = attrs.field(default=None)
+    """Where ``remember`` and ``forget`` write (default: the hooks' reference store, if any;
+    without a store the server offers no write tools)."""
+    max_memory_bytes: int = attrs.field(default=DEFAULT_MAX_MEMORY_BYTES,
+                                        validator=_check_positive)
     server: Server[Session] = attrs.field(init=False)
     _admitted: _Recent[str, bool] = attrs.field(factory=_Recent, init=False, repr=False)
     _admitting: dict[str, _Admission] = attrs.field(factory=dict, init=False, repr=False)
@@ -124,6 +133,8 @@ class RecallServer:
         factory=_Recent, init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
+        if self.store is None and isinstance(self.hooks.retriever, MemoryRetriever):
+            self.store = self.hooks.retriever.store
         self.server = Server(
             SERVER_NAME,
             instructions=tools.INSTRUCTIONS,
@@ -141,7 +152,27 @@ class RecallServer:
     async def _list_tools(
         self, ctx: ServerRequestContext[Session], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=tools.tools(self.hooks.allowance.policy))
+        return types.ListToolsResult(tools=self._tools())
+
+    def _tools(self) -> list[types.Tool]:
+        offered = tools.tools(self.hooks.allowance.policy)
+        if self.store is not None:
+            offered += tools.write_tools(self.max_memory_bytes)
+        return offered
+
+    async def _write(self, name: str, arguments: Mapping[str, Any],
+                     caller: Caller) -> types.CallToolResult:
+        """``remember`` or ``forget`` in the caller's own principal and scope (no recall slot)."""
+        assert self.store is not None
+        if name == tools.REMEMBER:
+            text, memory_id = tools.remember_arguments(arguments, self.max_memory_bytes)
+            stored = await self.store.remember(text, principal=caller.principal,
+                                               scope=caller.scope, id=memory_id)
+            return tools.remembered_result(stored)
+        memory_id = tools.forget_argument(arguments)
+        forgotten = await self.store.forget(memory_id, principal=caller.principal,
+                                            scope=caller.scope)
+        return tools.forgot_result(memory_id, forgotten)
 
     def _trusted(self, ctx: ServerRequestContext[Session]) -> tuple[Caller, CurrentRun]:
         """The caller of a request (HTTP: from its token) and its current run."""
@@ -217,11 +248,14 @@ class RecallServer:
         self, ctx: ServerRequestContext[Session], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
         name = params.name
-        if name not in (tools.SEARCH_MEMORY, tools.RECALL_CONTEXT):
-            return tools.unknown_tool(name)
+        offered = [tool.name for tool in self._tools()]
+        if name not in offered:
+            return tools.unknown_tool(name, offered)
         arguments: Mapping[str, Any] = params.arguments or {}
         try:
             caller, current = self._trusted(ctx)
+            if name in (tools.REMEMBER, tools.FORGET):
+                return await self._write(name, arguments, caller)
             named = client_run_id(ctx.meta)
             if named is not None:
                 run_id = ledger_run_id(named, principal=caller.principal, scope=caller.scope)

@@ -33,6 +33,7 @@ from plugin.errors import (
 )
 from plugin.memory.safe_text import one_line
 from plugin.memory.state import WorkingState
+from plugin.memory.store.errors import InvalidMemoryError, MemoryConflictError
 from runtime_hooks.adapters.tool import SEARCH_TOOL
 from runtime_hooks.hooks import PreparedContext, ToolResult
 
@@ -40,6 +41,8 @@ from .identity import RUN_ID_META_KEY
 
 SEARCH_MEMORY = SEARCH_TOOL.name
 RECALL_CONTEXT = "recall_context"
+REMEMBER = "remember"
+FORGET = "forget"
 
 MAX_STATE_CHARS = 64 * 1024
 """The longest working state read by ``recall_context`` (characters of its JSON form)."""
@@ -134,6 +137,105 @@ CONTEXT_OUTPUT: dict[str, Any] = {
     },
     "required": ["status"],
 }
+
+
+REMEMBER_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "text": {**_TEXT, "description": "The memory, in plain words (one fact or decision)."},
+        "id": {**_TEXT, "description": "Optional; an id you got from remember or a search: "
+                                       "that memory is replaced."},
+    },
+    "required": ["text"],
+    "additionalProperties": False,
+}
+FORGET_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"id": {**_TEXT, "description": "The memory's id."}},
+    "required": ["id"],
+    "additionalProperties": False,
+}
+WRITE_OUTPUT: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "status": _STATUS, "id": _TEXT, "forgotten": {"type": "boolean"},
+        "content": _TEXT, "error": _ERROR,
+    },
+    "required": ["status", "content"],
+}
+
+
+def write_tools(max_memory_bytes: int) -> list[types.Tool]:
+    """``remember`` and ``forget`` (listed when the server has a memory store to write)."""
+    return [
+        types.Tool(
+            name=REMEMBER,
+            description=(
+                "Store one memory for later recall (for this user and project). Returns the "
+                "memory's id; giving an id replaces that memory. At most "
+                f"{max_memory_bytes} bytes of text. Takes nothing from the recall allowance."
+            ),
+            input_schema=REMEMBER_SCHEMA,
+            output_schema=WRITE_OUTPUT,
+        ),
+        types.Tool(
+            name=FORGET,
+            description=("Delete one memory by its id, so that no later recall returns it. "
+                         "Says whether it was there. Takes nothing from the recall allowance."),
+            input_schema=FORGET_SCHEMA,
+            output_schema=WRITE_OUTPUT,
+        ),
+    ]
+
+
+def _only(arguments: Mapping[str, Any], required: str, *optional: str) -> None:
+    unknown = sorted(set(arguments) - {required, *optional})
+    if unknown:
+        raise InvalidToolArgumentsError(f"unknown argument {unknown[0]!r}")
+    for name in (required, *optional):
+        if (name == required or name in arguments) and not isinstance(arguments.get(name), str):
+            raise InvalidToolArgumentsError(f"{name!r} must be a string")
+
+
+def remember_arguments(arguments: Mapping[str, Any], max_bytes: int) -> tuple[str, str | None]:
+    """``remember``'s text and id, checked (the text at most ``max_bytes`` UTF-8 bytes)."""
+    _only(arguments, "text", "id")
+    text: str = arguments["text"]
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidToolArgumentsError("'text' is not valid Unicode text") from None
+    if size > max_bytes:
+        raise InvalidToolArgumentsError(
+            f"'text' is {size} bytes; a memory holds at most {max_bytes}")
+    return text, arguments.get("id")
+
+
+def forget_argument(arguments: Mapping[str, Any]) -> str:
+    """``forget``'s id, checked."""
+    _only(arguments, "id")
+    memory_id: str = arguments["id"]
+    return memory_id
+
+
+def remembered_result(memory_id: str) -> types.CallToolResult:
+    text = f"Remembered as {memory_id!r}."
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=text)],
+        structured_content={"status": "ok", "id": memory_id, "content": text},
+        is_error=False,
+    )
+
+
+def forgot_result(memory_id: str, forgotten: bool) -> types.CallToolResult:
+    text = (f"Forgot {memory_id!r}." if forgotten
+            else f"There was no memory {one_line(memory_id, limit=80)!r} to forget.")
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=text)],
+        structured_content={"status": "ok", "id": memory_id, "forgotten": forgotten,
+                            "content": text},
+        is_error=False,
+    )
 
 
 def tools(policy: AllowancePolicy | None = None) -> list[types.Tool]:
@@ -231,16 +333,23 @@ def context_result(context: PreparedContext) -> types.CallToolResult:
     )
 
 
-_INVALID: tuple[type[RecallboundError], ...] = (
+class InvalidToolArgumentsError(RecallboundError, ValueError):
+    """A write tool's arguments are not what its schema says (nothing was written)."""
+
+
+_INVALID: tuple[type[Exception], ...] = (
     InvalidRunIdError, InvalidWorkingStateError, InvalidWorkingStateTypeError, McpSessionError,
-    RunIdentityError,
+    RunIdentityError, InvalidToolArgumentsError, InvalidMemoryError, MemoryConflictError,
 )
 
 
 def error_result(exc: Exception) -> types.CallToolResult:
     """A typed error result: ``invalid`` for a request the server will not run, ``failed``
     when the server could not run it (a ledger fault: fail closed, nothing was searched)."""
-    if isinstance(exc, _INVALID):
+    if isinstance(exc, MemoryConflictError):  # never says whether, or whose, the id is
+        status, text = "invalid", ("Request rejected: this memory id cannot be used here; "
+                                   "leave the id out to store a new memory.")
+    elif isinstance(exc, _INVALID):
         status, text = "invalid", f"Request rejected: {one_line(str(exc), limit=300)}."
     elif isinstance(exc, LedgerError):
         status = "failed"
@@ -257,9 +366,9 @@ def error_result(exc: Exception) -> types.CallToolResult:
     )
 
 
-def unknown_tool(name: str) -> types.CallToolResult:
-    text = f"Unknown tool {one_line(name, limit=80)!r}: this server offers " \
-           f"{SEARCH_MEMORY!r} and {RECALL_CONTEXT!r}."
+def unknown_tool(name: str, offered: list[str]) -> types.CallToolResult:
+    text = (f"Unknown tool {one_line(name, limit=80)!r}: this server offers "
+            f"{', '.join(repr(tool) for tool in offered)}.")
     return types.CallToolResult(
         content=[types.TextContent(type="text", text=text)],
         structured_content={"status": "invalid", "error": "UnknownTool", "content": text},
