@@ -196,10 +196,10 @@ async def serve(args: argparse.Namespace, chosen: McpSettings, env: Mapping[str,
                            "mcp.scope in the configuration file)")
     caller = Caller(principal=chosen.principal, scope=chosen.scope)
     async with open_hooks(config) as hooks:
-        from mcp.server.stdio import stdio_server
+        from .wire import stdio_streams
 
         server = RecallServer(hooks, caller=caller, **options).server
-        async with stdio_server() as (read, write):
+        async with stdio_streams() as (read, write):
             await server.run(read, write, server.create_initialization_options())
 
 
