@@ -7,6 +7,7 @@ memories (principal ``ana``, scope ``atlas``).
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Mapping
 from functools import partial
@@ -15,6 +16,7 @@ from typing import Any
 
 import anyio
 import attrs
+import mcp_types
 import pytest
 from mcp import Client
 
@@ -299,3 +301,46 @@ async def test_a_locked_ledger_fails_closed_and_the_server_keeps_serving(tmp_pat
         finally:
             holder.close()
         assert await usage(server, "run-locked") == (1, 1, 1)
+
+
+async def test_every_result_matches_its_output_schema_and_says_a_refusal_once(
+    tmp_path: Path,
+) -> None:
+    import jsonschema
+
+    from plugin.control.wording import NOT_EVIDENCE
+
+    async with recall_server(tmp_path, window_s=1.0) as server, Client(server.server) as client:
+        schemas = {tool.name: tool.output_schema for tool in (await client.list_tools()).tools}
+        assert all(schemas.values())
+        state = {"current_request": "How do I run the invoice backfill dry-run?"}
+        calls: list[tuple[str, dict[str, Any], Any]] = [
+            ("recall_context", state, "run-s"),
+            ("search_memory", {"query": "cutover date"}, "run-s"),
+            ("search_memory", {"query": "deploy window"}, "run-s"),  # refused: rounds
+            ("recall_context", state, "run-s"),  # its notice
+            ("search_memory", {"query": 42}, "run-s"),
+            ("search_memory", {"query": "cutover"}, 7),
+            ("recall_context", {"current_request": 7}, "run-s"),
+            ("recall_context", {"current_request": "x" * 70_000}, "run-s"),
+            ("remember", {"text": ""}, None),
+            ("forget", {"id": 5}, None),
+            ("delete_memory", {}, None),
+        ]
+        refused = errors_seen = 0
+        for name, arguments, run_id in calls:
+            meta = {"recallbound/run_id": run_id} if run_id is not None else None
+            result = await client.call_tool(name, arguments, meta=meta)
+            data = structured(result)
+            if name in schemas:
+                jsonschema.validate(data, schemas[name])
+            text = "".join(block.text for block in result.content
+                           if isinstance(block, mcp_types.TextContent))
+            if result.is_error:
+                errors_seen += 1
+                assert data["status"] in ("invalid", "failed") and data["error"]
+            if data["status"] == "refused":
+                refused += 1
+                assert text.count(NOT_EVIDENCE) == 1
+                assert json.dumps(data).count("not evidence that no memory exists") == 1
+        assert (refused, errors_seen) == (2, 7)

@@ -304,7 +304,8 @@ def refused_result(tool: str, refusal: BudgetRefusal) -> types.CallToolResult:
     structured: dict[str, Any] = {
         "status": "refused", "context": refusal.message, "evidence_ids": [],
         "correction_ids": [], "notice": {"reason": refusal.reason.value,
-                                         "message": refusal.message},
+                                         "reserved": refusal.reserved,
+                                         "executed": refusal.executed},
     }
     return types.CallToolResult(
         content=[types.TextContent(type="text", text=refusal.message)],
@@ -321,8 +322,10 @@ def context_result(context: PreparedContext) -> types.CallToolResult:
         "correction_ids": [item.id for item in context.corrections],
     }
     if context.notice is not None:
+        # the notice's sentence is in "context" already: said once
         structured["notice"] = {
-            "reason": context.notice.reason.value, "message": context.notice.message,
+            "reason": context.notice.reason.value, "reserved": context.notice.reserved,
+            "executed": context.notice.executed,
         }
     if context.bounded:
         structured["bounded"] = [part.as_dict() for part in context.bounded]
