@@ -205,6 +205,9 @@ class MemoryLedger:
     ) -> bool:
         rules.open_run_arguments(run_id, principal, scope)
         at = read_time(now)
+        identities = self._open().identities
+        rules.check_identity(run_id, identities.get(run_id, (principal, scope)), principal, scope)
+        identities.setdefault(run_id, (principal, scope))
         opened = self._open().run_opens.setdefault((principal, scope), {})
         if run_id in opened:
             return True

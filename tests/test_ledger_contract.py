@@ -916,8 +916,8 @@ async def test_runs_opened_per_hour_are_capped_per_principal_and_scope(ledger: L
                                      per_hour=3)
     # a run already opened is not opened again; other cells have their own count
     assert await ledger.open_run("r1", principal="alice", scope="proj", now=WALL + 4, per_hour=3)
-    assert await ledger.open_run("r3", principal="bob", scope="proj", now=WALL + 4, per_hour=3)
-    assert await ledger.open_run("r3", principal="alice", scope="other", now=WALL + 4,
+    assert await ledger.open_run("b3", principal="bob", scope="proj", now=WALL + 4, per_hour=3)
+    assert await ledger.open_run("o3", principal="alice", scope="other", now=WALL + 4,
                                  per_hour=3)
     # the refused run was not counted: it still cannot open within the hour, and can after
     assert not await ledger.open_run("r3", principal="alice", scope="proj",
@@ -976,3 +976,19 @@ async def test_a_version_4_ledger_file_gains_the_run_openings(
         assert conn.execute("PRAGMA user_version").fetchone() == (SqliteLedger.schema_version,)
     finally:
         conn.close()
+
+
+async def test_opening_a_run_binds_its_identity(ledger: Ledger) -> None:
+    assert await ledger.open_run("run", principal="alice", scope="proj", now=WALL, per_hour=5)
+    with pytest.raises(RunIdentityError):
+        await ledger.bind_identity("run", principal="bob", scope="proj")
+    with pytest.raises(RunIdentityError):
+        await ledger.open_run("run", principal="bob", scope="proj", now=WALL, per_hour=5)
+    await ledger.bind_identity("other", principal="bob", scope="proj")
+    with pytest.raises(RunIdentityError):  # nothing counted for a refused opening
+        await ledger.open_run("other", principal="alice", scope="proj", now=WALL, per_hour=5)
+    for n in range(4):
+        assert await ledger.open_run(f"r{n}", principal="alice", scope="proj", now=WALL,
+                                     per_hour=5)
+    assert not await ledger.open_run("r9", principal="alice", scope="proj", now=WALL,
+                                     per_hour=5)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import attrs
 import pytest
 from mcp import Client
 
@@ -18,7 +19,7 @@ from plugin import ManualClock
 from plugin.control.wording import NOT_EVIDENCE
 from runtime_hooks.mcp import RecallServer
 
-from ._mcp_env import ANA, QUERIES, recall_server, search, structured
+from ._mcp_env import ANA, QUERIES, ledger_id, recall_server, search, structured
 
 pytestmark = pytest.mark.anyio
 
@@ -118,3 +119,52 @@ def test_max_runs_per_hour_must_be_a_positive_int() -> None:
     for bad, error in ((0, ValueError), (-1, ValueError), (1.5, TypeError), (True, TypeError)):
         with pytest.raises(error, match="max_runs_per_hour"):
             RecallServer(None, max_runs_per_hour=bad)  # type: ignore[arg-type]
+
+
+@attrs.define
+class _SlowWrites:
+    """A ledger whose identity and run-opening writes queue on one lock and take a while (a
+    loaded disk): the bookkeeping a server does for a new run."""
+
+    inner: Any
+    lock: anyio.Lock = attrs.field(factory=anyio.Lock)
+    writes: int = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def _slow(self) -> None:
+        async with self.lock:
+            self.writes += 1
+            await anyio.sleep(0.02)
+
+    async def bind_identity(self, run_id: str, **kw: Any) -> None:
+        if self.inner._identities.get(run_id) is None:
+            await self._slow()
+        await self.inner.bind_identity(run_id, **kw)
+
+    async def open_run(self, run_id: str, **kw: Any) -> bool:
+        await self._slow()
+        opened: bool = await self.inner.open_run(run_id, **kw)
+        return opened
+
+
+@pytest.mark.parametrize("named", [True, False])
+async def test_a_burst_of_a_new_run_is_one_round_however_slow_the_bookkeeping(
+    tmp_path: Path, named: bool
+) -> None:
+    async with recall_server(tmp_path) as plain:
+        slow = _SlowWrites(plain.hooks.allowance.ledger)
+        hooks = attrs.evolve(plain.hooks, allowance=attrs.evolve(plain.hooks.allowance,
+                                                                 ledger=slow))
+        server = RecallServer(hooks, caller=ANA)  # the default 5 ms window
+        async with Client(server.server) as client:
+            run_id = "run-burst" if named else None
+            assert await burst(client, QUERIES[:3], run_id=run_id) == ["ok"] * 3
+            assert slow.writes == 1  # one admission for the whole burst
+            # one round for the burst, so the run still has its second round for the last slot
+            last = await search(client, QUERIES[3], run_id=run_id)
+            assert last["status"] == "ok"
+        if named:
+            usage = await plain.hooks.allowance.ledger.usage(ledger_id("run-burst"))
+            assert (usage.rounds, usage.reserved) == (2, 4)

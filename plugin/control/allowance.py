@@ -95,6 +95,23 @@ class _Anchors:
 _ANCHORS = _Anchors()
 
 
+@attrs.frozen(kw_only=True)
+class Room:
+    """What a run has left: slots a round could get, rounds, and its deadline once opened."""
+
+    slots: int
+    rounds: int
+    deadline_wall: float | None = None
+
+    def expired(self, now: float) -> bool:
+        """Whether the run's deadline has passed at ``now``."""
+        return self.deadline_wall is not None and now >= self.deadline_wall
+
+    def slots_at(self, now: float) -> int:
+        """Slots a round could get at ``now`` (0 once the deadline has passed)."""
+        return 0 if self.expired(now) else self.slots
+
+
 @attrs.define(eq=False)
 class RecallAllowance:
     """Issues permits for a run's recall rounds under an :class:`AllowancePolicy`.
@@ -173,15 +190,23 @@ class RecallAllowance:
         only the ledger's reservation decides what is granted. 0 once the run has all its
         rounds, its deadline has passed, or every slot is reserved.
         """
+        return (await self.room(run_id)).slots_at(self.clock.wall())
+
+    async def room(self, run_id: str) -> Room:
+        """What ``run_id`` has left by its usage (an estimate, as :meth:`headroom`)."""
         validate_run_id(run_id)
         if self.is_legacy:
-            return LEGACY_SLOTS
+            return Room(slots=LEGACY_SLOTS, rounds=LEGACY_SLOTS)
         usage = await self.ledger.usage(run_id)
-        if usage.rounds >= self.policy.max_rounds:
-            return 0
-        if usage.deadline_wall is not None and self.clock.wall() >= usage.deadline_wall:
-            return 0
-        return max(0, self.policy.max_searches - usage.reserved)
+        rounds = max(0, self.policy.max_rounds - usage.rounds)
+        slots = max(0, self.policy.max_searches - usage.reserved) if rounds else 0
+        return Room(slots=slots, rounds=rounds, deadline_wall=usage.deadline_wall)
+
+    def fresh_room(self) -> Room:
+        """What a run that has not opened yet has: the whole policy."""
+        if self.is_legacy:
+            return Room(slots=LEGACY_SLOTS, rounds=LEGACY_SLOTS)
+        return Room(slots=self.policy.max_searches, rounds=self.policy.max_rounds)
 
     async def usage(self, run_id: str) -> Usage:
         """The run's totals from the ledger."""

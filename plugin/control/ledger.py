@@ -268,7 +268,9 @@ class Ledger(Protocol):
     async def open_run(
         self, run_id: str, *, principal: str, scope: str, now: WallTime, per_hour: int
     ) -> bool:
-        """Count ``run_id`` as a run ``principal`` and ``scope`` opened at ``now``, once.
+        """Bind ``run_id`` to ``principal`` and ``scope`` (as :meth:`bind_identity`: another
+        principal or scope raises :class:`~plugin.errors.RunIdentityError` and stores nothing)
+        and count it as a run they opened at ``now``, once; in one transaction.
 
         True when the run is counted (now, or already before); False, storing nothing, when
         the pair already opened ``per_hour`` other runs in the :data:`RUN_RATE_WINDOW_S` before

@@ -509,6 +509,13 @@ class SqlLedger(abc.ABC):
         async def write(s: Session) -> bool:
             # One lock per (principal, scope): two processes opening runs for it queue here.
             await self._lock_run(s, json.dumps(["run_opens", principal, scope]))
+            bound = self._identities.get(run_id)
+            if bound is None:  # bound as bind_identity binds it, in this transaction
+                await s.fetchall(self._sql(_BIND), {**cell, "run_id": run_id})
+                ((first, second),) = await s.fetchall(self._sql(_BOUND), {"run_id": run_id})
+                bound = (str(first), str(second))
+            check_identity(run_id, bound, principal, scope)  # raises: nothing is stored
+            self._identities.put(run_id, bound)
             if await s.fetchall(self._sql(_OPENED), {**cell, "run_id": run_id}):
                 return True
             # Openings older than the window count no more: the pair's rows stay bounded.

@@ -226,11 +226,14 @@ class RecallServer:
             allowance = self.hooks.allowance
             try:
                 with anyio.CancelScope(shield=True):  # bounded by the ledger's own timeout
-                    await allowance.ledger.bind_identity(
-                        run_id, principal=caller.principal, scope=caller.scope)
-                    admission.opened = allowance.is_legacy or await allowance.ledger.open_run(
-                        run_id, principal=caller.principal, scope=caller.scope,
-                        now=allowance.clock.wall(), per_hour=self.max_runs_per_hour)
+                    if allowance.is_legacy:
+                        await allowance.ledger.bind_identity(
+                            run_id, principal=caller.principal, scope=caller.scope)
+                        admission.opened = True
+                    else:  # binds the identity too, in the same transaction
+                        admission.opened = await allowance.ledger.open_run(
+                            run_id, principal=caller.principal, scope=caller.scope,
+                            now=allowance.clock.wall(), per_hour=self.max_runs_per_hour)
             except Exception as exc:
                 admission.error = exc
             finally:
