@@ -22,7 +22,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import anyio
 import attrs
@@ -35,8 +35,6 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from plugin.control.logs import log_event
 from plugin.control.refusal import BudgetRefusal, RefusalReason
 from plugin.errors import McpAuthError
-from plugin.memory.pipeline import MemoryRetriever
-from plugin.memory.store import MemoryStore
 from runtime_hooks.hooks import RecallHooks, ToolCall
 
 from . import tools
@@ -82,6 +80,17 @@ class _Recent(Generic[K, V]):
         return value
 
 
+@runtime_checkable
+class MemoryWriter(Protocol):
+    """What ``remember`` and ``forget`` write to (:class:`~plugin.memory.MemoryStore` is one)."""
+
+    async def remember(
+        self, text: str, *, principal: str, scope: str, id: str | None = None
+    ) -> str: ...
+
+    async def forget(self, id: str, *, principal: str, scope: str) -> bool: ...
+
+
 @attrs.define(eq=False)
 class _Admission:
     """One run's first use in this server, shared by the calls that arrive during it."""
@@ -121,7 +130,7 @@ class RecallServer:
     window_s: float = attrs.field(default=DEFAULT_WINDOW_S, converter=check_window)
     max_runs_per_hour: int = attrs.field(default=DEFAULT_MAX_RUNS_PER_HOUR,
                                          validator=_check_positive)
-    store: MemoryStore | None = attrs.field(default=None)
+    store: MemoryWriter | None = attrs.field(default=None)
     """Where ``remember`` and ``forget`` write (default: the hooks' reference store, if any;
     without a store the server offers no write tools)."""
     max_memory_bytes: int = attrs.field(default=DEFAULT_MAX_MEMORY_BYTES,
@@ -133,8 +142,10 @@ class RecallServer:
         factory=_Recent, init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
-        if self.store is None and isinstance(self.hooks.retriever, MemoryRetriever):
-            self.store = self.hooks.retriever.store
+        if self.store is None:  # the reference store behind the hooks' retriever, if any
+            found = getattr(self.hooks.retriever, "store", None)
+            if isinstance(found, MemoryWriter):
+                self.store = found
         self.server = Server(
             SERVER_NAME,
             instructions=tools.INSTRUCTIONS,
