@@ -7,11 +7,12 @@ request of that run that arrives before the batch closes joins it; the batch the
 round, one slot per valid call, the rest refused). Rounds of one run run one at a time;
 requests that arrive while a round is in flight form the next batch.
 
-When a batch closes. The window asks the allowance what the run has left
-(:meth:`RecallAllowance.room <plugin.control.allowance.RecallAllowance.room>`) after each of
-the run's rounds, once that round's calls have their results, and keeps the answer; a run it
-has not served yet is taken as fresh. No ledger read stands between a burst's first call and
-the rest of it, so the server's own bookkeeping never splits a burst. Then
+When a batch closes. The window asks the allowance what the run has left as this process
+last learned it from the run's own rounds
+(:meth:`RecallAllowance.known_room <plugin.control.allowance.RecallAllowance.known_room>`; a
+run it has reserved nothing for is taken as fresh): no ledger read or write stands between a
+burst's first call and the rest of it, so the server's own bookkeeping never splits a burst.
+Then
 
 * a batch of one call closes at once (a lone request never waits), unless the run has one
   round left: spending the last round on one call would refuse every call that is a few
@@ -21,7 +22,7 @@ the rest of it, so the server's own bookkeeping never splits a burst. Then
 * either way it closes as soon as it holds as many calls as the run has slots left, and at
   once when the run has no slot or round left (every call is refused without waiting).
 
-What the window keeps is an estimate: only the ledger's reservation decides what a round is
+What the allowance knows is an estimate: only the ledger's reservation decides what a round is
 granted, so a stale estimate can cost a burst its shared round, never an extra slot.
 
 A batch runs in the window's own task group, not in any request's task: a client that
@@ -32,7 +33,6 @@ consumed (no refunds) and its result is dropped.
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -40,13 +40,11 @@ import anyio
 import attrs
 from anyio.abc import TaskGroup
 
-from plugin.control.allowance import Room
 from runtime_hooks.hooks import RecallHooks, ToolCall, ToolResult
 
 DEFAULT_WINDOW_S = 0.005
 """How long a batch that holds several calls stays open for the rest of its burst."""
-ROOMS_KEPT = 4096
-"""How many runs' rooms the window keeps (least recently used go; they are estimates)."""
+
 
 
 def check_window(value: object) -> float:
@@ -91,7 +89,6 @@ class BatchWindow:
     window_s: float = attrs.field(default=DEFAULT_WINDOW_S, converter=check_window)
     _runs: dict[str, _Run] = attrs.field(factory=dict, init=False, repr=False)
     _tasks: TaskGroup | None = attrs.field(default=None, init=False, repr=False)
-    _rooms: OrderedDict[str, Room] = attrs.field(factory=OrderedDict, init=False, repr=False)
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[BatchWindow]:
@@ -162,8 +159,6 @@ class BatchWindow:
                     batch.error = exc
                 if run.collecting is batch:
                     run.collecting = None
-                batch.done.set()  # the burst has its answers; now learn what the run has left
-                await self._learn(run_id)
         finally:
             if run.collecting is batch:
                 run.collecting = None
@@ -172,23 +167,12 @@ class BatchWindow:
             if run.users == 0 and self._runs.get(run_id) is run:
                 del self._runs[run_id]
 
-    async def _learn(self, run_id: str) -> None:
-        try:
-            room = await self.hooks.allowance.room(run_id)
-        except Exception:  # an estimate only: without it the run is taken as fresh
-            self._rooms.pop(run_id, None)
-            return
-        self._rooms[run_id] = room
-        self._rooms.move_to_end(run_id)
-        while len(self._rooms) > ROOMS_KEPT:
-            self._rooms.popitem(last=False)
-
     async def _hold(self, batch: _Batch) -> None:
         """Wait while the batch may still grow usefully (see the module docstring)."""
         allowance = self.hooks.allowance
         if allowance.is_legacy:
             return
-        room = self._rooms.get(batch.run_id) or allowance.fresh_room()
+        room = allowance.known_room(batch.run_id) or allowance.fresh_room()
         slots_left = room.slots_at(allowance.clock.wall())
         if slots_left <= 0 or room.rounds <= 0:
             return
