@@ -306,3 +306,57 @@ async def test_stdio_remember_and_forget(tmp_path: Path, server_backend: str) ->
                 "content": f"Forgot {memory_id!r}."}
             after = await search(client, "audit moved", run_id="run-write")
             assert memory_id not in after.get("evidence_ids", [])
+
+
+# The SDK's HTTP client (httpx2) under trio leaves its SSE async generators to the garbage
+# collector; that is the client library's own cleanup, not the server's.
+@pytest.mark.filterwarnings("ignore:Async generator .* was garbage collected:ResourceWarning")
+async def test_every_malformed_http_request_is_answered_and_the_server_keeps_serving(
+    tmp_path: Path,
+) -> None:
+    await _seeded(tmp_path)
+    async with _http_server(tmp_path) as (url, _):
+        headers = {"Accept": "application/json, text/event-stream",
+                   "Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}",
+                   "Mcp-Protocol-Version": "2025-06-18"}
+        bodies = [
+            b"{not json", b'\xff\xfe{"jsonrpc":"2.0","id":1,"method":"initialize"}',
+            b'{"jsonrpc":"2.0","id":2,"method":"initialize","params":[1]}',
+            b'{"jsonrpc":"2.0","id":3}', b"[" * 50_000 + b"]" * 50_000,
+            b'{"jsonrpc":"2.0","id":4,"method":"initialize","params":{"x":"\\ud800"}}',
+            b'{"jsonrpc":"2.0","id":5,"method":"initialize","params":{"x":"'
+            + b"a" * (5 * 1024 * 1024) + b'"}}',
+        ]
+        with anyio.fail_after(120):
+            async with httpx2.AsyncClient() as raw:
+                for body in bodies:
+                    answer = await raw.post(url, content=body, headers=headers)
+                    assert 400 <= answer.status_code < 500, (body[:40], answer.status_code)
+                    if answer.headers.get("content-type", "").startswith("application/json"):
+                        assert "error" in answer.json()
+            async with _http_client(url, TOKEN) as client:
+                hit = await search(client, "invoice backfill dry-run", run_id="run-after")
+                assert hit["status"] == "ok"
+
+
+async def test_a_server_on_a_machine_with_nothing_set_up_starts_and_keeps_its_files(
+    tmp_path: Path,
+) -> None:
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    # what the SDK's stdio client passes a server by default: no RECALLBOUND_* at all
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "runtime_hooks", "mcp", "--principal", "ana", "--scope", "atlas"],
+        env={"HOME": str(home), "PATH": os.environ.get("PATH", "")}, cwd=str(work),
+    )
+    with anyio.fail_after(120):
+        async with Client(params) as client:
+            made = await client.call_tool("remember", {"text": "The cutover is on Friday."})
+            assert made.structured_content is not None
+            found = await search(client, "cutover Friday")
+            assert made.structured_content["id"] in found["evidence_ids"]
+    folder = home / ".local" / "share" / "recallbound"
+    assert sorted(p.name for p in folder.glob("*.db")) == ["ledger.db", "memory.db"]
+    assert list(work.iterdir()) == []

@@ -4,7 +4,9 @@ Settings, highest precedence first: the command line, the ``[mcp]`` table of the
 configuration file (``--config``, else ``$RECALLBOUND_CONFIG``, else ``recallbound.toml`` in
 the working folder), defaults. The ledger, the store and the policy come from the same
 configuration as the hooks (:meth:`RecallConfig.from_sources
-<runtime_hooks.bootstrap.RecallConfig.from_sources>`).
+<runtime_hooks.bootstrap.RecallConfig.from_sources>`); a ledger or store that nothing names is
+kept in :func:`data_folder` (``~/.local/share/recallbound``, created on first use), beside the
+store ``recallbound memory`` writes to, so a desktop client's bare command line works.
 
 ``[mcp]`` keys: ``principal``, ``scope`` (stdio), ``window_ms`` (the batch window),
 ``max_runs_per_hour`` (runs a principal and scope may open an hour, counted in the ledger;
@@ -169,6 +171,28 @@ def settings(args: argparse.Namespace, env: Mapping[str, str]) -> McpSettings:
     )
 
 
+def data_folder(env: Mapping[str, str]) -> Path:
+    """``$XDG_DATA_HOME/recallbound``, or ``~/.local/share/recallbound``: where a server that
+    was given no ledger or store keeps them (the folder ``recallbound memory`` writes to)."""
+    home = Path(env["HOME"]) if env.get("HOME") else Path.home()
+    base = env.get("XDG_DATA_HOME") or str(home / ".local" / "share")
+    return Path(base) / "recallbound"
+
+
+def _first_use(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, object]:
+    """The ledger and store in :func:`data_folder` (created now) when none is configured."""
+    from runtime_hooks.config import load_config
+
+    values = load_config(args.config, env=env).values
+    missing = [key for key in ("ledger", "store") if values.get(key) is None]
+    if not missing:
+        return {}
+    folder = data_folder(env)
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {"ledger": folder / "ledger.db", "store": folder / "memory.db"}
+    return {key: str(files[key]) for key in missing}
+
+
 async def serve(args: argparse.Namespace, chosen: McpSettings, env: Mapping[str, str],
                 err: TextIO = sys.stderr) -> None:
     """Open the hooks from the configuration and serve until the client goes away."""
@@ -177,7 +201,7 @@ async def serve(args: argparse.Namespace, chosen: McpSettings, env: Mapping[str,
     from .server import RecallServer
     from .trust import Caller, TableTokenVerifier, TokenTable
 
-    config = RecallConfig.from_sources(args.config, env=env)
+    config = RecallConfig.from_sources(args.config, env=env, overrides=_first_use(args, env))
     if chosen.looser and not config.allow_looser_policy:
         raise InvalidConfigError(f"{chosen.looser[0]} above its default widens a bound: it "
                                  f"needs allow_looser_policy = true")
