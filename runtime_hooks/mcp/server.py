@@ -217,7 +217,10 @@ class RecallServer:
         async with current.lock:
             if current.touched and current.deadline is None:
                 current.touched = False
-                current.deadline = (await allowance.usage(current.run_id)).deadline_wall
+                known = allowance.known_room(current.run_id)  # this process's own rounds
+                current.deadline = (known.deadline_wall if known is not None
+                                    and known.deadline_wall is not None
+                                    else (await allowance.usage(current.run_id)).deadline_wall)
             if current.deadline is not None and allowance.clock.wall() >= current.deadline:
                 current.expire()
             return current.run_id
