@@ -110,6 +110,11 @@ def read_message(line: bytes, *, max_depth: int = MAX_DEPTH) -> SessionMessage |
     if not line.strip():
         return None
     shallow = line.count(b"[") + line.count(b"{") <= max_depth
+    if shallow and not _SURROGATE.search(line):
+        try:  # the common case, in one pass: a well-formed message
+            return SessionMessage(types.jsonrpc_message_adapter.validate_json(line, by_name=False))
+        except pydantic.ValidationError:
+            pass  # told apart below, to answer with the right error
     if not shallow:
         ok, salvaged = scan(line, max_depth)
         if not ok:
