@@ -138,7 +138,7 @@ def test_short_request_terms() -> None:
     assert short_request_terms("ok, go on") is not None
     assert short_request_terms("please rotate the billing keys before the audit") is None
     policy = RankingPolicy(request_terms=2)
-    assert [request_share(n, policy) for n in (0, 1, 2, 5)] == [0.0, 0.5, 1.0, 1.0]
+    assert [request_share(n, policy) for n in (0, 1, 2, 5)] == [0.0, 0.25, 1.0, 1.0]
 
 
 def test_weights_follow_roles_not_positions() -> None:
