@@ -3,8 +3,9 @@
 Runs a development file (default ``examples/devset.jsonl``; also the hand-written dev half
 ``examples/handwritten_dev.jsonl``, a hand-written development set and the LoCoMo dev split
 converted under /tmp, never a test half or held-out data) once per named variant of
-:class:`~plugin.memory.ranking.RankingPolicy` and prints recall@5 per arm, strategy and family, plus task_context - baseline per family with
-the lower end of its 95 % interval. ``--only NAME`` runs one variant (repeatable).
+:class:`~plugin.memory.ranking.RankingPolicy` and prints recall@5 per arm, strategy and
+family, plus task_context - baseline per family with the lower end of its 95 % interval.
+``--only NAME`` runs one variant (repeatable).
 
 ``--check-fusion`` is the regression check on long conversations: with ``--only default`` and
 each LoCoMo dev conversion, it exits 1 when fused recall@5 is below the best single arm::

@@ -9,9 +9,9 @@ arms keep that structure instead of flattening it:
   fragments of one role share it (``weight / sqrt(n)``), so eight entities do not outvote one
   next action. The entities the facts name and the open questions weigh twice the next action:
   in real notes what ties a memory to the work is most often a person's name, an id or the
-  answer to a question, while distractors share the next action's common words. A request that carries content leads (``request``) and the other fields keep a
-  share of their weights (``context``), so a task in flight does not dilute a question asked
-  now.
+  answer to a question, while distractors share the next action's common words. A request
+  that carries content leads (``request``) and the other fields keep a share of their weights
+  (``context``), so a task in flight does not dilute a question asked now.
 - **A content-free request** ("Continue", "weiter", "ok, next step please") weighs 0, and the
   other fields then carry the query together: a memory that several fields point at sums
   their weights (agreement counts). Which requests carry no content is not read from a word
