@@ -115,7 +115,10 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (RESERVE_WAVE,),
     # version 5: each attempt counts the evidence dropped for naming another principal or scope
     ("ALTER TABLE {s}.attempts ADD COLUMN IF NOT EXISTS dropped bigint NOT NULL DEFAULT 0",),
-    # version 6: each dispatched call's outcome, and tombstones (a pruned run keeps its row)
+    # version 6: the runs each (principal, scope) opened in the last hour (a cap on new runs)
+    tuple(statement for table in TABLES if table.since == 6
+          for statement in create_table(table, TYPES, prefix="{s}.")),
+    # version 7: each dispatched call's outcome, and tombstones (a pruned run keeps its row)
     (
         *(statement for table in TABLES if table.since == CALLS_SINCE
           for statement in create_table(table, TYPES, prefix="{s}.")),

@@ -4,8 +4,8 @@ A round of a run is granted while the run has a round left, a slot left, and its
 not passed; it gets what it asked for, or the slots that are left. When a round is refused,
 the reason named is the first that applies, in this order: ``rounds``, ``slots``,
 ``deadline``. :class:`Headroom` is that rule over a run's counts, for Python (the in-memory
-ledger, :meth:`~plugin.control.allowance.RecallAllowance.headroom`, and anyone who asks the
-allowance what a run has left); :data:`ADMITS`, :data:`GRANT` and :data:`REFUSAL_REASON` are the
+ledger, and :meth:`~plugin.control.allowance.RecallAllowance.room`, what anyone asks the
+allowance of what a run has left); :data:`ADMITS`, :data:`GRANT` and :data:`REFUSAL_REASON` are the
 same rule as SQL, which both SQL ledgers' reserving statements are built from.
 """
 
@@ -68,10 +68,17 @@ class Headroom:
         """Rounds the run may still have (its deadline aside)."""
         return max(0, self.max_rounds - self.rounds)
 
+    @property
+    def slots_left(self) -> int:
+        """Slots a round could get (its deadline aside): 0 once the rounds are used up."""
+        if self.rounds_left == 0:
+            return 0
+        return max(0, self.max_searches - self.reserved)
+
     def grant(self, requested: int) -> int:
         """The slots a granted round asking for ``requested`` gets."""
         return min(requested, self.max_searches - self.reserved)
 
     def slots(self, now_wall: float) -> int:
         """How many slots a round judged at ``now_wall`` could get (0 when it is refused)."""
-        return 0 if self.refusal(now_wall) is not None else self.max_searches - self.reserved
+        return 0 if self.refusal(now_wall) is not None else self.slots_left

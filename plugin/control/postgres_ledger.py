@@ -45,7 +45,7 @@ from plugin.errors import (
     LedgerUnavailableError,
 )
 
-from . import _postgres
+from . import _postgres, validate
 from ._group import GroupCommit
 from ._postgres_batch import Judge, Send
 from ._postgres_schema import (
@@ -58,6 +58,7 @@ from ._postgres_schema import (
     inspect_schema,
     setup_schema,
 )
+from .dsn import password_of, redact
 from .ledger import Reservation, WallTime
 from .policy import AllowancePolicy, RoundKind
 from .refusal import BudgetRefusal
@@ -76,27 +77,18 @@ TimeSource = Literal["server", "caller"]
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 
-_URL_PASSWORD = re.compile(r"(://[^:/@?#]*:)[^@/?#]*@")
-_PARAM_PASSWORD = re.compile(r"(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]*)")
-
-
 def redact_dsn(dsn: str) -> str:
-    """``dsn`` for display: a password (URL userinfo, ``password=`` parameter) as ``***``."""
-    return _PARAM_PASSWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", dsn))
+    """``dsn`` for display: a password in any form as ``***`` (the one redaction)."""
+    return redact(dsn)
 
 
 def _password(dsn: str) -> str | None:
-    try:
-        value = psycopg.conninfo.conninfo_to_dict(dsn).get("password")
-    except psycopg.Error:
-        return None
-    return value if isinstance(value, str) and value else None
+    return password_of(dsn)
 
 
 def _one_line(text: str, secret: str | None) -> str:
     """An error text on one line (libpq's span several), never holding the password."""
-    line = " ".join(text.split())
-    return line.replace(secret, "***") if secret else line
+    return redact(" ".join(text.split()), secrets=(secret,))
 
 
 def _translate(exc: BaseException, where: str, secret: str | None = None) -> LedgerError:
@@ -349,6 +341,7 @@ class PostgresLedger(SqlLedger):
         *,
         floor: WallTime = -math.inf,
     ) -> Reservation | BudgetRefusal:
+        validate.run_id(run_id)
         self._connected()  # closed: fail now, not inside someone else's batch
         return await self._group.submit(
             ReserveRequest(run_id, kind, requested, policy, now, floor))

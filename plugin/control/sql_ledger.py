@@ -16,6 +16,7 @@ table name; the :class:`Dialect` turns it into what the driver expects.
 from __future__ import annotations
 
 import abc
+import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
@@ -24,8 +25,10 @@ import anyio
 
 from plugin.errors import LedgerError, LedgerLockedError, LedgerUnavailableError
 
+from . import validate
 from ._group import GroupCommit
 from .ledger import (
+    RUN_RATE_WINDOW_S,
     AttemptOutcome,
     AttemptTrace,
     CallRecord,
@@ -34,9 +37,12 @@ from .ledger import (
     Reservation,
     Usage,
     Validity,
+    WallTime,
     check_identity,
     grant_validations,
     identity_arguments,
+    open_run_arguments,
+    read_time,
 )
 from .ledger_admin import LedgerAdmin
 from .policy import RoundKind
@@ -47,6 +53,10 @@ from .sql_rows import (
     _BIND,
     _BOUND,
     _CALLS,
+    _FORGET_OPENS,
+    _OPEN,
+    _OPENED,
+    _OPENS,
     _RECORD_ATTEMPT,
     _RECORD_CALL,
     _RECORD_REFUSAL,
@@ -190,6 +200,7 @@ class SqlLedger(abc.ABC):
         await self._writes.submit((min(found, default=""), statements))
 
     async def recorded_calls(self, run_id: str, call_ids: Sequence[str]) -> list[CallRecord]:
+        validate.run_id(run_id)
         ids = list(dict.fromkeys(call_ids))
         if not ids:
             return []
@@ -282,9 +293,39 @@ class SqlLedger(abc.ABC):
             bound = self._identities.put(run_id, (str(rows[0][0]), str(rows[0][1])))
         check_identity(run_id, bound, principal, scope)
 
+    async def open_run(
+        self, run_id: str, *, principal: str, scope: str, now: WallTime, per_hour: int
+    ) -> bool:
+        open_run_arguments(run_id, principal, scope)
+        cell = {"principal": principal, "scope": scope}
+        at = read_time(now)
+
+        async def write(s: Session) -> bool:
+            # One lock per (principal, scope): two processes opening runs for it queue here.
+            await self._lock_run(s, json.dumps(["run_opens", principal, scope]))
+            bound = self._identities.get(run_id)
+            if bound is None:  # bound as bind_identity binds it, in this transaction
+                await s.fetchall(self._sql(_BIND), {**cell, "run_id": run_id})
+                ((first, second),) = await s.fetchall(self._sql(_BOUND), {"run_id": run_id})
+                bound = (str(first), str(second))
+            check_identity(run_id, bound, principal, scope)  # raises: nothing is stored
+            self._identities.put(run_id, bound)
+            if await s.fetchall(self._sql(_OPENED), {**cell, "run_id": run_id}):
+                return True
+            # Openings older than the window count no more: the pair's rows stay bounded.
+            await s.fetchall(self._sql(_FORGET_OPENS), {**cell, "since": at - RUN_RATE_WINDOW_S})
+            ((opened,),) = await s.fetchall(self._sql(_OPENS), cell)
+            if opened >= per_hour:
+                return False
+            await s.fetchall(self._sql(_OPEN), {**cell, "run_id": run_id, "now": at})
+            return True
+
+        return await self._transact(write, f"opening run {run_id!r}")
+
     async def take_validations(
         self, run_id: str, evidence_ids: Sequence[str], *, limit: int
     ) -> dict[str, Validity]:
+        validate.run_id(run_id)
         ids = list(dict.fromkeys(evidence_ids))
         if not ids:
             return {}
@@ -300,6 +341,7 @@ class SqlLedger(abc.ABC):
         return await self._transact(write, f"taking validations of run {run_id!r}")
 
     async def usage(self, run_id: str) -> Usage:
+        validate.run_id(run_id)
         ((rounds, reserved, deadline, executed, refused, legacy),) = await self._read(
             _USAGE, {"run_id": run_id}, f"reading the usage of run {run_id!r}")
         if rounds is None:
@@ -310,6 +352,7 @@ class SqlLedger(abc.ABC):
         )
 
     async def reservations(self, run_id: str) -> list[Reservation]:
+        validate.run_id(run_id)
         rows = await self._read(_RESERVATIONS, {"run_id": run_id},
                                 f"reading the rounds of run {run_id!r}")
         return [
@@ -323,6 +366,7 @@ class SqlLedger(abc.ABC):
         ]
 
     async def attempts(self, run_id: str) -> list[AttemptTrace]:
+        validate.run_id(run_id)
         rows = await self._read(_ATTEMPTS, {"run_id": run_id},
                                 f"reading the attempts of run {run_id!r}")
         return [
@@ -338,6 +382,7 @@ class SqlLedger(abc.ABC):
         ]
 
     async def refusals(self, run_id: str) -> list[RefusalRecord]:
+        validate.run_id(run_id)
         rows = await self._read(_REFUSALS, {"run_id": run_id},
                                 f"reading the refusals of run {run_id!r}")
         return [

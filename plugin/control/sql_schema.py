@@ -96,8 +96,8 @@ class ReserveRequest:
     floor: WallTime
 
 
-CALLS_SINCE = 6
-"""The PostgreSQL schema version that added call records and tombstones (SQLite's is 5)."""
+CALLS_SINCE = 7
+"""The PostgreSQL schema version that added call records and tombstones (SQLite's is 6)."""
 
 
 @attrs.frozen
@@ -143,13 +143,18 @@ TABLES = (
     Table("run_identity", (
         "run_id {text} PRIMARY KEY", "principal {text} NOT NULL", "scope {text} NOT NULL"),
         since=3),
+    Table("run_opens", (
+        "principal {text} NOT NULL", "scope {text} NOT NULL", "run_id {text} NOT NULL",
+        "opened_wall {real} NOT NULL", "PRIMARY KEY (principal, scope, run_id)"),
+        since=6),
     Table("calls", (
         "run_id {text} NOT NULL", "call_id {text} NOT NULL", "digest {text} NOT NULL",
         "status {text} NOT NULL", "slot {int}", "reason {text}", "evidence {text} NOT NULL",
         "more {int} NOT NULL", "reserved {int} NOT NULL", "executed {int} NOT NULL",
         "PRIMARY KEY (run_id, call_id, digest)"), since=CALLS_SINCE),
 )
-"""Every table of a ledger, the same on every database. A run's ``pruned`` flag marks its
+"""Every table of a ledger, the same on every database (``since``: PostgreSQL's version). A
+run's ``pruned`` flag marks its
 ``runs`` row as the tombstone a prune leaves (see :mod:`plugin.control.sql_admin`)."""
 
 

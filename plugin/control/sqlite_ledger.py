@@ -30,7 +30,7 @@ from plugin.errors import (
     LedgerPathError,
 )
 
-from . import _sqlite
+from . import _sqlite, validate
 from ._group import GroupCommit
 from ._sqlite.translate import Family
 from ._sqlite.translate import translate as translate_sqlite
@@ -45,8 +45,8 @@ from .sql_schema import TABLES, Dialect, ReserveRequest, Row, Session, create_ta
 T = TypeVar("T")
 
 APPLICATION_ID = 0x52424C44  # "RBLD"
-SCHEMA_VERSION = 5
-_MIGRATABLE = frozenset({1, 2, 3, 4})
+SCHEMA_VERSION = 6
+_MIGRATABLE = frozenset({1, 2, 3, 4, 5})
 """Older schema versions this ledger upgrades in place (their tables are a subset)."""
 
 _TYPES = {"text": "TEXT", "real": "REAL", "int": "INTEGER", "bool": "INTEGER",
@@ -266,7 +266,7 @@ class SqliteLedger(SqlLedger):
                 if "dropped" not in columns:
                     await conn.fetchall(
                         "ALTER TABLE attempts ADD COLUMN dropped INTEGER NOT NULL DEFAULT 0")
-                # Version 5: call records (their table is created above) and tombstones (a
+                # Version 6: call records (their table is created above) and tombstones (a
                 # pruned run keeps its row, marked).
                 columns = {row[1] for row in await conn.fetchall("PRAGMA table_info(runs)")}
                 if "pruned" not in columns:
@@ -332,6 +332,7 @@ class SqliteLedger(SqlLedger):
         *,
         floor: WallTime = -math.inf,
     ) -> Reservation | BudgetRefusal:
+        validate.run_id(run_id)
         request = ReserveRequest(run_id, kind, requested, policy, now, floor)
         self._connection()  # closed: fail now, not inside someone else's batch
         if self._group is None:
