@@ -269,6 +269,7 @@ class SqlLedger(abc.ABC):
         return statements
 
     async def retain(self, run_id: str, evidence_ids: Sequence[str], *, limit: int) -> None:
+        validate.run_id(run_id)
         if not evidence_ids or limit < 1:
             return
         # Group-committed with the trace writes; a batch takes its runs' locks in one order.
