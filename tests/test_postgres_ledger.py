@@ -277,8 +277,8 @@ async def test_eight_workers_opening_at_once_create_one_schema(schema: str) -> N
         ("recallbound", SCHEMA_VERSION)
     ]
     assert _schema_tables(schema) == [
-        "attempts", "recallbound_meta", "refusals", "retained", "rounds", "run_identity", "runs",
-        "validations",
+        "attempts", "recallbound_meta", "refusals", "retained", "rounds", "run_identity",
+        "run_opens", "runs", "validations",
     ]
 
 

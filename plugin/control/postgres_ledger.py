@@ -157,6 +157,9 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (_RESERVE_WAVE,),
     # version 5: each attempt counts the evidence dropped for naming another principal or scope
     ("ALTER TABLE {s}.attempts ADD COLUMN IF NOT EXISTS dropped bigint NOT NULL DEFAULT 0",),
+    # version 6: the runs each (principal, scope) opened in the last hour (a cap on new runs)
+    tuple(statement for table in TABLES if table.since == 6
+          for statement in create_table(table, _TYPES, prefix="{s}.")),
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 """The schema version this code writes; older versions are migrated in place at open."""

@@ -52,8 +52,8 @@ from .sql_ledger import (
 T = TypeVar("T")
 
 APPLICATION_ID = 0x52424C44  # "RBLD"
-SCHEMA_VERSION = 4
-_MIGRATABLE = frozenset({1, 2, 3})
+SCHEMA_VERSION = 5
+_MIGRATABLE = frozenset({1, 2, 3, 4})
 """Older schema versions this ledger upgrades in place (their tables are a subset)."""
 
 _TYPES = {"text": "TEXT", "real": "REAL", "int": "INTEGER", "bool": "INTEGER",
