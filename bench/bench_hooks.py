@@ -142,10 +142,10 @@ class _Switch:
 
         self._modules = (enforce, recall)
         self._on = {name: getattr(module, name) for module in self._modules
-                    for name in ("contained", "contained_sync", "admit", "_found", "round_key")
+                    for name in ("contained", "contained_sync", "admit", "_found")
                     if hasattr(module, name)}
         self._off = {"contained": call, "contained_sync": call_sync, "admit": admit,
-                     "_found": lambda found: found, "round_key": lambda: None}
+                     "_found": lambda found: found}
 
     def set(self, on: bool) -> None:
         for module in self._modules:

@@ -13,8 +13,8 @@
   call once the allowance is spent, gets a typed :class:`~plugin.BudgetRefusal`.
 
 **Enforcement lives in the rounds, not in the retriever** (:mod:`plugin.memory.enforce`): every
-attempt is opened before the retriever runs, on a permit keyed to the round, and every call
-into the retriever is contained. Whatever a retriever does, each call gets exactly one result,
+attempt is opened before the retriever runs, and every call into the retriever is contained
+(it runs where no permit is bound). Whatever a retriever does, each call gets exactly one result,
 in order; its failure is its own ``failed`` result; a search that outlived the deadline is a
 ``deadline`` refusal; evidence of another principal or scope never reaches the model.
 

@@ -5,6 +5,12 @@ A :class:`Retriever` is code we do not control. The hooks call it inside an atte
 returns a :class:`Found`, which the hooks check, filter and render under the host's
 :class:`ContextCaps`. Whatever the allowance cut short is a :class:`Bounded` part of the result.
 
+Threat model: in-process, recallbound contains a retriever's *mistakes* (it blocks, raises,
+returns junk, spawns work, re-enters the hooks), not its *malice*: Python code can read any
+frame and any object of its process, permits included. A retriever you do not trust runs in a
+worker process behind :class:`~plugin.memory.process.ProcessRetriever`, which sees only the
+search requests and returns plain evidence.
+
 This module is a leaf: it imports the control layer and the values it names, and nothing of the
 pipeline or the enforcement built on it.
 """
@@ -129,8 +135,7 @@ class AttemptHandle:
     """A retriever's narrow view of the one attempt it runs in (never the permit's authority).
 
     Valid while its attempt runs; afterwards :meth:`source_read` and :meth:`nested` refuse
-    (reason ``closed``) and :meth:`seconds_left` is 0. The permit it reads the time from is
-    keyed on the hooks' path: reaching it gives no slot.
+    (reason ``closed``) and :meth:`seconds_left` is 0.
     """
 
     __slots__ = ("__weakref__", "_ended", "_kind", "_lock", "_nested", "_nested_used",
