@@ -27,6 +27,8 @@ from .control.refusal import BudgetRefusal as BudgetRefusal
 from .control.refusal import RecallBudgetExceeded as RecallBudgetExceeded
 from .control.refusal import RefusalReason as RefusalReason
 from .control.sqlite_ledger import SqliteLedger as SqliteLedger
+from .errors import InvalidArgumentError as InvalidArgumentError
+from .errors import InvalidArgumentTypeError as InvalidArgumentTypeError
 from .errors import InvalidPolicyError as InvalidPolicyError
 from .errors import InvalidRunIdError as InvalidRunIdError
 from .errors import InvalidWorkingStateError as InvalidWorkingStateError
@@ -57,6 +59,7 @@ from .memory.preparation import QueryPreparation as QueryPreparation
 from .memory.preparation import RecallPreparer as RecallPreparer
 from .memory.preparation import SemanticPreparation as SemanticPreparation
 from .memory.preparation import WithheldReason as WithheldReason
+from .memory.process import ProcessRetriever as ProcessRetriever
 from .memory.protocol import AttemptHandle as AttemptHandle
 from .memory.protocol import ContextCaps as ContextCaps
 from .memory.protocol import Found as Found
@@ -72,19 +75,21 @@ if TYPE_CHECKING:
     from .control.postgres_ledger import PostgresLedger as PostgresLedger
 
 __all__ = [
-    "AllowancePolicy", "AttemptHandle", "ContextCaps", "Evidence", "Found", "PreparationBound",
-    "Retriever", "RetrieverFailedError", "RetrieverProtocolError", "SearchRequest",
-    "SimpleRetriever", "AttemptKind", "AttemptOutcome", "AttemptTrace", "BaselineReason",
-    "BoundedRecallNotice", "BudgetRefusal", "Clock", "EmbeddingAdapter", "Fact",
-    "InvalidPolicyError", "InvalidRunIdError", "InvalidWorkingStateError",
-    "InvalidWorkingStateTypeError", "Ledger", "LedgerClosedError", "LedgerConfigError",
-    "LedgerCorruptError", "LedgerError", "LedgerLockedError", "LedgerPathError",
-    "LedgerUnavailableError", "ManualClock", "MemoryStoreError", "Permit", "PostgresLedger",
-    "PreparedRecall", "QueryPlanner", "QueryPreparation", "QueryStrategy", "RecallAllowance",
-    "RecallBudgetExceeded", "RecallPreparer", "RecallQuery", "RecallboundError", "RefusalReason",
-    "Reservation", "RoundKind", "RunIdentityError", "SemanticPreparation", "SqliteLedger",
-    "SystemClock", "Task", "Usage", "WithheldReason", "WorkingState", "bind_permits",
-    "compose_baseline", "compose_search_call", "compose_task_context", "current_permit",
+    "AllowancePolicy", "AttemptHandle", "AttemptKind", "AttemptOutcome", "AttemptTrace",
+    "BaselineReason", "BoundedRecallNotice", "BudgetRefusal", "Clock", "ContextCaps",
+    "EmbeddingAdapter", "Evidence", "Fact", "Found", "InvalidArgumentError",
+    "InvalidArgumentTypeError", "InvalidPolicyError", "InvalidRunIdError",
+    "InvalidWorkingStateError", "InvalidWorkingStateTypeError", "Ledger", "LedgerClosedError",
+    "LedgerConfigError", "LedgerCorruptError", "LedgerError", "LedgerLockedError",
+    "LedgerPathError", "LedgerUnavailableError", "ManualClock", "MemoryStoreError", "Permit",
+    "PostgresLedger", "PreparationBound", "PreparedRecall", "ProcessRetriever", "QueryPlanner",
+    "QueryPreparation", "QueryStrategy", "RecallAllowance", "RecallBudgetExceeded",
+    "RecallPreparer", "RecallQuery", "RecallboundError", "RefusalReason", "Reservation",
+    "Retriever", "RetrieverFailedError", "RetrieverProtocolError", "RoundKind",
+    "RunIdentityError", "SearchRequest", "SemanticPreparation", "SimpleRetriever",
+    "SqliteLedger", "SystemClock", "Task", "Usage", "WithheldReason", "WorkingState",
+    "bind_permits", "compose_baseline", "compose_search_call", "compose_task_context",
+    "current_permit",
 ]
 
 

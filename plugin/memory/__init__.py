@@ -18,6 +18,7 @@ from .preparation import QueryPreparation as QueryPreparation
 from .preparation import RecallPreparer as RecallPreparer
 from .preparation import SemanticPreparation as SemanticPreparation
 from .preparation import WithheldReason as WithheldReason
+from .process import ProcessRetriever as ProcessRetriever
 from .protocol import AttemptHandle as AttemptHandle
 from .protocol import Bounded as Bounded
 from .protocol import ContextCaps as ContextCaps
@@ -35,6 +36,7 @@ from .store import MemoryStore as MemoryStore
 from .store import Person as Person
 
 __all__ = [
+    "ProcessRetriever",
     "AttemptHandle", "BaselineReason", "Bounded", "ContextCaps", "EmbeddingAdapter", "Evidence",
     "Fact", "Found", "MemoryRecord", "NestedRead", "PreparationBound", "SearchRequest",
     "SimpleRetriever",
