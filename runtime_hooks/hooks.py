@@ -1,13 +1,13 @@
 """RecallHooks: recall in an agent loop's two phases, under the allowance.
 
 * **Preparation** (:meth:`RecallHooks.prepare`, before the model is called): the automatic
-  round (:func:`plugin.memory.recall.automatic_round`). The query is planned once; the round
+  turn (:func:`plugin.memory.turn.prepare_turn`). The query is planned once; the round
   reserves ``automatic_slots``; the base search runs, and a delta (a People-to-belief read)
   only when the base discovered people whose beliefs it did not read. The model gets rendered
   evidence, or a :class:`~plugin.BoundedRecallNotice` when the round is refused or runs out.
   Current correction notices are always included, under the context caps.
 * **Tool dispatch** (:meth:`RecallHooks.dispatch`, the model's search calls of one turn): the
-  deliberate round (:func:`plugin.memory.recall.deliberate_round`). Each call is validated
+  deliberate turn (:func:`plugin.memory.turn.deliberate_turn`). Each call is validated
   (:mod:`runtime_hooks.calls`); the round reserves one slot per valid call plus one per call
   whose query names known People (its nested belief read); a call without a slot, and every
   call once the allowance is spent, gets a typed :class:`~plugin.BudgetRefusal`.
@@ -36,7 +36,6 @@ import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-import anyio
 import attrs
 
 from plugin.control import (
@@ -47,23 +46,17 @@ from plugin.control import (
     validate_run_id,
 )
 from plugin.control.logs import log_event
-from plugin.errors import (
-    InvalidHookArgumentError,
-    InvalidHookArgumentTypeError,
-    RetrieverFailedError,
-)
-from plugin.memory.enforce import contained
-from plugin.memory.preparation import (
-    PreparationBound,
-    PreparedRecall,
-    RecallPreparer,
-    WithheldReason,
-)
+from plugin.errors import InvalidHookArgumentError, InvalidHookArgumentTypeError
+from plugin.memory.preparation import RecallPreparer
 from plugin.memory.protocol import ContextCaps, Retriever, check_retriever
-from plugin.memory.recall import deliberate_round
 from plugin.memory.safe_text import one_line
 from plugin.memory.state import WorkingState
-from plugin.memory.turn import PREPARATION_BUDGET_S, CorrectionsShare, prepare_turn
+from plugin.memory.turn import (
+    PREPARATION_BUDGET_S,
+    CorrectionsShare,
+    deliberate_turn,
+    prepare_turn,
+)
 
 from .calls import MAX_ARGUMENT_CHARS as MAX_ARGUMENT_CHARS
 from .calls import MAX_ARGUMENT_DEPTH as MAX_ARGUMENT_DEPTH
@@ -149,9 +142,6 @@ class RecallHooks:
         """Bind the run to its checked principal and scope in the ledger (first use wins;
         another principal or scope raises :class:`~plugin.errors.RunIdentityError`)."""
         await self.allowance.ledger.bind_identity(run_id, principal=principal, scope=scope)
-
-    def _bound(self) -> PreparationBound:
-        return PreparationBound(self.preparation_budget_s, self.allowance.clock)
 
     # -- preparation ------------------------------------------------------------------------
 
@@ -259,42 +249,6 @@ class RecallHooks:
         assert all(result is not None for result in results)
         return [result for result in results if result is not None]
 
-    async def _prepare_calls(
-        self, valid: list[tuple[int, SearchCall]], run_id: str, scope: str, principal: str
-    ) -> tuple[list[PreparedRecall], int]:
-        """Form every call's query before the round (the permit's time is for searching):
-        embed only the calls that can still get a slot, within the preparation bound, and
-        count the calls that name People (each gets a slot for its nested read)."""
-        bound = self._bound()
-        left = await self.allowance.headroom(run_id)
-        prepared: list[PreparedRecall] = []
-        naming = 0
-        for position, (_, call) in enumerate(valid):
-
-            async def prepare_one(
-                reason: WithheldReason | None, text: str = call.query
-            ) -> PreparedRecall:
-                return await self.preparer.prepare_search(
-                    text, scope=scope, principal=principal, withhold=reason
-                )
-
-            withhold = None if position < left else WithheldReason.NO_SLOT
-            one = await bound.prepare(prepare_one, withhold)
-            prepared.append(one)
-            if position < left and bound.left() > 0:
-                with anyio.move_on_after(bound.left()):
-                    if await self._names_people(one):
-                        naming += 1
-        return prepared, naming
-
-    async def _names_people(self, prepared: PreparedRecall) -> bool:
-        """Whether the query names known People (then its call gets a nested-read slot)."""
-        try:
-            people = await contained(lambda: self.retriever.named_people(prepared))
-        except RetrieverFailedError:
-            return False  # the search itself reports the retriever's failure
-        return bool(people)
-
     async def _run_calls(
         self,
         valid: list[tuple[int, SearchCall]],
@@ -303,9 +257,12 @@ class RecallHooks:
         scope: str,
         principal: str,
     ) -> None:
-        prepared, naming = await self._prepare_calls(valid, run_id, scope, principal)
-        recall = await deliberate_round(self.allowance, self.retriever, prepared,
-                                        run_id=run_id, caps=self.caps, nested=naming)
+        turn = await deliberate_turn(
+            self.allowance, self.preparer, self.retriever, [call.query for _, call in valid],
+            run_id=run_id, scope=scope, principal=principal, caps=self.caps,
+            budget_s=self.preparation_budget_s,
+        )
+        prepared, recall = turn.prepared, turn.recall
         if recall.refusal is not None:
             log_event(_log, logging.INFO, "deliberate.refused", run_id=run_id,
                       calls=len(valid), reason=recall.refusal.reason.value)
