@@ -21,8 +21,14 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 import attrs
 
 from plugin.control import AllowancePolicy, Clock, RecallAllowance, SystemClock, observe
+from plugin.control.dsn import parse_location, redact
 from plugin.control.logs import log_event
-from plugin.errors import ConfigError, InvalidConfigError, InvalidConfigTypeError
+from plugin.errors import (
+    ConfigError,
+    InvalidConfigError,
+    InvalidConfigTypeError,
+    LedgerConfigError,
+)
 from plugin.memory import embedding_choice
 from plugin.memory.embedding import EmbeddingAdapter
 from plugin.memory.pipeline import ContextCaps, MemoryRetriever
@@ -228,8 +234,8 @@ class RecallConfig:
     """
 
     ledger_path: str | os.PathLike[str] = attrs.field(validator=_path, metadata=_setting(
-        "ledger", "path", "The durable ledger: a SQLite file, or a postgresql:// DSN "
-        "(?schema=NAME)."))
+        "ledger", "path", "The durable ledger: a SQLite file, a postgresql:// DSN "
+        "(?schema=NAME), or a libpq key=value connection string."))
     store_path: str | os.PathLike[str] = attrs.field(validator=_path, metadata=_setting(
         "store", "path", "The reference memory store's SQLite file."))
     policy: AllowancePolicy = attrs.field(
@@ -288,9 +294,13 @@ class RecallConfig:
     "env (RECALLBOUND_POLICY_MAX_SEARCHES)"}``), for the warnings; empty when built in code."""
 
     def __attrs_post_init__(self) -> None:
+        try:
+            parse_location(self.ledger_path)
+        except LedgerConfigError as exc:
+            raise LedgerConfigError(f"RecallConfig.ledger_path: {exc}") from None
         if is_ephemeral(self.ledger_path) and not self.allow_ephemeral_ledger:
             raise InvalidConfigError(
-                f"RecallConfig.ledger_path {os.fspath(self.ledger_path)!r} keeps nothing once "
+                f"RecallConfig.ledger_path {redact(self.ledger_path)!r} keeps nothing once "
                 f"closed, so every open of a run would start a fresh allowance; use a file or "
                 f"a DSN, or set allow_ephemeral_ledger (for tests only)")
 

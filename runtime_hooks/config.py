@@ -39,11 +39,12 @@ from typing import Any
 
 import attrs
 
+from plugin.control.dsn import parse_location, redact
 from plugin.errors import ConfigError, RecallboundError
 from plugin.memory.planning import Admission
 
 from .bootstrap import RecallConfig, Setting, is_ephemeral, loosened
-from .ledgers import redact_location
+from .ledgers import is_postgres, redact_location
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -352,10 +353,16 @@ class LoadedConfig:
 
             self._guarded(one, f.key)
         ledger = self.values["ledger"]
+        if ledger is not None:
+            try:
+                parse_location(ledger)
+            except ConfigError as exc:
+                raise ConfigError(f"ledger from {self.sources['ledger']}: {exc}") from None
         if ledger is not None and is_ephemeral(ledger) and \
                 self.values["allow_ephemeral_ledger"] is not True:
             raise ConfigError(
-                f"ledger from {self.sources['ledger']}: {ledger!r} keeps nothing once closed, so "
+                f"ledger from {self.sources['ledger']}: {redact(ledger)!r} keeps nothing once "
+                f"closed, so "
                 f"every open of a run would start a fresh allowance; use a file or a DSN, or "
                 f"set allow_ephemeral_ledger = true (for tests only)")
         if self.values["allow_looser_policy"] is not True:
@@ -388,7 +395,7 @@ class LoadedConfig:
 def _relative_to(folder: Path, location: object) -> object:
     """A path read from the file, taken relative to the file's folder (a DSN unchanged)."""
     assert isinstance(location, str)  # checked by the field
-    if "://" in location or location == ":memory:" or location.startswith("file:"):
+    if is_postgres(location) or location == ":memory:" or location.startswith("file:"):
         return location
     return str(folder / location)
 

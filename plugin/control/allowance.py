@@ -22,12 +22,11 @@ import attrs
 from plugin.errors import (
     InvalidRoundError,
     InvalidRoundTypeError,
-    InvalidRunIdError,
     LedgerError,
     RoundReusedError,
 )
 
-from . import observe
+from . import observe, validate
 from .binding import Binding
 from .clock import Clock, FiniteClock, SystemClock, finite_clock
 from .ledger import Ledger, Usage
@@ -35,28 +34,16 @@ from .logs import CONTROL, log_event
 from .permit import LEGACY_SLOTS, Permit
 from .policy import MAX_COUNT, AllowancePolicy, RoundKind
 from .refusal import BudgetRefusal, RecallBudgetExceeded
+from .validate import MAX_RUN_ID_BYTES as MAX_RUN_ID_BYTES
 
 Checkpoint = Callable[[str, int], Awaitable[None]]
 """The host's checkpoint callback: ``await checkpoint(run_id, round_index)``."""
 
-MAX_RUN_ID_BYTES = 512
 
 
 def validate_run_id(run_id: object) -> str:
-    """Return ``run_id`` if it is a non-empty, storable string; raise ``InvalidRunIdError``."""
-    if not isinstance(run_id, str):
-        raise InvalidRunIdError(f"run_id must be a str, got {type(run_id).__name__}")
-    if not run_id.strip():
-        raise InvalidRunIdError("run_id must not be empty or blank")
-    try:
-        size = len(run_id.encode("utf-8"))
-    except UnicodeEncodeError as exc:
-        raise InvalidRunIdError(f"run_id is not valid Unicode text: {exc}") from None
-    if size > MAX_RUN_ID_BYTES or "\x00" in run_id:
-        raise InvalidRunIdError(
-            f"run_id must be at most {MAX_RUN_ID_BYTES} UTF-8 bytes with no NUL character"
-        )
-    return run_id
+    """Return ``run_id`` if it is a valid run id (:func:`plugin.control.validate.run_id`)."""
+    return validate.run_id(run_id)
 
 
 class _Anchors:

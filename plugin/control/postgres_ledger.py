@@ -49,6 +49,7 @@ from plugin.errors import (
 
 from . import _postgres
 from ._group import GroupCommit
+from .dsn import password_of, redact
 from .ledger import Reservation, WallTime, read_time
 from .ledger_admin import PRUNED_TABLES
 from .policy import AllowancePolicy, RoundKind
@@ -187,27 +188,18 @@ _TABLES = ("recallbound_meta", *PRUNED_TABLES)
 """Every table of a ledger schema."""
 
 
-_URL_PASSWORD = re.compile(r"(://[^:/@?#]*:)[^@/?#]*@")
-_PARAM_PASSWORD = re.compile(r"(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]*)")
-
-
 def redact_dsn(dsn: str) -> str:
-    """``dsn`` for display: a password (URL userinfo, ``password=`` parameter) as ``***``."""
-    return _PARAM_PASSWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", dsn))
+    """``dsn`` for display: a password in any form as ``***`` (the one redaction)."""
+    return redact(dsn)
 
 
 def _password(dsn: str) -> str | None:
-    try:
-        value = psycopg.conninfo.conninfo_to_dict(dsn).get("password")
-    except psycopg.Error:
-        return None
-    return value if isinstance(value, str) and value else None
+    return password_of(dsn)
 
 
 def _one_line(text: str, secret: str | None) -> str:
     """An error text on one line (libpq's span several), never holding the password."""
-    line = " ".join(text.split())
-    return line.replace(secret, "***") if secret else line
+    return redact(" ".join(text.split()), secrets=(secret,))
 
 
 def _translate(exc: BaseException, where: str, secret: str | None = None) -> LedgerError:
