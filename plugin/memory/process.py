@@ -37,7 +37,7 @@ import anyio.abc
 import anyio.lowlevel
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from plugin.control import RecallBudgetExceeded
+from plugin.control import RecallBudgetExceeded, validate
 from plugin.errors import InvalidArgumentError, InvalidArgumentTypeError, RetrieverFailedError
 
 from .preparation import PreparedRecall
@@ -238,12 +238,8 @@ class ProcessRetriever:
             raise InvalidArgumentTypeError("idle_workers must be an int")
         if idle_workers < 0:
             raise InvalidArgumentError(f"idle_workers must be >= 0, got {idle_workers}")
-        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)):
-            raise InvalidArgumentTypeError("timeout_s must be a number of seconds")
-        if not (math.isfinite(timeout_s) and timeout_s > 0):
-            raise InvalidArgumentError(f"timeout_s must be finite and > 0, got {timeout_s}")
         self._idle_limit = idle_workers
-        self._timeout_s = float(timeout_s)
+        self._timeout_s = validate.seconds(timeout_s, field="ProcessRetriever.timeout_s")
         self._idle: list[_Worker] = []
         self._lock = threading.Lock()
         self.started = 0
