@@ -46,7 +46,7 @@ from plugin.control import (
     validate_run_id,
 )
 from plugin.control.logs import log_event
-from plugin.errors import InvalidHookArgumentError, InvalidHookArgumentTypeError
+from plugin.errors import InvalidArgumentError, InvalidArgumentTypeError
 from plugin.memory.preparation import RecallPreparer
 from plugin.memory.protocol import ContextCaps, Retriever, check_retriever
 from plugin.memory.safe_text import one_line
@@ -79,21 +79,21 @@ _log = logging.getLogger("recallbound.hooks")
 def _trusted(name: str, value: object) -> str:
     """A trusted runtime argument (scope, principal): never taken from the model or the text."""
     if not isinstance(value, str):
-        raise InvalidHookArgumentTypeError(
+        raise InvalidArgumentTypeError(
             f"{name} must be a str from the trusted runtime, got {type(value).__name__}"
         )
     if not value.strip():
-        raise InvalidHookArgumentError(f"{name} must not be empty")
+        raise InvalidArgumentError(f"{name} must not be empty")
     return value
 
 
 def _positive_seconds(instance: object, attribute: attrs.Attribute[float], value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidHookArgumentTypeError(
+        raise InvalidArgumentTypeError(
             f"RecallHooks.{attribute.name} must be a number, got {type(value).__name__}"
         )
     if not (math.isfinite(value) and value > 0):
-        raise InvalidHookArgumentError(
+        raise InvalidArgumentError(
             f"RecallHooks.{attribute.name} must be finite and > 0, got {value!r}"
         )
 
@@ -150,15 +150,15 @@ class RecallHooks:
     ) -> PreparedContext:
         """The automatic round for this turn; see the module docstring.
 
-        Raises :class:`~plugin.errors.InvalidHookArgumentTypeError` /
-        :class:`~plugin.errors.InvalidHookArgumentError` (also ``TypeError`` / ``ValueError``)
+        Raises :class:`~plugin.errors.InvalidArgumentTypeError` /
+        :class:`~plugin.errors.InvalidArgumentError` (also ``TypeError`` / ``ValueError``)
         for a malformed state or trusted arguments, :class:`~plugin.errors.LedgerError` when
         the round cannot be committed (fail closed: nothing is searched). A failing retriever
         is said in the context (``failure``), never raised.
         """
         scope, principal = self._check(run_id, scope, principal)
         if not isinstance(state, WorkingState):
-            raise InvalidHookArgumentTypeError(
+            raise InvalidArgumentTypeError(
                 f"state must be a WorkingState, got {type(state).__name__}"
             )
         await self._bind(run_id, scope, principal)
@@ -216,12 +216,12 @@ class RecallHooks:
         scope, principal = self._check(run_id, scope, principal)
         given: object = calls
         if isinstance(given, (str, bytes)) or not isinstance(given, Sequence):
-            raise InvalidHookArgumentTypeError(
+            raise InvalidArgumentTypeError(
                 f"calls must be a sequence of ToolCall, got {type(calls).__name__}"
             )
         for position, call in enumerate(calls):
             if not isinstance(call, ToolCall):
-                raise InvalidHookArgumentTypeError(
+                raise InvalidArgumentTypeError(
                     f"calls[{position}] must be a ToolCall, got {type(call).__name__}"
                 )
         await self._bind(run_id, scope, principal)
@@ -308,11 +308,11 @@ class RecallHooks:
         scope, principal = self._check(run_id, scope, principal)
         given: object = evidence_ids
         if isinstance(given, (str, bytes)) or not isinstance(given, Sequence):
-            raise InvalidHookArgumentTypeError(
+            raise InvalidArgumentTypeError(
                 f"evidence_ids must be a sequence of str, got {type(evidence_ids).__name__}"
             )
         if not all(isinstance(i, str) for i in evidence_ids):
-            raise InvalidHookArgumentTypeError("evidence_ids must all be str")
+            raise InvalidArgumentTypeError("evidence_ids must all be str")
         await self._bind(run_id, scope, principal)
         return await revalidate_retained(
             self.allowance.ledger, self.retriever, evidence_ids, run_id=run_id, scope=scope,

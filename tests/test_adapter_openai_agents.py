@@ -33,7 +33,7 @@ from agents.run_config import CallModelData, ModelInputData
 from agents.testing import ModelCall, ModelStep, ScriptedModel, assistant_message, function_call
 
 from plugin import ManualClock, QueryStrategy, WorkingState
-from plugin.errors import InvalidHookArgumentError, InvalidHookArgumentTypeError
+from plugin.errors import InvalidArgumentError, InvalidArgumentTypeError
 from plugin.memory.pipeline import MemoryRetriever
 from runtime_hooks import RecallHooks
 from runtime_hooks.adapters import SEARCH_TOOL
@@ -214,7 +214,7 @@ async def test_per_request_runs_the_automatic_round_before_every_request(
 
 @pytest.mark.parametrize("automatic", ["always", 2])
 def test_an_unknown_automatic_mode_is_refused(automatic: Any) -> None:
-    with pytest.raises((InvalidHookArgumentError, InvalidHookArgumentTypeError),
+    with pytest.raises((InvalidArgumentError, InvalidArgumentTypeError),
                        match="automatic"):
         agents_recall(None, automatic=automatic)  # type: ignore[arg-type]
 

@@ -20,10 +20,9 @@ import anyio.lowlevel
 import attrs
 
 from plugin.errors import (
-    InvalidRoundError,
-    InvalidRoundTypeError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
     LedgerError,
-    RoundReusedError,
 )
 
 from . import observe, validate
@@ -113,14 +112,16 @@ class RecallAllowance:
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.is_legacy, bool):  # "false" must never switch enforcement off
-            raise InvalidRoundTypeError(
+            raise InvalidArgumentTypeError(
                 f"is_legacy must be a bool, got {type(self.is_legacy).__name__}"
             )
         if self.ledger is None:
-            raise InvalidRoundTypeError("RecallAllowance needs a ledger; use "
+            raise InvalidArgumentTypeError("RecallAllowance needs a ledger; use "
                                         "RecallAllowance.legacy() for the explicit unenforced mode")
         if not isinstance(self.policy, AllowancePolicy):
-            raise InvalidRoundTypeError(f"policy must be an AllowancePolicy, got {self.policy!r}")
+            raise InvalidArgumentTypeError(
+                f"policy must be an AllowancePolicy, got {self.policy!r}"
+            )
 
     @classmethod
     def legacy(cls, ledger: Ledger, *, clock: Clock | None = None) -> RecallAllowance:
@@ -142,19 +143,19 @@ class RecallAllowance:
         """
         validate_run_id(run_id)
         if not isinstance(kind, RoundKind):
-            raise InvalidRoundTypeError(f"kind must be a RoundKind, got {kind!r}")
+            raise InvalidArgumentTypeError(f"kind must be a RoundKind, got {kind!r}")
         if kind is RoundKind.AUTOMATIC:
             if slots is not None:
-                raise InvalidRoundError("an automatic round reserves policy.automatic_slots; "
+                raise InvalidArgumentError("an automatic round reserves policy.automatic_slots; "
                                         "slots= is for deliberate rounds")
             requested = self.policy.automatic_slots
         else:
             if slots is None:
-                raise InvalidRoundError("a deliberate round needs slots= (one per valid call)")
+                raise InvalidArgumentError("a deliberate round needs slots= (one per valid call)")
             if isinstance(slots, bool) or not isinstance(slots, int):
-                raise InvalidRoundTypeError(f"slots must be an int, got {type(slots).__name__}")
+                raise InvalidArgumentTypeError(f"slots must be an int, got {type(slots).__name__}")
             if not 1 <= slots <= MAX_COUNT:
-                raise InvalidRoundError(f"slots must be between 1 and {MAX_COUNT}, got {slots}")
+                raise InvalidArgumentError(f"slots must be between 1 and {MAX_COUNT}, got {slots}")
             requested = slots
         return Round(self, run_id, kind, requested)
 
@@ -182,7 +183,7 @@ class RecallAllowance:
     # -- internals ---------------------------------------------------------------------------
 
     async def _issue(self, run_id: str, kind: RoundKind, requested: int) -> Permit:
-        # Every reading checked: a non-finite one is a ClockReadingError before it is judged
+        # Every reading checked: a non-finite one is a InvalidArgumentError before it is judged
         # or stored (raised inside the reservation, it rolls the reservation back).
         clock = finite_clock(self.clock)
         if self.is_legacy:
@@ -262,18 +263,18 @@ class Round:
         self._watch: tuple[observe.Observer, object] | None = None
 
     def __copy__(self) -> Round:
-        raise RoundReusedError("a Round cannot be copied; call allowance.round() for a new one")
+        raise InvalidArgumentError("a Round cannot be copied; call allowance.round() for a new one")
 
     def __deepcopy__(self, memo: object) -> Round:
-        raise RoundReusedError("a Round cannot be copied; call allowance.round() for a new one")
+        raise InvalidArgumentError("a Round cannot be copied; call allowance.round() for a new one")
 
     def __reduce_ex__(self, protocol: object) -> NoReturn:
-        raise RoundReusedError("a Round cannot be pickled")
+        raise InvalidArgumentError("a Round cannot be pickled")
 
     async def __aenter__(self) -> Permit:
         # Claimed before the first await: two tasks entering one Round cannot both reserve.
         if self._entered:
-            raise RoundReusedError("a round is entered once; reserve a new round instead")
+            raise InvalidArgumentError("a round is entered once; reserve a new round instead")
         self._entered = True
         observer = observe.active
         if observer is not None:

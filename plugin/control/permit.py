@@ -37,7 +37,6 @@ from plugin.errors import (
     InvalidArgumentError,
     InvalidArgumentTypeError,
     LedgerLockedError,
-    PermitMisuseError,
 )
 
 from .attempt import Attempt, SyncAttempt
@@ -136,16 +135,16 @@ class Permit(metaclass=NoPublicConstructor):
     # -- one object: the run's slots are counted on it, never on a copy ------------------------
 
     def __copy__(self) -> NoReturn:
-        raise PermitMisuseError(_MISUSE)
+        raise InvalidArgumentTypeError(_MISUSE)
 
     def __deepcopy__(self, memo: object) -> NoReturn:
-        raise PermitMisuseError(_MISUSE)
+        raise InvalidArgumentTypeError(_MISUSE)
 
     def __reduce_ex__(self, protocol: object) -> NoReturn:
-        raise PermitMisuseError(_MISUSE)
+        raise InvalidArgumentTypeError(_MISUSE)
 
     def __reduce__(self) -> NoReturn:
-        raise PermitMisuseError(_MISUSE)
+        raise InvalidArgumentTypeError(_MISUSE)
 
     # -- state -------------------------------------------------------------------------------
 

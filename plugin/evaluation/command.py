@@ -42,7 +42,7 @@ from typing import Any, TextIO
 import anyio
 import attrs
 
-from plugin.errors import EvaluationError, RecallboundError
+from plugin.errors import RecallboundError
 from plugin.memory.embedding import EmbeddingAdapter
 from plugin.memory.embedding_choice import load_embedding
 from plugin.memory.planning import QueryStrategy
@@ -57,6 +57,7 @@ from .analysis import (
     score_row,
     summarise,
 )
+from .errors import EvaluationError
 from .evaluator import (
     Arm,
     Cell,

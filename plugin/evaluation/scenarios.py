@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 import attrs
 
-from plugin.errors import InvalidWorkingStateError, InvalidWorkingStateTypeError, RecallboundError
+from plugin.errors import InvalidArgumentError, InvalidArgumentTypeError, RecallboundError
 from plugin.memory.state import WorkingState
 
 __all__ = [
@@ -447,7 +447,7 @@ def _grades(data: object) -> dict[str, int]:
 def _state(data: object) -> WorkingState:
     try:
         return WorkingState.from_dict(data)  # type: ignore[arg-type]  # it checks the type
-    except (InvalidWorkingStateError, InvalidWorkingStateTypeError) as exc:
+    except (InvalidArgumentError, InvalidArgumentTypeError) as exc:
         raise InvalidScenarioError(str(exc), field="state") from None
 
 

@@ -22,7 +22,7 @@ from typing import IO, Any
 import numpy as np
 
 from plugin.control import AttemptKind, BudgetRefusal, RecallBudgetExceeded, RefusalReason
-from plugin.errors import AttemptHandleError
+from plugin.errors import InvalidArgumentError
 
 from .planning import BaselineReason, FragmentRole, QueryStrategy, RecallQuery
 from .preparation import PreparedRecall, SemanticPreparation, WithheldReason
@@ -60,7 +60,7 @@ class WorkerHandle:
         ))
 
     async def nested(self, people: Sequence[str]) -> NestedRead:
-        raise AttemptHandleError("a retriever in a worker process gets no nested read")
+        raise InvalidArgumentError("a retriever in a worker process gets no nested read")
 
 
 def _now() -> float:

@@ -26,7 +26,7 @@ import attrs
 
 from plugin.control import AttemptKind, BudgetRefusal, RecallBudgetExceeded, RefusalReason
 from plugin.control.wording import bounded
-from plugin.errors import AttemptHandleError, RetrieverProtocolError
+from plugin.errors import InvalidArgumentError, InvalidArgumentTypeError, RetrieverProtocolError
 
 from .store import Evidence
 
@@ -164,13 +164,13 @@ class AttemptHandle:
         return f"<AttemptHandle slot={self._slot} kind={self._kind.value} {state}>"
 
     def __copy__(self) -> NoReturn:
-        raise AttemptHandleError(_MISUSE)
+        raise InvalidArgumentTypeError(_MISUSE)
 
     def __deepcopy__(self, memo: object) -> NoReturn:
-        raise AttemptHandleError(_MISUSE)
+        raise InvalidArgumentTypeError(_MISUSE)
 
     def __reduce_ex__(self, protocol: object) -> NoReturn:
-        raise AttemptHandleError(_MISUSE)
+        raise InvalidArgumentTypeError(_MISUSE)
 
     @property
     def slot(self) -> int:
@@ -222,7 +222,7 @@ class AttemptHandle:
         hooks say so to the model. One nested read per attempt.
         """
         if self._nested is None:
-            raise AttemptHandleError(
+            raise InvalidArgumentError(
                 f"a {self._kind.value} attempt offers no nested read; the hooks read the "
                 f"People's beliefs themselves"
             )

@@ -29,7 +29,9 @@ from typing import Any, TextIO
 import anyio
 import attrs
 
-from plugin.errors import InvalidConfigError, McpAuthError
+from plugin.errors import ConfigError
+
+from .errors import McpAuthError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -90,14 +92,14 @@ def _mcp_table(path: Path | None) -> dict[str, Any]:
     except (OSError, tomllib.TOMLDecodeError):
         return {}  # reported by the hooks' configuration reader
     if not isinstance(table, dict):
-        raise InvalidConfigError(f"{path}: mcp must be a table ([mcp])")
+        raise ConfigError(f"{path}: mcp must be a table ([mcp])")
     unknown = sorted(set(table) - _KEYS)
     if unknown:
-        raise InvalidConfigError(f"{path}: unknown key mcp.{unknown[0]} "
+        raise ConfigError(f"{path}: unknown key mcp.{unknown[0]} "
                                  f"(known: {', '.join(sorted(_KEYS))})")
     for key in ("principal", "scope", "token_file"):
         if key in table and not isinstance(table[key], str):
-            raise InvalidConfigError(f"{path}: mcp.{key} must be a string")
+            raise ConfigError(f"{path}: mcp.{key} must be a string")
     if "token_file" in table:
         table["token_file"] = path.parent / table["token_file"]
     return table
@@ -107,14 +109,14 @@ def _window_s(value: object, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
         math.isfinite(value) and value >= 0
     ):
-        raise InvalidConfigError(f"{where} must be a finite number of milliseconds >= 0")
+        raise ConfigError(f"{where} must be a finite number of milliseconds >= 0")
     return float(value) / 1000
 
 
 def _http(text: str) -> tuple[str, int]:
     host, _, port = text.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise InvalidConfigError(f"--http must be HOST:PORT, got {text!r}")
+        raise ConfigError(f"--http must be HOST:PORT, got {text!r}")
     return host.strip("[]"), int(port)
 
 
@@ -182,12 +184,12 @@ def run(args: argparse.Namespace, err: TextIO, env: Mapping[str, str] | None = N
     env = os.environ if env is None else env
     chosen = settings(args, env)
     if chosen.http is not None and args.backend == "trio":
-        raise InvalidConfigError("--http runs on asyncio only (the SDK serves HTTP through "
+        raise ConfigError("--http runs on asyncio only (the SDK serves HTTP through "
                                  "uvicorn, which has no trio backend); use stdio with trio")
     try:
         import mcp.server  # noqa: F401  (the SDK: the mcp extra)
     except ImportError as exc:
-        raise InvalidConfigError(f"recallbound mcp needs the mcp extra "
+        raise ConfigError(f"recallbound mcp needs the mcp extra "
                                  f"(pip install 'recallbound[mcp]'): {exc}") from None
     anyio.run(partial(serve, args, chosen, env), backend=args.backend)
     return 0

@@ -17,7 +17,9 @@ import uuid
 from collections.abc import Mapping
 
 from plugin.control import validate_run_id
-from plugin.errors import InvalidRunIdError, McpSessionError
+from plugin.errors import InvalidArgumentError
+
+from .errors import McpSessionError
 
 RUN_ID_META_KEY = "recallbound/run_id"
 """The ``_meta`` key a client's runtime sets to name the run a tool call belongs to."""
@@ -31,13 +33,13 @@ def new_session_run_id() -> str:
 def run_id_of(meta: Mapping[str, object] | None, session_run_id: str | None) -> str:
     """The request's run: ``_meta["recallbound/run_id"]``, else the session's run.
 
-    Raises :class:`~plugin.errors.InvalidRunIdError` for a run id that is not a storable
+    Raises :class:`~plugin.errors.InvalidArgumentError` for a run id that is not a storable
     string, :class:`~plugin.errors.McpSessionError` when there is neither.
     """
     given = None if meta is None else meta.get(RUN_ID_META_KEY)
     if given is not None:
         if not isinstance(given, str):
-            raise InvalidRunIdError(
+            raise InvalidArgumentError(
                 f"_meta[{RUN_ID_META_KEY!r}] must be a string, got {type(given).__name__}"
             )
         return validate_run_id(given)

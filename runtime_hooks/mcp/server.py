@@ -27,10 +27,10 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server
 
 from plugin.control.logs import log_event
-from plugin.errors import McpAuthError
 from runtime_hooks.hooks import RecallHooks, ToolCall
 
 from . import tools
+from .errors import McpAuthError
 from .identity import new_session_run_id, run_id_of
 from .trust import Caller, caller_of_token
 from .window import DEFAULT_WINDOW_S, BatchWindow, check_window

@@ -21,11 +21,9 @@ from typing import Any
 import mcp_types as types
 
 from plugin.errors import (
-    InvalidRunIdError,
-    InvalidWorkingStateError,
-    InvalidWorkingStateTypeError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
     LedgerError,
-    McpSessionError,
     RecallboundError,
     RunIdentityError,
 )
@@ -34,6 +32,7 @@ from plugin.memory.state import WorkingState
 from runtime_hooks.adapters.tool import SEARCH_TOOL
 from runtime_hooks.hooks import PreparedContext, ToolResult
 
+from .errors import McpSessionError
 from .identity import RUN_ID_META_KEY
 
 SEARCH_MEMORY = SEARCH_TOOL.name
@@ -107,9 +106,9 @@ def working_state(arguments: Mapping[str, Any]) -> WorkingState:
     try:
         size = len(json.dumps(arguments, ensure_ascii=False))
     except (TypeError, ValueError):  # pragma: no cover - the SDK hands parsed JSON
-        raise InvalidWorkingStateError("the working state is not JSON") from None
+        raise InvalidArgumentError("the working state is not JSON") from None
     if size > MAX_STATE_CHARS:
-        raise InvalidWorkingStateError(
+        raise InvalidArgumentError(
             f"the working state is longer than {MAX_STATE_CHARS} characters"
         )
     return WorkingState.from_dict(arguments)
@@ -146,8 +145,7 @@ def context_result(context: PreparedContext) -> types.CallToolResult:
 
 
 _INVALID: tuple[type[RecallboundError], ...] = (
-    InvalidRunIdError, InvalidWorkingStateError, InvalidWorkingStateTypeError, McpSessionError,
-    RunIdentityError,
+    InvalidArgumentError, InvalidArgumentTypeError, McpSessionError, RunIdentityError,
 )
 
 
