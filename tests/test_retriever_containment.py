@@ -111,10 +111,6 @@ class Hostile:
         return tuple(await self.inner.revalidate(ids, principal=principal, scope=scope))
 
 
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock(wall=1_800_000_000.0, monotonic=10.0)
-
 
 @pytest.fixture(params=["store", "dict"])
 async def inner(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:

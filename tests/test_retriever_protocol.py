@@ -101,10 +101,6 @@ MEMORIES = {"m-cutover": "cutover is on friday", "m-deploy": "deploy window is a
 BELIEFS = {"Priya": {"b-priya": "Priya believes rounding must follow the directive"}}
 
 
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock(wall=1_800_000_000.0, monotonic=10.0)
-
 
 def _hooks(retriever: Any, clock: ManualClock, **policy: int) -> RecallHooks:
     allowance = RecallAllowance(MemoryLedger(), policy=AllowancePolicy(**policy), clock=clock)

@@ -23,10 +23,6 @@ pytestmark = pytest.mark.anyio
 P, S = "ana", "atlas"
 
 
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock(wall=1_800_000_000.0, monotonic=10.0)
-
 
 @pytest.fixture
 async def store(tmp_path: Path) -> AsyncIterator[MemoryStore]:
