@@ -6,10 +6,11 @@ and a class for each way the world can fail::
 
     RecallboundError
     ├── InvalidArgumentError (ValueError)        misuse: a value out of range (named), an
-    │                                            injected clock's bad reading, a round entered
-    │                                            twice, a retriever misusing its handle
+    │                                            injected clock's bad reading, a retriever
+    │                                            misusing its handle
     ├── InvalidArgumentTypeError (TypeError)     misuse: a value of the wrong type (named), a
     │                                            permit or handle copied or pickled
+    ├── RoundReusedError (RuntimeError)          a round entered twice
     ├── ConfigError (ValueError)                 a setting is missing, unknown or bad
     │   └── InvalidConfigTypeError (TypeError)   a RecallConfig field of the wrong type
     ├── RunIdentityError (ValueError)            a run id used with another principal or scope
@@ -33,10 +34,10 @@ call; :mod:`runtime_hooks.calls`), the MCP server's errors (:mod:`runtime_hooks.
 the evaluator's (:mod:`plugin.evaluation.errors`, ``InvalidScenarioError``).
 
 The names this tree had before (the per-function aliases of the misuse pair, the ``Storage*``
-cause classes, ``ClockReadingError``, ``PermitMisuseError``, ``RoundReusedError``,
-``AttemptHandleError``, the MCP and evaluation errors) still import
-from here for one release, with a :class:`DeprecationWarning` naming what to use instead; each
-still matches (``except``, ``isinstance``) what is raised in its place.
+cause classes, ``ClockReadingError``, ``PermitMisuseError``, ``AttemptHandleError``, the MCP
+and evaluation errors) still import from here for one release, with a
+:class:`DeprecationWarning` naming what to use instead; each still matches (``except``,
+``isinstance``) what is raised in its place.
 """
 
 from __future__ import annotations
@@ -61,6 +62,10 @@ class InvalidArgumentError(RecallboundError, ValueError):
 class InvalidArgumentTypeError(RecallboundError, TypeError):
     """An argument has the wrong type, or an object that must stay one was copied or pickled
     (the message names it)."""
+
+
+class RoundReusedError(RecallboundError, RuntimeError):
+    """A round (``allowance.round(...)``) was entered a second time, or by a second task."""
 
 
 # -- configuration -------------------------------------------------------------------------------
@@ -180,7 +185,7 @@ DEPRECATED: dict[str, tuple[tuple[tuple[str, str], ...], str]] = {
     **dict.fromkeys(
         ("InvalidPolicyError", "InvalidRunIdError", "InvalidLedgerOptionError",
          "InvalidRoundError", "InvalidWorkingStateError", "InvalidHookArgumentError",
-         "ClockReadingError", "RoundReusedError"),
+         "ClockReadingError"),
         ((("plugin.errors", _VALUE),), _VALUE),
     ),
     **dict.fromkeys(

@@ -18,14 +18,14 @@ attempt is opened before the retriever runs, and every call into the retriever i
 in order; its failure is its own ``failed`` result; a search that outlived the deadline is a
 ``deadline`` refusal; evidence of another principal or scope never reaches the model.
 
-**Preparation comes first, under its own bound** (:class:`~plugin.PreparationBound`): a
+**Preparation comes first, under its own bound** (:class:`~plugin.memory.PreparationBound`): a
 turn's queries are formed and embedded before the round is reserved; only the calls that can
 still get a slot (:meth:`~plugin.RecallAllowance.headroom`) are embedded.
 
 What the model reads is built in :mod:`runtime_hooks.results`. Bind the run at the run
 boundary with :meth:`RecallHooks.bind_run` (frameworks run their before-model hooks in copied
 contexts). The hooks reach the memory layer only through its protocols
-(:class:`~plugin.RecallPreparer`, :class:`~plugin.memory.protocol.Retriever`); the bootstrap
+(:class:`~plugin.memory.RecallPreparer`, :class:`~plugin.memory.protocol.Retriever`); the bootstrap
 picks the concrete classes.
 """
 

@@ -1,7 +1,7 @@
 """What the packages export, in the manner of trio's ``_tests/test_exports.py``.
 
 Every name in ``__all__`` is importable, public and documented; the surface is the small one
-a user writes against (DESIGN's names among it); the memory layer stays out of
+a user writes against (the names the public API promises among it); the memory layer stays out of
 ``import plugin.control``; every other module keeps what it names in its own ``__all__``.
 """
 
@@ -22,7 +22,7 @@ import runtime_hooks
 
 PUBLIC_PACKAGES = [plugin, plugin.control, plugin.memory, runtime_hooks]
 
-DESIGN_NAMES = {
+PROMISED_NAMES = {
     "AllowancePolicy", "RoundKind", "Clock", "SystemClock", "ManualClock", "SqliteLedger",
     "RecallAllowance", "Permit", "AttemptKind", "current_permit", "BudgetRefusal",
     "RefusalReason", "RecallBudgetExceeded", "BoundedRecallNotice", "WorkingState", "Task",
@@ -52,7 +52,7 @@ def test_every_exported_class_and_function_is_documented(package: ModuleType) ->
 
 
 def test_the_top_level_surface_is_small_and_keeps_the_design_names() -> None:
-    assert set(plugin.__all__) >= DESIGN_NAMES
+    assert set(plugin.__all__) >= PROMISED_NAMES
     assert len(plugin.__all__) <= 60
     # Preparation internals are reachable from their module, not exported at the top.
     for name in ("PreparationBound", "RecallPreparer", "SemanticPreparation", "WithheldReason",

@@ -39,6 +39,7 @@ from plugin.errors import (
     LedgerFullError,
     LedgerLockedError,
     RecallboundError,
+    RoundReusedError,
 )
 
 from ._fakes import MemoryLedger
@@ -127,7 +128,7 @@ async def test_one_round_entered_by_two_tasks_reserves_once(
                 permits.append(permit)
                 await anyio.sleep(0)
                 outcomes.append("entered")
-        except InvalidArgumentError:
+        except RoundReusedError:
             outcomes.append("refused")
 
     async with anyio.create_task_group() as tg:
@@ -136,7 +137,7 @@ async def test_one_round_entered_by_two_tasks_reserves_once(
     assert sorted(outcomes) == ["entered", "refused"]
     assert (await ledger.usage("r")).rounds == 1
     assert all(permit.closed for permit in permits)
-    with pytest.raises(InvalidArgumentError):
+    with pytest.raises(RoundReusedError):
         copy.copy(allowance.round("r", DELIB, slots=1))
 
 

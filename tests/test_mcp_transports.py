@@ -23,6 +23,7 @@ from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
 from plugin import errors
+from runtime_hooks.mcp.errors import McpSessionError
 
 from ._mcp_env import QUERIES, recall_server, search, structured
 
@@ -162,7 +163,7 @@ async def test_http_with_a_token_serves_and_without_one_is_rejected(tmp_path: Pa
                 assert hit["status"] == "ok" and "m-backfill" in hit["evidence_ids"]
                 # stateless HTTP has no session: a call must name its run
                 nameless = await client.call_tool("search_memory", {"query": "cutover"})
-                assert structured(nameless)["error"] == errors.McpSessionError.__name__
+                assert structured(nameless)["error"] == McpSessionError.__name__
             async with _http_client(url, BO_TOKEN) as client:  # another caller, same run id
                 stolen = await client.call_tool("search_memory", {"query": "cutover"},
                                                 meta={"recallbound/run_id": "run-http"})

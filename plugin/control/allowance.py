@@ -23,6 +23,7 @@ from plugin.errors import (
     InvalidArgumentError,
     InvalidArgumentTypeError,
     LedgerError,
+    RoundReusedError,
 )
 
 from . import observe, validate
@@ -263,18 +264,18 @@ class Round:
         self._watch: tuple[observe.Observer, object] | None = None
 
     def __copy__(self) -> Round:
-        raise InvalidArgumentError("a Round cannot be copied; call allowance.round() for a new one")
+        raise RoundReusedError("a Round cannot be copied; call allowance.round() for a new one")
 
     def __deepcopy__(self, memo: object) -> Round:
-        raise InvalidArgumentError("a Round cannot be copied; call allowance.round() for a new one")
+        raise RoundReusedError("a Round cannot be copied; call allowance.round() for a new one")
 
     def __reduce_ex__(self, protocol: object) -> NoReturn:
-        raise InvalidArgumentError("a Round cannot be pickled")
+        raise RoundReusedError("a Round cannot be pickled")
 
     async def __aenter__(self) -> Permit:
         # Claimed before the first await: two tasks entering one Round cannot both reserve.
         if self._entered:
-            raise InvalidArgumentError("a round is entered once; reserve a new round instead")
+            raise RoundReusedError("a round is entered once; reserve a new round instead")
         self._entered = True
         observer = observe.active
         if observer is not None:

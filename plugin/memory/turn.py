@@ -4,9 +4,9 @@ evaluator measures is what the model would see.
 
 **The automatic turn** (:func:`prepare_turn`):
 
-1. The query is planned under the preparation bound (:class:`~plugin.PreparationBound`, on the
-   allowance's clock); when the run has no slot left, its semantic arm is withheld
-   (``no_slot``) instead of embedded.
+1. The query is planned under the preparation bound
+   (:class:`~plugin.memory.PreparationBound`, on the allowance's clock); when the run has no
+   slot left, its semantic arm is withheld (``no_slot``) instead of embedded.
 2. Current corrections are read and take at most half of the context caps
    (:func:`corrections_share`); corrections and evidence share one cap, so the round's
    evidence gets what is left.

@@ -34,7 +34,7 @@ def run_id_of(meta: Mapping[str, object] | None, session_run_id: str | None) -> 
     """The request's run: ``_meta["recallbound/run_id"]``, else the session's run.
 
     Raises :class:`~plugin.errors.InvalidArgumentError` for a run id that is not a storable
-    string, :class:`~plugin.errors.McpSessionError` when there is neither.
+    string, :class:`~runtime_hooks.mcp.errors.McpSessionError` when there is neither.
     """
     given = None if meta is None else meta.get(RUN_ID_META_KEY)
     if given is not None:
