@@ -47,7 +47,7 @@ from plugin.errors import (
     LedgerUnavailableError,
 )
 
-from . import _postgres
+from . import _postgres, validate
 from ._group import GroupCommit
 from .dsn import password_of, redact
 from .ledger import Reservation, WallTime, read_time
@@ -157,6 +157,9 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (_RESERVE_WAVE,),
     # version 5: each attempt counts the evidence dropped for naming another principal or scope
     ("ALTER TABLE {s}.attempts ADD COLUMN IF NOT EXISTS dropped bigint NOT NULL DEFAULT 0",),
+    # version 6: the runs each (principal, scope) opened in the last hour (a cap on new runs)
+    tuple(statement for table in TABLES if table.since == 6
+          for statement in create_table(table, _TYPES, prefix="{s}.")),
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 """The schema version this code writes; older versions are migrated in place at open."""
@@ -501,6 +504,7 @@ class PostgresLedger(SqlLedger):
         *,
         floor: WallTime = -math.inf,
     ) -> Reservation | BudgetRefusal:
+        validate.run_id(run_id)
         self._connected()  # closed: fail now, not inside someone else's batch
         return await self._group.submit(
             ReserveRequest(run_id, kind, requested, policy, now, floor))

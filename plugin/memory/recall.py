@@ -104,6 +104,7 @@ async def automatic_round(
     bounded: tuple[Bounded, ...] = ()
     failure: str | None = None
     dropped = 0
+    unexamined = 0
     try:
         async with allowance.round(run_id, RoundKind.AUTOMATIC) as permit:
             try:
@@ -119,6 +120,7 @@ async def automatic_round(
                     ranked = list(base.found.evidence)  # the whole ranking; capped when shown
                     notes.extend(base.found.notes)
                     bounded, dropped = base.bounded, base.dropped
+                    unexamined = base.unexamined
                     people = base.found.people
                     if people:
                         try:
@@ -140,7 +142,7 @@ async def automatic_round(
     except RecallBudgetExceeded as exc:
         refusal = exc.refusal
     return AutomaticRecall(
-        rendered=render(ranked, caps) if ranked else None,
+        rendered=render(ranked, caps, unexamined=unexamined) if ranked else None,
         candidates=tuple(ranked),
         slots=tuple(slots),
         people=people,
@@ -231,7 +233,9 @@ async def deliberate_round(
                                                          failure=exc.reason)
                 else:
                     results[position] = DeliberateSearch(
-                        slot=attempted.slot, rendered=render(attempted.found.evidence, caps),
+                        slot=attempted.slot,
+                        rendered=render(attempted.found.evidence, caps,
+                                        unexamined=attempted.unexamined),
                         bounded=attempted.bounded, notes=attempted.found.notes,
                         dropped=attempted.dropped,
                     )
