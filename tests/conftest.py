@@ -30,12 +30,18 @@ collect_ignore = (
 )
 
 
+PROCESS_MODULES = frozenset({"test_mcp_transports.py", "test_evaluate_command.py"})
+"""Modules whose tests start real server or command processes: marked ``slow`` as a whole."""
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark every test that talks to PostgreSQL (its module or a parameter names it), so that
-    ``-m "not postgres"`` runs without a server."""
+    ``-m "not postgres"`` runs without a server; mark the real-process modules ``slow``."""
     for item in items:
         if "postgres" in item.nodeid.lower() or "_pg" in getattr(item.module, "__dict__", {}):
             item.add_marker(pytest.mark.postgres)
+        if item.path.name in PROCESS_MODULES:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(params=LOOPS)
