@@ -18,6 +18,7 @@ from typing import TextIO
 import anyio
 
 from plugin.control import Clock, SystemClock
+from plugin.control.dsn import redact
 from plugin.errors import RecallboundError
 
 from . import config_cli, ledger_cli, memory_cli
@@ -99,7 +100,7 @@ def main(
                   backend=args.backend)
         return 0
     except (RecallboundError, OSError) as exc:
-        err.write(f"recallbound: {ledger_cli.safe(exc)}\n")
+        err.write(f"recallbound: {redact(ledger_cli.safe(exc))}\n")
         return 1
     except KeyboardInterrupt:
         err.write("recallbound: interrupted\n")

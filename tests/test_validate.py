@@ -86,7 +86,9 @@ def test_bounded_text_allows_newlines_but_not_blank_or_oversized() -> None:
             validate.bounded_text(bad, field="query", max_bytes=64)
 
 
-def test_run_id_is_an_identifier_named_run_id() -> None:
+def test_run_id_is_bounded_storable_text() -> None:
     assert validate.run_id("run-1") == "run-1"
-    with pytest.raises(InvalidArgumentError, match="run_id"):
-        validate.run_id("run\n1")
+    assert validate.run_id("run\n1") == "run\n1"  # stored; every output escapes it
+    for bad in ["", " ", "a\x00b", "\ud800", "r" * 513, 7]:
+        with pytest.raises(InvalidArgumentError, match="run_id"):
+            validate.run_id(bad)

@@ -147,9 +147,15 @@ def run_id(
     error: ErrorClass = InvalidArgumentError,
     type_error: ErrorClass = InvalidArgumentError,
 ) -> str:
-    """Return ``value`` if it is a valid run id: an :func:`identifier` of at most
-    :data:`MAX_RUN_ID_BYTES` bytes. A run id of the wrong type is an invalid run id too
-    (:class:`~plugin.errors.InvalidRunIdError`, a ``ValueError``), as it always was."""
-    return identifier(
-        value, field=field, max_bytes=MAX_RUN_ID_BYTES, error=error, type_error=type_error
-    )
+    """Return ``value`` if it is a valid run id: a ``str`` that is not blank, valid Unicode,
+    at most :data:`MAX_RUN_ID_BYTES` UTF-8 bytes, with no NUL. Other control characters are
+    stored (a host chooses its run ids; every output escapes them). A run id of the wrong type
+    is an invalid run id too (:class:`~plugin.errors.InvalidRunIdError`, a ``ValueError``)."""
+    if not isinstance(value, str):
+        raise type_error(f"{field} must be a str, got {type(value).__name__}")
+    _encoded_size(value, field=field, max_bytes=MAX_RUN_ID_BYTES, error=error)
+    if "\x00" in value:
+        raise error(f"{field} must not contain a NUL character")
+    if not value.strip():
+        raise error(f"{field} must not be empty or blank")
+    return value
