@@ -413,9 +413,11 @@ async def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     await run_demo(lines.append, data_dir=tmp_path, semantic=Semantic.NONE)
     text = "\n".join(lines)
     # Sparse arm only: the baseline query ("Continue" and the objective) misses the next
-    # action's memory; the task-context query puts it first.
+    # action's memory; the task-context query brings it into the context, within the first
+    # three (the open question's answer and the named person's belief weigh more).
     assert "-> next-action memory (m-backfill): NOT retrieved" in text
-    assert "-> next-action memory (m-backfill): retrieved, item 1 of" in text
+    placed = [line for line in lines if "-> next-action memory (m-backfill): retrieved" in line]
+    assert placed and any(f"retrieved, item {n} of" in placed[-1] for n in (1, 2, 3))
     assert text.count("refused (slots)") >= 2
     assert "not evidence" in text
 
