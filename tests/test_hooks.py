@@ -14,7 +14,7 @@ import pytest
 from plugin import (
     AllowancePolicy,
     AttemptKind,
-    InvalidWorkingStateError,
+    InvalidArgumentError,
     ManualClock,
     QueryStrategy,
     RecallBudgetExceeded,
@@ -41,10 +41,6 @@ pytestmark = pytest.mark.anyio
 
 ROOT = Path(__file__).resolve().parents[1]
 
-
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock(wall=1_800_000_000.0, monotonic=10.0)
 
 
 async def _admit(experiment: str) -> bool:
@@ -308,7 +304,7 @@ async def test_hostile_text_never_raises(tmp_path: Path, clock: ManualClock) -> 
         for index, text in enumerate(HOSTILE_TEXT):
             try:
                 state = WorkingState(text, next_action=text, open_questions=(text,))
-            except InvalidWorkingStateError:  # lone surrogates: refused, typed, field named
+            except InvalidArgumentError:  # lone surrogates: refused, typed, field named
                 assert not _encodable(text)
                 continue
             context = await hooks.prepare(state, run_id=f"p{index}", scope=SCOPE,
