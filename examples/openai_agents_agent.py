@@ -58,7 +58,7 @@ async def main() -> None:
         async with open_hooks(config) as hooks:
 
             # The few lines a user adds: build the adapter, give the agent its tool, run.
-            recall = agents_recall(hooks, state=working_state)
+            recall = agents_recall(hooks, working_state=working_state)
             model = ScriptedModel([
                 [function_call(SEARCH_TOOL.name, {"query": q}, call_id=f"call_{i}")
                  for i, q in enumerate(QUERIES)],

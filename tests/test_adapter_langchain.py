@@ -40,7 +40,7 @@ from langgraph.types import Command, interrupt
 from pydantic import Field
 
 from plugin import ManualClock, WorkingState, current_permit
-from plugin.errors import InvalidHookArgumentError, InvalidHookArgumentTypeError, RunIdentityError
+from plugin.errors import RunIdentityError
 from plugin.memory.pipeline import MemoryRetriever
 from runtime_hooks import RecallHooks
 from runtime_hooks.adapters import SEARCH_TOOL
@@ -194,64 +194,6 @@ async def test_automatic_round_then_two_of_six_calls_run_on_slots_3_and_4(
     assert sorted(r.reason.value for r in refusals) == ["slots"] * 4  # the calls, no round
     assert (await hooks.allowance.ledger.usage(RUN)).refused == 4
 
-
-async def test_per_request_runs_the_automatic_round_before_every_request(
-    hooks: RecallHooks,
-) -> None:
-    model = fake_model(*search_calls())
-    agent = _agent(model, RecallMiddleware(hooks, working_state=work_in_progress,
-                                           automatic="per_request"))
-    await agent.ainvoke({"messages": [HumanMessage("Continue")]}, context=CONTEXT)
-    first, second = model.seen
-    assert "m-backfill" in _system(first)
-    # The next request's own round is refused (rounds): the model is told, in words.
-    assert "bounded" in _system(second) and "not evidence" in _system(second)
-    assert "m-backfill" not in _system(second)
-    refusals = await hooks.allowance.ledger.refusals(RUN)
-    assert sorted(r.reason.value for r in refusals) == ["rounds"] + ["slots"] * 4
-
-
-@pytest.mark.parametrize("automatic", ["each", 0.5])
-async def test_an_unknown_automatic_mode_is_refused(
-    hooks: RecallHooks, automatic: Any
-) -> None:
-    with pytest.raises((InvalidHookArgumentError, InvalidHookArgumentTypeError),
-                       match="automatic"):
-        RecallMiddleware(hooks, automatic=automatic)
-
-
-async def test_without_automatic_recall_four_calls_run_on_distinct_slots(
-    hooks: RecallHooks,
-) -> None:
-    model = fake_model(*search_calls())
-    agent = _agent(model, RecallMiddleware(hooks, automatic=False))
-    await agent.ainvoke({"messages": [HumanMessage("Continue")]}, context=CONTEXT)
-
-    answers = _answers(model.seen[1])
-    assert [a["status"] for a in answers.values()].count("ok") == 4
-    assert [a["refusal"]["reason"] for a in answers.values() if a["status"] == "refused"] == [
-        "slots", "slots"]
-    assert _system(model.seen[0]) == _system(model.seen[1]) == ""
-    slots = await _slots(hooks)
-    assert sorted(s for s, kind in slots if kind == "deliberate") == [1, 2, 3, 4]
-    assert len(slots) == 4  # four deliberate attempts, no nested read got a slot
-    assert await _usage(hooks) == (1, 4, 4)
-
-
-async def test_automatic_recall_and_tool_calls_share_one_deadline(
-    hooks: RecallHooks, clock: ManualClock
-) -> None:
-    # The first model request opens the run (deadline 10 s); the model then "thinks" for 11 s.
-    model = fake_model(*search_calls(), on_call=lambda n: clock.advance(11.0) if n == 1 else None)
-    agent = _agent(model, RecallMiddleware(hooks, working_state=work_in_progress))
-    await agent.ainvoke({"messages": [HumanMessage("Continue")]}, context=CONTEXT)
-
-    answers = _answers(model.seen[1])
-    assert len(answers) == 6
-    assert {a["status"] for a in answers.values()} == {"refused"}
-    assert {a["refusal"]["reason"] for a in answers.values()} == {"deadline"}
-    rounds, reserved, _ = await _usage(hooks)
-    assert (rounds, reserved) == (1, 2)  # only the automatic round was ever reserved
 
 
 async def test_a_call_answered_by_another_middleware_is_not_dispatched(
@@ -441,18 +383,6 @@ async def test_the_run_identity_comes_from_the_context_only(hooks: RecallHooks) 
     assert await _usage(hooks) == (0, 0, 0)
 
 
-async def test_an_out_of_scope_call_gets_its_typed_answer_and_no_slot(
-    hooks: RecallHooks,
-) -> None:
-    bad = {"name": SEARCH_TOOL.name, "args": {"query": "deploy window", "scope": "personal"},
-           "id": "bad", "type": "tool_call"}
-    model = fake_model(bad, *search_calls(QUERIES[:1]))
-    agent = _agent(model, RecallMiddleware(hooks, automatic=False))
-    await agent.ainvoke({"messages": [HumanMessage("Continue")]}, context=CONTEXT)
-    answers = _answers(model.seen[1])
-    assert answers["bad"]["status"] == "invalid" and answers["c0"]["status"] == "ok"
-    assert await _usage(hooks) == (1, 1, 1)
-
 
 async def test_the_tool_without_its_hook_searches_nothing(hooks: RecallHooks) -> None:
     recall = LangChainRecall(hooks)
@@ -634,18 +564,6 @@ async def test_another_tool_first_then_six_searches_two_run_on_slots_3_and_4(
     assert kinds == ["automatic", "deliberate"]
     assert (await hooks.allowance.ledger.usage(RUN)).refused == 4
 
-
-async def test_two_searches_in_each_of_two_model_messages(hooks: RecallHooks) -> None:
-    model = scripted(calls_message(*search_calls(QUERIES[:2], prefix="a")),
-                     calls_message(*search_calls(QUERIES[2:4], prefix="b")))
-    agent = _agent(model, RecallMiddleware(hooks, working_state=work_in_progress))
-    await _drive_agent(agent, "ainvoke")
-    answers = _answers(model.seen[-1])
-    assert {c: a["status"] for c, a in answers.items()} == {
-        "a0": "ok", "a1": "ok", "b0": "refused", "b1": "refused"}
-    assert {answers[c]["refusal"]["reason"] for c in ("b0", "b1")} == {"rounds"}
-    assert sorted(s for s, k in await _slots(hooks) if k == "deliberate") == [3, 4]
-    assert len({_system(seen) for seen in model.seen}) == 1
 
 
 async def test_each_invocation_prepares_its_own_context_and_none_leaks(

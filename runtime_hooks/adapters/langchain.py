@@ -42,23 +42,33 @@ import anyio.from_thread
 import anyio.lowlevel
 import attrs
 import sniffio
-from langchain.agents.middleware import AgentMiddleware, AgentState, ModelRequest
-from langchain.agents.middleware.types import ModelResponse, PrivateStateAttr
-from langchain.tools import ToolRuntime
-from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage, ToolMessage
-from langchain_core.tools import BaseTool, StructuredTool
-from langgraph.config import get_config
-from langgraph.func import task
-from langgraph.prebuilt import ToolNode
-from langgraph.runtime import Runtime
-from typing_extensions import NotRequired
 
 from plugin.errors import RecallboundError, RunIdentityError
 from plugin.memory.state import WorkingState
+from runtime_hooks._extras import missing_extra
 from runtime_hooks.hooks import RecallHooks, ToolCall, ToolResult
 
+from ._options import deprecated_alias
 from .batch import AutomaticMode, RunRecall, RunRecalls, automatic_mode
 from .tool import SEARCH_TOOL
+
+with missing_extra("langchain", "runtime_hooks.adapters.langchain"):
+    from langchain.agents.middleware import AgentMiddleware, AgentState, ModelRequest
+    from langchain.agents.middleware.types import ModelResponse, PrivateStateAttr
+    from langchain.tools import ToolRuntime
+    from langchain_core.messages import (
+        AIMessage,
+        AnyMessage,
+        HumanMessage,
+        SystemMessage,
+        ToolMessage,
+    )
+    from langchain_core.tools import BaseTool, StructuredTool
+    from langgraph.config import get_config
+    from langgraph.func import task
+    from langgraph.prebuilt import ToolNode
+    from langgraph.runtime import Runtime
+    from typing_extensions import NotRequired
 
 
 class MissingRecallContextError(RecallboundError, TypeError):
@@ -86,7 +96,7 @@ class RecallContext:
 
 
 def context_of(context: object) -> RecallContext:
-    """The default ``identify``: the runtime context itself, or its ``recall`` attribute."""
+    """The default ``identity``: the runtime context itself, or its ``recall`` attribute."""
     for candidate in (context, getattr(context, "recall", None)):
         if isinstance(candidate, RecallContext):
             return candidate
@@ -193,19 +203,27 @@ class LangChainRecall:
     """
 
     hooks: RecallHooks
-    identify: Identify = context_of
+    identity: Identify = context_of
+    """The host's run id, scope and principal from the run's context (default:
+    :func:`context_of`); the same option name in every adapter."""
     working_state: StateOf = latest_request
     max_runs: int = 1024
+    _identify: Identify | None = attrs.field(default=None, alias="identify", kw_only=True,
+                                             repr=False)
+    """Deprecated alias of ``identity``."""
     _runs: RunRecalls = attrs.field(init=False, repr=False)
     tool: BaseTool = attrs.field(init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
+        if self._identify is not None:
+            self.identity = deprecated_alias("identify", "identity", self._identify,
+                                             self.identity, context_of, stacklevel=4)
         self._runs = RunRecalls(self.hooks, RecallContextMismatchError, self.max_runs)
         self.tool = self._search_tool()
 
     def run(self, context: object) -> RunRecall:
         """The run's recall, keyed by the host's run id (checked against scope and principal)."""
-        trusted = self.identify(context)
+        trusted = self.identity(context)
         return self._runs.get(trusted.run_id, scope=trusted.scope, principal=trusted.principal)
 
     async def automatic_context(self, messages: Sequence[AnyMessage], context: object) -> str:
@@ -231,7 +249,7 @@ class LangChainRecall:
         """The tool's answer: the result its batch stored for this id and these arguments
         (never a search of its own)."""
         call_id = runtime.tool_call_id or ""
-        trusted = self.identify(runtime.context)
+        trusted = self.identity(runtime.context)
         pinned = _node_run.get()
         same = pinned is not None and (pinned.run_id, pinned.scope, pinned.principal) == (
             trusted.run_id, trusted.scope, trusted.principal)
@@ -283,6 +301,9 @@ class RecallMiddleware(AgentMiddleware[RecallState, Any, Any]):
 
     ``automatic``: ``True`` (default) one automatic round per invocation, before its first
     model request; ``"per_request"`` one before every model request; ``False`` none.
+    ``identity`` gives the run's trusted identity from the runtime context (default:
+    :func:`context_of`; ``identify=`` is its deprecated alias); ``working_state`` the state
+    the automatic round plans from (default: :func:`latest_request`).
     """
 
     state_schema = RecallState
@@ -292,12 +313,15 @@ class RecallMiddleware(AgentMiddleware[RecallState, Any, Any]):
         hooks: RecallHooks,
         *,
         automatic: bool | str = True,
-        identify: Identify = context_of,
+        identity: Identify = context_of,
         working_state: StateOf = latest_request,
+        identify: Identify | None = None,
     ) -> None:
         super().__init__()
         self.mode: AutomaticMode = automatic_mode(automatic)
-        self.recall = LangChainRecall(hooks, identify=identify, working_state=working_state)
+        if identify is not None:
+            identity = deprecated_alias("identify", "identity", identify, identity, context_of)
+        self.recall = LangChainRecall(hooks, identity=identity, working_state=working_state)
         self.automatic = automatic
         self.tools = [self.recall.tool]
 
