@@ -1,0 +1,95 @@
+"""Every Python block in README.md and docs/*.md, and every example in examples/, is a program
+that runs: twice in a row (each run mints its own run id, or says why its id is fixed), from an
+empty temporary folder (so nothing is written into the repository), in a fresh interpreter as a
+user who pasted it would run it.
+
+The blocks are found by pytest-examples (``find_examples``): every ``py``/``python`` fence of
+every page, a page added to docs/ included. A block that must not run is fenced as ``text``
+with the reason written above it. A block that needs PostgreSQL says so, and runs against the
+test server (``RECALLBOUND_TEST_PG_DSN``, given to the block as ``DATABASE_URL``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pytest_examples import CodeExample, find_examples
+
+from ._pg import DSN
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md",
+         *sorted(p for p in (ROOT / "docs").rglob("*.md") if not p.name.startswith("_"))]
+"""README and every page of the documentation site (drafts, ``_*.md``, are not published)."""
+BLOCKS = list(find_examples(*PAGES))
+EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
+RUNS = 2
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = {name: value for name, value in os.environ.items()
+           if not name.startswith("RECALLBOUND_") or name.startswith("RECALLBOUND_TEST_")}
+    # The configuration a block reads is its own (nothing from the machine's environment), the
+    # `recallbound` command is this interpreter's, and no run may reach the network.
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env["DATABASE_URL"] = DSN
+    env["OPENAI_API_KEY"] = ""
+    env["HOME"] = str(tmp_path)
+    return env
+
+
+def _run(argv: list[str], folder: Path, what: str) -> str:
+    outputs = []
+    for attempt in range(1, RUNS + 1):
+        done = subprocess.run(argv, cwd=folder, env=_env(folder), capture_output=True,
+                              text=True, timeout=300, check=False)
+        assert done.returncode == 0, f"{what}, run {attempt}:\n{done.stdout}\n{done.stderr}"
+        outputs.append(done.stdout)
+    return outputs[-1]
+
+
+def _repository_files() -> set[Path]:
+    """The files where a program run from the wrong folder would leave its ledger or store."""
+    return {path for folder in (ROOT, ROOT / "docs", ROOT / "examples")
+            for path in folder.iterdir()}
+
+
+def _block_id(block: CodeExample) -> str:
+    return f"{block.path.relative_to(ROOT)}:{block.start_line}"
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=_block_id)
+def test_a_documented_program_runs_twice(block: CodeExample, tmp_path: Path) -> None:
+    before = _repository_files()
+    script = tmp_path / "example.py"
+    script.write_text(block.source, encoding="utf-8")
+    _run([sys.executable, str(script)], tmp_path, f"{block.path.name}:{block.start_line}")
+    assert _repository_files() <= before  # it wrote nothing into the repository
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_an_example_runs_twice(example: Path, tmp_path: Path) -> None:
+    before = _repository_files()
+    _run([sys.executable, str(example)], tmp_path, example.name)
+    assert _repository_files() <= before
+
+
+def test_every_page_with_python_has_its_blocks_collected() -> None:
+    """No page hides a Python block from the suite under another fence name."""
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        fenced = text.count("```python") + text.count("```py\n")
+        collected = [block for block in BLOCKS if block.path == page]
+        assert len(collected) == fenced, page
+
+
+def test_every_example_makes_a_fresh_run_id_or_says_why_not() -> None:
+    for source in [*(p.read_text(encoding="utf-8") for p in EXAMPLES),
+                   *(block.source for block in BLOCKS)]:
+        if "run_id" not in source:
+            continue
+        assert "uuid" in source or "fixed run id" in source, source[:300]
