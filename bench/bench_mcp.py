@@ -4,10 +4,11 @@ Each figure is the median round trip of one deliberate search in a fresh run (on
 slot, a durable reservation), through the MCP server, beside the same search made through the
 hooks directly (``RecallHooks.dispatch``), timed alternately in the same run. The in-memory
 transport is the SDK's in-process client; stdio is ``recallbound mcp`` in a subprocess on the
-same store and a ledger file of its own. Target: the in-memory transport adds at most 1 ms
-at the median.
+same store and a ledger file of its own. Every call opens a run, so both servers allow more
+runs an hour than a bench makes. Targets at the median: the in-memory transport adds at most
+0.5 ms, stdio at most 1 ms.
 
-    python -m bench.bench_mcp
+    python -m bench mcp
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from runtime_hooks.mcp import RecallServer
 from runtime_hooks.mcp.trust import Caller
 
 QUERY = "invoice backfill dry-run"
+RUNS_PER_HOUR = 1_000_000
 
 
 def _report(name: str, mcp_us: float, direct_us: float) -> None:
@@ -44,7 +46,8 @@ async def main() -> None:
         config = RecallConfig(ledger_path=ledger, store_path=store)
         await seed_store(config)
         async with open_hooks(config) as hooks:
-            server = RecallServer(hooks, caller=Caller(principal=PRINCIPAL, scope=SCOPE))
+            server = RecallServer(hooks, caller=Caller(principal=PRINCIPAL, scope=SCOPE),
+                                  max_runs_per_hour=RUNS_PER_HOUR)
 
             async def direct() -> None:
                 [result] = await hooks.dispatch(
@@ -66,12 +69,15 @@ async def main() -> None:
             print(f"   one search_memory call in a fresh run, median of {ROUNDS}, alternating")
             async with Client(server.server) as client:
                 _report("in-memory", *await _median_pair(through(client), direct))
+            settings = Path(folder, "recallbound.toml")
+            settings.write_text(f"allow_looser_policy = true\n\n[mcp]\n"
+                                f"max_runs_per_hour = {RUNS_PER_HOUR}\n")
             stdio = StdioServerParameters(
                 command=sys.executable,
                 args=["-m", "runtime_hooks", "mcp", "--principal", PRINCIPAL, "--scope", SCOPE],
                 # its own ledger file: two processes on one SQLite file slow both sides
                 env={**os.environ, "RECALLBOUND_LEDGER": str(Path(folder, "stdio-ledger.db")),
-                     "RECALLBOUND_STORE": str(store)},
+                     "RECALLBOUND_STORE": str(store), "RECALLBOUND_CONFIG": str(settings)},
             )
             async with Client(stdio) as client:
                 _report("stdio", *await _median_pair(through(client), direct))

@@ -1,10 +1,11 @@
 """Ranking variants on development data: ``python -m bench.tune_ranking [--scenarios FILE]``.
 
 Runs a development file (default ``examples/devset.jsonl``; also the hand-written dev half
-``examples/handwritten_dev.jsonl`` and the LoCoMo dev split converted under /tmp, never a test
-half or held-out data) once per named variant of :class:`~plugin.memory.ranking.RankingPolicy`
-and prints recall@5 per arm, strategy and family, plus task_context - baseline per family with
-the lower end of its 95 % interval. ``--only NAME`` runs one variant (repeatable).
+``examples/handwritten_dev.jsonl``, a hand-written development set and the LoCoMo dev split
+converted under /tmp, never a test half or held-out data) once per named variant of
+:class:`~plugin.memory.ranking.RankingPolicy` and prints recall@5 per arm, strategy and
+family, plus task_context - baseline per family with the lower end of its 95 % interval.
+``--only NAME`` runs one variant (repeatable).
 
 ``--check-fusion`` is the regression check on long conversations: with ``--only default`` and
 each LoCoMo dev conversion, it exits 1 when fused recall@5 is below the best single arm::
@@ -31,17 +32,58 @@ from plugin.memory.ranking import RankingPolicy
 
 DEVSET = Path(__file__).resolve().parents[1] / "examples" / "devset.jsonl"
 
-FIRST: dict[str, int] = {"short_words": 6, "request_terms": 2}
-"""The request share every variant but the last ones was measured with (before the request
-share was tuned on the LoCoMo dev split)."""
+ROUND_ONE: dict[str, object] = {
+    "question": 1.0, "constraint": 0.6, "entity": 0.6, "request_terms": 6,
+    "request_power": 1.0, "semantic": 0.5,
+}
+"""The previous defaults (role weights, a linear request share, semantic weight 0.5)."""
+
+FIRST: dict[str, object] = {**ROUND_ONE, "short_words": 6, "request_terms": 2}
+"""The request share the first variants were measured with (before the request share was
+tuned on the LoCoMo dev split)."""
+
+
+def _policy(base: dict[str, object], **changes: object) -> RankingPolicy:
+    return RankingPolicy(**{**base, **changes})  # type: ignore[arg-type]
 
 
 def _first(**changes: object) -> RankingPolicy:
-    return RankingPolicy(**{**FIRST, **changes})  # type: ignore[arg-type]
+    return _policy(FIRST, **changes)
+
+
+def _round_one(**changes: object) -> RankingPolicy:
+    return _policy(ROUND_ONE, **changes)
 
 
 VARIANTS: dict[str, tuple[RankingPolicy, float | None]] = {
     "default": (RankingPolicy(), None),
+    # Round two: names, ids and questions over the next action's common words; "Continue"
+    # that the scope knows keeps a small share; no fixed lower weight for one arm.
+    "round-one": (_round_one(), None),
+    "r1-request-terms12": (_round_one(request_terms=12), None),
+    "r1-share-bm25": (_round_one(fragment_scores="bm25"), None),
+    "r1-entity1": (_round_one(entity=1.0, constraint=1.0), None),
+    "r1-entity1.5-q1.5": (_round_one(entity=1.5, constraint=1.0, question=1.5,
+                                     request_terms=12), None),
+    "r1-entity2-q1.5": (_round_one(entity=2.0, constraint=1.0, question=1.5,
+                                   request_terms=12), None),
+    "r1-entity3-q1.5": (_round_one(entity=3.0, constraint=1.0, question=1.5,
+                                   request_terms=12), None),
+    "entity2-q2-linear": (_round_one(entity=2.0, constraint=1.0, question=2.0,
+                                     request_terms=12), None),
+    "entity2-q2-linear-semantic1": (_round_one(entity=2.0, constraint=1.0, question=2.0,
+                                               request_terms=12, semantic=1.0), None),
+    "r1-entity2-q1.5-semantic1": (_round_one(entity=2.0, constraint=1.0, question=1.5,
+                                             request_terms=12, semantic=1.0), None),
+    "r1-entity2-q1.5-equal-rrf": (_round_one(entity=2.0, constraint=1.0, question=1.5,
+                                             request_terms=12, confidence=False,
+                                             semantic=1.0), None),
+    "r1-entity2-q1.5-rrf-k20": (_round_one(entity=2.0, constraint=1.0, question=1.5,
+                                           request_terms=12, confidence=False, semantic=0.6,
+                                           rrf_k=20), None),
+    "default-rrf-k5": (RankingPolicy(rrf_k=5), None),
+    "default-rrf-k20": (RankingPolicy(rrf_k=20), None),
+    # Round one.
     "first": (_first(), None),
     "equal-rrf": (_first(confidence=False, rrf_k=60, semantic=1.0), None),
     "equal-rrf-floor": (_first(confidence=False, rrf_k=60, semantic=1.0), 0.25),
@@ -63,8 +105,8 @@ VARIANTS: dict[str, tuple[RankingPolicy, float | None]] = {
     "request-terms3": (_first(request_terms=3), None),
     "request-terms4": (_first(request_terms=4), None),
     "request-terms6": (_first(request_terms=6), None),
-    "rt4-short4": (RankingPolicy(request_terms=4, short_words=4), None),
-    "rt6-short4": (RankingPolicy(request_terms=6, short_words=4), None),
+    "rt4-short4": (_round_one(request_terms=4, short_words=4), None),
+    "rt6-short4": (_round_one(request_terms=6, short_words=4), None),
 }
 
 

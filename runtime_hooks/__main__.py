@@ -1,5 +1,5 @@
 """The ``recallbound`` command: ``demo``, ``evaluate``, ``ledger runs|show|prune|check``,
-``config show``, ``mcp``.
+``memory add|import|list|forget``, ``config show``, ``mcp``.
 
 Bad input (a missing file, a foreign database, an unknown run, a bad setting) prints one
 ``recallbound: ...`` line on stderr and exits 1; a usage error exits 2 (argparse). No
@@ -18,9 +18,10 @@ from typing import TextIO
 import anyio
 
 from plugin.control import Clock, SystemClock
+from plugin.control.dsn import redact
 from plugin.errors import RecallboundError
 
-from . import config_cli, ledger_cli
+from . import config_cli, ledger_cli, memory_cli
 from .bootstrap import Semantic
 from .demo import run_demo
 
@@ -51,6 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     evaluation.configure(commands.add_parser(
         "evaluate", help="evaluate query planning and ranking on a scenario file"))
     ledger_cli.add_commands(commands)
+    memory_cli.add_commands(commands)
     config_cli.add_commands(commands)
     from .mcp import cli as mcp_cli  # the mcp extra; imported only to register the command
 
@@ -81,6 +83,8 @@ def main(
     try:
         if args.command == "ledger":
             return ledger_cli.run(args, out, clock if clock is not None else SystemClock())
+        if args.command == "memory":
+            return memory_cli.run(args, out, err)
         if args.command == "config":
             return config_cli.run(args, out)
         if args.command == "mcp":
@@ -96,7 +100,7 @@ def main(
                   backend=args.backend)
         return 0
     except (RecallboundError, OSError) as exc:
-        err.write(f"recallbound: {ledger_cli.safe(exc)}\n")
+        err.write(f"recallbound: {redact(ledger_cli.safe(exc))}\n")
         return 1
     except KeyboardInterrupt:
         err.write("recallbound: interrupted\n")

@@ -1,9 +1,10 @@
 """Configuration from a TOML file, ``RECALLBOUND_*`` environment variables and arguments.
 
-Each setting is declared once, on its :class:`~runtime_hooks.bootstrap.RecallConfig` field
-(a :class:`~runtime_hooks.bootstrap.Setting` in the field's metadata: key, kind, meaning); the
-file reader, the environment reader, ``config show`` and the documentation's table
-(:func:`settings_table`) are derived from those declarations (:data:`FIELDS`).
+Each setting is declared once, on its :class:`~runtime_hooks.settings.RecallConfig` field
+(a :class:`~runtime_hooks.settings.Setting` in the field's metadata: key, kind, meaning, whether
+it widens a bound); the file reader, the environment reader, ``config show`` and the
+documentation's table (:func:`settings_table`) are derived from those declarations
+(:data:`FIELDS`, :mod:`runtime_hooks.config_fields`).
 
 Precedence, highest first: **explicit arguments > environment variables > the TOML file >
 defaults**. The file is the ``file`` argument, else ``$RECALLBOUND_CONFIG``, else
@@ -19,17 +20,16 @@ unknown ``RECALLBOUND_*`` variables are errors too, in one format that suggests 
 key (a typo must not fall back to a default). The test suite's own variables
 (``RECALLBOUND_TEST_*`` and :data:`TEST_VARIABLES`) are not settings and are ignored.
 
-From a file or the environment, a policy looser than the defaults (more than 4 searches or 2
-rounds, a deadline beyond 10 s) or the legacy mode needs ``allow_looser_policy = true``, and an
-ephemeral ledger (``":memory:"``) ``allow_ephemeral_ledger = true``. Relative paths in the file
+From a file or the environment, every setting that widens a bound past its default (declared
+``widens`` beside it in :mod:`runtime_hooks.settings`: searches, rounds, the deadline, source-read
+fallbacks, the context caps' items and bytes, the preparation and admission budgets) and the
+legacy mode need ``allow_looser_policy = true``, and an ephemeral ledger (``":memory:"``)
+``allow_ephemeral_ledger = true``. Relative paths in the file
 are relative to the file's folder; elsewhere, to the working directory.
 """
 
 from __future__ import annotations
 
-import difflib
-import enum
-import json
 import os
 import re
 import sys
@@ -39,11 +39,14 @@ from typing import Any
 
 import attrs
 
+from plugin.control.dsn import parse_location, redact
 from plugin.errors import ConfigError, RecallboundError
 from plugin.memory.planning import Admission
 
-from .bootstrap import RecallConfig, Setting, is_ephemeral, loosened
-from .ledgers import redact_location
+from .config_fields import _BY_ENV, _BY_KEY, _SECTIONS, FIELDS, _Bad, _Field, _shown, _unknown
+from .config_fields import settings_table as settings_table
+from .ledgers import is_postgres, redact_location
+from .settings import RecallConfig, is_ephemeral, loosened
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -76,189 +79,6 @@ class Source:
 
     def __str__(self) -> str:
         return self.kind if not self.where else f"{self.kind} ({self.where})"
-
-
-class _Bad(Exception):
-    """A value failed its check; the loader adds the key and the source."""
-
-
-# -- value checks: one for typed values (TOML, arguments), one for environment text ----------
-
-
-def _int(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _Bad(f"must be an integer, got {type(value).__name__} {value!r}")
-    return value
-
-
-def _float(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _Bad(f"must be a number, got {type(value).__name__} {value!r}")
-    return float(value)
-
-
-def _bool(value: object) -> bool:
-    if not isinstance(value, bool):
-        raise _Bad(f"must be a boolean (true or false), got {type(value).__name__} {value!r}")
-    return value
-
-
-def _text(value: object) -> str:
-    if isinstance(value, os.PathLike):
-        value = os.fspath(value)
-    if not isinstance(value, str):
-        raise _Bad(f"must be a string, got {type(value).__name__} {value!r}")
-    if not value.strip() or "\x00" in value:
-        raise _Bad(f"must be a non-empty string with no NUL character, got {value!r}")
-    return value
-
-
-def _choice(kind: type[enum.Enum]) -> Callable[[object], enum.Enum]:
-    def check(value: object) -> enum.Enum:
-        if isinstance(value, kind):
-            return value
-        names = ", ".join(repr(m.value) for m in kind)
-        if not isinstance(value, str):
-            raise _Bad(f"must be one of {names}, got {type(value).__name__} {value!r}")
-        try:
-            return kind(value)
-        except ValueError:
-            raise _Bad(f"must be one of {names}, got {value!r}") from None
-
-    return check
-
-
-_INT_TEXT = re.compile(r"[+-]?[0-9]+")
-_FLOAT_TEXT = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
-
-
-def _env_int(text: str) -> object:
-    if not _INT_TEXT.fullmatch(text):
-        raise _Bad(f"must be a decimal integer, got {text!r}")
-    return int(text)
-
-
-def _env_float(text: str) -> object:
-    if not _FLOAT_TEXT.fullmatch(text):
-        raise _Bad(f"must be a decimal number, got {text!r}")
-    return float(text)
-
-
-def _env_bool(text: str) -> object:
-    if text not in ("true", "false"):
-        raise _Bad(f"must be exactly 'true' or 'false', got {text!r}")
-    return text == "true"
-
-
-def _env_text(text: str) -> object:
-    return text
-
-
-_TYPED: dict[str, Callable[[object], Any]] = {
-    "path": _text, "text": _text, "admission": _text, "int": _int, "seconds": _float,
-    "number": _float, "bool": _bool,
-}
-_FROM_ENV: dict[str, Callable[[str], object]] = {
-    "int": _env_int, "seconds": _env_float, "number": _env_float, "bool": _env_bool,
-}
-
-
-@attrs.frozen
-class _Field:
-    """One key as the readers see it, derived from a RecallConfig field's :class:`Setting`."""
-
-    key: str
-    kind: str
-    doc: str
-    attribute: str
-    """The RecallConfig field it sets."""
-    part: str | None = None
-    """Within a section: the field of the section's class."""
-    default: object = None
-    choices: type[enum.Enum] | None = None
-
-    @property
-    def env(self) -> str:
-        return ENV_PREFIX + self.key.upper().replace(".", "_")
-
-    @property
-    def path(self) -> bool:
-        """Relative values from the file are taken relative to the file's folder."""
-        return self.kind == "path"
-
-    def check(self, value: object) -> Any:
-        if self.choices is not None:
-            return _choice(self.choices)(value)
-        return _TYPED[self.kind](value)
-
-    def from_env(self, text: str) -> object:
-        return _FROM_ENV.get(self.kind, _env_text)(text)
-
-
-def _default(field: attrs.Attribute[Any]) -> object:
-    default: Any = field.default
-    if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
-        return default.factory()
-    return None if default is attrs.NOTHING else default
-
-
-def _declared() -> tuple[_Field, ...]:
-    found: list[_Field] = []
-    for field in attrs.fields(RecallConfig):
-        setting = field.metadata.get("setting")
-        if not isinstance(setting, Setting):
-            continue
-        if setting.kind == "section":
-            assert setting.of is not None
-            example = _default(field)
-            for part in attrs.fields(setting.of):
-                kind = "int" if part.type in (int, "int") else "number"
-                found.append(_Field(
-                    f"{setting.key}.{part.name}", kind,
-                    setting.parts.get(part.name, f"{setting.of.__name__}.{part.name}"),
-                    field.name, part.name, getattr(example, part.name)))
-        else:
-            choices = setting.of if setting.kind == "choice" else None
-            found.append(_Field(setting.key, setting.kind, setting.doc, field.name,
-                                default=_default(field), choices=choices))
-    return tuple(found)
-
-
-FIELDS: tuple[_Field, ...] = _declared()
-"""Every configuration key, in the order ``config show`` prints them (RecallConfig's)."""
-
-_BY_KEY = {f.key: f for f in FIELDS}
-_BY_ENV = {f.env: f for f in FIELDS}
-_SECTIONS = {f.key.split(".")[0] for f in FIELDS if f.part is not None}
-
-
-def _unknown(name: str, where: str, known: list[str]) -> ConfigError:
-    """The one error for a key nobody declared, with the nearest declared one."""
-    near = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
-    hint = f"; did you mean {near[0]!r}?" if near else ""
-    return ConfigError(f"unknown setting {name!r} ({where}){hint}")
-
-
-def _shown(value: object) -> object:
-    if isinstance(value, enum.Enum):
-        return value.value
-    if callable(value):
-        return f"{getattr(value, '__module__', '?')}:{getattr(value, '__qualname__', '?')}"
-    return value
-
-
-def settings_table() -> str:
-    """The settings as a Markdown table (key, environment variable, default, meaning)."""
-    lines = ["| Key | Environment variable | Default | Meaning |", "|---|---|---|---|"]
-    for f in FIELDS:
-        default = "(required)" if f.default is None and f.key in ("ledger", "store") else (
-            "(unset)" if f.default is None else f"`{json.dumps(_shown(f.default))}`")
-        if f.choices is not None:
-            meaning = f"{f.doc} One of " + ", ".join(f"`{m.value}`" for m in f.choices) + "."
-        else:
-            meaning = f.doc
-        lines.append(f"| `{f.key}` | `{f.env}` | {default} | {meaning} |")
-    return "\n".join(lines) + "\n"
 
 
 @attrs.frozen(kw_only=True)
@@ -352,23 +172,29 @@ class LoadedConfig:
 
             self._guarded(one, f.key)
         ledger = self.values["ledger"]
+        if ledger is not None:
+            try:
+                parse_location(ledger)
+            except ConfigError as exc:
+                raise ConfigError(f"ledger from {self.sources['ledger']}: {exc}") from None
         if ledger is not None and is_ephemeral(ledger) and \
                 self.values["allow_ephemeral_ledger"] is not True:
             raise ConfigError(
-                f"ledger from {self.sources['ledger']}: {ledger!r} keeps nothing once closed, so "
+                f"ledger from {self.sources['ledger']}: {redact(ledger)!r} keeps nothing once "
+                f"closed, so "
                 f"every open of a run would start a fresh allowance; use a file or a DSN, or "
                 f"set allow_ephemeral_ledger = true (for tests only)")
         if self.values["allow_looser_policy"] is not True:
-            for key, why in loosened(arguments["policy"], self.values["legacy"]):
+            for key, why in loosened(arguments):
                 if self.sources[key].kind in ("file", "env"):
                     raise ConfigError(
-                        f"{key} from {self.sources[key]}: {why}; a looser allowance needs "
-                        f"allow_looser_policy = true ({_BY_KEY['allow_looser_policy'].env}) "
-                        f"beside it")
+                        f"{key} from {self.sources[key]}: {why}; a looser allowance (any setting "
+                        f"that widens a bound) needs allow_looser_policy = true "
+                        f"({_BY_KEY['allow_looser_policy'].env}) beside it")
 
     def looser(self) -> set[str]:
-        """The keys whose values loosen the default allowance (``config show`` marks them)."""
-        return {key for key, _ in loosened(self._arguments()["policy"], self.values["legacy"])}
+        """The keys whose values widen a bound past the default (``config show`` marks them)."""
+        return {key for key, _ in loosened(self._arguments())}
 
     def describe(self) -> list[dict[str, Any]]:
         """One row per key for display: key, value (plain, a DSN's password hidden), source,
@@ -388,7 +214,7 @@ class LoadedConfig:
 def _relative_to(folder: Path, location: object) -> object:
     """A path read from the file, taken relative to the file's folder (a DSN unchanged)."""
     assert isinstance(location, str)  # checked by the field
-    if "://" in location or location == ":memory:" or location.startswith("file:"):
+    if is_postgres(location) or location == ":memory:" or location.startswith("file:"):
         return location
     return str(folder / location)
 

@@ -1,10 +1,13 @@
 """Opening a ledger by its location, and finding its admin.
 
-A location is a SQLite file path or a ``postgresql://`` (``postgres://``) DSN. This is the one
-place that maps a location to a ledger class; the CLI, the configuration and the bootstrap all
-go through it.
+A location is a SQLite file path, a ``postgresql://`` (``postgres://``) DSN, or a libpq
+key=value connection string (``host=db.internal dbname=fleet``); which one is decided once, by
+:func:`plugin.control.dsn.parse_location`, and a value that looks like a connection string but
+cannot be used as one is a :class:`~plugin.errors.LedgerConfigError`, never a file name. This
+is the one place that maps a location to a ledger class; the CLI, the configuration and the
+bootstrap all go through it.
 
-A DSN may name the ledger's PostgreSQL schema in one query parameter of its own, ``schema``
+A URI DSN may name the ledger's PostgreSQL schema in one query parameter of its own, ``schema``
 (``postgresql://db.internal/app?schema=recall_fleet``; default ``recallbound``). It is taken
 out before the DSN reaches libpq (which knows no such parameter); every other parameter
 (``sslmode``, ``connect_timeout``, …) is passed on unchanged.
@@ -14,8 +17,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import re
-import urllib.parse
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, cast
@@ -23,58 +24,38 @@ from typing import Any, cast
 import anyio
 
 from plugin.control import Ledger, SqliteLedger
+from plugin.control.dsn import POSTGRES_SCHEMES as POSTGRES_SCHEMES
+from plugin.control.dsn import SCHEMA_PARAMETER as SCHEMA_PARAMETER
+from plugin.control.dsn import parse_location, redact
 from plugin.control.ledger_admin import LedgerAdmin
 from plugin.errors import LedgerConfigError, LedgerError, LedgerPathError
 
-POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 POSTGRES_LEDGER = ("plugin.control.postgres_ledger", "PostgresLedger")
 """Where the PostgreSQL ledger lives (module, class); imported only for a DSN."""
 
-SCHEMA_PARAMETER = "schema"
-"""The DSN query parameter that names the ledger's schema (recallbound's, not libpq's)."""
-
-_PASSWORD = re.compile(r"(://[^:/@]*:)[^@]*@")
-_PASSWORD_PARAMETER = re.compile(r"([?&]password=)[^&#]*")
-
 
 def is_postgres(location: str | os.PathLike[str]) -> bool:
-    return isinstance(location, str) and location.startswith(POSTGRES_SCHEMES)
+    """Whether ``location`` is a PostgreSQL DSN (or looks like one and cannot be used: then it
+    is no file either, and opening it says why)."""
+    try:
+        return parse_location(location).kind == "postgres"
+    except LedgerConfigError:
+        return True
 
 
 def redact_location(location: str | os.PathLike[str]) -> str:
-    """The location for display: a DSN's password replaced by ``***``."""
-    text = os.fspath(location)
-    if not is_postgres(text):
-        return text
-    return _PASSWORD_PARAMETER.sub(r"\1***", _PASSWORD.sub(r"\1***@", text))
+    """The location for display: a DSN's password (any form) replaced by ``***``."""
+    return redact(location)
 
 
 def split_postgres_location(dsn: str) -> tuple[str, str | None]:
     """``(dsn for libpq, schema or None)``: the ``schema`` query parameter taken out.
 
-    Raises :class:`~plugin.errors.LedgerConfigError` when it is given twice or empty (the
-    schema name itself is validated by the ledger).
+    Raises :class:`~plugin.errors.LedgerConfigError` when it is given twice or empty, or the
+    DSN cannot be used (the schema name itself is validated by the ledger).
     """
-    base, mark, rest = dsn.partition("?")
-    if not mark:
-        return dsn, None
-    query, hash_, fragment = rest.partition("#")
-    kept: list[str] = []
-    schemas: list[str] = []
-    for item in query.split("&"):
-        key, _, value = item.partition("=")
-        if urllib.parse.unquote_plus(key) == SCHEMA_PARAMETER:
-            schemas.append(urllib.parse.unquote_plus(value))
-        elif item:
-            kept.append(item)
-    if len(schemas) > 1:
-        raise LedgerConfigError(f"the ledger DSN names the {SCHEMA_PARAMETER!r} parameter "
-                                f"{len(schemas)} times; give it once")
-    if schemas and not schemas[0]:
-        raise LedgerConfigError(f"the ledger DSN's {SCHEMA_PARAMETER!r} parameter is empty")
-    query = "&".join(kept)
-    rebuilt = base + ("?" + query if query else "") + hash_ + fragment
-    return rebuilt, schemas[0] if schemas else None
+    parsed = parse_location(dsn)
+    return parsed.target, parsed.schema
 
 
 def _postgres_class() -> Callable[..., AbstractAsyncContextManager[Any]]:
@@ -84,8 +65,8 @@ def _postgres_class() -> Callable[..., AbstractAsyncContextManager[Any]]:
         return cast(Callable[..., AbstractAsyncContextManager[Any]],
                     getattr(module, class_name))
     except (ImportError, AttributeError) as exc:
-        raise LedgerError(
-            f"a postgresql:// ledger needs the PostgreSQL ledger (pip install "
+        raise LedgerConfigError(
+            f"a PostgreSQL ledger needs the PostgreSQL ledger (pip install "
             f"'recallbound[postgres]'), which is not available here: {exc}"
         ) from None
 
@@ -99,12 +80,12 @@ async def open_ledger(
     Raises :class:`~plugin.errors.LedgerError` subclasses (with ``must_exist``, a missing file
     or a missing PostgreSQL schema is :class:`~plugin.errors.LedgerPathError`).
     """
-    if is_postgres(location):
-        dsn, schema = split_postgres_location(os.fspath(location))
+    parsed = parse_location(location)
+    if parsed.kind == "postgres":
         options: dict[str, Any] = {"create": not must_exist}
-        if schema is not None:
-            options["schema"] = schema
-        async with _postgres_class()(dsn, **options) as ledger:
+        if parsed.schema is not None:
+            options["schema"] = parsed.schema
+        async with _postgres_class()(parsed.target, **options) as ledger:
             yield cast(Ledger, ledger)
         return
     path = os.fspath(location)

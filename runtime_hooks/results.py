@@ -73,7 +73,8 @@ class ToolResult:
     """For status ``failed``: how the memory backend failed (``raised``, ``bad_result``,
     ``bad_evidence``); never the backend's own text."""
     dropped: int = 0
-    """Evidence items the retriever returned for another principal or scope (not shown)."""
+    """Evidence items the retriever returned for another principal or scope, or with an id
+    that is not a valid id (not shown)."""
 
     def as_dict(self) -> dict[str, object]:
         """A JSON-ready form for a tool-result message."""
@@ -81,6 +82,8 @@ class ToolResult:
         if self.refusal is not None:
             result["refusal"] = self.refusal.as_tool_result()
         if self.evidence:
+            # The ids of the rendered items only: valid ids, each shown in ``content``, so
+            # they are bounded by the context caps like the text.
             result["evidence_ids"] = [item.id for item in self.evidence]
         if self.bounded:
             result["bounded"] = [part.as_dict() for part in self.bounded]

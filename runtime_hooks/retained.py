@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from plugin.control import Ledger, Validity
+from plugin.control import Ledger, Validity, validate
 from plugin.control.logs import log_event
 from plugin.errors import RetrieverFailedError
 from plugin.memory.enforce import admit, contained
@@ -21,6 +21,14 @@ from plugin.memory.store import Evidence
 from .results import Validation
 
 _log = logging.getLogger("recallbound.hooks")
+
+
+def _valid_id(evidence_id: str) -> bool:
+    try:
+        validate.identifier(evidence_id, field="evidence_id")
+    except ValueError:
+        return False
+    return True
 
 
 async def revalidate_retained(
@@ -33,9 +41,12 @@ async def revalidate_retained(
     principal: str,
     limit: int,
 ) -> list[Validation]:
-    """One :class:`Validation` per distinct id, in order (see the module docstring)."""
+    """One :class:`Validation` per distinct id, in order (see the module docstring). An id that
+    is not a valid id was never retained (only valid ids are): ``not_retained``, without asking
+    the ledger."""
     ids = list(dict.fromkeys(evidence_ids))
-    verdicts = await ledger.take_validations(run_id, ids, limit=limit)
+    storable = [i for i in ids if _valid_id(i)]
+    verdicts = await ledger.take_validations(run_id, storable, limit=limit) if storable else {}
     to_read = [i for i in ids if verdicts.get(i) is Validity.GRANTED]
     found: dict[str, Evidence] | None = {}
     if to_read:

@@ -58,6 +58,7 @@ class MemoryStore:
     retained: dict[str, list[str]] = attrs.Factory(dict)
     validations_used: dict[str, int] = attrs.Factory(dict)
     identities: dict[str, tuple[str, str]] = attrs.Factory(dict)
+    run_opens: dict[tuple[str, str], dict[str, float]] = attrs.Factory(dict)
 
 
 @attrs.define(eq=False)
@@ -198,6 +199,24 @@ class MemoryLedger:
         rules.identity_arguments(run_id, principal, scope)
         bound = self._open().identities.setdefault(run_id, (principal, scope))
         rules.check_identity(run_id, bound, principal, scope)
+
+    async def open_run(
+        self, run_id: str, *, principal: str, scope: str, now: WallTime, per_hour: int
+    ) -> bool:
+        rules.open_run_arguments(run_id, principal, scope)
+        at = read_time(now)
+        identities = self._open().identities
+        rules.check_identity(run_id, identities.get(run_id, (principal, scope)), principal, scope)
+        identities.setdefault(run_id, (principal, scope))
+        opened = self._open().run_opens.setdefault((principal, scope), {})
+        if run_id in opened:
+            return True
+        for old in [r for r, at_ in opened.items() if at_ <= at - rules.RUN_RATE_WINDOW_S]:
+            del opened[old]
+        if len(opened) >= per_hour:
+            return False
+        opened[run_id] = at
+        return True
 
     async def take_validations(
         self, run_id: str, evidence_ids: Sequence[str], *, limit: int

@@ -14,6 +14,7 @@ from plugin import AllowancePolicy, Clock
 from runtime_hooks.bootstrap import RecallConfig, open_hooks
 from runtime_hooks.demo import PRINCIPAL, SCOPE, seed
 from runtime_hooks.mcp import Caller, RecallServer
+from runtime_hooks.mcp.identity import ledger_run_id
 
 from ._hooks_env import store_of
 
@@ -40,6 +41,11 @@ async def recall_server(
         if seeded and fresh:
             await seed(store_of(hooks))
         yield RecallServer(hooks, caller=caller, window_s=window_s)
+
+
+def ledger_id(run_id: str, caller: Caller = ANA) -> str:
+    """The ledger's id of the run ``caller`` names ``run_id``."""
+    return ledger_run_id(run_id, principal=caller.principal, scope=caller.scope)
 
 
 def structured(result: types.CallToolResult) -> Mapping[str, Any]:

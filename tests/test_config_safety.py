@@ -227,7 +227,7 @@ def test_preparation_budget_and_semantic_choices_are_settable(folder: Path) -> N
     config = RecallConfig.from_sources(env={})
     assert (config.preparation_budget_s, config.semantic) == (0.5, Semantic.MINILM)
     config = RecallConfig.from_sources(env={"RECALLBOUND_PREPARATION_BUDGET_S": "3",
-                                            "RECALLBOUND_SEMANTIC": "auto"})
+                                            "RECALLBOUND_SEMANTIC": "auto", **ALLOW})
     assert (config.preparation_budget_s, config.semantic) == (3.0, Semantic.AUTO)
     with pytest.raises(ConfigError, match=r"^preparation_budget_s from env "
                                           r"\(RECALLBOUND_PREPARATION_BUDGET_S\): .*> 0"):

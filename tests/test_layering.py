@@ -116,8 +116,9 @@ def _imports(path: Path) -> set[str]:
     return found
 
 
-POSTGRES_MODULES = {"postgres_ledger.py", "_postgres.py"}
-"""The only control modules that may import the optional PostgreSQL driver (psycopg)."""
+POSTGRES_MODULES = {"postgres_ledger.py", "_postgres.py", "dsn.py"}
+"""The only control modules that may import the optional PostgreSQL driver (psycopg); dsn.py
+only inside a function, to parse a key=value connection string with libpq's own parser."""
 
 
 def test_control_imports_only_stdlib_attrs_anyio_and_sqlite_drivers() -> None:

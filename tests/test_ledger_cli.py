@@ -190,11 +190,12 @@ def test_check_ok(ledger_file: Path) -> None:
     code, out, _ = cli("ledger", "--ledger", str(ledger_file), "check")
     assert code == 0
     first, checked = out.splitlines()
-    assert first == f"{ledger_file} (sqlite): schema version 4 (expected 4): ok"
+    version = SqliteLedger.schema_version
+    assert first == f"{ledger_file} (sqlite): schema version {version} (expected {version}): ok"
     assert checked.startswith("  checked: storage integrity (PRAGMA integrity_check); ")
     assert "the ledger's invariants" in checked
     document = json.loads(cli("ledger", "--ledger", str(ledger_file), "check", "--json")[1])
-    assert (document["ok"], document["schema_version"], document["problems"]) == (True, 4, [])
+    assert (document["ok"], document["schema_version"], document["problems"]) == (True, version, [])
     assert document["checked"] == checked.removeprefix("  checked: ").split("; ")
 
 

@@ -834,7 +834,7 @@ async def test_a_version_3_ledger_file_gains_the_dropped_count(
         assert [a.dropped for a in await ledger.attempts("run")] == [0, 3]
     conn = sqlite3.connect(path)
     try:
-        assert conn.execute("PRAGMA user_version").fetchone() == (4,)
+        assert conn.execute("PRAGMA user_version").fetchone() == (SqliteLedger.schema_version,)
     finally:
         conn.close()
 
@@ -901,3 +901,94 @@ def test_two_processes_race_to_bind_one_run_and_one_wins(tmp_path: Path, kind: s
                     await opened.bind_identity("run", principal="carol", scope="proj")
 
         anyio.run(check)
+
+
+# -- runs opened per hour, per (principal, scope) ----------------------------------------------
+
+HOUR = 3600.0
+
+
+async def test_runs_opened_per_hour_are_capped_per_principal_and_scope(ledger: Ledger) -> None:
+    for n in range(3):
+        assert await ledger.open_run(f"r{n}", principal="alice", scope="proj", now=WALL + n,
+                                     per_hour=3)
+    assert not await ledger.open_run("r3", principal="alice", scope="proj", now=WALL + 3,
+                                     per_hour=3)
+    # a run already opened is not opened again; other cells have their own count
+    assert await ledger.open_run("r1", principal="alice", scope="proj", now=WALL + 4, per_hour=3)
+    assert await ledger.open_run("b3", principal="bob", scope="proj", now=WALL + 4, per_hour=3)
+    assert await ledger.open_run("o3", principal="alice", scope="other", now=WALL + 4,
+                                 per_hour=3)
+    # the refused run was not counted: it still cannot open within the hour, and can after
+    assert not await ledger.open_run("r3", principal="alice", scope="proj",
+                                     now=WALL + HOUR - 1, per_hour=3)
+    assert await ledger.open_run("r3", principal="alice", scope="proj", now=WALL + HOUR + 0.5,
+                                 per_hour=3)
+    assert not await ledger.open_run("r4", principal="alice", scope="proj",
+                                     now=WALL + HOUR + 0.5, per_hour=3)
+
+
+async def test_runs_opened_per_hour_survive_reopening(open_ledger: Callable[..., Any]) -> None:
+    async with open_ledger() as ledger:
+        assert await ledger.open_run("r0", principal="alice", scope="proj", now=WALL, per_hour=1)
+    async with open_ledger() as ledger:
+        assert not await ledger.open_run("r1", principal="alice", scope="proj", now=WALL + 1,
+                                         per_hour=1)
+        assert await ledger.open_run("r0", principal="alice", scope="proj", now=WALL + 1,
+                                     per_hour=1)
+
+
+async def test_concurrent_run_openings_never_pass_the_cap(
+    open_ledger: Callable[..., Any]
+) -> None:
+    opened: list[bool] = []
+    async with open_ledger() as first, open_ledger() as second:
+
+        async def one(ledger: Ledger, n: int) -> None:
+            opened.append(await ledger.open_run(f"r{n}", principal="alice", scope="proj",
+                                                now=WALL, per_hour=5))
+
+        async with anyio.create_task_group() as tg:
+            for n in range(12):
+                tg.start_soon(one, first if n % 2 else second, n)
+    assert sorted(opened) == [False] * 7 + [True] * 5
+
+
+@pytest.mark.parametrize("field", ["run_id", "principal", "scope"])
+async def test_a_run_opening_of_the_wrong_type_is_refused(ledger: Ledger, field: str) -> None:
+    given: dict[str, Any] = {"run_id": "run", "principal": "alice", "scope": "proj", field: 7}
+    with pytest.raises(InvalidArgumentTypeError, match=field):
+        await ledger.open_run(given.pop("run_id"), **given, now=WALL, per_hour=1)
+    assert await ledger.open_run("run", principal="alice", scope="proj", now=WALL, per_hour=1)
+
+
+async def test_a_version_4_ledger_file_gains_the_run_openings(
+    anyio_backend: object, tmp_path: Path
+) -> None:
+    path = await _ledger_file_then(tmp_path, "DROP TABLE run_opens", "PRAGMA user_version = 4")
+    async with SqliteLedger(path) as ledger:
+        assert (await ledger.usage("run")).reserved == 2
+        assert await ledger.open_run("r0", principal="alice", scope="proj", now=WALL, per_hour=1)
+        assert not await ledger.open_run("r1", principal="alice", scope="proj", now=WALL,
+                                         per_hour=1)
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("PRAGMA user_version").fetchone() == (SqliteLedger.schema_version,)
+    finally:
+        conn.close()
+
+
+async def test_opening_a_run_binds_its_identity(ledger: Ledger) -> None:
+    assert await ledger.open_run("run", principal="alice", scope="proj", now=WALL, per_hour=5)
+    with pytest.raises(RunIdentityError):
+        await ledger.bind_identity("run", principal="bob", scope="proj")
+    with pytest.raises(RunIdentityError):
+        await ledger.open_run("run", principal="bob", scope="proj", now=WALL, per_hour=5)
+    await ledger.bind_identity("other", principal="bob", scope="proj")
+    with pytest.raises(RunIdentityError):  # nothing counted for a refused opening
+        await ledger.open_run("other", principal="alice", scope="proj", now=WALL, per_hour=5)
+    for n in range(4):
+        assert await ledger.open_run(f"r{n}", principal="alice", scope="proj", now=WALL,
+                                     per_hour=5)
+    assert not await ledger.open_run("r9", principal="alice", scope="proj", now=WALL,
+                                     per_hour=5)

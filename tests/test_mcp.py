@@ -7,6 +7,7 @@ memories (principal ``ana``, scope ``atlas``).
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Mapping
 from functools import partial
@@ -15,6 +16,7 @@ from typing import Any
 
 import anyio
 import attrs
+import mcp_types
 import pytest
 from mcp import Client
 
@@ -23,7 +25,7 @@ from plugin.memory.preparation import PreparedRecall
 from runtime_hooks.mcp import RecallServer
 from runtime_hooks.mcp.trust import Caller
 
-from ._mcp_env import ANA, QUERIES, recall_server, search, structured
+from ._mcp_env import ANA, QUERIES, ledger_id, recall_server, search, structured
 
 pytestmark = pytest.mark.anyio
 
@@ -42,8 +44,8 @@ async def parallel(client: Client, queries: tuple[str, ...], **kw: Any) -> list[
     return results
 
 
-async def usage(server: RecallServer, run_id: str) -> tuple[int, int, int]:
-    found = await server.hooks.allowance.ledger.usage(run_id)
+async def usage(server: RecallServer, run_id: str, caller: Caller = ANA) -> tuple[int, int, int]:
+    found = await server.hooks.allowance.ledger.usage(ledger_id(run_id, caller))
     return found.rounds, found.reserved, found.executed
 
 
@@ -57,8 +59,8 @@ async def test_six_parallel_searches_get_four_slots_and_two_refusals(tmp_path: P
         assert statuses(results) == ["ok"] * 4 + ["refused"] * 2
         refusals = [r["refusal"] for r in results if r["status"] == "refused"]
         assert {r["reason"] for r in refusals} == {"slots"}
-        assert all("bounded" in r["message"] and "not evidence" in r["message"]
-                   for r in refusals)
+        texts = [r["content"] for r in results if r["status"] == "refused"]
+        assert all("bounded" in t and "not evidence" in t for t in texts)
         rounds, reserved, executed = await usage(server, "run-six")
         assert rounds <= 2 and (reserved, executed) == (4, 4)
 
@@ -125,8 +127,10 @@ async def test_without_a_run_id_one_client_session_is_one_run(tmp_path: Path) ->
         async with Client(server.server) as client:  # a new session is a new run
             assert (await search(client, QUERIES[3]))["status"] == "ok"
         tools = {tool.name: tool for tool in (await _list(server)).tools}
-        assert "recallbound/run_id" in (tools["search_memory"].description or "")
-        assert "client session is one run" in (tools["search_memory"].description or "")
+        for tool in (tools["search_memory"], tools["recall_context"]):
+            assert "recallbound/run_id" in (tool.description or "")
+            assert "at most 4 searches in at most 2 rounds" in (tool.description or "")
+            assert "current run, which ends at its deadline" in (tool.description or "")
 
 
 async def _list(server: RecallServer) -> Any:
@@ -145,21 +149,22 @@ async def test_a_run_id_from_meta_is_shared_across_sessions(tmp_path: Path) -> N
         assert await usage(server, "run-meta") == (2, 2, 2)
 
 
-async def test_a_run_id_reused_by_another_principal_is_rejected(tmp_path: Path) -> None:
+async def test_a_run_id_sent_by_another_principal_names_another_run(tmp_path: Path) -> None:
     async with recall_server(tmp_path) as ana:
         bo = RecallServer(ana.hooks, caller=BO)
         async with Client(ana.server) as client:
             assert (await search(client, "cutover date", run_id="run-owned"))["status"] == "ok"
-        async with Client(bo.server) as client:
-            result = await client.call_tool("search_memory", {"query": "cutover date"},
-                                            meta={"recallbound/run_id": "run-owned"})
-            assert result.is_error
-            assert structured(result)["status"] == "invalid"
-            assert structured(result)["error"] == errors.RunIdentityError.__name__
+        async with Client(bo.server) as client:  # no squatting, no probing: bo's own run
+            for query in ("cutover date", "deploy window"):
+                assert (await search(client, query, run_id="run-owned"))["status"] == "ok"
             context = await client.call_tool("recall_context", {"current_request": "Continue"},
                                              meta={"recallbound/run_id": "run-owned"})
-            assert structured(context)["error"] == errors.RunIdentityError.__name__
-        assert await usage(ana, "run-owned") == (1, 1, 1)
+            assert structured(context)["status"] == "refused"  # bo's run has no round left
+        async with Client(ana.server) as client:  # ana's run is untouched by bo
+            assert (await search(client, "deploy window", run_id="run-owned"))["status"] == "ok"
+        assert await usage(ana, "run-owned") == (2, 2, 2)
+        assert await usage(ana, "run-owned", BO) == (2, 2, 2)
+        assert ledger_id("run-owned", ANA) != ledger_id("run-owned", BO)
 
 
 async def test_a_forged_principal_or_scope_in_arguments_is_rejected(tmp_path: Path) -> None:
@@ -272,7 +277,7 @@ async def test_an_unavailable_ledger_fails_closed_and_the_server_keeps_serving(
         context = await client.call_tool("recall_context", {"current_request": "Continue"})
         assert context.is_error and structured(context)["status"] == "failed"
         assert [tool.name for tool in (await client.list_tools()).tools] == [
-            "search_memory", "recall_context"]
+            "search_memory", "recall_context", "remember", "forget"]
 
 
 async def test_a_locked_ledger_fails_closed_and_the_server_keeps_serving(tmp_path: Path) -> None:
@@ -296,3 +301,46 @@ async def test_a_locked_ledger_fails_closed_and_the_server_keeps_serving(tmp_pat
         finally:
             holder.close()
         assert await usage(server, "run-locked") == (1, 1, 1)
+
+
+async def test_every_result_matches_its_output_schema_and_says_a_refusal_once(
+    tmp_path: Path,
+) -> None:
+    import jsonschema
+
+    from plugin.control.wording import NOT_EVIDENCE
+
+    async with recall_server(tmp_path, window_s=1.0) as server, Client(server.server) as client:
+        schemas = {tool.name: tool.output_schema for tool in (await client.list_tools()).tools}
+        assert all(schemas.values())
+        state = {"current_request": "How do I run the invoice backfill dry-run?"}
+        calls: list[tuple[str, dict[str, Any], Any]] = [
+            ("recall_context", state, "run-s"),
+            ("search_memory", {"query": "cutover date"}, "run-s"),
+            ("search_memory", {"query": "deploy window"}, "run-s"),  # refused: rounds
+            ("recall_context", state, "run-s"),  # its notice
+            ("search_memory", {"query": 42}, "run-s"),
+            ("search_memory", {"query": "cutover"}, 7),
+            ("recall_context", {"current_request": 7}, "run-s"),
+            ("recall_context", {"current_request": "x" * 70_000}, "run-s"),
+            ("remember", {"text": ""}, None),
+            ("forget", {"id": 5}, None),
+            ("delete_memory", {}, None),
+        ]
+        refused = errors_seen = 0
+        for name, arguments, run_id in calls:
+            meta = {"recallbound/run_id": run_id} if run_id is not None else None
+            result = await client.call_tool(name, arguments, meta=meta)
+            data = structured(result)
+            if name in schemas:
+                jsonschema.validate(data, schemas[name])
+            text = "".join(block.text for block in result.content
+                           if isinstance(block, mcp_types.TextContent))
+            if result.is_error:
+                errors_seen += 1
+                assert data["status"] in ("invalid", "failed") and data["error"]
+            if data["status"] == "refused":
+                refused += 1
+                assert text.count(NOT_EVIDENCE) == 1
+                assert json.dumps(data).count("not evidence that no memory exists") == 1
+        assert (refused, errors_seen) == (2, 7)

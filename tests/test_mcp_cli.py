@@ -125,3 +125,40 @@ def test_importing_the_package_and_the_command_imports_no_sdk() -> None:
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_runs_memory_and_http_settings_are_read_and_checked(tmp_path: Path) -> None:
+    config = tmp_path / "recallbound.toml"
+    config.write_text('[mcp]\nmax_runs_per_hour = 5\nmax_memory_bytes = 100\n'
+                      'allowed_hosts = ["memory.example.org"]\n'
+                      'allowed_origins = ["https://app.example.org"]\n')
+    env = {"RECALLBOUND_CONFIG": str(config)}
+    chosen = cli.settings(_parser().parse_args(
+        ["mcp", "--allow-host", "proxy.local:*", "--allow-origin", "http://proxy.local"]), env)
+    assert (chosen.max_runs_per_hour, chosen.max_memory_bytes, chosen.looser) == (5, 100, ())
+    assert chosen.allowed_hosts == ("memory.example.org", "proxy.local:*")
+    assert chosen.allowed_origins == ("https://app.example.org", "http://proxy.local")
+    for bad in ("max_runs_per_hour = 0", "max_runs_per_hour = true",
+                'max_memory_bytes = "8k"', 'allowed_hosts = "x"', "allowed_origins = [1]"):
+        config.write_text(f"[mcp]\n{bad}\n")
+        with pytest.raises(InvalidConfigError, match=r"mcp\."):
+            cli.settings(_parser().parse_args(["mcp"]), env)
+
+
+def test_more_runs_per_hour_than_the_default_needs_allow_looser_policy(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    (tmp_path / "recallbound.toml").write_text("[mcp]\nmax_runs_per_hour = 61\n")
+    status, err = _run(["mcp", "--principal", "ana", "--scope", "atlas"], monkeypatch, tmp_path)
+    assert status == 1 and "mcp.max_runs_per_hour" in err and "allow_looser_policy" in err
+
+
+@pytest.mark.parametrize(("bind", "hosts"), [
+    ("0.0.0.0", {"127.0.0.1:*", "localhost:*", "[::1]:*"}),
+    ("10.1.2.3", {"127.0.0.1:*", "localhost:*", "[::1]:*", "10.1.2.3:*"}),
+])
+def test_host_checks_accept_loopback_and_a_specific_bind_only(bind: str, hosts: set[str]) -> None:
+    security = cli.transport_security(bind, 8765)
+    assert security.enable_dns_rebinding_protection
+    assert {h for h in security.allowed_hosts if h.endswith(":*")} == hosts
+    assert "0.0.0.0:*" not in security.allowed_hosts

@@ -1,6 +1,8 @@
 """The batch window in isolation: which requests share a round, and when a batch closes.
 
-A stub stands in for the hooks (a usage reading and a recording ``dispatch``), so nothing
+A stub stands in for the hooks (what the allowance says the run has left, and a recording
+``dispatch``; its answer for a run the window has not served stands for what the window
+knows of the run), so nothing
 here uses a worker thread: trio runs on an autojumping MockClock and the window's waits are
 virtual (asyncio runs the tests whose outcome needs no timer to fire).
 """
@@ -15,6 +17,7 @@ import attrs
 import pytest
 
 from plugin import AllowancePolicy, ManualClock
+from plugin.control.allowance import Room
 from plugin.errors import LedgerUnavailableError
 from runtime_hooks.hooks import ToolCall, ToolResult
 from runtime_hooks.mcp.window import BatchWindow, check_window
@@ -48,6 +51,15 @@ class _Allowance:
     policy: AllowancePolicy = attrs.field(factory=AllowancePolicy)
     clock: ManualClock = attrs.field(factory=ManualClock)
     is_legacy: bool = False
+
+    def known_room(self, run_id: str) -> Room:
+        return self.fresh_room()
+
+    def fresh_room(self) -> Room:
+        used = self.ledger.usage_now
+        rounds = max(0, self.policy.max_rounds - used.rounds)
+        slots = max(0, self.policy.max_searches - used.reserved) if rounds else 0
+        return Room(slots=slots, rounds=rounds, deadline_wall=used.deadline_wall)
 
 
 @attrs.define

@@ -503,3 +503,27 @@ async def test_attempt_trace_carries_strategy_and_fingerprint(
     assert (trace.round_index, trace.slot, trace.outcome) == (1, 1, AttemptOutcome.OK)
     assert trace.elapsed_s == pytest.approx(0.25)
     assert trace.started_wall == 1_000_000.0
+
+
+async def test_the_allowance_knows_what_its_own_rounds_left_without_a_read(
+    anyio_backend: object,
+) -> None:
+    from plugin.control.allowance import Room
+
+    from ._fakes import MemoryLedger
+
+    allowance = RecallAllowance(MemoryLedger(), clock=ManualClock(wall=100.0, monotonic=0.0))
+    assert allowance.known_room("run") is None
+    assert allowance.fresh_room() == Room(slots=4, rounds=2)
+    async with allowance.round("run", RoundKind.DELIBERATE, slots=3):
+        pass
+    assert allowance.known_room("run") == Room(slots=1, rounds=1, deadline_wall=110.0)
+    assert await allowance.room("run") == Room(slots=1, rounds=1, deadline_wall=110.0)
+    async with allowance.round("run", RoundKind.DELIBERATE, slots=3):
+        pass
+    assert allowance.known_room("run") == Room(slots=0, rounds=0, deadline_wall=110.0)
+    with pytest.raises(RecallBudgetExceeded):
+        async with allowance.round("run", RoundKind.DELIBERATE, slots=1):
+            pass
+    assert allowance.known_room("run") == Room(slots=0, rounds=0)
+    assert await allowance.headroom("run") == 0

@@ -9,6 +9,7 @@ the server clock compare with this host's clock, which the local server shares, 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -276,8 +277,8 @@ async def test_eight_workers_opening_at_once_create_one_schema(schema: str) -> N
         ("recallbound", SCHEMA_VERSION)
     ]
     assert _schema_tables(schema) == [
-        "attempts", "recallbound_meta", "refusals", "retained", "rounds", "run_identity", "runs",
-        "validations",
+        "attempts", "recallbound_meta", "refusals", "retained", "rounds", "run_identity",
+        "run_opens", "runs", "validations",
     ]
 
 
@@ -430,3 +431,23 @@ async def test_every_reservation_and_trace_write_commits_synchronously(
         await ledger.retain("run", ["m1"], limit=4)
     assert sorted(_sql(f'SELECT tab, setting FROM "{schema}".seen')) == [
         ("attempts", "on"), ("retained", "on"), ("runs", "on")]
+
+
+async def test_a_connection_killed_as_it_is_lent_fails_one_call_closed_then_is_replaced(
+    schema: str,
+) -> None:
+    # No wait for the server to finish terminating: the pool's check may lend the connection
+    # before its farewell arrives. That one call fails closed (documented in docs/fleet.md);
+    # the next one always gets a live connection.
+    async with PostgresLedger(_pg.DSN, schema=schema, min_size=1, max_size=1,
+                              time_source="caller") as ledger:
+        _granted(await ledger.reserve("seed", AUTO, 1, POLICY, 100.0))
+        for attempt in range(6):
+            run = f"run-{attempt}"
+            pids = [pid for pid, _, _ in _backends(schema)]
+            _sql("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", pids)
+            with contextlib.suppress(LedgerUnavailableError):  # no permit either way
+                _granted(await ledger.reserve(run, AUTO, 1, POLICY, 100.0))
+            second = _granted(await ledger.reserve(run, DELIB, 1, POLICY, 101.0))
+            assert second.round_index in (1, 2)
+            assert (await ledger.usage(run)).rounds == second.round_index

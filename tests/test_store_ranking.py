@@ -3,7 +3,8 @@ scope) only, stemmed terms, and no row of another cell whatever the text, on bot
 
 from __future__ import annotations
 
-import re
+import math
+import random
 import sqlite3
 from pathlib import Path
 from typing import TypedDict
@@ -12,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from plugin.memory.store import Evidence, MemoryRecord, MemoryStore
+from plugin.memory.store import Evidence, MemoryRecord, MemoryStore, MemoryWrite, sparse_index
 
 from ._hostile import HOSTILE_TEXT
 
@@ -74,10 +75,12 @@ async def test_plural_finds_singular_and_diacritics_fold(tmp_path: Path) -> None
         assert await ids("CAFÉ") == ["cafe"]
 
 
-async def test_hostile_principals_get_their_own_safely_named_index(tmp_path: Path) -> None:
+async def test_hostile_principals_get_their_own_cell_and_no_table(tmp_path: Path) -> None:
     hostile = ['u"; DROP TABLE memories; --', "u1", "U1", "u1 ", "a]b", "x'y", "\u00e9", "e\u0301"]
     path = tmp_path / "m.db"
     async with MemoryStore(path) as store:
+        async with MemoryStore(tmp_path / "empty.db"):
+            pass
         for i, principal in enumerate(hostile):
             await store.add_memory(
                 "m", f"shared word owner{i}", principal=principal, scope="proj", created_at=1.0
@@ -91,13 +94,18 @@ async def test_hostile_principals_get_their_own_safely_named_index(tmp_path: Pat
             ]
     conn = sqlite3.connect(path)
     try:
-        names = [row[0] for row in conn.execute("SELECT name FROM sqlite_master")]
+        names = sorted(row[0] for row in conn.execute("SELECT name FROM sqlite_master"))
         assert conn.execute("SELECT count(*) FROM memories").fetchone() == (len(hostile),)
+        cells = conn.execute("SELECT principal, docs FROM memory_cells ORDER BY cell").fetchall()
     finally:
         conn.close()
-    cells = {name for name in names if name.startswith("memories_fts_") and "_" not in name[13:]}
-    assert len(cells) == len(hostile)
-    assert all(re.fullmatch(r"memories_fts_[0-9a-f]{32}", name) for name in cells)
+    # Each principal is a row of its own, never a table: the schema is an empty store's.
+    assert cells == [(principal, 1) for principal in hostile]
+    conn = sqlite3.connect(tmp_path / "empty.db")
+    try:
+        assert names == sorted(row[0] for row in conn.execute("SELECT name FROM sqlite_master"))
+    finally:
+        conn.close()
 
 
 async def test_changes_made_with_plain_sql_are_indexed_before_the_next_search(
@@ -199,3 +207,126 @@ async def test_each_cell_ranks_exactly_as_a_store_of_its_rows_alone(
                 query, principal=principal, scope=scope, limit=50
             )
             assert ranking(found) == ranking(expected)
+
+
+# -- bm25 with each cell's own statistics, computed independently ------------------------------
+
+VOCABULARY = [f"w{i}" for i in range(60)]  # words the tokenizer keeps as they are
+
+
+def python_bm25(docs: dict[str, str], query: list[str]) -> list[tuple[str, float]]:
+    """FTS5's bm25 over ``docs`` alone (id -> text, oldest first), in plain Python; best first,
+    ties by age."""
+    terms = {id: text.split() for id, text in docs.items()}
+    count = len(terms)
+    avgdl = sum(len(words) for words in terms.values()) / count
+    weights = dict.fromkeys(query, 1)  # a repeated query word counts once, as FTS5's terms
+    dfs = {word: sum(word in other for other in terms.values()) for word in weights}
+    scores: list[tuple[str, float, int]] = []
+    for age, (id, words) in enumerate(terms.items()):
+        score, hit = 0.0, False
+        for word, weight in weights.items():
+            tf = words.count(word)
+            df = dfs[word]
+            if df == 0:
+                continue
+            idf = math.log((count - df + 0.5) / (df + 0.5))
+            idf = idf if idf > 0.0 else 1e-6
+            if tf:
+                hit = True
+                norm = 1.2 * (1.0 - 0.75 + 0.75 * len(words) / avgdl)
+                score += weight * idf * ((tf * 2.2) / (tf + norm))
+        if hit:
+            scores.append((id, score, age))
+    scores.sort(key=lambda item: (-item[1], item[2]))
+    return [(id, score) for id, score, _ in scores]
+
+
+async def test_top_10_equals_an_independent_per_cell_bm25_after_writes_and_forgets(
+    tmp_path: Path,
+) -> None:
+    rng = random.Random(26)
+    cells = [(f"u{p}", scope) for p in range(3) for scope in ("proj", "other")]
+    model: dict[tuple[str, str], dict[str, str]] = {cell: {} for cell in cells}
+
+    def text(cell_index: int) -> str:
+        # Each cell draws from its own skewed order of the vocabulary.
+        order = VOCABULARY[cell_index * 7:] + VOCABULARY[: cell_index * 7]
+        weights = [1.0 / (rank + 1) for rank in range(len(order))]
+        return " ".join(rng.choices(order, weights, k=rng.randint(2, 12)))
+
+    async with MemoryStore(tmp_path / "m.db") as store:
+        for index, cell in enumerate(cells):
+            writes = [
+                MemoryWrite(text=text(index), principal=cell[0], scope=cell[1],
+                            id=f"{cell[0]}.{cell[1]}.{k}")
+                for k in range(60 + 20 * index)
+            ]
+            await store.remember_many(writes)
+            model[cell].update((w.id, w.text) for w in writes if w.id is not None)
+        for _ in range(120):  # churn: forget, replace, add, in every cell
+            index = rng.randrange(len(cells))
+            cell = cells[index]
+            who = {"principal": cell[0], "scope": cell[1]}
+            target = f"{cell[0]}.{cell[1]}.{rng.randrange(140)}"  # ids are the cell's own
+            action = rng.random()
+            if action < 0.4:
+                assert await store.forget(target, **who) is (target in model[cell])
+                model[cell].pop(target, None)
+            else:
+                new = text(index)
+                await store.remember(new, id=target, **who)
+                model[cell][target] = new
+        for cell in cells:
+            who = {"principal": cell[0], "scope": cell[1]}
+            for _ in range(40):
+                query = rng.choices(VOCABULARY, k=rng.randint(1, 4))
+                want = python_bm25(model[cell], query)[:10]
+                got = await store.sparse_candidates(" ".join(query), limit=10, **who)
+                assert [e.id for e in got] == [id for id, _ in want], (cell, query)
+                assert [e.score for e in got] == pytest.approx([score for _, score in want])
+    # The statistics kept with the writes equal a recount from the rows.
+    conn = sqlite3.connect(tmp_path / "m.db")
+    try:
+        for cell in cells:
+            stats = conn.execute(
+                "SELECT cell, docs, tokens FROM memory_cells WHERE principal = ? AND scope = ?",
+                cell,
+            ).fetchone()
+            docs = model[cell].values()
+            assert stats[1:] == (len(docs), sum(len(t.split()) for t in docs))
+            df = dict(conn.execute("SELECT term, df FROM cell_terms WHERE cell = ?", (stats[0],)))
+            assert df == {
+                word: sum(word in t.split() for t in docs)
+                for word in VOCABULARY
+                if any(word in t.split() for t in docs)
+            }
+    finally:
+        conn.close()
+
+
+async def test_skipping_common_terms_keeps_the_exact_top_10(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Memories that hold none of a query's rare terms cannot rank once a first pass has a
+    # 10th score above the common terms' upper bounds; that pass must not change the result.
+    rng = random.Random(2026)
+    weights = [1.0 / (rank + 1) for rank in range(len(VOCABULARY))]
+    texts = {f"m{k}": " ".join(rng.choices(VOCABULARY, weights, k=rng.randint(3, 10)))
+             for k in range(600)}
+    pruned: list[int] = []
+    real = sparse_index._Scorer.containing
+
+    def spy(self: sparse_index._Scorer, terms: list[str]) -> list[tuple[int, float]]:
+        pruned.append(len(self.query) - len(terms))
+        return real(self, terms)
+
+    monkeypatch.setattr(sparse_index._Scorer, "containing", spy)
+    async with MemoryStore(tmp_path / "m.db") as store:
+        await store.remember_many(MemoryWrite(text=t, id=i, **ME) for i, t in texts.items())
+        for _ in range(60):
+            query = [rng.choice(VOCABULARY[:5]), rng.choice(VOCABULARY[30:])]
+            want = python_bm25(texts, query)[:10]
+            got = await store.sparse_candidates(" ".join(query), limit=10, **ME)
+            assert [e.id for e in got] == [id for id, _ in want], query
+    assert pruned and max(pruned) >= 1  # common terms were skipped in some queries

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import NoReturn
@@ -22,40 +23,27 @@ import attrs
 from plugin.errors import (
     InvalidRoundError,
     InvalidRoundTypeError,
-    InvalidRunIdError,
     LedgerError,
     RoundReusedError,
 )
 
-from . import observe
+from . import observe, validate
 from .clock import Clock, FiniteClock, SystemClock, finite_clock
 from .ledger import Ledger, Usage
 from .logs import CONTROL, log_event
 from .permit import LEGACY_SLOTS, Permit, _Binding, _issue_permit, key_digest
 from .policy import MAX_COUNT, AllowancePolicy, RoundKind
 from .refusal import BudgetRefusal, RecallBudgetExceeded
+from .validate import MAX_RUN_ID_BYTES as MAX_RUN_ID_BYTES
 
 Checkpoint = Callable[[str, int], Awaitable[None]]
 """The host's checkpoint callback: ``await checkpoint(run_id, round_index)``."""
 
-MAX_RUN_ID_BYTES = 512
 
 
 def validate_run_id(run_id: object) -> str:
-    """Return ``run_id`` if it is a non-empty, storable string; raise ``InvalidRunIdError``."""
-    if not isinstance(run_id, str):
-        raise InvalidRunIdError(f"run_id must be a str, got {type(run_id).__name__}")
-    if not run_id.strip():
-        raise InvalidRunIdError("run_id must not be empty or blank")
-    try:
-        size = len(run_id.encode("utf-8"))
-    except UnicodeEncodeError as exc:
-        raise InvalidRunIdError(f"run_id is not valid Unicode text: {exc}") from None
-    if size > MAX_RUN_ID_BYTES or "\x00" in run_id:
-        raise InvalidRunIdError(
-            f"run_id must be at most {MAX_RUN_ID_BYTES} UTF-8 bytes with no NUL character"
-        )
-    return run_id
+    """Return ``run_id`` if it is a valid run id (:func:`plugin.control.validate.run_id`)."""
+    return validate.run_id(run_id)
 
 
 class _Anchors:
@@ -107,6 +95,26 @@ class _Anchors:
 
 _ANCHORS = _Anchors()
 
+KNOWN_ROOMS = 4096
+"""How many runs an allowance remembers what it learned of (least recently used go)."""
+
+
+@attrs.frozen(kw_only=True)
+class Room:
+    """What a run has left: slots a round could get, rounds, and its deadline once opened."""
+
+    slots: int
+    rounds: int
+    deadline_wall: float | None = None
+
+    def expired(self, now: float) -> bool:
+        """Whether the run's deadline has passed at ``now``."""
+        return self.deadline_wall is not None and now >= self.deadline_wall
+
+    def slots_at(self, now: float) -> int:
+        """Slots a round could get at ``now`` (0 once the deadline has passed)."""
+        return 0 if self.expired(now) else self.slots
+
 
 @attrs.define(eq=False)
 class RecallAllowance:
@@ -122,6 +130,8 @@ class RecallAllowance:
     clock: Clock = attrs.field(factory=SystemClock)
     checkpoint: Checkpoint | None = None
     is_legacy: bool = attrs.field(default=False, kw_only=True)
+    _known: OrderedDict[str, Room] = attrs.field(factory=OrderedDict, init=False, repr=False)
+    """What this allowance last learned of each run from its own reservations (bounded)."""
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.is_legacy, bool):  # "false" must never switch enforcement off
@@ -186,15 +196,38 @@ class RecallAllowance:
         only the ledger's reservation decides what is granted. 0 once the run has all its
         rounds, its deadline has passed, or every slot is reserved.
         """
+        return (await self.room(run_id)).slots_at(self.clock.wall())
+
+    async def room(self, run_id: str) -> Room:
+        """What ``run_id`` has left by its usage (an estimate, as :meth:`headroom`)."""
         validate_run_id(run_id)
         if self.is_legacy:
-            return LEGACY_SLOTS
+            return Room(slots=LEGACY_SLOTS, rounds=LEGACY_SLOTS)
         usage = await self.ledger.usage(run_id)
-        if usage.rounds >= self.policy.max_rounds:
-            return 0
-        if usage.deadline_wall is not None and self.clock.wall() >= usage.deadline_wall:
-            return 0
-        return max(0, self.policy.max_searches - usage.reserved)
+        rounds = max(0, self.policy.max_rounds - usage.rounds)
+        slots = max(0, self.policy.max_searches - usage.reserved) if rounds else 0
+        return Room(slots=slots, rounds=rounds, deadline_wall=usage.deadline_wall)
+
+    def known_room(self, run_id: str) -> Room | None:
+        """What this allowance last learned of ``run_id`` from a round it reserved or was
+        refused, without reading the ledger; None if it has reserved none. An estimate (another
+        process may have used the run since), as :meth:`headroom`."""
+        room = self._known.get(run_id)
+        if room is not None:
+            self._known.move_to_end(run_id)
+        return room
+
+    def _learn(self, run_id: str, room: Room) -> None:
+        self._known[run_id] = room
+        self._known.move_to_end(run_id)
+        while len(self._known) > KNOWN_ROOMS:
+            self._known.popitem(last=False)
+
+    def fresh_room(self) -> Room:
+        """What a run that has not opened yet has: the whole policy."""
+        if self.is_legacy:
+            return Room(slots=LEGACY_SLOTS, rounds=LEGACY_SLOTS)
+        return Room(slots=self.policy.max_searches, rounds=self.policy.max_rounds)
 
     async def usage(self, run_id: str) -> Usage:
         """The run's totals from the ledger."""
@@ -227,7 +260,12 @@ class RecallAllowance:
         # handed over as the cancellation arrived) gets no permit: the slots stay consumed.
         await anyio.lowlevel.checkpoint_if_cancelled()
         if isinstance(result, BudgetRefusal):
+            self._learn(run_id, Room(slots=0, rounds=0))  # every refusal leaves the run spent
             raise RecallBudgetExceeded(result)
+        rounds_left = max(0, self.policy.max_rounds - result.round_index)
+        self._learn(run_id, Room(
+            slots=max(0, self.policy.max_searches - result.reserved) if rounds_left else 0,
+            rounds=rounds_left, deadline_wall=result.deadline_wall))
         # Anchored at once, before the host's checkpoint can fail or step the clock.
         _ANCHORS.observe(clock, run_id, result.reserved_wall, clock.monotonic())
         if self.checkpoint is not None:

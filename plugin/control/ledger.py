@@ -17,6 +17,7 @@ import attrs
 
 from plugin.errors import InvalidArgumentTypeError, RunIdentityError
 
+from . import validate
 from .policy import AllowancePolicy, RoundKind
 from .refusal import BudgetRefusal, RefusalReason
 
@@ -73,11 +74,27 @@ def check_identity(
 
 def identity_arguments(run_id: object, principal: object, scope: object) -> None:
     """Type-check :meth:`Ledger.bind_identity`'s arguments (every ledger does, before storing)."""
+    _text_arguments("bind_identity", run_id, principal, scope)
+
+
+def open_run_arguments(run_id: object, principal: object, scope: object) -> None:
+    """Type-check :meth:`Ledger.open_run`'s arguments (every ledger does, before storing)."""
+    _text_arguments("open_run", run_id, principal, scope)
+
+
+def _text_arguments(method: str, run_id: object, principal: object, scope: object) -> None:
     for name, value in (("run_id", run_id), ("principal", principal), ("scope", scope)):
         if not isinstance(value, str):
             raise InvalidArgumentTypeError(
-                f"bind_identity {name} must be a str, got {type(value).__name__}"
+                f"{method} {name} must be a str, got {type(value).__name__}"
             )
+    validate.run_id(run_id)
+    validate.bounded_text(principal, field="principal", max_bytes=validate.MAX_ID_BYTES)
+    validate.bounded_text(scope, field="scope", max_bytes=validate.MAX_ID_BYTES)
+
+
+RUN_RATE_WINDOW_S = 3600.0
+"""The window :meth:`Ledger.open_run` counts a caller's run openings over (an hour)."""
 
 
 class IdentityCache:
@@ -249,6 +266,20 @@ class Ledger(Protocol):
         The first binding of a run id wins, atomically and durably, across every process that
         shares the ledger; it never changes. A call with another principal or scope raises
         :class:`~plugin.errors.RunIdentityError` and stores nothing.
+        """
+        ...
+
+    async def open_run(
+        self, run_id: str, *, principal: str, scope: str, now: WallTime, per_hour: int
+    ) -> bool:
+        """Bind ``run_id`` to ``principal`` and ``scope`` (as :meth:`bind_identity`: another
+        principal or scope raises :class:`~plugin.errors.RunIdentityError` and stores nothing)
+        and count it as a run they opened at ``now``, once; in one transaction.
+
+        True when the run is counted (now, or already before); False, storing nothing, when
+        the pair already opened ``per_hour`` other runs in the :data:`RUN_RATE_WINDOW_S` before
+        ``now``. Atomic and durable across every process that shares the ledger, so a fleet of
+        servers keeps one count per pair.
         """
         ...
 

@@ -47,8 +47,9 @@ from plugin.errors import (
     LedgerUnavailableError,
 )
 
-from . import _postgres
+from . import _postgres, validate
 from ._group import GroupCommit
+from .dsn import password_of, redact
 from .ledger import Reservation, WallTime, read_time
 from .ledger_admin import PRUNED_TABLES
 from .policy import AllowancePolicy, RoundKind
@@ -156,6 +157,9 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (_RESERVE_WAVE,),
     # version 5: each attempt counts the evidence dropped for naming another principal or scope
     ("ALTER TABLE {s}.attempts ADD COLUMN IF NOT EXISTS dropped bigint NOT NULL DEFAULT 0",),
+    # version 6: the runs each (principal, scope) opened in the last hour (a cap on new runs)
+    tuple(statement for table in TABLES if table.since == 6
+          for statement in create_table(table, _TYPES, prefix="{s}.")),
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 """The schema version this code writes; older versions are migrated in place at open."""
@@ -187,27 +191,18 @@ _TABLES = ("recallbound_meta", *PRUNED_TABLES)
 """Every table of a ledger schema."""
 
 
-_URL_PASSWORD = re.compile(r"(://[^:/@?#]*:)[^@/?#]*@")
-_PARAM_PASSWORD = re.compile(r"(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]*)")
-
-
 def redact_dsn(dsn: str) -> str:
-    """``dsn`` for display: a password (URL userinfo, ``password=`` parameter) as ``***``."""
-    return _PARAM_PASSWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", dsn))
+    """``dsn`` for display: a password in any form as ``***`` (the one redaction)."""
+    return redact(dsn)
 
 
 def _password(dsn: str) -> str | None:
-    try:
-        value = psycopg.conninfo.conninfo_to_dict(dsn).get("password")
-    except psycopg.Error:
-        return None
-    return value if isinstance(value, str) and value else None
+    return password_of(dsn)
 
 
 def _one_line(text: str, secret: str | None) -> str:
     """An error text on one line (libpq's span several), never holding the password."""
-    line = " ".join(text.split())
-    return line.replace(secret, "***") if secret else line
+    return redact(" ".join(text.split()), secrets=(secret,))
 
 
 def _translate(exc: BaseException, where: str, secret: str | None = None) -> LedgerError:
@@ -509,6 +504,7 @@ class PostgresLedger(SqlLedger):
         *,
         floor: WallTime = -math.inf,
     ) -> Reservation | BudgetRefusal:
+        validate.run_id(run_id)
         self._connected()  # closed: fail now, not inside someone else's batch
         return await self._group.submit(
             ReserveRequest(run_id, kind, requested, policy, now, floor))

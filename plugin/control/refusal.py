@@ -24,6 +24,8 @@ class RefusalReason(enum.Enum):
     """The permit's phase has ended; its permit can take no more slots."""
     SOURCE_READS = "source_reads"
     """An attempt used all of its source-read fallbacks."""
+    RUN_RATE = "run_rate"
+    """The caller opened as many runs as it may in the last hour; this would be another."""
 
 
 _PLAIN_REASON = {
@@ -32,6 +34,7 @@ _PLAIN_REASON = {
     RefusalReason.DEADLINE: "this run's recall deadline has passed",
     RefusalReason.CLOSED: "the recall phase this search belonged to has ended",
     RefusalReason.SOURCE_READS: "this search used all of its source-read fallbacks",
+    RefusalReason.RUN_RATE: "this caller has opened as many runs as it may in the last hour",
 }
 
 def _message(reason: RefusalReason, reserved: int, executed: int) -> str:

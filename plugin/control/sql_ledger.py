@@ -28,8 +28,10 @@ import attrs
 
 from plugin.errors import LedgerError, LedgerLockedError, LedgerUnavailableError
 
+from . import validate
 from ._group import GroupCommit
 from .ledger import (
+    RUN_RATE_WINDOW_S,
     AttemptOutcome,
     AttemptTrace,
     IdentityCache,
@@ -41,6 +43,8 @@ from .ledger import (
     check_identity,
     grant_validations,
     identity_arguments,
+    open_run_arguments,
+    read_time,
 )
 from .policy import AllowancePolicy, RoundKind
 from .refusal import RefusalReason
@@ -177,8 +181,12 @@ TABLES = (
     Table("run_identity", (
         "run_id {text} PRIMARY KEY", "principal {text} NOT NULL", "scope {text} NOT NULL"),
         since=3),
+    Table("run_opens", (
+        "principal {text} NOT NULL", "scope {text} NOT NULL", "run_id {text} NOT NULL",
+        "opened_wall {real} NOT NULL", "PRIMARY KEY (principal, scope, run_id)"),
+        since=6),
 )
-"""Every table of a ledger, the same on every database."""
+"""Every table of a ledger, the same on every database (``since``: PostgreSQL's version)."""
 
 
 def create_table(table: Table, types: Mapping[str, str], *, prefix: str = "",
@@ -233,6 +241,15 @@ INSERT INTO {q}run_identity (run_id, principal, scope) VALUES (:run_id, :princip
 ON CONFLICT (run_id) DO NOTHING
 """
 _BOUND = "SELECT principal, scope FROM {q}run_identity WHERE run_id = :run_id"
+
+_CELL = "principal = :principal AND scope = :scope"
+_OPENED = "SELECT 1 FROM {q}run_opens WHERE " + _CELL + " AND run_id = :run_id"
+_FORGET_OPENS = "DELETE FROM {q}run_opens WHERE " + _CELL + " AND opened_wall <= :since"
+_OPENS = "SELECT count(*) FROM {q}run_opens WHERE " + _CELL
+_OPEN = """
+INSERT INTO {q}run_opens (principal, scope, run_id, opened_wall)
+VALUES (:principal, :scope, :run_id, :now)
+"""
 
 _USAGE = """
 SELECT u.rounds, u.reserved, u.deadline_wall,
@@ -448,6 +465,7 @@ class SqlLedger(abc.ABC):
         return {row[0] for row in rows}
 
     async def retain(self, run_id: str, evidence_ids: Sequence[str], *, limit: int) -> None:
+        validate.run_id(run_id)
         ids = list(dict.fromkeys(evidence_ids))
         if not ids or limit < 1:
             return
@@ -483,9 +501,39 @@ class SqlLedger(abc.ABC):
             bound = self._identities.put(run_id, (str(rows[0][0]), str(rows[0][1])))
         check_identity(run_id, bound, principal, scope)
 
+    async def open_run(
+        self, run_id: str, *, principal: str, scope: str, now: WallTime, per_hour: int
+    ) -> bool:
+        open_run_arguments(run_id, principal, scope)
+        cell = {"principal": principal, "scope": scope}
+        at = read_time(now)
+
+        async def write(s: Session) -> bool:
+            # One lock per (principal, scope): two processes opening runs for it queue here.
+            await self._lock_run(s, json.dumps(["run_opens", principal, scope]))
+            bound = self._identities.get(run_id)
+            if bound is None:  # bound as bind_identity binds it, in this transaction
+                await s.fetchall(self._sql(_BIND), {**cell, "run_id": run_id})
+                ((first, second),) = await s.fetchall(self._sql(_BOUND), {"run_id": run_id})
+                bound = (str(first), str(second))
+            check_identity(run_id, bound, principal, scope)  # raises: nothing is stored
+            self._identities.put(run_id, bound)
+            if await s.fetchall(self._sql(_OPENED), {**cell, "run_id": run_id}):
+                return True
+            # Openings older than the window count no more: the pair's rows stay bounded.
+            await s.fetchall(self._sql(_FORGET_OPENS), {**cell, "since": at - RUN_RATE_WINDOW_S})
+            ((opened,),) = await s.fetchall(self._sql(_OPENS), cell)
+            if opened >= per_hour:
+                return False
+            await s.fetchall(self._sql(_OPEN), {**cell, "run_id": run_id, "now": at})
+            return True
+
+        return await self._transact(write, f"opening run {run_id!r}")
+
     async def take_validations(
         self, run_id: str, evidence_ids: Sequence[str], *, limit: int
     ) -> dict[str, Validity]:
+        validate.run_id(run_id)
         ids = list(dict.fromkeys(evidence_ids))
         if not ids:
             return {}
@@ -501,6 +549,7 @@ class SqlLedger(abc.ABC):
         return await self._transact(write, f"taking validations of run {run_id!r}")
 
     async def usage(self, run_id: str) -> Usage:
+        validate.run_id(run_id)
         ((rounds, reserved, deadline, executed, refused, legacy),) = await self._read(
             _USAGE, {"run_id": run_id}, f"reading the usage of run {run_id!r}")
         if rounds is None:
@@ -511,6 +560,7 @@ class SqlLedger(abc.ABC):
         )
 
     async def reservations(self, run_id: str) -> list[Reservation]:
+        validate.run_id(run_id)
         rows = await self._read(_RESERVATIONS, {"run_id": run_id},
                                 f"reading the rounds of run {run_id!r}")
         return [
@@ -524,6 +574,7 @@ class SqlLedger(abc.ABC):
         ]
 
     async def attempts(self, run_id: str) -> list[AttemptTrace]:
+        validate.run_id(run_id)
         rows = await self._read(_ATTEMPTS, {"run_id": run_id},
                                 f"reading the attempts of run {run_id!r}")
         return [
@@ -539,6 +590,7 @@ class SqlLedger(abc.ABC):
         ]
 
     async def refusals(self, run_id: str) -> list[RefusalRecord]:
+        validate.run_id(run_id)
         rows = await self._read(_REFUSALS, {"run_id": run_id},
                                 f"reading the refusals of run {run_id!r}")
         return [

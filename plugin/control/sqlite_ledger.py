@@ -30,7 +30,7 @@ from plugin.errors import (
     LedgerPathError,
 )
 
-from . import _sqlite
+from . import _sqlite, validate
 from ._group import GroupCommit
 from ._sqlite.translate import Family
 from ._sqlite.translate import translate as translate_sqlite
@@ -52,8 +52,8 @@ from .sql_ledger import (
 T = TypeVar("T")
 
 APPLICATION_ID = 0x52424C44  # "RBLD"
-SCHEMA_VERSION = 4
-_MIGRATABLE = frozenset({1, 2, 3})
+SCHEMA_VERSION = 5
+_MIGRATABLE = frozenset({1, 2, 3, 4})
 """Older schema versions this ledger upgrades in place (their tables are a subset)."""
 
 _TYPES = {"text": "TEXT", "real": "REAL", "int": "INTEGER", "bool": "INTEGER",
@@ -333,6 +333,7 @@ class SqliteLedger(SqlLedger):
         *,
         floor: WallTime = -math.inf,
     ) -> Reservation | BudgetRefusal:
+        validate.run_id(run_id)
         request = ReserveRequest(run_id, kind, requested, policy, now, floor)
         self._connection()  # closed: fail now, not inside someone else's batch
         if self._group is None:

@@ -32,13 +32,14 @@ from .state import WorkingState as WorkingState
 from .store import Evidence as Evidence
 from .store import MemoryRecord as MemoryRecord
 from .store import MemoryStore as MemoryStore
+from .store import MemoryWrite as MemoryWrite
 from .store import Person as Person
 
 __all__ = [
     "AttemptHandle", "BaselineReason", "Bounded", "ContextCaps", "EmbeddingAdapter", "Evidence",
     "Fact", "Found", "MemoryRecord", "NestedRead", "PreparationBound", "SearchRequest",
     "SimpleRetriever",
-    "MemoryRetriever", "MemoryStore", "Person", "PreparedRecall", "QueryPlanner",
+    "MemoryRetriever", "MemoryStore", "MemoryWrite", "Person", "PreparedRecall", "QueryPlanner",
     "QueryPreparation", "QueryStrategy", "RecallPreparer", "RecallQuery", "Retriever",
     "SemanticPreparation", "Task", "WithheldReason", "WorkingState",
     "compose_baseline", "compose_search_call", "compose_task_context",

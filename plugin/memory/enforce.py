@@ -16,11 +16,19 @@ raises (its own ``RecallBudgetExceeded``, a ``CancelledError`` raised by hand, a
 whose ``__str__`` raises) becomes a :class:`~plugin.errors.RetrieverFailedError` with a typed
 reason and none of its text. A real cancellation (the deadline, the host) still propagates.
 
-What a search returns is admitted by :func:`admit` before anyone renders it: every item must be
-a well-formed :class:`~plugin.memory.store.Evidence`; a missing principal or scope is the run's;
-an item of another principal or scope is dropped, counted and logged at WARNING without its
-text. Whatever the allowance cut short (a refused nested read, source reads past the
-fallbacks) is recorded from what the handle saw, not from what the retriever reports.
+What a search returns is admitted by :func:`admit` before anyone renders it, caps first: only
+the first :attr:`ContextCaps.examined` items are looked at (the rest are counted as left out by
+the caps), and each text is cut to the byte cap before any per-character work, so what
+recallbound does after a search is bounded whatever the retriever returned, and it runs inside
+the attempt, whose deadline is checked when it ends. Every examined item must be a
+well-formed :class:`~plugin.memory.store.Evidence` (else the search is that call's own
+``failed`` result, ``bad_evidence``). A missing principal or scope is the run's. An item of
+another principal or scope, or whose id (or a cited id) is not a valid id
+(:func:`plugin.control.validate.identifier`: at most 512 UTF-8 bytes, valid Unicode, no control
+character), is dropped, counted and logged at WARNING without its text; so a bad id never
+reaches a ledger, and every ledger behaves the same. Whatever the allowance cut short (a
+refused nested read, source reads past the fallbacks) is recorded from what the handle saw,
+not from what the retriever reports.
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ import anyio
 import attrs
 import sniffio
 
-from plugin.control import AttemptKind, Permit, RecallBudgetExceeded, hide_permit
+from plugin.control import AttemptKind, Permit, RecallBudgetExceeded, hide_permit, validate
 from plugin.control.logs import log_event
 from plugin.errors import RetrieverFailedError
 
@@ -112,6 +120,18 @@ def _number(value: object) -> bool:
     return type(value) in (int, float) and math.isfinite(value)  # type: ignore[arg-type]
 
 
+MAX_CITES = 64
+"""The most source ids one evidence item may cite."""
+
+
+def _valid_id(value: str) -> bool:
+    try:
+        validate.identifier(value, field="evidence id")
+    except ValueError:
+        return False
+    return True
+
+
 def _well_formed(value: object) -> bool:
     """Exact types only: a ``str`` subclass could compare equal to any principal."""
     if type(value) is not Evidence:
@@ -127,34 +147,74 @@ def _well_formed(value: object) -> bool:
     )
 
 
-def admit(
-    items: object, *, principal: str, scope: str, run_id: str, what: str = "search"
-) -> tuple[tuple[Evidence, ...], int]:
-    """Check a retriever's evidence; return what the run may see and how many were dropped.
+def _valid_ids(item: Evidence) -> bool:
+    """The item's id and those it cites (at most :data:`MAX_CITES`) are valid ids, and its arm
+    a short name: what every ledger can store and every output print on one line."""
+    return (
+        len(item.cites) <= MAX_CITES and _valid_id(item.id)
+        and all(_valid_id(c) for c in item.cites) and len(item.arm) <= validate.MAX_ID_BYTES
+    )
 
-    Raises :class:`~plugin.errors.RetrieverFailedError` (``bad_result``, ``bad_evidence``) for
-    junk. An item with no principal or scope gets the run's; one naming another principal or
-    scope is dropped (counted, logged at WARNING with no text of it).
+
+def unexamined(items: object, caps: ContextCaps) -> int:
+    """How many of a read's items lie past the first :attr:`ContextCaps.examined` (counted as
+    left out by the caps, never looked at)."""
+    if type(items) not in (tuple, list):
+        return 0
+    assert isinstance(items, (tuple, list))
+    return max(0, len(items) - caps.examined)
+
+
+def admit(
+    items: object,
+    *,
+    principal: str,
+    scope: str,
+    run_id: str,
+    what: str = "search",
+    caps: ContextCaps | None = None,
+) -> tuple[tuple[Evidence, ...], int]:
+    """Check a retriever's evidence; return what the run may see and how many were dropped
+    (for naming another principal or scope, or for a bad id).
+
+    With ``caps``, only the first :attr:`ContextCaps.examined` items are looked at, and each
+    text is cut to ``caps.max_bytes + 1`` characters (a longer one cannot fit anyway) before
+    anything reads it. Raises :class:`~plugin.errors.RetrieverFailedError` (``bad_result``,
+    ``bad_evidence``) for junk (an item that is not an Evidence of the exact types). An item
+    with no principal or scope gets the run's; one naming another principal or scope, or whose
+    id (or a cited id) is not a valid id, is dropped (counted, logged at WARNING with no text
+    of it).
     """
     if type(items) not in (tuple, list):
         raise RetrieverFailedError("bad_result")
     assert isinstance(items, (tuple, list))
+    if caps is not None:
+        items = items[: caps.examined]
+        longest = caps.max_bytes + 1
     kept: list[Evidence] = []
-    dropped = 0
+    dropped = invalid = 0
     for item in items:
         if not _well_formed(item):
             raise RetrieverFailedError("bad_evidence")
+        if not _valid_ids(item):
+            invalid += 1
+            continue
         owner, where = item.principal, item.scope
         if (owner is not None and owner != principal) or (where is not None and where != scope):
             dropped += 1
             continue
         if owner is None or where is None:
             item = attrs.evolve(item, principal=principal, scope=scope)
+        if caps is not None and len(item.text) > longest:
+            item = attrs.evolve(item, text=item.text[:longest])
         kept.append(item)
     if dropped:
         log_event(_log, logging.WARNING, "evidence.foreign_dropped", run_id=run_id, what=what,
                   dropped=dropped)
-    return tuple(kept), dropped
+    if invalid:
+        log_event(_log, logging.WARNING, "evidence.invalid_id_dropped", run_id=run_id,
+                  what=what, dropped=invalid)
+    return tuple(kept), dropped + invalid
 
 
 def _found(value: object) -> Found:
@@ -176,7 +236,9 @@ class Attempted:
     bounded: tuple[Bounded, ...] = ()
     belief_slot: int | None = None
     dropped: int = 0
-    """Items dropped for naming another principal or scope (never rendered)."""
+    """Items dropped for naming another principal or scope, or for a bad id (never rendered)."""
+    unexamined: int = 0
+    """Items past the first :attr:`ContextCaps.examined` (left out by the caps, unread)."""
 
 
 async def search_attempt(
@@ -239,14 +301,17 @@ async def search_attempt(
                 prepared, handle, caps=caps, nested_beliefs=nested_beliefs)))
         finally:
             bounded = handle._end()
+        unread = unexamined(found.evidence, caps)
         evidence, foreign = admit(found.evidence, principal=principal, scope=scope,
-                                  run_id=permit.run_id)
+                                  run_id=permit.run_id, caps=caps)
         permit.note_dropped(slot, foreign, key=key)
-    found = Found(evidence=evidence, people=found.people, arms=found.arms,
-                  notes=tuple(one_line(note, limit=200) for note in found.notes))
+        found = Found(evidence=evidence, people=found.people[:caps.examined],
+                      arms=found.arms[:caps.examined],
+                      notes=tuple(one_line(note, limit=200)
+                                  for note in found.notes[:caps.examined]))
     return Attempted(slot=slot, found=found, bounded=bounded,
                      belief_slot=belief_slot[0] if belief_slot else None,
-                     dropped=dropped + foreign)
+                     dropped=dropped + foreign, unexamined=unread)
 
 
 async def beliefs_read(
@@ -271,6 +336,6 @@ async def beliefs_read(
         finally:
             handle._end()
         admitted, dropped = admit(beliefs, principal=principal, scope=scope,
-                                  run_id=permit.run_id, what="beliefs")
+                                  run_id=permit.run_id, what="beliefs", caps=caps)
         permit.note_dropped(slot, dropped, key=key)
     return slot, admitted, dropped

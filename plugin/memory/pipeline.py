@@ -225,7 +225,8 @@ class MemoryRetriever:
             return None
         if len(lists) == 1:
             return list(lists[0][1])
-        return weighted_score_fuse(lists)[: caps.candidates_per_arm * 2]
+        normalise = self.ranking.fragment_scores == "share"
+        return weighted_score_fuse(lists, normalise=normalise)[: caps.candidates_per_arm * 2]
 
     async def _semantic(
         self, prepared: PreparedRecall, weights: Sequence[float], principal: str, scope: str,

@@ -47,6 +47,14 @@ class ContextCaps:
     """How many candidates each arm contributes to ranking."""
     beliefs_per_person: int = attrs.field(default=3, validator=_positive)
 
+    @property
+    def examined(self) -> int:
+        """How many items of one read the hooks examine: the first ``4 * max(max_items,
+        candidates_per_arm)`` a retriever returns. The rest are never looked at (not checked,
+        not ranked, not rendered) and are counted as left out by the caps, so a retriever
+        that returns a million items costs what one that returns eighty does."""
+        return 4 * max(self.max_items, self.candidates_per_arm)
+
 
 Part = Literal["nested_read", "source_read", "semantic_arm", "delta"]
 

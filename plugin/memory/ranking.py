@@ -7,17 +7,22 @@ arms keep that structure instead of flattening it:
 
 - **Weights by role, not position.** Each role has a weight (:class:`RankingPolicy`); the
   fragments of one role share it (``weight / sqrt(n)``), so eight entities do not outvote one
-  next action. A request that carries content leads (``request``) and the other fields keep a
-  share of their weights (``context``), so a task in flight does not dilute a question asked
-  now.
+  next action. The entities the facts name and the open questions weigh twice the next action:
+  in real notes what ties a memory to the work is most often a person's name, an id or the
+  answer to a question, while distractors share the next action's common words. A request
+  that carries content leads (``request``) and the other fields keep a share of their weights
+  (``context``), so a task in flight does not dilute a question asked now.
 - **A content-free request** ("Continue", "weiter", "ok, next step please") weighs 0, and the
   other fields then carry the query together: a memory that several fields point at sums
   their weights (agreement counts). Which requests carry no content is not read from a word
   list: a short request carries content in proportion to how many of its terms occur in the
   scope's memories (:func:`request_share`, measured by the retriever on the store's own
-  vocabulary); one none of whose terms occurs there carries none.
+  vocabulary); one none of whose terms occurs there carries none, and one whose single known
+  word is "Continue" keeps a sixteenth (the share grows with the square of the words found).
 - **Sparse.** Each weighted fragment is searched on its own (its terms never crowd out another
-  fragment's under the FTS term cap), and the lists are fused by their normalised scores.
+  fragment's under the FTS term cap), and the lists are fused by their normalised scores
+  (``fragment_scores="share"``; ``"bm25"`` sums the bm25 scores themselves, measured and not
+  chosen: a long fragment's many matched words then outvote a short one's name).
 - **Semantic.** The fragment vectors were prepared once, with the query. Since every vector is
   unit length, the weighted sum of a memory's cosines to the fragments is its dot product with
   the weighted sum of the fragment vectors, so the arm is one scan with one combined vector. No
@@ -25,8 +30,9 @@ arms keep that structure instead of flattening it:
 - **Fusion by confidence.** Arms are fused by weighted reciprocal rank with a small constant
   (k = 10), each arm weighted by its policy weight times how peaked its own scores are
   (:func:`peakedness`): an arm whose best candidate stands out votes louder than one whose
-  scores are compressed. The semantic arm's policy weight is half the sparse arm's: measured
-  on long conversations, where the packaged embedding knows less than bm25. Fusion by score
+  scores are compressed. Both arms have the same policy weight: the peakedness already quiets
+  an arm that is unsure, and a fixed lower weight for one arm trusts the wrong arm wherever
+  that arm is the stronger one. Fusion by score
   shares (:func:`score_fuse`) is the other option. The recent arm (the frozen control) only
   breaks ties, it never outvotes an arm that found something.
 - **Beliefs by relevance.** Beliefs read for the people a query names take their place among the
@@ -115,12 +121,12 @@ class RankingPolicy:
     next_action: float = attrs.field(default=1.0, validator=_unit)
     task: float = attrs.field(default=1.0, validator=_unit)
     """Shared by the unfinished tasks (``weight / sqrt(n)`` each)."""
-    question: float = attrs.field(default=1.0, validator=_unit)
+    question: float = attrs.field(default=2.0, validator=_unit)
     """Shared by the open questions."""
     objective: float = attrs.field(default=0.6, validator=_unit)
-    constraint: float = attrs.field(default=0.6, validator=_unit)
+    constraint: float = attrs.field(default=1.0, validator=_unit)
     """Shared by the constraints."""
-    entity: float = attrs.field(default=0.6, validator=_unit)
+    entity: float = attrs.field(default=2.0, validator=_unit)
     """Shared by the entities."""
     context: float = attrs.field(default=0.15, validator=_unit)
     """How much the other fields keep beside a request that carries content: their weights are
@@ -129,14 +135,18 @@ class RankingPolicy:
     short_words: int = attrs.field(default=SHORT_REQUEST_TERMS, validator=_rrf_k)
     """A request of at most this many words is short: how much content it carries is measured
     on the scope's vocabulary (:func:`request_share`); a longer one carries all of it."""
-    request_terms: int = attrs.field(default=6, validator=_rrf_k)
+    request_terms: int = attrs.field(default=4, validator=_rrf_k)
     """A short request with this many terms found in the scope carries its full weight; one
-    with fewer carries that share of it."""
+    with fewer carries ``(found / request_terms) ** request_power`` of it."""
+    request_power: float = attrs.field(default=2.0, validator=_unit)
+    """How fast a short request's share grows with the terms the scope knows (1: linearly). At
+    2 one known word ("Continue" in a chat where someone once wrote it) keeps a sixteenth and
+    does not dilute the need in the state, while two ("vault audit?") keep a quarter and lead."""
     whole_query: float = attrs.field(default=0.0, validator=_unit)
     """Sparse: weight of the whole task-context query's list beside the fragments' lists."""
     sparse: float = attrs.field(default=1.0, validator=_unit)
     """Fusion weight of the sparse arm (times its peakedness when ``confidence``)."""
-    semantic: float = attrs.field(default=0.5, validator=_unit)
+    semantic: float = attrs.field(default=1.0, validator=_unit)
     """Fusion weight of the semantic arm (times its peakedness when ``confidence``)."""
     fusion: str = attrs.field(default="rrf", validator=attrs.validators.in_(("score", "rrf")))
     """How arms are fused: ``score`` (:func:`score_fuse`, each arm by its own score shares)
@@ -146,6 +156,11 @@ class RankingPolicy:
     rrf_k: int = attrs.field(default=10, validator=_rrf_k)
     """The fusion's reciprocal-rank constant (10: an arm's first places count more than the
     items both arms rank in the middle; :data:`RRF_K` is the textbook 60)."""
+    fragment_scores: str = attrs.field(
+        default="share", validator=attrs.validators.in_(("share", "bm25"))
+    )
+    """Sparse: how the fragments' lists are summed: ``share`` (each list's scores divided by
+    its best) or ``bm25`` (the scores themselves, so a match on rare terms counts more)."""
 
     def role_weight(self, role: FragmentRole) -> float:
         """The weight of ``role`` (the request's before :func:`request_share`)."""
@@ -166,12 +181,13 @@ def short_request_terms(
 
 def request_share(found: int, policy: RankingPolicy) -> float:
     """The share of its weight a short request keeps when ``found`` of its terms occur in the
-    scope's memories: 0 for none (a content-free request), 1 from ``request_terms`` on."""
+    scope's memories: 0 for none (a content-free request), ``(found / request_terms) **
+    request_power`` below ``request_terms``, 1 from there on."""
     if found <= 0:
         return 0.0
     if policy.request_terms <= 0:
         return 1.0
-    return min(1.0, found / policy.request_terms)
+    return float(min(1.0, found / policy.request_terms) ** policy.request_power)
 
 
 def fragment_weights(
@@ -392,18 +408,22 @@ def peakedness(ranked: Sequence[Evidence], *, depth: int = PEAK_DEPTH) -> float:
     return max(0.0, min(1.0, (best - max(floor, 0.0)) / best))
 
 
-def weighted_score_fuse(lists: Sequence[tuple[float, Sequence[Evidence]]]) -> list[Evidence]:
+def weighted_score_fuse(
+    lists: Sequence[tuple[float, Sequence[Evidence]]], *, normalise: bool = True
+) -> list[Evidence]:
     """Fuse lists of one arm by their scores: each list's scores are divided by its best (so
-    a fragment's strongest match counts 1), weighted, and summed; ties by kind and id."""
+    a fragment's strongest match counts 1) unless ``normalise`` is False, weighted, and
+    summed; ties by kind and id."""
     scores: dict[tuple[str, str], float] = {}
     first: dict[tuple[str, str], Evidence] = {}
     for weight, ranked in lists:
         top = max((item.score for item in ranked), default=0.0)
-        if weight <= 0 or top <= 0:
+        if weight <= 0 or top <= 0 or not math.isfinite(top):
             continue
+        scale = top if normalise else 1.0
         for item in ranked:
             key = (item.kind, item.id)
-            scores[key] = scores.get(key, 0.0) + weight * max(item.score, 0.0) / top
+            scores[key] = scores.get(key, 0.0) + weight * max(item.score, 0.0) / scale
             first.setdefault(key, item)
     order = sorted(scores, key=lambda key: (-scores[key], key))
     return [attrs.evolve(first[key], score=scores[key]) for key in order]

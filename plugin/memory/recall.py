@@ -111,6 +111,7 @@ async def automatic_round(
     bounded: tuple[Bounded, ...] = ()
     failure: str | None = None
     dropped = 0
+    unexamined = 0
     key = round_key()
     try:
         async with allowance.round(run_id, RoundKind.AUTOMATIC, key=key) as permit:
@@ -127,6 +128,7 @@ async def automatic_round(
                     ranked = list(base.found.evidence)  # the whole ranking; capped when shown
                     notes.extend(base.found.notes)
                     bounded, dropped = base.bounded, base.dropped
+                    unexamined = base.unexamined
                     people = base.found.people
                     if people:
                         try:
@@ -148,7 +150,7 @@ async def automatic_round(
     except RecallBudgetExceeded as exc:
         refusal = exc.refusal
     return AutomaticRecall(
-        rendered=render(ranked, caps) if ranked else None,
+        rendered=render(ranked, caps, unexamined=unexamined) if ranked else None,
         candidates=tuple(ranked),
         slots=tuple(slots),
         people=people,
@@ -241,7 +243,9 @@ async def deliberate_round(
                                                          failure=exc.reason)
                 else:
                     results[position] = DeliberateSearch(
-                        slot=attempted.slot, rendered=render(attempted.found.evidence, caps),
+                        slot=attempted.slot,
+                        rendered=render(attempted.found.evidence, caps,
+                                        unexamined=attempted.unexamined),
                         bounded=attempted.bounded, notes=attempted.found.notes,
                         dropped=attempted.dropped,
                     )

@@ -29,32 +29,40 @@ class Rendered:
     """Evidence items ranked but left out by the caps."""
 
 
-def evidence_line(item: Evidence, label: str | None = None) -> str:
-    """One evidence item as one inert line: ``- [kind id] text``."""
+def evidence_line(item: Evidence, label: str | None = None, *, limit: int | None = None) -> str:
+    """One evidence item as one inert line: ``- [kind id] text``, the text cut to ``limit``
+    characters first (so no per-character work ever reads past the byte cap).
+
+    The whole id is shown (the hooks admit only valid ids, at most 512 bytes), so it counts
+    against the caps like the text, and the id the model reads is the id it can cite.
+    """
     kind = label if label is not None else one_line(item.kind, limit=32)
-    return f"- [{kind} {one_line(item.id, limit=128)}] {one_line(item.text)}"
+    return f"- [{kind} {one_line(item.id, limit=512)}] {one_line(item.text, limit=limit)}"
 
 
 def line_bytes(line: str) -> int:
     return len(line.encode("utf-8", "surrogatepass"))
 
 
-def render(evidence: Sequence[Evidence], caps: ContextCaps) -> Rendered:
-    """Render whole evidence lines within ``caps``; an item that does not fit is left out."""
+def render(evidence: Sequence[Evidence], caps: ContextCaps, *, unexamined: int = 0) -> Rendered:
+    """Render whole evidence lines within ``caps``; an item that does not fit is left out.
+
+    ``unexamined`` items (past what the hooks examine of a read) are counted as left out too.
+    """
     lines: list[str] = []
     kept: list[Evidence] = []
     used = 0
     for item in evidence:
         if len(kept) >= caps.max_items:
             break
-        line = evidence_line(item)
+        line = evidence_line(item, limit=caps.max_bytes)
         size = line_bytes(line) + (1 if lines else 0)
         if used + size > caps.max_bytes:
             continue
         lines.append(line)
         kept.append(item)
         used += size
-    omitted = len(evidence) - len(kept)
+    omitted = len(evidence) - len(kept) + unexamined
     if omitted:
         lines.append(left_out(omitted, "item"))
     return Rendered(items=tuple(kept), text="\n".join(lines), omitted=omitted)

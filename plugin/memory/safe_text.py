@@ -32,5 +32,8 @@ def one_line(text: str, *, limit: int | None = None) -> str:
     """``text`` as one line with no control character; at most ``limit`` characters."""
     if limit is not None and len(text) > limit:
         text = text[:limit] + "\u2026"
-    cleaned = "".join(_inert(char) for char in text)
+    if text.isprintable() and _BIDI.isdisjoint(text):
+        cleaned = text  # the common case, checked in C: nothing to make inert
+    else:
+        cleaned = "".join(_inert(char) for char in text)
     return _SPACES.sub(" ", cleaned).strip()

@@ -85,7 +85,7 @@ async def corrections_share(
     try:
         found = await contained(lambda: retriever.corrections(principal=principal, scope=scope))
         admitted, _ = admit(found, principal=principal, scope=scope, run_id=run_id,
-                            what="corrections")
+                            what="corrections", caps=caps)
     except RetrieverFailedError as exc:
         return CorrectionsShare(shown=(), omitted=0, caps_left=caps, failure=exc.reason)
     newest = sorted(admitted, key=lambda c: (-c.created_at, c.id))

@@ -4,12 +4,19 @@ Settings, highest precedence first: the command line, the ``[mcp]`` table of the
 configuration file (``--config``, else ``$RECALLBOUND_CONFIG``, else ``recallbound.toml`` in
 the working folder), defaults. The ledger, the store and the policy come from the same
 configuration as the hooks (:meth:`RecallConfig.from_sources
-<runtime_hooks.bootstrap.RecallConfig.from_sources>`).
+<runtime_hooks.bootstrap.RecallConfig.from_sources>`); a ledger or store that nothing names is
+kept in :func:`data_folder` (``~/.local/share/recallbound``, created on first use), beside the
+store ``recallbound memory`` writes to, so a desktop client's bare command line works.
 
 ``[mcp]`` keys: ``principal``, ``scope`` (stdio), ``window_ms`` (the batch window),
-``token_file`` (HTTP; relative to the file's folder). HTTP tokens come from ``--token-file``
-or ``token_file``, else from the environment variable named by ``--tokens-env`` (default
-``RECALLBOUND_MCP_TOKENS``, a JSON list of ``{"token", "principal", "scope"}``).
+``max_runs_per_hour`` (runs a principal and scope may open an hour, counted in the ledger;
+default 60, more needs ``allow_looser_policy = true``), ``max_memory_bytes`` (the longest text
+``remember`` stores; default 8 KiB), ``token_file`` (HTTP; relative to the file's folder),
+``allowed_hosts`` and ``allowed_origins`` (HTTP: the ``Host`` and ``Origin`` headers accepted
+besides the loopback names and the bound address; ``"name:*"`` for any port). HTTP tokens come
+from ``--token-file`` or ``token_file``, else from the environment variable named by
+``--tokens-env`` (default ``RECALLBOUND_MCP_TOKENS``, a JSON list of ``{"token", "principal",
+"scope"}``).
 
 The HTTP transport runs on asyncio only: the SDK serves it through uvicorn, which has no trio
 backend. stdio runs on both (``--backend trio``).
@@ -37,7 +44,11 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 TOKENS_ENV = "RECALLBOUND_MCP_TOKENS"
-_KEYS = {"principal", "scope", "window_ms", "token_file"}
+_KEYS = {"principal", "scope", "window_ms", "token_file", "max_runs_per_hour",
+         "max_memory_bytes", "allowed_hosts", "allowed_origins"}
+DEFAULT_MAX_MEMORY_BYTES = 8 * 1024
+"""The longest memory text ``remember`` stores (UTF-8 bytes) unless configured otherwise."""
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def add_command(commands: Any) -> None:
@@ -46,7 +57,8 @@ def add_command(commands: Any) -> None:
     mcp.add_argument("--principal", help="the user every stdio call runs as")
     mcp.add_argument("--scope", help="the scope every stdio call runs in")
     mcp.add_argument("--http", metavar="HOST:PORT",
-                     help="serve streamable HTTP here (bearer tokens) instead of stdio")
+                     help="serve streamable HTTP here (bearer tokens) instead of stdio; port 0 "
+                          "picks a free one (the address served is printed)")
     mcp.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
     mcp.add_argument("--config", type=Path, default=None,
                      help="configuration file (default: $RECALLBOUND_CONFIG or ./recallbound.toml)")
@@ -54,6 +66,10 @@ def add_command(commands: Any) -> None:
                      help="how long a burst of parallel searches of one run is gathered (ms)")
     mcp.add_argument("--token-file", type=Path, default=None,
                      help="TOML file of [[token]] tables (token, principal, scope) for HTTP")
+    mcp.add_argument("--allow-host", action="append", default=None, metavar="HOST[:PORT]",
+                     help="HTTP: also accept this Host header (repeatable; 'name:*' any port)")
+    mcp.add_argument("--allow-origin", action="append", default=None, metavar="ORIGIN",
+                     help="HTTP: also accept this Origin header (repeatable)")
     mcp.add_argument("--tokens-env", default=TOKENS_ENV,
                      help=f"environment variable holding the HTTP tokens as JSON "
                           f"(default {TOKENS_ENV})")
@@ -69,6 +85,12 @@ class McpSettings:
     token_file: Path | None = None
     tokens_env: str = TOKENS_ENV
     http: tuple[str, int] | None = None
+    max_runs_per_hour: int = 60
+    max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES
+    allowed_hosts: tuple[str, ...] = ()
+    allowed_origins: tuple[str, ...] = ()
+    looser: tuple[str, ...] = ()
+    """Settings that widen a bound (they need ``allow_looser_policy``)."""
 
 
 def _config_file(given: Path | None, env: Mapping[str, str]) -> Path | None:
@@ -98,6 +120,15 @@ def _mcp_table(path: Path | None) -> dict[str, Any]:
     for key in ("principal", "scope", "token_file"):
         if key in table and not isinstance(table[key], str):
             raise InvalidConfigError(f"{path}: mcp.{key} must be a string")
+    for key in ("max_runs_per_hour", "max_memory_bytes"):
+        value = table.get(key)
+        if key in table and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise InvalidConfigError(f"{path}: mcp.{key} must be an integer >= 1")
+    for key in ("allowed_hosts", "allowed_origins"):
+        value = table.get(key)
+        if key in table and not (isinstance(value, list)
+                                 and all(isinstance(v, str) and v.strip() for v in value)):
+            raise InvalidConfigError(f"{path}: mcp.{key} must be a list of non-empty strings")
     if "token_file" in table:
         table["token_file"] = path.parent / table["token_file"]
     return table
@@ -113,7 +144,7 @@ def _window_s(value: object, where: str) -> float:
 
 def _http(text: str) -> tuple[str, int]:
     host, _, port = text.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not host or not port.isdigit() or not 0 <= int(port) < 65536:
         raise InvalidConfigError(f"--http must be HOST:PORT, got {text!r}")
     return host.strip("[]"), int(port)
 
@@ -124,7 +155,13 @@ def settings(args: argparse.Namespace, env: Mapping[str, str]) -> McpSettings:
     window = (_window_s(args.window_ms, "--window-ms") if args.window_ms is not None
               else _window_s(table["window_ms"], "mcp.window_ms") if "window_ms" in table
               else 0.005)
+    runs = int(table.get("max_runs_per_hour", 60))
     return McpSettings(
+        max_runs_per_hour=runs,
+        max_memory_bytes=int(table.get("max_memory_bytes", DEFAULT_MAX_MEMORY_BYTES)),
+        allowed_hosts=(*table.get("allowed_hosts", ()), *(args.allow_host or ())),
+        allowed_origins=(*table.get("allowed_origins", ()), *(args.allow_origin or ())),
+        looser=("mcp.max_runs_per_hour",) if runs > 60 else (),
         principal=args.principal if args.principal is not None else table.get("principal"),
         scope=args.scope if args.scope is not None else table.get("scope"),
         window_s=window,
@@ -134,47 +171,127 @@ def settings(args: argparse.Namespace, env: Mapping[str, str]) -> McpSettings:
     )
 
 
-async def serve(args: argparse.Namespace, chosen: McpSettings, env: Mapping[str, str]) -> None:
+def data_folder(env: Mapping[str, str]) -> Path:
+    """``$XDG_DATA_HOME/recallbound``, or ``~/.local/share/recallbound``: where a server that
+    was given no ledger or store keeps them (the folder ``recallbound memory`` writes to)."""
+    home = Path(env["HOME"]) if env.get("HOME") else Path.home()
+    base = env.get("XDG_DATA_HOME") or str(home / ".local" / "share")
+    return Path(base) / "recallbound"
+
+
+def _first_use(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, object]:
+    """The ledger and store in :func:`data_folder` (created now) when none is configured."""
+    from runtime_hooks.config import load_config
+
+    values = load_config(args.config, env=env).values
+    missing = [key for key in ("ledger", "store") if values.get(key) is None]
+    if not missing:
+        return {}
+    folder = data_folder(env)
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {"ledger": folder / "ledger.db", "store": folder / "memory.db"}
+    return {key: str(files[key]) for key in missing}
+
+
+async def serve(args: argparse.Namespace, chosen: McpSettings, env: Mapping[str, str],
+                err: TextIO = sys.stderr) -> None:
     """Open the hooks from the configuration and serve until the client goes away."""
     from runtime_hooks.bootstrap import RecallConfig, open_hooks
 
     from .server import RecallServer
     from .trust import Caller, TableTokenVerifier, TokenTable
 
-    config = RecallConfig.from_sources(args.config, env=env)
+    config = RecallConfig.from_sources(args.config, env=env, overrides=_first_use(args, env))
+    if chosen.looser and not config.allow_looser_policy:
+        raise InvalidConfigError(f"{chosen.looser[0]} above its default widens a bound: it "
+                                 f"needs allow_looser_policy = true")
+    options: dict[str, Any] = {"window_s": chosen.window_s,
+                               "max_runs_per_hour": chosen.max_runs_per_hour,
+                               "max_memory_bytes": chosen.max_memory_bytes}
     if chosen.http is not None:
         table = (TokenTable.from_file(chosen.token_file) if chosen.token_file is not None
                  else TokenTable.from_env(chosen.tokens_env, env))
         async with open_hooks(config) as hooks:
-            await _serve_http(RecallServer(hooks, window_s=chosen.window_s),
-                              TableTokenVerifier(table), *chosen.http)
+            await _serve_http(RecallServer(hooks, **options), TableTokenVerifier(table),
+                              chosen, err)
         return
     if not chosen.principal or not chosen.scope:
         raise McpAuthError("stdio needs --principal and --scope (or mcp.principal and "
                            "mcp.scope in the configuration file)")
     caller = Caller(principal=chosen.principal, scope=chosen.scope)
     async with open_hooks(config) as hooks:
-        from mcp.server.stdio import stdio_server
+        from .wire import stdio_streams
 
-        server = RecallServer(hooks, caller=caller, window_s=chosen.window_s).server
-        async with stdio_server() as (read, write):
+        server = RecallServer(hooks, caller=caller, **options).server
+        async with stdio_streams() as (read, write):
             await server.run(read, write, server.create_initialization_options())
 
 
-async def _serve_http(server: Any, verifier: Any, host: str, port: int) -> None:
+def _authority(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def transport_security(host: str, port: int, hosts: tuple[str, ...] = (),
+                       origins: tuple[str, ...] = ()) -> Any:
+    """The ``Host`` and ``Origin`` checks of an HTTP server bound to ``host``, on every bind.
+
+    Accepted: the loopback names, the bound address itself unless it is a wildcard
+    (``0.0.0.0``, ``::``), and ``hosts``/``origins`` (``"name:*"`` is any port). Everything
+    else is refused before any tool runs (DNS rebinding, a web page's cross-site request).
+    """
+    from mcp.server.transport_security import TransportSecuritySettings
+
+    names = list(_LOOPBACK)
+    if host not in ("0.0.0.0", "::", "") and host not in names:
+        names.append(host)
+    allowed_hosts = [f"{_authority(name)}:*" for name in names]
+    allowed_hosts += [_authority(name) for name in names]
+    allowed_origins = [f"http://{_authority(name)}:*" for name in names]
+    allowed_origins += [f"https://{_authority(name)}:*" for name in names]
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=[*allowed_hosts, *hosts],
+        allowed_origins=[*allowed_origins, *origins],
+    )
+
+
+async def _serve_http(server: Any, verifier: Any, chosen: McpSettings, err: TextIO) -> None:
     import uvicorn
     from mcp.server.auth.settings import AuthSettings
     from pydantic import AnyHttpUrl
 
-    authority = f"[{host}]" if ":" in host else host
+    assert chosen.http is not None
+    host, port = chosen.http
+    authority = _authority(host)
     app = server.server.streamable_http_app(
         host=host,
         auth=AuthSettings(issuer_url=AnyHttpUrl(f"http://{authority}:{port}"),
                           resource_server_url=None),
         token_verifier=verifier,
+        transport_security=transport_security(host, port, chosen.allowed_hosts,
+                                              chosen.allowed_origins),
     )
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
-    await uvicorn.Server(config).serve()
+    web = uvicorn.Server(config)
+
+    async def announce() -> None:
+        while not web.started:
+            if web.should_exit:
+                return
+            await anyio.sleep(0.01)
+        bound = [s.getsockname() for listener in web.servers for s in listener.sockets]
+        real_port = bound[0][1] if bound else port
+        if host not in _LOOPBACK:
+            err.write(f"recallbound: warning: serving plain HTTP on {host}, off the loopback "
+                      f"interface: bearer tokens and memories cross the network unencrypted; "
+                      f"put a TLS proxy in front\n")
+        err.write(f"recallbound: MCP over streamable HTTP at http://{authority}:{real_port}/mcp\n")
+        err.flush()
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(announce)
+        await web.serve()
+        tasks.cancel_scope.cancel()
 
 
 def run(args: argparse.Namespace, err: TextIO, env: Mapping[str, str] | None = None) -> int:
@@ -189,5 +306,5 @@ def run(args: argparse.Namespace, err: TextIO, env: Mapping[str, str] | None = N
     except ImportError as exc:
         raise InvalidConfigError(f"recallbound mcp needs the mcp extra "
                                  f"(pip install 'recallbound[mcp]'): {exc}") from None
-    anyio.run(partial(serve, args, chosen, env), backend=args.backend)
+    anyio.run(partial(serve, args, chosen, env, err), backend=args.backend)
     return 0

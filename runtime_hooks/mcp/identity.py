@@ -1,49 +1,99 @@
-"""Which run an MCP request belongs to, and who may use that run.
+"""Which run an MCP request belongs to.
 
 A run is what the client's runtime says it is: the request's ``_meta`` key
-``recallbound/run_id``. Without one, the client session is the run: the server gives each
-session a run id of its own when the session opens. A transport with no session (stateless
-HTTP at protocol 2026-07-28) and no run id in ``_meta`` gets :class:`McpSessionError`: a fresh
-run per request would hand every request a fresh allowance.
+``recallbound/run_id``. That id is the client's name for the run, not the ledger's: the ledger
+run id is derived from the trusted principal and scope and the client's id
+(:func:`ledger_run_id`), so the same id sent by two callers names two runs, and no caller can
+take over, block or probe another caller's run by guessing its id.
 
-A run id is bound to the principal and scope of its first use, durably, in the ledger (the
-server asks it before a call joins a batch); using it with another raises
-:class:`~plugin.errors.RunIdentityError` on every server that shares the ledger.
+Without a run id in ``_meta``, a call belongs to the caller's *current run*
+(:class:`CurrentRun`): the client session's (stdio, in process, stateful HTTP) or, on stateless
+HTTP, the (principal, scope)'s in this server. The current run ends when its deadline passes;
+the next call then opens the next run. A run id the server makes up is never derived from
+anything the client sends (a made-up ``Mcp-Session-Id`` names no run).
+
+A run is still bound to the principal and scope of its first use, durably, in the ledger, and
+each new run counts against the caller's runs per hour there (see
+:meth:`~plugin.control.ledger.Ledger.open_run`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import uuid
 from collections.abc import Mapping
 
+import anyio
+import attrs
+
 from plugin.control import validate_run_id
-from plugin.errors import InvalidRunIdError, McpSessionError
+from plugin.control.allowance import MAX_RUN_ID_BYTES
+from plugin.errors import InvalidRunIdError
 
 RUN_ID_META_KEY = "recallbound/run_id"
 """The ``_meta`` key a client's runtime sets to name the run a tool call belongs to."""
 
-
-def new_session_run_id() -> str:
-    """A run id for one client session that named none (unique across processes)."""
-    return f"mcp-session-{uuid.uuid4().hex}"
+_CELL_HEX = 24
 
 
-def run_id_of(meta: Mapping[str, object] | None, session_run_id: str | None) -> str:
-    """The request's run: ``_meta["recallbound/run_id"]``, else the session's run.
+def _cell(principal: str, scope: str) -> str:
+    text = json.dumps([principal, scope], ensure_ascii=True)
+    return hashlib.sha256(text.encode("ascii")).hexdigest()[:_CELL_HEX]
 
-    Raises :class:`~plugin.errors.InvalidRunIdError` for a run id that is not a storable
-    string, :class:`~plugin.errors.McpSessionError` when there is neither.
+
+def ledger_run_id(client_run_id: str, *, principal: str, scope: str) -> str:
+    """The ledger's run id for the run a caller names ``client_run_id``.
+
+    ``mcp:<cell>:<client id>``, where ``<cell>`` is a digest of the principal and scope (a long
+    client id is replaced by its digest, so every result is a storable run id).
+    """
+    prefix = f"mcp:{_cell(principal, scope)}:"
+    if len(prefix.encode("utf-8")) + len(client_run_id.encode("utf-8")) > MAX_RUN_ID_BYTES:
+        digest = hashlib.sha256(client_run_id.encode("utf-8")).hexdigest()
+        return f"{prefix}#{digest}"
+    return prefix + client_run_id
+
+
+def client_run_id(meta: Mapping[str, object] | None) -> str | None:
+    """The run id the request names in ``_meta``, or None.
+
+    Raises :class:`~plugin.errors.InvalidRunIdError` for a run id that is not a storable string.
     """
     given = None if meta is None else meta.get(RUN_ID_META_KEY)
-    if given is not None:
-        if not isinstance(given, str):
-            raise InvalidRunIdError(
-                f"_meta[{RUN_ID_META_KEY!r}] must be a string, got {type(given).__name__}"
-            )
-        return validate_run_id(given)
-    if session_run_id is None:
-        raise McpSessionError(
-            f"this transport has no client session: send the run id in "
-            f"_meta[{RUN_ID_META_KEY!r}]"
+    if given is None:
+        return None
+    if not isinstance(given, str):
+        raise InvalidRunIdError(
+            f"_meta[{RUN_ID_META_KEY!r}] must be a string, got {type(given).__name__}"
         )
-    return session_run_id
+    return validate_run_id(given)
+
+
+@attrs.define(eq=False)
+class CurrentRun:
+    """The run of a caller's calls that name none, until its deadline passes.
+
+    ``run_id`` changes to a fresh, server-made id when :meth:`expire` is called. ``deadline``
+    is the run's deadline once the server has read it from the ledger; ``touched`` says that a
+    call may have opened the run since the last read (so a burst of calls on a run that has
+    not opened yet reads nothing).
+    """
+
+    kind: str
+    run_id: str = attrs.field(init=False)
+    deadline: float | None = None
+    touched: bool = False
+    lock: anyio.Lock = attrs.field(factory=anyio.Lock)
+
+    def __attrs_post_init__(self) -> None:
+        self.run_id = self._fresh()
+
+    def _fresh(self) -> str:
+        return f"mcp-{self.kind}-{uuid.uuid4().hex}"
+
+    def expire(self) -> None:
+        """Start the next run: a fresh id, nothing read yet."""
+        self.run_id = self._fresh()
+        self.deadline = None
+        self.touched = False

@@ -2,36 +2,43 @@
 
 :class:`RecallServer` wraps :class:`~runtime_hooks.hooks.RecallHooks` in the SDK's low-level
 ``Server`` (it gives each handler the request's ``_meta`` and runs on asyncio and trio). Each
-tool call is resolved to a trusted caller (:mod:`.trust`), a run (:mod:`.identity`), and then
-goes through the hooks: a search joins its run's batch (:mod:`.window`); ``recall_context``
-runs the automatic round. Whatever goes wrong in one call is that call's typed error result
-(:mod:`.tools`); the server keeps serving.
+tool call is resolved to a trusted caller (:mod:`.trust`) and a run (:mod:`.identity`); a run
+the server has not used yet is admitted once (bound to its caller and counted against the
+caller's runs per hour, in the ledger) before any of its calls joins a batch, so a burst of a
+new run's calls reaches the batch window together. Then the call goes through the hooks: a
+search joins its run's batch (:mod:`.window`); ``recall_context`` runs the automatic round.
+Whatever goes wrong in one call is that call's typed error result (:mod:`.tools`); the server
+keeps serving.
 
 The SDK's lifespan is entered once per connection on stdio and in process (one client
-session) and once per application over HTTP; each entry gets its own session run id and its
-own batch window. The run-identity map is the server's, shared by every connection.
+session) and once per application over HTTP; each entry gets its own batch window and, on
+stdio and in process, the session's current run.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
+import anyio
 import attrs
 import mcp_types as types
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from plugin.control.logs import log_event
+from plugin.control.refusal import BudgetRefusal, RefusalReason
 from plugin.errors import McpAuthError
 from runtime_hooks.hooks import RecallHooks, ToolCall
 
 from . import tools
-from .identity import new_session_run_id, run_id_of
+from .identity import CurrentRun, client_run_id, ledger_run_id
 from .trust import Caller, caller_of_token
 from .window import DEFAULT_WINDOW_S, BatchWindow, check_window
 
@@ -39,13 +46,73 @@ _log = logging.getLogger("recallbound.mcp")
 
 SERVER_NAME = "recallbound"
 
+DEFAULT_MAX_RUNS_PER_HOUR = 60
+"""How many runs a (principal, scope) may open in an hour unless configured otherwise."""
+DEFAULT_MAX_MEMORY_BYTES = 8 * 1024
+"""The longest memory text ``remember`` stores (UTF-8 bytes) unless configured otherwise."""
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+MAX_TRACKED = 10_000
+"""How many runs and callers the server remembers it has admitted (least recently used go)."""
+
+
+class _Recent(Generic[K, V]):
+    """A bounded map that forgets its least recently used entries."""
+
+    def __init__(self, size: int = MAX_TRACKED) -> None:
+        self._items: OrderedDict[K, V] = OrderedDict()
+        self._size = size
+
+    def get(self, key: K) -> V | None:
+        value = self._items.get(key)
+        if value is not None:
+            self._items.move_to_end(key)
+        return value
+
+    def put(self, key: K, value: V) -> V:
+        self._items[key] = value
+        self._items.move_to_end(key)
+        while len(self._items) > self._size:
+            self._items.popitem(last=False)
+        return value
+
+
+@runtime_checkable
+class MemoryWriter(Protocol):
+    """What ``remember`` and ``forget`` write to (:class:`~plugin.memory.MemoryStore` is one)."""
+
+    async def remember(
+        self, text: str, *, principal: str, scope: str, id: str | None = None
+    ) -> str: ...
+
+    async def forget(self, id: str, *, principal: str, scope: str) -> bool: ...
+
+
+@attrs.define(eq=False)
+class _Admission:
+    """One run's first use in this server, shared by the calls that arrive during it."""
+
+    done: anyio.Event = attrs.field(factory=anyio.Event)
+    opened: bool = False
+    error: Exception | None = None
+
 
 @attrs.frozen
 class Session:
     """What one lifespan entry (a client session, or an HTTP application) holds."""
 
-    run_id: str
     window: BatchWindow
+    current: CurrentRun
+
+
+def _check_positive(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{attribute.name} must be an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{attribute.name} must be >= 1, got {value}")
 
 
 @attrs.define(eq=False)
@@ -54,21 +121,34 @@ class RecallServer:
 
     ``caller`` is the trusted identity of every call on stdio and in process; over HTTP the
     identity comes from each request's bearer token instead (and ``caller`` is ignored).
-    ``window_s`` is the batch window (see :mod:`.window`).
+    ``window_s`` is the batch window (see :mod:`.window`); ``max_runs_per_hour`` the runs a
+    (principal, scope) may open in an hour, counted in the ledger.
     """
 
     hooks: RecallHooks
     caller: Caller | None = None
     window_s: float = attrs.field(default=DEFAULT_WINDOW_S, converter=check_window)
+    max_runs_per_hour: int = attrs.field(default=DEFAULT_MAX_RUNS_PER_HOUR,
+                                         validator=_check_positive)
+    store: MemoryWriter | None = attrs.field(default=None)
+    """Where ``remember`` and ``forget`` write (default: the hooks' reference store, if any;
+    without a store the server offers no write tools)."""
+    max_memory_bytes: int = attrs.field(default=DEFAULT_MAX_MEMORY_BYTES,
+                                        validator=_check_positive)
     server: Server[Session] = attrs.field(init=False)
+    _admitted: _Recent[str, bool] = attrs.field(factory=_Recent, init=False, repr=False)
+    _admitting: dict[str, _Admission] = attrs.field(factory=dict, init=False, repr=False)
+    _current_runs: _Recent[tuple[str, ...], CurrentRun] = attrs.field(
+        factory=_Recent, init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
+        if self.store is None:  # the reference store behind the hooks' retriever, if any
+            found = getattr(self.hooks.retriever, "store", None)
+            if isinstance(found, MemoryWriter):
+                self.store = found
         self.server = Server(
             SERVER_NAME,
-            instructions=(
-                "Long-term memory with a bounded recall allowance per run. A refusal that "
-                "says recall was bounded is not evidence that no memory exists."
-            ),
+            instructions=tools.INSTRUCTIONS,
             lifespan=self._lifespan,
             on_list_tools=self._list_tools,
             on_call_tool=self._call_tool,
@@ -78,55 +158,147 @@ class RecallServer:
     async def _lifespan(self, _server: Server[Session]) -> AsyncIterator[Session]:
         window = BatchWindow(self.hooks, self.window_s)
         async with window.running():
-            yield Session(run_id=new_session_run_id(), window=window)
+            yield Session(window=window, current=CurrentRun("session"))
 
     async def _list_tools(
         self, ctx: ServerRequestContext[Session], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=tools.tools())
+        return types.ListToolsResult(tools=self._tools())
 
-    def _trusted(self, ctx: ServerRequestContext[Session]) -> tuple[Caller, str | None]:
-        """The caller and the session run id of a request (HTTP: from its token)."""
+    def _tools(self) -> list[types.Tool]:
+        offered = tools.tools(self.hooks.allowance.policy)
+        if self.store is not None:
+            offered += tools.write_tools(self.max_memory_bytes)
+        return offered
+
+    async def _write(self, name: str, arguments: Mapping[str, Any],
+                     caller: Caller) -> types.CallToolResult:
+        """``remember`` or ``forget`` in the caller's own principal and scope (no recall slot)."""
+        assert self.store is not None
+        if name == tools.REMEMBER:
+            text, memory_id = tools.remember_arguments(arguments, self.max_memory_bytes)
+            stored = await self.store.remember(text, principal=caller.principal,
+                                               scope=caller.scope, id=memory_id)
+            return tools.remembered_result(stored)
+        memory_id = tools.forget_argument(arguments)
+        forgotten = await self.store.forget(memory_id, principal=caller.principal,
+                                            scope=caller.scope)
+        return tools.forgot_result(memory_id, forgotten)
+
+    def _trusted(self, ctx: ServerRequestContext[Session]) -> tuple[Caller, CurrentRun]:
+        """The caller of a request (HTTP: from its token) and its current run."""
         request: Any = ctx.request
-        if request is None:  # stdio, in process: one user per server
+        if request is None:  # stdio, in process: one user per server, one session
             if self.caller is None:
                 raise McpAuthError("this server has no principal and scope configured")
-            return self.caller, ctx.lifespan_context.run_id
+            return self.caller, ctx.lifespan_context.current
         user = request.scope.get("user")
         if not isinstance(user, AuthenticatedUser):
             raise McpAuthError("the request carries no valid bearer token")
+        caller = caller_of_token(user.access_token)
         session_id = request.headers.get("mcp-session-id")
-        return caller_of_token(user.access_token), (
-            f"mcp-http-{session_id}" if session_id else None
-        )
+        # A session id is a session only where the SDK checked it: on the handshake protocol,
+        # where an unknown id, or one opened with another token, is answered 404 before any
+        # tool runs. Elsewhere (stateless HTTP) the header is ignored: the caller's current
+        # run is its (principal, scope)'s.
+        if session_id and ctx.protocol_version in HANDSHAKE_PROTOCOL_VERSIONS:
+            key: tuple[str, ...] = ("session", session_id, caller.principal, caller.scope)
+            kind = "http-session"
+        else:
+            key, kind = ("cell", caller.principal, caller.scope), "http"
+        current = self._current_runs.get(key)
+        if current is None:
+            current = self._current_runs.put(key, CurrentRun(kind))
+        return caller, current
+
+    async def _current_run_id(self, current: CurrentRun) -> str:
+        """The current run's id; the next run's once its deadline has passed."""
+        allowance = self.hooks.allowance
+        async with current.lock:
+            if current.touched and current.deadline is None:
+                current.touched = False
+                known = allowance.known_room(current.run_id)  # this process's own rounds
+                current.deadline = (known.deadline_wall if known is not None
+                                    and known.deadline_wall is not None
+                                    else (await allowance.usage(current.run_id)).deadline_wall)
+            if current.deadline is not None and allowance.clock.wall() >= current.deadline:
+                current.expire()
+            return current.run_id
+
+    async def _admit(self, run_id: str, caller: Caller) -> bool:
+        """Bind a run to its caller and count it as opened, once per run in this server.
+
+        False when the caller already opened its runs for the hour (nothing was stored).
+        Calls of the run that arrive meanwhile wait for that one admission, then go on
+        together.
+        """
+        if self._admitted.get(run_id):
+            return True
+        admission = self._admitting.get(run_id)
+        if admission is None:
+            admission = self._admitting[run_id] = _Admission()
+            allowance = self.hooks.allowance
+            try:
+                with anyio.CancelScope(shield=True):  # bounded by the ledger's own timeout
+                    if allowance.is_legacy:
+                        await allowance.ledger.bind_identity(
+                            run_id, principal=caller.principal, scope=caller.scope)
+                        admission.opened = True
+                    else:  # binds the identity too, in the same transaction
+                        admission.opened = await allowance.ledger.open_run(
+                            run_id, principal=caller.principal, scope=caller.scope,
+                            now=allowance.clock.wall(), per_hour=self.max_runs_per_hour)
+            except Exception as exc:
+                admission.error = exc
+            finally:
+                del self._admitting[run_id]
+                admission.done.set()
+            if admission.opened:
+                self._admitted.put(run_id, True)
+        else:
+            await admission.done.wait()
+        if admission.error is not None:
+            raise admission.error
+        return admission.opened
 
     async def _call_tool(
         self, ctx: ServerRequestContext[Session], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
         name = params.name
-        if name not in (tools.SEARCH_MEMORY, tools.RECALL_CONTEXT):
-            return tools.unknown_tool(name)
+        offered = [tool.name for tool in self._tools()]
+        if name not in offered:
+            return tools.unknown_tool(name, offered)
         arguments: Mapping[str, Any] = params.arguments or {}
         try:
-            caller, session_run_id = self._trusted(ctx)
-            meta: Mapping[str, object] | None = ctx.meta
-            run_id = run_id_of(meta, session_run_id)
-            # Before the call joins a batch: a batch runs under one principal and scope.
-            await self.hooks.allowance.ledger.bind_identity(
-                run_id, principal=caller.principal, scope=caller.scope)
+            caller, current = self._trusted(ctx)
+            if name in (tools.REMEMBER, tools.FORGET):
+                return await self._write(name, arguments, caller)
+            named = client_run_id(ctx.meta)
+            if named is not None:
+                run_id = ledger_run_id(named, principal=caller.principal, scope=caller.scope)
+            else:
+                run_id = await self._current_run_id(current)
+            state = tools.working_state(arguments) if name == tools.RECALL_CONTEXT else None
+            if not await self._admit(run_id, caller):
+                refusal = BudgetRefusal(reason=RefusalReason.RUN_RATE, run_id=run_id,
+                                        reserved=0, executed=0)
+                return tools.refused_result(name, refusal)
             window = ctx.lifespan_context.window
-            if name == tools.SEARCH_MEMORY:
-                call = ToolCall(call_id=f"mcp-{uuid.uuid4().hex}", arguments=dict(arguments))
-                result = await window.search(
-                    call, run_id=run_id, principal=caller.principal, scope=caller.scope
-                )
-                return tools.search_result(result)
-            state = tools.working_state(arguments)
-            async with window.exclusive(run_id):
-                context = await self.hooks.prepare(
-                    state, run_id=run_id, scope=caller.scope, principal=caller.principal
-                )
-            return tools.context_result(context)
+            try:
+                if state is None:
+                    call = ToolCall(call_id=f"mcp-{uuid.uuid4().hex}", arguments=dict(arguments))
+                    result = await window.search(
+                        call, run_id=run_id, principal=caller.principal, scope=caller.scope
+                    )
+                    return tools.search_result(result)
+                async with window.exclusive(run_id):
+                    context = await self.hooks.prepare(
+                        state, run_id=run_id, scope=caller.scope, principal=caller.principal
+                    )
+                return tools.context_result(context)
+            finally:
+                if named is None and current.run_id == run_id:
+                    current.touched = True  # the run may have opened: read its deadline next
         except Exception as exc:  # each call's failure is its own typed result
             log_event(_log, logging.WARNING, "mcp.call_failed", tool=name,
                       error=type(exc).__name__)

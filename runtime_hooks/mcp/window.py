@@ -7,8 +7,12 @@ request of that run that arrives before the batch closes joins it; the batch the
 round, one slot per valid call, the rest refused). Rounds of one run run one at a time;
 requests that arrive while a round is in flight form the next batch.
 
-When a batch closes. After the run's earlier round (if any) is done, the run's usage is read
-from the ledger; then
+When a batch closes. The window asks the allowance what the run has left as this process
+last learned it from the run's own rounds
+(:meth:`RecallAllowance.known_room <plugin.control.allowance.RecallAllowance.known_room>`; a
+run it has reserved nothing for is taken as fresh): no ledger read or write stands between a
+burst's first call and the rest of it, so the server's own bookkeeping never splits a burst.
+Then
 
 * a batch of one call closes at once (a lone request never waits), unless the run has one
   round left: spending the last round on one call would refuse every call that is a few
@@ -17,6 +21,9 @@ from the ledger; then
   ``window_s`` after its first call arrived, to take the rest of the burst;
 * either way it closes as soon as it holds as many calls as the run has slots left, and at
   once when the run has no slot or round left (every call is refused without waiting).
+
+What the allowance knows is an estimate: only the ledger's reservation decides what a round is
+granted, so a stale estimate can cost a burst its shared round, never an extra slot.
 
 A batch runs in the window's own task group, not in any request's task: a client that
 disconnects or cancels its request leaves the round running for the others; its slot stays
@@ -37,6 +44,7 @@ from runtime_hooks.hooks import RecallHooks, ToolCall, ToolResult
 
 DEFAULT_WINDOW_S = 0.005
 """How long a batch that holds several calls stays open for the rest of its burst."""
+
 
 
 def check_window(value: object) -> float:
@@ -142,12 +150,15 @@ class BatchWindow:
                 await self._hold(batch)
                 if run.collecting is batch:
                     run.collecting = None
-                results = await self.hooks.dispatch(
-                    batch.calls, run_id=run_id, scope=batch.scope, principal=batch.principal
-                )
-                batch.results = {result.call_id: result for result in results}
-        except Exception as exc:  # the batch's own failure, handed to each of its requests
-            batch.error = exc
+                try:
+                    results = await self.hooks.dispatch(
+                        batch.calls, run_id=run_id, scope=batch.scope, principal=batch.principal
+                    )
+                    batch.results = {result.call_id: result for result in results}
+                except Exception as exc:  # the batch's own failure, handed to each request
+                    batch.error = exc
+                if run.collecting is batch:
+                    run.collecting = None
         finally:
             if run.collecting is batch:
                 run.collecting = None
@@ -161,14 +172,11 @@ class BatchWindow:
         allowance = self.hooks.allowance
         if allowance.is_legacy:
             return
-        usage = await allowance.ledger.usage(batch.run_id)
-        policy = allowance.policy
-        slots_left = policy.max_searches - usage.reserved
-        rounds_left = policy.max_rounds - usage.rounds
-        expired = usage.deadline_wall is not None and allowance.clock.wall() >= usage.deadline_wall
-        if slots_left <= 0 or rounds_left <= 0 or expired:
+        room = allowance.known_room(batch.run_id) or allowance.fresh_room()
+        slots_left = room.slots_at(allowance.clock.wall())
+        if slots_left <= 0 or room.rounds <= 0:
             return
-        if len(batch.calls) == 1 and rounds_left > 1:
+        if len(batch.calls) == 1 and room.rounds > 1:
             return  # a lone request never waits
         closes = batch.opened + self.window_s
         while len(batch.calls) < slots_left:

@@ -10,6 +10,7 @@ and ``scope`` and filters by both inside its query.
 
 from .errors import InvalidMemoryError as InvalidMemoryError
 from .errors import MemoryConflictError as MemoryConflictError
+from .errors import MemoryOwnershipError as MemoryOwnershipError
 from .errors import MemoryStoreClosedError as MemoryStoreClosedError
 from .errors import MemoryStoreCorruptError as MemoryStoreCorruptError
 from .errors import MemoryStoreLockedError as MemoryStoreLockedError
@@ -20,6 +21,7 @@ from .values import Arm as Arm
 from .values import Evidence as Evidence
 from .values import EvidenceKind as EvidenceKind
 from .values import MemoryRecord as MemoryRecord
+from .values import MemoryWrite as MemoryWrite
 from .values import Person as Person
 
 __all__ = [
@@ -29,11 +31,13 @@ __all__ = [
     "EvidenceKind",
     "InvalidMemoryError",
     "MemoryConflictError",
+    "MemoryOwnershipError",
     "MemoryRecord",
     "MemoryStore",
     "MemoryStoreClosedError",
     "MemoryStoreCorruptError",
     "MemoryStoreLockedError",
     "MemoryStorePathError",
+    "MemoryWrite",
     "Person",
 ]

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import anyio
 import attrs
@@ -31,6 +32,8 @@ from .errors import MemoryStoreClosedError, MemoryStoreCorruptError, MemoryStore
 from .schema import READABLE_VERSIONS, SCHEMA, SCHEMA_VERSION, upgrade
 
 __all__ = ["Database", "Statement"]
+
+T = TypeVar("T")
 
 #: One SQL statement and the parameter sets it runs with (``executemany``).
 Statement = tuple[str, Sequence[Params]]
@@ -148,5 +151,20 @@ class Database:
                 for sql, rows in statements:
                     if rows:
                         await conn.executemany(sql, rows)
+        except sqlite3.Error as exc:
+            raise self._error(exc) from exc
+
+    async def transact(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` on the raw connection inside one shielded ``BEGIN IMMEDIATE``
+        transaction (on the connection's own thread): anything it raises rolls it all back.
+
+        For writes that must read before they write (an ownership check, a cell's
+        statistics) with no other writer in between.
+        """
+        conn = self.connection()
+        assert self._write_lock is not None
+        try:
+            async with immediate(conn, self._write_lock):
+                return await conn.run(fn)
         except sqlite3.Error as exc:
             raise self._error(exc) from exc

@@ -18,6 +18,7 @@ from ...errors import (
 __all__ = [
     "InvalidMemoryError",
     "MemoryConflictError",
+    "MemoryOwnershipError",
     "MemoryStoreClosedError",
     "MemoryStoreCorruptError",
     "MemoryStoreFullError",
@@ -49,6 +50,17 @@ class MemoryStoreClosedError(MemoryStoreError, StorageClosedError):
 
 class MemoryConflictError(MemoryStoreError, ValueError):
     """An item with this id already exists for this principal and scope."""
+
+
+class MemoryOwnershipError(MemoryConflictError):
+    """A write named a memory id that another principal or scope holds: nothing was written.
+
+    ``id`` is the id; the message never says whose it is.
+    """
+
+    def __init__(self, id: str) -> None:
+        super().__init__(f"memory id {id!r} belongs to another principal or scope")
+        self.id = id
 
 
 class InvalidMemoryError(MemoryStoreError, ValueError):

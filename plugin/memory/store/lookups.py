@@ -35,6 +35,26 @@ class Lookups:
         )
         return [memory_evidence(row, score=float(row[4]), arm="recent") for row in rows]
 
+    async def memories_page(
+        self, *, principal: str, scope: str, after: tuple[float, str] | None, limit: int
+    ) -> list[Evidence]:
+        """One page of the cell's memories, newest first (ties by id), after ``after``
+        (the ``(created_at, id)`` of the previous page's last memory)."""
+        if not visible(principal, scope):
+            return []
+        where = ""
+        params: tuple[str | float | int, ...] = (principal, scope, limit)
+        if after is not None:
+            where = "AND (m.created_at < ? OR (m.created_at = ? AND m.id > ?)) "
+            params = (principal, scope, after[0], after[0], after[1], limit)
+        rows = await self.db.fetch(
+            f"SELECT {MEMORY_COLUMNS} FROM memories AS m "
+            f"WHERE m.principal = ? AND m.scope = ? {where}"
+            "ORDER BY m.created_at DESC, m.id LIMIT ?",
+            params,
+        )
+        return [memory_evidence(row, score=float(row[4]), arm="lookup") for row in rows]
+
     async def get_memories(
         self, ids: Iterable[str], *, principal: str, scope: str
     ) -> list[Evidence]:

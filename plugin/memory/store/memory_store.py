@@ -8,18 +8,18 @@ call to the part that answers it (:mod:`.database`, :mod:`.writes`, :mod:`.looku
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from types import TracebackType
 
 import numpy.typing as npt
 
-from ...control.clock import Clock
+from ...control.clock import Clock, SystemClock
 from ..embedding import EmbeddingAdapter
 from .database import Database
 from .errors import InvalidMemoryError
 from .lookups import Lookups
 from .search import Search
-from .values import Evidence, MemoryRecord, Person
+from .values import Evidence, MemoryRecord, MemoryWrite, Person, check_key
 from .vectors import DEFAULT_CACHE_BYTES, VectorCache
 from .writes import Writer
 
@@ -29,9 +29,14 @@ __all__ = ["MemoryStore"]
 class MemoryStore:
     """An embedded memory store: ``async with MemoryStore(path) as store``.
 
+    Write memories with :meth:`remember` (an upsert by id), delete them with :meth:`forget`,
+    list them with :meth:`memories`, import a batch with :meth:`remember_many`. Corrections
+    (:meth:`add_correction`) and People (:meth:`add_person`, :meth:`add_belief`) have their
+    own writes. :meth:`add_memories` is for seeding with your own ids and times.
+
     ``embedding`` enables the semantic arm (vectors are computed on write, in a worker thread);
-    ``clock`` supplies ``created_at`` when a write does not give one (without a clock, writes
-    must give it). ``timeout`` is SQLite's busy timeout in seconds. ``vector_cache_bytes``
+    ``clock`` supplies ``created_at`` when a write does not give one (default: the system
+    clock). ``timeout`` is SQLite's busy timeout in seconds. ``vector_cache_bytes``
     bounds the memory of the semantic arm's cached matrices (0: never cache; see
     :mod:`.vectors`). Opening creates the schema and switches the file to WAL, and migrates a
     file of an older schema version in place (see :mod:`.schema`); ``":memory:"`` gives a
@@ -62,7 +67,7 @@ class MemoryStore:
         self._db = Database(os.fspath(path), timeout)
         self._vectors = VectorCache(self._db, vector_cache_bytes)
         self._embedding = embedding
-        self._writer = Writer(self._db, embedding, clock)
+        self._writer = Writer(self._db, embedding, SystemClock() if clock is None else clock)
         self._lookups = Lookups(self._db)
         self._search = Search(self._db, embedding, self._vectors)
 
@@ -99,6 +104,66 @@ class MemoryStore:
         self._vectors.clear()
         await self._db.close()
 
+    # -- memories you manage -------------------------------------------------------------------
+
+    async def remember(
+        self, text: str, *, principal: str, scope: str, id: str | None = None
+    ) -> str:
+        """Store ``text`` as a memory of this principal and scope and return its id.
+
+        ``id`` None stores a new memory under a generated id; an id this principal and scope
+        already hold is replaced (its text, its time and its vectors: an upsert). The memory's
+        time is the store's clock. An id another principal or scope holds raises
+        :class:`MemoryOwnershipError`; empty, oversized or invalid text, or a malformed id,
+        raises :class:`InvalidMemoryError`. Either way nothing is written.
+        """
+        written = await self.remember_many(
+            [MemoryWrite(text=text, principal=principal, scope=scope, id=id)]
+        )
+        return written[0]
+
+    async def remember_many(self, memories: Iterable[MemoryWrite]) -> list[str]:
+        """Remember every one of ``memories`` in one transaction, or none of them.
+
+        Returns their ids in order. An id repeated within the batch is
+        :class:`InvalidMemoryError`; an id held by another principal or scope is
+        :class:`MemoryOwnershipError` (its ``id`` names it). With an embedding adapter the
+        vectors are computed first, in a worker thread.
+        """
+        return await self._writer.remember(memories)
+
+    async def forget(self, id: str, *, principal: str, scope: str) -> bool:
+        """Delete the memory ``id`` of this principal and scope; whether it was there.
+
+        In the same transaction the memory leaves the full-text index and its vectors are
+        deleted, and the semantic arm's cache key moves, so no arm of any store object or
+        process returns it again. Another principal's or scope's id is simply not there.
+        """
+        return await self._writer.forget(id, principal=principal, scope=scope)
+
+    async def memories(
+        self, *, principal: str, scope: str, page: int = 256
+    ) -> AsyncIterator[Evidence]:
+        """Every memory of one principal and scope, newest first (ties by id).
+
+        Read ``page`` at a time: a write made while iterating may or may not be seen, but no
+        memory is yielded twice.
+        """
+        for field, value in (("principal", principal), ("scope", scope)):
+            check_key(value, field)
+        if isinstance(page, bool) or not isinstance(page, int) or page < 1:
+            raise ValueError(f"page must be an int >= 1, got {page!r}")
+        after: tuple[float, str] | None = None
+        while True:
+            found = await self._lookups.memories_page(
+                principal=principal, scope=scope, after=after, limit=page
+            )
+            for memory in found:
+                yield memory
+            if len(found) < page:
+                return
+            after = (found[-1].created_at, found[-1].id)
+
     # -- writes ---------------------------------------------------------------------------------
 
     async def add_memory(
@@ -111,7 +176,8 @@ class MemoryStore:
         created_at: float | None = None,
         cites: Iterable[str] = (),
     ) -> None:
-        """Store one memory (see :meth:`add_memories`)."""
+        """Store one memory with this id and time, never replacing one (see
+        :meth:`add_memories`); to write or update a memory, use :meth:`remember`."""
         await self.add_memories(
             [
                 MemoryRecord(
@@ -127,6 +193,10 @@ class MemoryStore:
 
     async def add_memories(self, memories: Iterable[MemoryRecord]) -> int:
         """Store ``memories`` in one transaction and return how many were stored.
+
+        For seeding: each keeps its own id, ``created_at`` (the store's clock when None) and
+        cited sources, and an existing id is an error, never replaced. To write or update
+        memories, use :meth:`remember` and :meth:`remember_many`.
 
         With an embedding adapter, their vectors are computed first, in a worker thread. An id
         already stored for the same principal and scope (or repeated in the batch) raises

@@ -1,55 +1,46 @@
 """What the store's file holds: the schema, its version, how it migrates, and how a row
 becomes evidence.
 
-**One full-text index per cell.** Each (principal, scope) cell has its own contentless FTS5
-table, created by the first write to the cell, so bm25's statistics (document count, average
-length, how many documents hold a term) are the cell's own, and a search ranks only the
-cell's matches. The table's name is ``memories_fts_`` and 32 hex digits of the SHA-256 of the
-cell: no principal or scope text ever reaches an SQL identifier. Terms are stemmed (FTS5's
-``porter`` over ``unicode61``, diacritics removed: :data:`~plugin.memory.fts.TOKENIZER`).
+**One term index for every cell** (:mod:`.sparse_index`): cells are rows of
+``memory_cells``, with their bm25 statistics maintained by the writes, never tables, so the
+schema is the same size at 100,000 cells as at one. A change log filled by triggers on
+``memories`` keeps that index exact, whoever writes a row.
 
-**A durable change log keeps every index exact.** Triggers on ``memories`` append each
-insert, delete and change of a row's text or cell to ``memory_index_log`` (with the old text,
-which a contentless table needs to delete a row). :func:`index_cell` replays a cell's log into
-its table, in order, and clears it. The store's writes replay it in their own transaction; a
-row written with plain SQL is replayed before the next search, so the index never answers
-with stale text, whoever wrote the row.
-
-**Migration.** Opening a version-1 file (one table-wide index, no stemming) runs
-:func:`upgrade`: one ``BEGIN IMMEDIATE`` transaction drops the old index and its triggers,
-logs every memory and replays the log into the cells' tables. A crash or an error anywhere
-leaves the file at version 1, untouched; the next open starts over.
+**Migration.** Opening a file of an older version runs :func:`upgrade` in one
+``BEGIN IMMEDIATE`` transaction. Version 1 (one table-wide FTS5 index, no stemming) loses
+that index and its triggers; version 2 (one FTS5 table per cell) loses its cell tables; then
+every memory is logged and replayed into the term index and the version becomes
+:data:`SCHEMA_VERSION`. A crash or an error anywhere leaves the file at its old version,
+untouched; the next open starts over.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sqlite3
-from collections.abc import Sequence
 
 from ...control._sqlite import Row
-from ..fts import TOKENIZER
+from . import sparse_index
+from .sparse_index import INDEX_TABLES, index_logged
 from .values import Arm, Evidence, EvidenceKind
 
 __all__ = [
     "INDEX_LOG",
-    "LOGGED_CELLS",
+    "INDEX_TABLES",
     "MEMORY_COLUMNS",
     "READABLE_VERSIONS",
     "SCHEMA",
     "SCHEMA_VERSION",
-    "cell_table",
-    "index_cell",
     "index_logged",
     "memory_evidence",
     "plain_evidence",
     "upgrade",
 ]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 #: Versions a store opens: older ones are migrated in place by :func:`upgrade`.
-READABLE_VERSIONS = (1, SCHEMA_VERSION)
+READABLE_VERSIONS = (1, 2, SCHEMA_VERSION)
+_OLDER = ([("1",)], [("2",)])
 
 #: The change log and the triggers that fill it (statements without their final ``;``).
 INDEX_LOG = (
@@ -80,63 +71,18 @@ END""",
 )
 
 
-_INDEX_LOG_SQL = "".join(statement + ";\n" for statement in INDEX_LOG)
+_INDEX_SQL = "".join(statement + ";\n" for statement in (*INDEX_LOG, *INDEX_TABLES))
 
-
-def cell_table(principal: str, scope: str) -> str:
-    """The name of the cell's FTS5 table: derived by hashing, never from the text itself."""
-    cell = json.dumps([principal, scope], ensure_ascii=False).encode("utf-8")
-    return "memories_fts_" + hashlib.sha256(cell).hexdigest()[:32]
-
-
-def index_cell(principal: str, scope: str) -> list[tuple[str, tuple[str, ...]]]:
-    """The statements that bring the cell's index up to date: create its table if missing,
-    replay its logged changes in order, clear them. Each is ``(sql, parameters)``.
-
-    Every statement reads the log inside the caller's transaction, so two connections
-    replaying the same cell apply each change once.
-    """
-    table = cell_table(principal, scope)
-    cell = (principal, scope)
-    return [
-        (
-            f'CREATE VIRTUAL TABLE IF NOT EXISTS "{table}" '
-            f"USING fts5(text, content = '', tokenize = '{TOKENIZER}')",
-            (),
-        ),
-        (
-            # FTS5 reads a NULL in the table-named column as a plain insert.
-            f'INSERT INTO "{table}" ("{table}", rowid, text) '
-            "SELECT CASE op WHEN 'delete' THEN 'delete' END, seq, text "
-            "FROM memory_index_log WHERE principal = ? AND scope = ? ORDER BY change",
-            cell,
-        ),
-        ("DELETE FROM memory_index_log WHERE principal = ? AND scope = ?", cell),
-    ]
-
-
-#: The cells with logged changes not yet in their index.
-LOGGED_CELLS = "SELECT DISTINCT principal, scope FROM memory_index_log ORDER BY principal, scope"
-
-
-def index_logged(conn: sqlite3.Connection) -> int:
-    """Replay every logged change into its cell's index, on a raw connection that is inside a
-    write transaction; returns how many cells were brought up to date."""
-    cells: Sequence[tuple[str, str]] = conn.execute(LOGGED_CELLS).fetchall()
-    for principal, scope in cells:
-        for sql, params in index_cell(principal, scope):
-            conn.execute(sql, params)
-    return len(cells)
-
+#: The tables of version 1's table-wide index and of version 2's per-cell indexes.
+_OLD_INDEXES = (
+    "SELECT name FROM sqlite_master WHERE type = 'table' AND sql LIKE 'CREATE VIRTUAL TABLE%' "
+    "AND (name = 'memories_fts' OR name GLOB 'memories_fts_*')"
+)
 
 _FROM_VERSION_1 = (
     "DROP TRIGGER IF EXISTS memories_fts_insert",
     "DROP TRIGGER IF EXISTS memories_fts_delete",
     "DROP TRIGGER IF EXISTS memories_fts_update",
-    "DROP TABLE IF EXISTS memories_fts",
-    *INDEX_LOG,
-    "INSERT INTO memory_index_log (principal, scope, seq, text, op) "
-    "SELECT principal, scope, seq, text, 'insert' FROM memories ORDER BY seq",
 )
 
 
@@ -145,14 +91,23 @@ def upgrade(conn: sqlite3.Connection) -> None:
     current one). Runs on the connection's own thread (``Connection.run``); any error rolls
     the whole migration back and propagates."""
     version = "SELECT value FROM memory_store_meta WHERE key = 'schema_version'"
-    if conn.execute(version).fetchall() != [("1",)]:
+    if conn.execute(version).fetchall() not in _OLDER:
         return  # nothing to migrate: no write lock taken
     conn.execute("BEGIN IMMEDIATE")
     try:
-        if conn.execute(version).fetchall() == [("1",)]:  # another process may have won
+        if conn.execute(version).fetchall() in _OLDER:  # another process may have won
             for sql in _FROM_VERSION_1:
                 conn.execute(sql)
-            index_logged(conn)
+            for (name,) in conn.execute(_OLD_INDEXES).fetchall():
+                conn.execute(f'DROP TABLE "{name}"')  # a virtual table takes its shadows along
+            for sql in (*INDEX_LOG, *INDEX_TABLES):
+                conn.execute(sql)
+            conn.execute("DELETE FROM memory_index_log")
+            conn.execute(
+                "INSERT INTO memory_index_log (principal, scope, seq, text, op) "
+                "SELECT principal, scope, seq, text, 'insert' FROM memories ORDER BY seq"
+            )
+            sparse_index.index_logged(conn)
             conn.execute(
                 "UPDATE memory_store_meta SET value = ? WHERE key = 'schema_version'",
                 (str(SCHEMA_VERSION),),
@@ -164,7 +119,7 @@ def upgrade(conn: sqlite3.Connection) -> None:
         raise
 
 
-# Memories get an INTEGER PRIMARY KEY so the cell indexes' rowids survive VACUUM.
+# Memories get an INTEGER PRIMARY KEY so the term index's seqs survive VACUUM.
 # Ids are unique per (principal, scope): scenario files reuse short ids such as "m1".
 SCHEMA = f"""
 BEGIN IMMEDIATE;
@@ -184,7 +139,9 @@ CREATE TABLE IF NOT EXISTS memories (
     UNIQUE (principal, scope, id)
 );
 CREATE INDEX IF NOT EXISTS memories_recent ON memories (principal, scope, created_at DESC, id);
-{_INDEX_LOG_SQL}
+-- Which cell holds an id: ``remember`` refuses an id another principal or scope holds.
+CREATE INDEX IF NOT EXISTS memories_id ON memories (id);
+{_INDEX_SQL}
 CREATE TABLE IF NOT EXISTS embeddings (
     memory_seq INTEGER NOT NULL REFERENCES memories (seq) ON DELETE CASCADE,
     model TEXT NOT NULL,

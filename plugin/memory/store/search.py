@@ -1,8 +1,8 @@
-"""How the store searches: the sparse arm (FTS5 bm25 over safe, quoted terms, in the cell's own
-index: :mod:`.schema`) and the semantic arm (cosine over stored float32 vectors, scored from a
-cached per-cell matrix: :mod:`.vectors`). Both read only the trusted principal's and scope's
-cell and filter by both inside the query, so no query text can reach another principal's or
-another scope's rows."""
+"""How the store searches: the sparse arm (bm25 with the cell's own statistics over the one
+term index: :mod:`.sparse_index`) and the semantic arm (cosine over stored float32 vectors,
+scored from a cached per-cell matrix: :mod:`.vectors`). Both read only the trusted principal's
+and scope's cell and filter by both inside the query, so no query text can reach another
+principal's or another scope's rows."""
 
 from __future__ import annotations
 
@@ -13,34 +13,47 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
-from ...control._sqlite import Params, Row
+from ...control._sqlite import Row
 from ..embedding import EmbeddingAdapter
-from ..fts import fts5_match_expression
+from ..terms import word_terms
 from .database import Database
 from .errors import translate
-from .schema import LOGGED_CELLS, MEMORY_COLUMNS, cell_table, memory_evidence
+from .schema import MEMORY_COLUMNS, memory_evidence
+from .sparse_index import index_logged, ranked_seqs
 from .values import Evidence, check_limit, visible
 from .vectors import VectorCache
-from .writes import index_statements
 
-__all__ = ["Search"]
+__all__ = ["MAX_QUERY_TERMS", "Search"]
+
+#: The most words of a query the sparse arm uses (as in :func:`.fts.fts5_match_expression`).
+MAX_QUERY_TERMS = 32
 
 
 def _ranked(
-    sql: str, params: Params, table: str, *, check_log: bool
+    principal: str, scope: str, words: list[str], limit: int, *, check_log: bool
 ) -> Callable[[sqlite3.Connection], list[Row] | None]:
-    """One hop: None while changes wait in the index log, else the ranked rows (none when
-    the cell has no index yet: nothing was ever written to it)."""
+    """One hop: None while changes wait in the index log, else the cell's ranked memory rows
+    (:data:`MEMORY_COLUMNS` and the bm25 score)."""
 
     def run(conn: sqlite3.Connection) -> list[Row] | None:
         if check_log and conn.execute("SELECT 1 FROM memory_index_log LIMIT 1").fetchone():
             return None
-        try:
-            return conn.execute(sql, params).fetchall()
-        except sqlite3.OperationalError as exc:
-            if str(exc) == f"no such table: {table}":
-                return []
-            raise
+        ranked = ranked_seqs(conn, principal, scope, words, limit)
+        if not ranked:
+            return []
+        # Read from ``memories``, which checks the principal and scope once more. The unary
+        # ``+`` keeps the planner on the primary key: with a list of seqs it would otherwise
+        # scan the whole cell through its (principal, scope) index.
+        rows = {
+            row[-1]: row
+            for row in conn.execute(
+                f"SELECT {MEMORY_COLUMNS}, m.seq FROM memories AS m "
+                "WHERE +m.principal = ? AND +m.scope = ? AND m.seq IN "
+                f"({', '.join('?' * len(ranked))})",
+                (principal, scope, *(seq for seq, _ in ranked)),
+            )
+        }
+        return [(*rows[seq][:-1], score) for seq, score in ranked if seq in rows]
 
     return run
 
@@ -57,26 +70,18 @@ class Search:
         self, query: str, *, principal: str, scope: str, limit: int
     ) -> list[Evidence]:
         limit = check_limit(limit)
-        expression = fts5_match_expression(query)
-        if expression is None or limit == 0 or not visible(principal, scope):
+        if not isinstance(query, str):
+            raise TypeError(f"query must be a str, got {type(query).__name__}")
+        # The words the safe FTS5 expression would quote (fts5_match_expression's recipe).
+        words = list(word_terms(query, limit=MAX_QUERY_TERMS, fold=False))
+        if not words or limit == 0 or not visible(principal, scope):
             return []
-        table = cell_table(principal, scope)
-        # The cell's own bm25 ranks and limits its matches; only those rows are then read
-        # from ``memories``, which checks the principal and scope once more.
-        sql = (
-            f"SELECT {MEMORY_COLUMNS}, f.rank FROM ("
-            f'SELECT rowid, rank FROM "{table}" WHERE "{table}" MATCH ? '
-            "ORDER BY rank, rowid LIMIT ?"
-            ") AS f JOIN memories AS m ON m.seq = f.rowid "
-            "WHERE m.principal = ? AND m.scope = ? ORDER BY f.rank, f.rowid"
-        )
-        params = (expression, limit, principal, scope)
-        rows = await self._run(_ranked(sql, params, table, check_log=True))
+        rows = await self._run(_ranked(principal, scope, words, limit, check_log=True))
         if rows is None:  # rows written with plain SQL: index them first
-            await self._index_logged()
-            rows = await self._run(_ranked(sql, params, table, check_log=False))
+            await self.db.transact(index_logged)
+            rows = await self._run(_ranked(principal, scope, words, limit, check_log=False))
         assert rows is not None
-        return [memory_evidence(row, score=-float(row[6]), arm="sparse") for row in rows]
+        return [memory_evidence(row, score=float(row[6]), arm="sparse") for row in rows]
 
     async def _run(
         self, fn: Callable[[sqlite3.Connection], list[Row] | None]
@@ -85,11 +90,6 @@ class Search:
             return await self.db.connection().run(fn)
         except sqlite3.Error as exc:
             raise translate(exc, path=self.db.path, timeout=self.db.timeout) from exc
-
-    async def _index_logged(self) -> None:
-        cells = await self.db.fetch(LOGGED_CELLS)
-        if cells:
-            await self.db.write(index_statements((row[0], row[1]) for row in cells))
 
     async def semantic_candidates(
         self, vector: npt.ArrayLike, *, principal: str, scope: str, limit: int

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import attrs
 
+from ...control import validate
 from ..terms import remove_lone_surrogates
 from .errors import InvalidMemoryError
 
@@ -21,8 +22,13 @@ __all__ = [
     "Arm",
     "Evidence",
     "EvidenceKind",
+    "MAX_MEMORY_ID_BYTES",
+    "MAX_MEMORY_TEXT_BYTES",
     "MemoryRecord",
+    "MemoryWrite",
     "Person",
+    "check_memory_id",
+    "check_memory_text",
     "check_ids",
     "check_key",
     "check_limit",
@@ -136,6 +142,84 @@ def check_time(value: object) -> float | None:
     if not math.isfinite(value):
         raise InvalidMemoryError(f"created_at must be finite, got {value!r}")
     return float(value)
+
+
+#: The most UTF-8 bytes a memory written with ``remember`` may hold.
+MAX_MEMORY_TEXT_BYTES = 64 * 1024
+#: The most UTF-8 bytes of a memory id given to ``remember`` (the shared rule for ids).
+MAX_MEMORY_ID_BYTES = validate.MAX_ID_BYTES
+
+
+def check_memory_id(value: object, name: str = "id") -> str:
+    """A memory id for ``remember``: the shared rule for ids
+    (:func:`plugin.control.validate.identifier`: not blank, at most
+    :data:`MAX_MEMORY_ID_BYTES` UTF-8 bytes, valid Unicode, no control character or line
+    separator); else :class:`InvalidMemoryError`."""
+    return validate.identifier(
+        value, field=name, max_bytes=MAX_MEMORY_ID_BYTES,
+        error=InvalidMemoryError, type_error=InvalidMemoryError,
+    )
+
+
+def check_memory_text(value: object) -> str:
+    """A memory's text for ``remember``: the shared rule for bounded text
+    (:func:`plugin.control.validate.bounded_text`: not blank, valid Unicode, no NUL, at most
+    :data:`MAX_MEMORY_TEXT_BYTES` UTF-8 bytes); else :class:`InvalidMemoryError`. Stored
+    exactly as given."""
+    return validate.bounded_text(
+        value, field="text", max_bytes=MAX_MEMORY_TEXT_BYTES,
+        error=InvalidMemoryError, type_error=InvalidMemoryError,
+    )
+
+
+def _validate_memory_id(_instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None:
+        check_memory_id(value, attribute.name)
+
+
+def _validate_memory_text(
+    _instance: object, _attribute: attrs.Attribute[Any], value: object
+) -> None:
+    check_memory_text(value)
+
+
+@attrs.frozen(kw_only=True)
+class MemoryWrite:
+    """One memory to ``remember``: the input of :meth:`MemoryStore.remember_many`.
+
+    ``id`` None lets the store generate one; an id already held by the same principal and
+    scope is replaced. Checked on construction (:class:`InvalidMemoryError` names the field):
+    see :func:`check_memory_text` and :func:`check_memory_id`; principal and scope must be
+    non-empty and encodable.
+    """
+
+    text: str = attrs.field(validator=_validate_memory_text)
+    principal: str = attrs.field(validator=_validate_key)
+    scope: str = attrs.field(validator=_validate_key)
+    id: str | None = attrs.field(default=None, validator=_validate_memory_id)
+
+    @classmethod
+    def from_dict(cls, data: object) -> MemoryWrite:
+        """Build from a JSON object ``{"text", "principal", "scope", "id"?}``; anything else
+        (another type, a missing or unknown key) is :class:`InvalidMemoryError`."""
+        if not isinstance(data, dict):
+            raise InvalidMemoryError(
+                f"a memory must be an object with text, principal and scope, "
+                f"got {type(data).__name__}"
+            )
+        unknown = sorted(str(key) for key in data if key not in _WRITE_KEYS)
+        if unknown:
+            raise InvalidMemoryError(f"unknown key(s): {', '.join(map(repr, unknown))}")
+        missing = [key for key in ("text", "principal", "scope") if key not in data]
+        if missing:
+            raise InvalidMemoryError(f"missing key(s): {', '.join(map(repr, missing))}")
+        return cls(
+            text=data["text"], principal=data["principal"], scope=data["scope"],
+            id=data.get("id"),
+        )
+
+
+_WRITE_KEYS = frozenset(("text", "principal", "scope", "id"))
 
 
 def _cites(value: object) -> tuple[str, ...]:

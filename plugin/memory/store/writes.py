@@ -1,10 +1,12 @@
-"""How things get into the store: memories (with their vectors and their cells' full-text
-indexes), People, beliefs, corrections and sources. Each write is one transaction; a rejected
+"""How things get into the store: memories (with their vectors and their place in the term
+index), People, beliefs, corrections and sources. Each write is one transaction; a rejected
 value stores nothing."""
 
 from __future__ import annotations
 
 import json
+import sqlite3
+import uuid
 from collections.abc import Iterable
 
 import anyio.to_thread
@@ -15,11 +17,19 @@ from ...control.clock import Clock
 from ...errors import MemoryStoreError
 from ..embedding import EmbeddingAdapter
 from .database import Database, Statement
-from .errors import InvalidMemoryError
-from .schema import index_cell
-from .values import MemoryRecord, check_ids, check_key, check_text, check_time, person_key
+from .errors import InvalidMemoryError, MemoryOwnershipError
+from .sparse_index import index_logged
+from .values import (
+    MemoryRecord,
+    MemoryWrite,
+    check_ids,
+    check_key,
+    check_text,
+    check_time,
+    person_key,
+)
 
-__all__ = ["Writer", "index_statements"]
+__all__ = ["Writer"]
 
 
 async def _vectors(adapter: EmbeddingAdapter, texts: list[str]) -> list[bytes]:
@@ -44,28 +54,17 @@ def _person_statement(name: str, principal: str, scope: str) -> Statement:
     )
 
 
-def index_statements(cells: Iterable[tuple[str, str]]) -> list[Statement]:
-    """Bring these cells' full-text indexes up to date (see :func:`.schema.index_cell`)."""
-    return [
-        (sql, [params])
-        for principal, scope in cells
-        for sql, params in index_cell(principal, scope)
-    ]
-
-
 @attrs.define(eq=False)
 class Writer:
     """The store's write methods (see :class:`~plugin.memory.store.MemoryStore`)."""
 
     db: Database
     embedding: EmbeddingAdapter | None
-    clock: Clock | None
+    clock: Clock
 
     def _created_at(self, value: float | None) -> float:
         if value is not None:
             return value
-        if self.clock is None:
-            raise InvalidMemoryError("created_at is required: this store has no clock")
         return float(self.clock.wall())
 
     def _item_row(
@@ -117,9 +116,95 @@ class Writer:
                     ],
                 )
             )
-        statements += index_statements(dict.fromkeys((r.principal, r.scope) for r in records))
-        await self.db.write(statements)
+
+        def write(conn: sqlite3.Connection) -> None:
+            for sql, params in statements:
+                conn.executemany(sql, params)
+            index_logged(conn)
+
+        await self.db.transact(write)
         return len(records)
+
+    async def remember(self, memories: Iterable[MemoryWrite]) -> list[str]:
+        """Upsert ``memories`` in one transaction; their ids, in order (see
+        :meth:`~plugin.memory.store.MemoryStore.remember_many`)."""
+        items = list(memories)
+        for record in items:
+            if not isinstance(record, MemoryWrite):
+                raise InvalidMemoryError(
+                    f"memories must be MemoryWrite values, got {type(record).__name__}"
+                )
+        ids = [record.id if record.id is not None else str(uuid.uuid4()) for record in items]
+        first: dict[str, int] = {}
+        for index, memory_id in enumerate(ids):
+            if memory_id in first:
+                raise InvalidMemoryError(
+                    f"memory {index} of the batch repeats the id {memory_id!r} "
+                    f"of memory {first[memory_id]}"
+                )
+            first[memory_id] = index
+        if not items:
+            return []
+        self.db.connection()
+        now = self._created_at(None)
+        adapter = self.embedding
+        blobs = await _vectors(adapter, [r.text for r in items]) if adapter is not None else None
+        rows = [(r.principal, r.scope, i, r.text, now) for r, i in zip(items, ids, strict=True)]
+
+        def write(conn: sqlite3.Connection) -> None:
+            for principal, scope, memory_id, _, _ in rows:
+                held = conn.execute(
+                    "SELECT 1 FROM memories WHERE id = ? AND NOT (principal = ? AND scope = ?) "
+                    "AND NOT EXISTS (SELECT 1 FROM memories "
+                    "WHERE principal = ? AND scope = ? AND id = ?) LIMIT 1",
+                    (memory_id, principal, scope, principal, scope, memory_id),
+                ).fetchone()
+                if held is not None:
+                    raise MemoryOwnershipError(memory_id)
+            # A replaced memory's vectors describe its old text: drop them with it.
+            conn.executemany(
+                "DELETE FROM embeddings WHERE memory_seq = ("
+                "SELECT seq FROM memories WHERE principal = ? AND scope = ? AND id = ?)",
+                [(p, s, i) for p, s, i, _, _ in rows],
+            )
+            conn.executemany(
+                "INSERT INTO memories (principal, scope, id, text, created_at, cites) "
+                "VALUES (?, ?, ?, ?, ?, '[]') ON CONFLICT (principal, scope, id) DO UPDATE "
+                "SET text = excluded.text, created_at = excluded.created_at, cites = '[]'",
+                rows,
+            )
+            if adapter is not None and blobs is not None:
+                conn.executemany(
+                    "INSERT INTO embeddings (memory_seq, model, vector) SELECT seq, ?, ? "
+                    "FROM memories WHERE principal = ? AND scope = ? AND id = ?",
+                    [(adapter.name, blob, p, s, i)
+                     for (p, s, i, _, _), blob in zip(rows, blobs, strict=True)],
+                )
+            index_logged(conn)
+
+        await self.db.transact(write)
+        return ids
+
+    async def forget(self, id: str, *, principal: str, scope: str) -> bool:
+        for field, value in (("id", id), ("principal", principal), ("scope", scope)):
+            check_key(value, field)
+
+        def delete(conn: sqlite3.Connection) -> bool:
+            # Vectors first: the cascade needs foreign keys on, which a plain-SQL writer may
+            # not have set.
+            conn.execute(
+                "DELETE FROM embeddings WHERE memory_seq = ("
+                "SELECT seq FROM memories WHERE principal = ? AND scope = ? AND id = ?)",
+                (principal, scope, id),
+            )
+            gone = conn.execute(
+                "DELETE FROM memories WHERE principal = ? AND scope = ? AND id = ?",
+                (principal, scope, id),
+            ).rowcount
+            index_logged(conn)
+            return gone > 0
+
+        return await self.db.transact(delete)
 
     async def embed_missing(self, *, batch: int = 256) -> int:
         adapter = self.embedding

@@ -1,0 +1,255 @@
+"""The stdio transport: every line gets an answer, and no line is read whole past its cap.
+
+The SDK's own stdio transport reads a line whole before looking at it and drops a line it
+cannot parse without answering, so a client waits for ever. This one reads standard input in
+chunks and frames lines itself:
+
+* a line longer than ``max_line_bytes`` is skipped as it streams (never held whole) and
+  answered with a JSON-RPC error (id null: its id was never read);
+* a line that is not UTF-8 or not JSON, that nests deeper than ``max_depth``, that carries a
+  lone surrogate (``"\\ud800"``), that is not one JSON-RPC message (a batch, ``params`` that is
+  not an object, no ``method``) is answered with a JSON-RPC error carrying the request's id
+  when it can be read (null otherwise);
+* everything else goes to the server, which answers unknown methods and bad tool arguments
+  itself. The server keeps serving after each of these.
+
+While serving, file descriptor 0 reads the null device and descriptor 1 writes to standard
+error, so a stray ``print`` in a retriever cannot corrupt the protocol stream.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import mcp_types as types
+import pydantic
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from mcp.shared.message import SessionMessage
+
+MAX_LINE_BYTES = 4 * 1024 * 1024
+"""The longest line read (a JSON-RPC message), in bytes: as the SDK's HTTP body limit."""
+MAX_DEPTH = 64
+"""The deepest nesting of arrays and objects in one message."""
+CHUNK = 64 * 1024
+
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+INVALID_PARAMS = -32602
+
+_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"(\s*:)?|[\[\]{}]')
+_ID_VALUE = re.compile(rb'\s*(-?\d{1,18}|"(?:[^"\\]|\\.){0,256}")')
+_SURROGATE = re.compile(rb"\\[uU][dD][89a-fA-F]")
+
+Outgoing = SessionMessage | bytes
+
+
+def error_line(request_id: object, code: int, message: str) -> bytes:
+    """A JSON-RPC error response, as one line."""
+    answer = {"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}}
+    return json.dumps(answer, ensure_ascii=True).encode("ascii") + b"\n"
+
+
+def _usable_id(value: object) -> str | int | None:
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        return None
+    if isinstance(value, str) and not _encodes(value):
+        return None
+    return value
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def scan(line: bytes, max_depth: int) -> tuple[bool, str | int | None]:
+    """Whether ``line`` nests at most ``max_depth`` deep, and the top-level ``"id"`` it names
+    (read without parsing the line, so a line that does not parse is answered with its id)."""
+    depth = 0
+    found: str | int | None = None
+    for match in _TOKEN.finditer(line):
+        token = match.group(0)
+        if token[:1] == b'"':
+            if match.group(1) and depth == 1 and token.startswith(b'"id"') and found is None:
+                value = _ID_VALUE.match(line, match.end())
+                if value is not None:
+                    try:
+                        found = _usable_id(json.loads(value.group(1)))
+                    except ValueError:
+                        found = None
+        elif token in (b"[", b"{"):
+            depth += 1
+            if depth > max_depth:
+                return False, found
+        else:
+            depth -= 1
+    return True, found
+
+
+def _has_lone_surrogate(value: object) -> bool:
+    if isinstance(value, str):
+        return not _encodes(value)
+    if isinstance(value, dict):
+        return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_lone_surrogate(item) for item in value)
+    return False
+
+
+def read_message(line: bytes, *, max_depth: int = MAX_DEPTH) -> SessionMessage | bytes | None:
+    """One line as a message for the server, an error line to send back, or None (blank)."""
+    if not line.strip():
+        return None
+    shallow = line.count(b"[") + line.count(b"{") <= max_depth
+    if shallow and not _SURROGATE.search(line):
+        try:  # the common case, in one pass: a well-formed message
+            return SessionMessage(types.jsonrpc_message_adapter.validate_json(line, by_name=False))
+        except pydantic.ValidationError:
+            pass  # told apart below, to answer with the right error
+    if not shallow:
+        ok, salvaged = scan(line, max_depth)
+        if not ok:
+            return error_line(salvaged, INVALID_REQUEST,
+                              f"Invalid request: nested deeper than {max_depth} levels")
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError:
+        return error_line(scan(line, max_depth)[1], PARSE_ERROR, "Parse error: not UTF-8 text")
+    try:
+        document = json.loads(text)
+    except ValueError:
+        return error_line(scan(line, max_depth)[1], PARSE_ERROR, "Parse error: not JSON")
+    request_id = _usable_id(document.get("id")) if isinstance(document, dict) else None
+    if not isinstance(document, dict):
+        return error_line(None, INVALID_REQUEST,
+                          "Invalid request: expected one JSON-RPC message object")
+    if _SURROGATE.search(line) and _has_lone_surrogate(document):
+        return error_line(request_id, INVALID_PARAMS,
+                          "Invalid params: a string holds a lone surrogate (not Unicode text)")
+    try:
+        message = types.jsonrpc_message_adapter.validate_python(document, by_name=False)
+    except pydantic.ValidationError:
+        if "params" in document and not isinstance(document["params"], dict):
+            return error_line(request_id, INVALID_PARAMS, "Invalid params: must be an object")
+        if not isinstance(document.get("method"), str) and "result" not in document \
+                and "error" not in document:
+            return error_line(request_id, INVALID_REQUEST, "Invalid request: no method")
+        return error_line(request_id, INVALID_REQUEST, "Invalid request: not JSON-RPC 2.0")
+    return SessionMessage(message)
+
+
+async def read_lines(
+    read: Any, send: MemoryObjectSendStream[SessionMessage | Exception],
+    answer: MemoryObjectSendStream[Outgoing], *, max_line_bytes: int = MAX_LINE_BYTES,
+    max_depth: int = MAX_DEPTH,
+) -> None:
+    """Frame ``read()`` chunks into lines; hand each to the server or answer it."""
+    pending = bytearray()
+    skipping = False
+    async with send:
+        while True:
+            chunk: bytes = await read()
+            if not chunk:
+                break
+            start = 0
+            while True:
+                end = chunk.find(b"\n", start)
+                if end < 0:
+                    if not skipping:
+                        pending += chunk[start:]
+                        if len(pending) > max_line_bytes:
+                            pending.clear()
+                            skipping = True
+                    break
+                if skipping:
+                    skipping = False
+                    await answer.send(error_line(
+                        None, INVALID_REQUEST,
+                        f"Invalid request: the line is longer than {max_line_bytes} bytes"))
+                else:
+                    pending += chunk[start:end]
+                    if len(pending) > max_line_bytes:
+                        await answer.send(error_line(
+                            None, INVALID_REQUEST,
+                            f"Invalid request: the line is longer than {max_line_bytes} bytes"))
+                    else:
+                        result = read_message(bytes(pending), max_depth=max_depth)
+                        if isinstance(result, SessionMessage):
+                            await send.send(result)
+                        elif result is not None:
+                            await answer.send(result)
+                    pending.clear()
+                start = end + 1
+
+
+def _encode(item: Outgoing) -> bytes:
+    if isinstance(item, bytes):
+        return item
+    text = item.message.model_dump_json(by_alias=True, exclude_unset=True)
+    return text.encode("utf-8", "backslashreplace") + b"\n"
+
+
+async def write_lines(write: Any, out: MemoryObjectReceiveStream[Outgoing]) -> None:
+    """Write each outgoing message as one line, in order."""
+    async with out:
+        async for item in out:
+            await write(_encode(item))
+
+
+@asynccontextmanager
+async def stdio_streams(
+    *, max_line_bytes: int = MAX_LINE_BYTES, max_depth: int = MAX_DEPTH,
+) -> AsyncIterator[tuple[MemoryObjectReceiveStream[SessionMessage | Exception],
+                         MemoryObjectSendStream[Outgoing]]]:
+    """The server's read and write streams over this process's standard input and output."""
+    wire_in, wire_out = os.dup(0), os.dup(1)
+    saved_in, saved_out = os.dup(0), os.dup(1)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    os.dup2(2, 1)
+
+    async def read() -> bytes:
+        return await anyio.to_thread.run_sync(os.read, wire_in, CHUNK, abandon_on_cancel=True)
+
+    def write_all(data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(wire_out, view):]
+
+    async def write(data: bytes) -> None:
+        await anyio.to_thread.run_sync(write_all, data)
+
+    to_server, from_wire = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+    to_wire, outgoing = anyio.create_memory_object_stream[Outgoing](16)
+    answers = to_wire.clone()
+
+    async def reader() -> None:
+        async with answers:
+            await read_lines(read, to_server, answers, max_line_bytes=max_line_bytes,
+                             max_depth=max_depth)
+
+    try:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(write_lines, write, outgoing)
+            async with anyio.create_task_group() as readers:
+                readers.start_soon(reader)
+                async with to_wire:
+                    yield from_wire, to_wire
+                readers.cancel_scope.cancel()
+            # the writer ends once every answer is written (its senders are closed)
+    finally:
+        os.dup2(saved_in, 0)
+        os.dup2(saved_out, 1)
+        for fd in (saved_in, saved_out, wire_out):
+            os.close(fd)
+        # wire_in stays open: a worker thread may still be blocked reading it.

@@ -1,0 +1,228 @@
+"""``recallbound memory add|import|list|forget``: write and manage memories from a shell.
+
+The store is ``--store PATH`` (before the subcommand), else the configured ``store``, else
+the default store, ``$XDG_DATA_HOME/recallbound/memory.db`` (``~/.local/share/...``), whose
+folder is created on first use. A store given explicitly must sit in an existing folder;
+``list`` and ``forget`` never create a store.
+With a configured ``semantic`` embedding, writes compute their vectors too.
+
+``import FILE`` reads JSONL (``-`` is standard input): one ``{"text", "principal", "scope",
+"id"?}`` object a line, blank lines skipped. It is all or nothing: the first bad line (not
+UTF-8, not JSON, not an object, a bad or missing field, an id repeated in the file or held by
+another principal or scope) is named with its number and nothing is written.
+
+Bad input prints one ``recallbound: ...`` line on stderr and exits 2; ``forget`` of an id
+that is not there exits 1. Stored text is printed escaped (no control or bidi character
+reaches the terminal).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Coroutine
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, BinaryIO, TextIO
+
+import anyio
+
+from plugin.errors import RecallboundError
+from plugin.memory.embedding import EmbeddingAdapter
+from plugin.memory.store import (
+    InvalidMemoryError,
+    MemoryOwnershipError,
+    MemoryStore,
+    MemoryWrite,
+)
+
+from .ledger_cli import safe, safe_json
+
+__all__ = ["add_commands", "default_store", "run"]
+
+#: Exit status of bad input (a usage error's, as argparse gives it).
+BAD_INPUT = 2
+#: Exit status of ``forget`` when the memory was not there.
+NOT_FOUND = 1
+
+
+class MemoryInputError(RecallboundError, ValueError):
+    """A ``memory`` command was given input it cannot use (the message says which and why)."""
+
+
+def default_store() -> Path:
+    """``$XDG_DATA_HOME/recallbound/memory.db``, or ``~/.local/share/recallbound/memory.db``."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "recallbound" / "memory.db"
+
+
+def add_commands(commands: Any) -> None:
+    """Register ``memory`` and its subcommands on the top-level subparsers."""
+    memory = commands.add_parser(
+        "memory", help="write, import, list and forget memories",
+        description="Write, import, list and forget memories in the memory store.")
+    memory.add_argument("--store", metavar="PATH", default=None,
+                        help="the store file (default: the configured store, else "
+                             f"{default_store()})")
+    memory.add_argument("--config", metavar="FILE", default=None,
+                        help="configuration file (default: recallbound.toml if present)")
+    sub = memory.add_subparsers(dest="memory_command", required=True, metavar="COMMAND")
+
+    add = sub.add_parser("add", help="remember one memory; prints its id")
+    add.add_argument("text", metavar="TEXT")
+    add.add_argument("--id", default=None, help="replace (or create) the memory with this id")
+    importing = sub.add_parser(
+        "import", help="remember every memory of a JSONL file, or none of them")
+    importing.add_argument("file", metavar="FILE",
+                           help='JSONL, one {"text", "principal", "scope", "id"?} a line; '
+                                "- reads standard input")
+    listing = sub.add_parser("list", help="the memories of one principal and scope, newest first")
+    listing.add_argument("--json", action="store_true", help="print a JSON array")
+    forget = sub.add_parser("forget", help="delete one memory from every index")
+    forget.add_argument("id", metavar="ID")
+    for parser in (add, listing, forget):
+        parser.add_argument("--principal", required=True)
+        parser.add_argument("--scope", required=True)
+
+
+def _store_path(args: argparse.Namespace, values: dict[str, Any]) -> Path:
+    if args.store is not None:
+        return Path(args.store)
+    configured = values.get("store")
+    if configured is not None:
+        return Path(str(configured))
+    path = default_store()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _embedding(values: dict[str, Any]) -> EmbeddingAdapter | None:
+    choice = values.get("semantic")
+    if choice is None or str(getattr(choice, "value", choice)) == "none":
+        return None
+    from .bootstrap import Semantic, load_embedding
+
+    return load_embedding(Semantic(getattr(choice, "value", choice)))
+
+
+def _read_lines(name: str) -> list[tuple[int, MemoryWrite]]:
+    """The file's memories with their line numbers; the first bad line raises."""
+    stream: BinaryIO
+    if name == "-":
+        data = sys.stdin.buffer.read()
+    else:
+        try:
+            with open(name, "rb") as stream:
+                data = stream.read()
+        except OSError as exc:
+            raise MemoryInputError(f"cannot read {name!r}: {exc.strerror or exc}") from exc
+    where = "standard input" if name == "-" else name
+    found: list[tuple[int, MemoryWrite]] = []
+    for number, raw in enumerate(data.split(b"\n"), start=1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise MemoryInputError(f"{where} line {number}: not valid UTF-8") from None
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except ValueError as exc:
+            raise MemoryInputError(f"{where} line {number}: not valid JSON ({exc})") from None
+        try:
+            found.append((number, MemoryWrite.from_dict(value)))
+        except InvalidMemoryError as exc:
+            raise MemoryInputError(f"{where} line {number}: {exc}") from None
+    seen: dict[str, int] = {}
+    for number, memory in found:
+        if memory.id is not None:
+            if memory.id in seen:
+                raise MemoryInputError(
+                    f"{where} line {number}: repeats the id {memory.id!r} of line "
+                    f"{seen[memory.id]}")
+            seen[memory.id] = number
+    return found
+
+
+async def _add(store: MemoryStore, args: argparse.Namespace, out: TextIO) -> int:
+    memory_id = await store.remember(
+        args.text, principal=args.principal, scope=args.scope, id=args.id)
+    out.write(f"{safe(memory_id)}\n")
+    return 0
+
+
+async def _import(
+    store: MemoryStore, lines: list[tuple[int, MemoryWrite]], where: str, out: TextIO
+) -> int:
+    try:
+        ids = await store.remember_many(memory for _, memory in lines)
+    except MemoryOwnershipError as exc:
+        number = next(n for n, memory in lines if memory.id == exc.id)
+        raise MemoryInputError(f"{where} line {number}: {exc}") from None
+    out.write(f"imported {len(ids)} {'memory' if len(ids) == 1 else 'memories'}\n")
+    return 0
+
+
+def _when(created_at: float) -> str:
+    return datetime.fromtimestamp(created_at, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def _list(store: MemoryStore, args: argparse.Namespace, out: TextIO) -> int:
+    memories = store.memories(principal=args.principal, scope=args.scope)
+    if args.json:
+        rows = [
+            {"id": m.id, "text": m.text, "principal": m.principal, "scope": m.scope,
+             "created_at": m.created_at}
+            async for m in memories
+        ]
+        out.write(safe_json(json.dumps(rows, ensure_ascii=False, indent=2)) + "\n")
+        return 0
+    async for memory in memories:
+        out.write(f"{safe(memory.id)}\t{_when(memory.created_at)}\t{safe(memory.text)}\n")
+    return 0
+
+
+async def _forget(store: MemoryStore, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    if await store.forget(args.id, principal=args.principal, scope=args.scope):
+        out.write(f"forgot {safe(args.id)}\n")
+        return 0
+    err.write(f"recallbound: no memory {safe(repr(args.id))} for this principal and scope\n")
+    return NOT_FOUND
+
+
+def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """Run the parsed ``memory`` command; return the exit status (bad input: 2)."""
+    try:
+        return _run(args, out, err)
+    except (RecallboundError, OSError) as exc:
+        err.write(f"recallbound: {safe(exc)}\n")
+        return BAD_INPUT
+
+
+def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    values: dict[str, Any] = {}
+    if args.store is None or args.config is not None:
+        from .config import load_config
+
+        values = dict(load_config(args.config).values)
+    # Bad lines are found before the store opens: nothing is created for a bad file.
+    lines = _read_lines(args.file) if args.memory_command == "import" else []
+    where = "standard input" if lines and args.file == "-" else getattr(args, "file", "")
+    path = _store_path(args, values)
+    if args.memory_command in ("list", "forget") and not path.exists():
+        raise MemoryInputError(f"no memory store at {str(path)!r}: nothing was remembered there")
+    embedding = _embedding(values) if args.memory_command in ("add", "import") else None
+
+    async def main() -> int:
+        async with MemoryStore(path, embedding=embedding) as store:
+            commands: dict[str, Callable[[], Coroutine[Any, Any, int]]] = {
+                "add": lambda: _add(store, args, out),
+                "import": lambda: _import(store, lines, where, out),
+                "list": lambda: _list(store, args, out),
+                "forget": lambda: _forget(store, args, out, err),
+            }
+            return await commands[args.memory_command]()
+
+    return anyio.run(main)

@@ -1,0 +1,218 @@
+"""Ledger locations: every form a PostgreSQL user writes, and no password in any output.
+
+A libpq key=value string is a PostgreSQL DSN (never a SQLite file name); a value that looks like
+a connection string and cannot be used is a ConfigError; a sentinel password goes through
+``config show``, the ledger CLI, the logs and every error message and never comes out. The
+PostgreSQL tests run on asyncio and trio against the test server (tests/_pg.py).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import sys
+import urllib.parse
+import uuid
+from pathlib import Path
+
+import pytest
+
+from plugin.control import RecallAllowance, RoundKind
+from plugin.control.dsn import parse_location, redact
+from plugin.errors import ConfigError, LedgerConfigError, LedgerUnavailableError
+from runtime_hooks.__main__ import main
+from runtime_hooks.bootstrap import RecallConfig
+from runtime_hooks.config import load_config
+from runtime_hooks.ledgers import open_ledger
+
+from . import _pg
+
+SECRET = "Sentinel-Pw-7f3a"
+
+
+def _keyword_dsn(password: str | None = SECRET) -> str:
+    """The test server's DSN written as libpq keywords (trust auth ignores the password)."""
+    url = urllib.parse.urlsplit(_pg.DSN)
+    parts = [f"host={url.hostname}", f"port={url.port or 5432}",
+             f"dbname={url.path.lstrip('/')}", f"user={url.username or 'root'}"]
+    if password is not None:
+        parts.append(f"password={password}")
+    return " ".join(parts)
+
+
+def _uri_with_password() -> str:
+    scheme, _, rest = _pg.DSN.partition("://")
+    user, at, host = rest.rpartition("@")
+    return f"{scheme}://{user.split(':')[0] if at else 'root'}:{SECRET}@{host}"
+
+
+# -- which database a location names ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("location", [
+    "host=127.0.0.1 dbname=fleet user=app",
+    "  host=db.internal port=5433 dbname=fleet password='a b'",
+    "dbname=fleet",
+    "postgresql://db.internal/fleet",
+    "postgres://u:pw@db.internal:5433/fleet?sslmode=require",
+])
+def test_every_postgres_form_is_a_postgres_ledger(location: str) -> None:
+    assert parse_location(location).kind == "postgres"
+
+
+def test_the_uri_schema_parameter_is_recallbounds_own() -> None:
+    parsed = parse_location("postgresql://h/db?schema=fleet&sslmode=require")
+    assert (parsed.target, parsed.schema) == ("postgresql://h/db?sslmode=require", "fleet")
+
+
+@pytest.mark.parametrize("location", [
+    "ledger.db", "./host=x.db", "/var/lib/recall/ledger.db", ":memory:", "file:ledger.db",
+    "file:///tmp/ledger.db?mode=rwc", "C:\\ledgers\\fleet.db",
+])
+def test_everything_else_is_a_sqlite_file(location: str) -> None:
+    parsed = parse_location(location)
+    assert (parsed.kind, parsed.target) == ("sqlite", location)
+
+
+@pytest.mark.parametrize("location", [
+    "host=127.0.0.1 dbname",  # a keyword with no value
+    "host=127.0.0.1 bogus_option=1",  # libpq knows no such keyword
+    f"host='unterminated password={SECRET}",
+    "mysql://u@h/db",
+    "POSTGRESQL://h/db",  # libpq accepts only the lower-case schemes
+    "postgresql+psycopg://h/db",
+    f"postgresql:{SECRET}@h/db",  # no //
+    "postgresql://h/db?schema=a&schema=b",
+])
+def test_a_connection_string_that_cannot_be_used_is_a_config_error(location: str) -> None:
+    with pytest.raises(LedgerConfigError) as caught:
+        parse_location(location)
+    assert isinstance(caught.value, ConfigError)
+    assert SECRET not in str(caught.value)
+
+
+def test_without_psycopg_a_keyword_dsn_names_the_postgres_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "psycopg.conninfo", None)  # the import now fails
+    with pytest.raises(LedgerConfigError, match=r"postgres extra") as caught:
+        parse_location(f"host=db.internal dbname=fleet password={SECRET}")
+    assert SECRET not in str(caught.value)
+
+
+def test_a_keyword_dsn_in_a_file_is_not_taken_relative_to_the_file(tmp_path: Path) -> None:
+    (tmp_path / "recallbound.toml").write_text(
+        'ledger = "host=127.0.0.1 dbname=fleet"\nstore = "memory.db"\n')
+    loaded = load_config(tmp_path / "recallbound.toml", env={})
+    assert loaded.values["ledger"] == "host=127.0.0.1 dbname=fleet"
+    assert loaded.values["store"] == str(tmp_path / "memory.db")
+
+
+@pytest.mark.parametrize("source", ["file", "env", "code"])
+def test_a_bad_dsn_is_refused_at_configuration(tmp_path: Path, source: str) -> None:
+    bad = f"host=db port=5432 dbname password={SECRET}"
+    (tmp_path / "r.toml").write_text(f'ledger = "{bad}"\nstore = "m.db"\n')
+    build = {
+        "file": lambda: load_config(tmp_path / "r.toml", env={}),
+        "env": lambda: load_config(env={"RECALLBOUND_LEDGER": bad}, cwd=tmp_path),
+        "code": lambda: RecallConfig(ledger_path=bad, store_path=tmp_path / "m.db"),
+    }[source]
+    with pytest.raises(ConfigError) as caught:
+        build()
+    assert "ledger" in str(caught.value) and SECRET not in str(caught.value)
+    assert not list(tmp_path.glob("host=*"))  # no SQLite file was made of it
+
+
+# -- one redaction -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", [
+    f"postgresql://app:{SECRET}@db/fleet",
+    f"postgres://app:{urllib.parse.quote(SECRET + '@/:')}@db/fleet?sslmode=require",
+    f"postgresql://db/fleet?sslmode=require&password={SECRET}",
+    f"host=db password={SECRET} user=app",
+    f"host=db password = '{SECRET} with spaces' user=app",
+    f"connection failed: FATAL: password authentication failed; tried {SECRET}",
+])
+def test_redact_hides_every_form(text: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PGPASSWORD", SECRET)
+    shown = redact(text)
+    assert SECRET not in shown and urllib.parse.quote(SECRET) not in shown
+    assert "***" in shown
+
+
+def test_redact_leaves_a_dsn_without_a_password_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PGPASSWORD", raising=False)
+    assert redact("postgresql://u@h/db?sslmode=require") == "postgresql://u@h/db?sslmode=require"
+    assert redact("host=h user=u") == "host=h user=u"
+
+
+def _cli(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = main(list(argv), stdout=out, stderr=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize("form", ["keyword", "uri", "pgpassword"])
+def test_config_show_never_prints_the_password(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, form: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    for name in [n for n in __import__("os").environ if n.startswith("RECALLBOUND_")]:
+        monkeypatch.delenv(name)
+    ledger = {"keyword": _keyword_dsn(), "uri": _uri_with_password(),
+              "pgpassword": _keyword_dsn(password=None)}[form]
+    if form == "pgpassword":
+        monkeypatch.setenv("PGPASSWORD", SECRET)
+    monkeypatch.setenv("RECALLBOUND_LEDGER", ledger)
+    monkeypatch.setenv("RECALLBOUND_STORE", "memory.db")
+    for json_flag in ([], ["--json"]):
+        code, out, err = _cli("config", "show", *json_flag)
+        assert code == 0, err
+        assert SECRET not in out + err
+    shown = json.loads(_cli("config", "show", "--json")[1])["settings"][0]
+    assert shown["key"] == "ledger" and shown["value"].startswith(ledger.split("password")[0][:8])
+
+
+# -- PostgreSQL: the keyword form reaches the fleet's database, on both loops --------------------
+
+
+@pytest.mark.anyio
+async def test_a_keyword_dsn_shares_the_fleets_allowance(
+    anyio_backend: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    run = f"run-{uuid.uuid4()}"
+    async with open_ledger(_keyword_dsn()) as by_keywords, open_ledger(_pg.DSN) as by_uri:
+        assert type(by_keywords).__name__ == "PostgresLedger"
+        first = RecallAllowance(by_keywords)
+        async with first.round(run, RoundKind.AUTOMATIC):
+            pass
+        usage = await RecallAllowance(by_uri).usage(run)
+        assert usage.rounds == 1 and usage.reserved == first.policy.automatic_slots
+        assert SECRET not in by_keywords.location  # type: ignore[attr-defined]
+    assert list(tmp_path.iterdir()) == []  # no SQLite file in the working folder
+
+
+@pytest.mark.anyio
+async def test_an_unreachable_keyword_dsn_fails_without_the_password(
+    anyio_backend: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    with pytest.raises(LedgerUnavailableError) as caught:
+        async with open_ledger(f"host=127.0.0.1 port=1 dbname=test user=u password={SECRET} "
+                               f"connect_timeout=2"):
+            pass  # pragma: no cover
+    assert SECRET not in str(caught.value) and "\n" not in str(caught.value)
+    assert SECRET not in caplog.text
+
+
+def test_the_ledger_cli_never_prints_the_password(monkeypatch: pytest.MonkeyPatch) -> None:
+    for ledger in (_keyword_dsn(), f"host=127.0.0.1 port=1 password={SECRET} connect_timeout=2",
+                   f"host=127.0.0.1 dbname password={SECRET}"):
+        for command in (["runs"], ["runs", "--json"], ["check"], ["show", "nope"]):
+            code, out, err = _cli("ledger", "--ledger", ledger, *command)
+            assert SECRET not in out + err, (ledger, command)
+            if "port=1" in ledger or "dbname password" in ledger:
+                assert code == 1 and err.startswith("recallbound: ") and err.count("\n") == 1

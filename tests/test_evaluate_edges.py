@@ -1,0 +1,151 @@
+"""``recallbound evaluate`` at its edges: every input bounded, every error one line, exit 2 for
+an input that cannot be used, and a verdict read from the table's own numbers."""
+
+from __future__ import annotations
+
+import io
+import json
+from contextlib import redirect_stderr
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from plugin.evaluation import InvalidScenarioError, parse_scenarios
+from plugin.evaluation.analysis import summarise
+from plugin.evaluation.command import cli, tables, verdict
+from runtime_hooks.__main__ import main as recallbound
+
+
+def _memory(memory_id: str, text: str) -> dict[str, str]:
+    return {"id": memory_id, "text": text, "principal": "u1", "scope": "proj"}
+
+
+def _scenario(family: str) -> dict[str, Any]:
+    return {"id": "s1", "family": family, "principal": "u1", "scope": "proj",
+            "memories": [_memory("m1", "backfill dry-run")],
+            "state": {"current_request": "run the backfill dry-run"}, "relevant": {"m1": 2}}
+
+
+def _run_recallbound(argv: list[str]) -> tuple[int, str]:
+    err = io.StringIO()
+    with redirect_stderr(err):
+        code = recallbound(argv, stderr=err, stdout=io.StringIO())
+    return code, err.getvalue()
+
+
+def _run(argv: list[str]) -> tuple[int, str]:
+    err = io.StringIO()
+    with redirect_stderr(err):
+        code = cli(argv)
+    return code, err.getvalue()
+
+
+@pytest.mark.parametrize("family", ["x\n| sparse | forged | 9 |", "x\rforged", "a\x00b", ""])
+def test_a_family_that_could_forge_a_row_is_refused(family: str) -> None:
+    with pytest.raises(InvalidScenarioError, match="family"):
+        parse_scenarios(json.dumps(_scenario(family)))
+
+
+def test_a_table_cell_cannot_open_a_row_of_its_own() -> None:
+    rows = [{"scenario": "s", "family": "f|x\ny", "arm": "sparse", "strategy": strategy,
+             "recall@5": 1.0, "hit@5": 1.0, "recall@10": 1.0, "hit@10": 1.0, "mrr": 1.0,
+             "ndcg@10": 1.0, "harm@5": 0.0,
+             "query_bytes": 5, "fallback": False, "latency_s": 0.0, "reserved": 1,
+             "executed": 1, "short": False, "ranked": ()}
+            for strategy in ("baseline", "task_context")]
+    report = {"scenarios": 1, "embedding": "hashing", "ks": [5],
+              "policy": {"max_searches": 1, "max_rounds": 1},
+              "statistics": {"bootstrap_resamples": 50},
+              "determinism": {"checked": 0, "identical": None},
+              **summarise(rows, (5,), resamples=50)}
+    text = tables(report, markdown=True)
+    for line in text.splitlines():
+        assert not line.startswith("y") and "f|x" not in line
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "many"])
+def test_a_bad_resamples_is_one_line_and_exit_2(tmp_path: Path, value: str) -> None:
+    scenarios = tmp_path / "s.jsonl"
+    scenarios.write_text(json.dumps(_scenario("f")) + "\n")
+    for argv in (["--scenarios", str(scenarios), "--out", str(tmp_path / "o"),
+                  "--resamples", value, "--quiet"],):
+        code, err = _run(argv)
+        assert code == 2
+        assert err.startswith("recallbound: ") and err.count("\n") == 1 and "resamples" in err
+        code, err = _run_recallbound(["evaluate", *argv])
+        assert code == 2 and err.startswith("recallbound: ") and err.count("\n") == 1
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("option", ["--determinism", "--limit"])
+def test_other_negative_counts_are_usage_errors_too(tmp_path: Path, option: str) -> None:
+    code, err = _run(["--scenarios", str(tmp_path / "s.jsonl"), "--out", str(tmp_path / "o"),
+                      option, "-1", "--quiet"])
+    assert code == 2 and err.startswith("recallbound: ") and err.count("\n") == 1
+
+
+def test_an_unbounded_line_is_refused_not_read_into_memory(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    from plugin.evaluation import scenarios
+
+    monkeypatch.setattr(scenarios, "MAX_LINE_BYTES", 1_000)
+    long = tmp_path / "long.jsonl"
+    long.write_text(json.dumps(_scenario("f")) + "\n" + "x" * 5_000 + "\n")
+    code, err = _run(["--scenarios", str(long), "--out", str(tmp_path / "o"), "--quiet",
+                      "--determinism", "0"])
+    assert code == 2 and err.startswith("recallbound: ") and err.count("\n") == 1
+    assert "line 2" in err and "1000" in err.replace(",", "")
+
+
+def test_dev_zero_is_an_error_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from plugin.evaluation import scenarios
+
+    monkeypatch.setattr(scenarios, "MAX_LINE_BYTES", 1 << 20)  # the bound, made quick
+    code, err = _run(["--scenarios", "/dev/zero", "--out", str(tmp_path / "o"), "--quiet"])
+    assert code == 2 and err.startswith("recallbound: ") and err.count("\n") == 1
+
+
+def _report(harm: tuple[float, float], recall: tuple[float, float], n: int = 12) -> Any:
+    rows = []
+    for i in range(n):
+        for strategy, (h, r) in (("baseline", (harm[0], recall[0])),
+                                 ("task_context", (harm[1], recall[1]))):
+            worse = i % 3 == 0  # a third of the scenarios carry the change
+            rows.append({"scenario": f"s{i}", "family": "hot" if i < n // 2 else "cool",
+                         "arm": "sparse", "strategy": strategy,
+                         "recall@5": r if worse else recall[0], "hit@5": 1.0, "mrr": 1.0,
+                         "recall@10": 1.0, "hit@10": 1.0,
+                         "ndcg@10": 1.0, "harm@5": h if worse else harm[0],
+                         "query_bytes": 5, "fallback": False, "latency_s": 0.0, "reserved": 1,
+                         "executed": 1, "short": False, "ranked": ()})
+    return {"scenarios": n, "embedding": "hashing", "ks": [5],
+            "policy": {"max_searches": 1, "max_rounds": 1},
+            "statistics": {"bootstrap_resamples": 200},
+            "determinism": {"checked": 0, "identical": None},
+            **summarise(rows, (5,), resamples=200)}
+
+
+def test_the_verdict_names_every_family_whose_harm_rose() -> None:
+    report = _report(harm=(0.0, 1.0), recall=(1.0, 1.0))
+    said = verdict(report)
+    assert "no family more than" not in said
+    rose = {family: d["harm@5"]["mean"] for family, d in report["differences"]["sparse"].items()}
+    for family, mean in rose.items():
+        assert mean > 0
+        assert f"{family} harm@5 {mean:+.3f}" in said  # the table's own number
+
+
+def test_the_verdict_names_every_family_whose_recall_fell() -> None:
+    report = _report(harm=(0.0, 0.0), recall=(1.0, 0.9))
+    said = verdict(report)
+    fell = {family: d["recall@5"]["mean"] for family, d in report["differences"]["sparse"].items()}
+    for family, mean in fell.items():
+        assert mean < 0 and f"{family} recall@5 {mean:+.3f}" in said
+    assert f"{fell['hot']:+.3f}" in tables(report, markdown=True)
+
+
+def test_the_verdict_says_when_nothing_got_worse() -> None:
+    said = verdict(_report(harm=(0.0, 0.0), recall=(0.5, 1.0)))
+    assert "worse on no family" in said

@@ -1,0 +1,180 @@
+"""``recallbound memory add|import|list|forget``: output, JSON, all-or-nothing import, and bad
+input as one ``recallbound:`` line with exit status 2."""
+
+from __future__ import annotations
+
+import io
+import json
+import sqlite3
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+
+from runtime_hooks.__main__ import main
+
+WHO = ["--principal", "u1", "--scope", "proj"]
+
+
+def cli(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    status = main(list(argv), stdout=out, stderr=err)
+    return status, out.getvalue(), err.getvalue()
+
+
+def rows(path: Path) -> list[tuple[str, str, str, str]]:
+    conn = sqlite3.connect(path)
+    try:
+        return conn.execute(
+            "SELECT principal, scope, id, text FROM memories ORDER BY principal, scope, id"
+        ).fetchall()
+    finally:
+        conn.close()
+
+
+def test_add_list_forget_round_trip(tmp_path: Path) -> None:
+    store = str(tmp_path / "memory.db")
+    status, out, err = cli("memory", "--store", store, "add", "Ana owns the schema review.", *WHO)
+    assert (status, err) == (0, "")
+    first = out.strip()
+    assert cli("memory", "--store", store, "add", "The release is Friday.", "--id", "rel", *WHO)[
+        :2
+    ] == (0, "rel\n")
+    status, out, _ = cli("memory", "--store", store, "list", *WHO, "--json")
+    listed = json.loads(out)
+    assert status == 0
+    assert {m["id"] for m in listed} == {first, "rel"}
+    assert all(m["principal"] == "u1" and m["scope"] == "proj" for m in listed)
+    status, out, _ = cli("memory", "--store", store, "list", *WHO)
+    assert status == 0 and len(out.splitlines()) == 2 and "Ana owns" in out
+    # Upsert by id.
+    cli("memory", "--store", store, "add", "The release moved to Monday.", "--id", "rel", *WHO)
+    assert ("u1", "proj", "rel", "The release moved to Monday.") in rows(Path(store))
+    assert cli("memory", "--store", store, "forget", "rel", *WHO) == (0, "forgot rel\n", "")
+    status, out, err = cli("memory", "--store", store, "forget", "rel", *WHO)
+    assert (status, out) == (1, "")
+    assert err.startswith("recallbound: no memory 'rel'") and err.count("\n") == 1
+    # Another principal sees nothing of u1's.
+    status, out, _ = cli("memory", "--store", store, "list", "--principal", "u2", "--scope",
+                         "proj", "--json")
+    assert (status, json.loads(out)) == (0, [])
+
+
+def test_import_reads_jsonl_and_stdin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = tmp_path / "memory.db"
+    data = tmp_path / "memories.jsonl"
+    data.write_text(
+        json.dumps({"text": "one", "principal": "u1", "scope": "proj", "id": "a"}) + "\n\n"
+        + json.dumps({"text": "two", "principal": "u2", "scope": "proj"}) + "\n",
+        encoding="utf-8",
+    )
+    assert cli("memory", "--store", str(store), "import", str(data)) == (
+        0, "imported 2 memories\n", "")
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(
+        json.dumps({"text": "three", "principal": "u1", "scope": "proj", "id": "a"}).encode()
+    )))
+    assert cli("memory", "--store", str(store), "import", "-") == (0, "imported 1 memory\n", "")
+    assert [(r[0], r[2], r[3]) for r in rows(store)] == [("u1", "a", "three")] + [
+        ("u2", r[2], "two") for r in rows(store) if r[0] == "u2"
+    ]
+
+
+GOOD = json.dumps({"text": "fine", "principal": "u1", "scope": "proj", "id": "g"})
+
+
+@pytest.mark.parametrize(
+    ("second", "why"),
+    [
+        (b"not json", "line 2: not valid JSON"),
+        (b'["a list"]', "line 2: a memory must be an object"),
+        (b'"a string"', "line 2: a memory must be an object"),
+        (b'{"text": "x", "principal": "u1"}', "line 2: missing key(s): 'scope'"),
+        (b'{"text": "", "principal": "u1", "scope": "p"}', "line 2: text must not be empty"),
+        (b'{"text": "x", "principal": "u1", "scope": "p", "id": "a\\u0000"}', "line 2: id must"),
+        (b'{"text": "\\ud800", "principal": "u1", "scope": "p"}', "line 2: text is not valid"),
+        (b'{"text": "x", "principal": "u1", "scope": "proj", "id": "g"}',
+         "line 2: repeats the id 'g' of line 1"),
+        (b'{"text": "x", "principal": "u1", "scope": "proj", "id": "theirs"}',
+         "line 2: memory id 'theirs' belongs to another principal or scope"),
+        (b"\xff\xfe bad bytes", "line 2: not valid UTF-8"),
+    ],
+)
+def test_a_bad_line_is_named_and_nothing_is_imported(
+    tmp_path: Path, second: bytes, why: str
+) -> None:
+    store = tmp_path / "memory.db"
+    assert cli("memory", "--store", str(store), "add", "u2's", "--id", "theirs",
+               "--principal", "u2", "--scope", "proj")[0] == 0
+    before = rows(store)
+    data = tmp_path / "bad.jsonl"
+    data.write_bytes(GOOD.encode() + b"\n" + second + b"\n" + GOOD.replace('"g"', '"h"').encode())
+    status, out, err = cli("memory", "--store", str(store), "import", str(data))
+    assert (status, out) == (2, "")
+    assert err.startswith(f"recallbound: {data} {why}"), err
+    assert err.count("\n") == 1
+    assert rows(store) == before
+
+
+def test_errors_are_one_line_with_exit_status_2(tmp_path: Path) -> None:
+    foreign = tmp_path / "foreign.db"
+    conn = sqlite3.connect(foreign)
+    conn.execute("CREATE TABLE notes (x)")
+    conn.commit()
+    conn.close()
+    cases = [
+        ("memory", "--store", str(foreign), "add", "x", *WHO),
+        ("memory", "--store", str(tmp_path / "missing" / "m.db"), "add", "x", *WHO),
+        ("memory", "--store", str(tmp_path / "m.db"), "add", "", *WHO),
+        ("memory", "--store", str(tmp_path / "m.db"), "add", "x", "--id", "a\x1bb", *WHO),
+        ("memory", "--store", str(tmp_path / "m.db"), "import", str(tmp_path / "absent.jsonl")),
+        ("memory", "--store", str(tmp_path / "never.db"), "list", *WHO),
+    ]
+    for argv in cases:
+        status, out, err = cli(*argv)
+        assert (status, out) == (2, ""), argv
+        assert err.startswith("recallbound: ") and err.count("\n") == 1, (argv, err)
+        assert "Traceback" not in err
+    assert not (tmp_path / "never.db").exists()
+    assert "\x1b" not in cli(*cases[3])[2]  # the bad id is printed escaped
+
+
+def test_the_default_store_folder_is_created_on_first_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    monkeypatch.chdir(tmp_path)  # no recallbound.toml here
+    monkeypatch.delenv("RECALLBOUND_CONFIG", raising=False)
+    monkeypatch.delenv("RECALLBOUND_STORE", raising=False)
+    status, out, _ = cli("memory", "add", "first memory", *WHO)
+    assert status == 0
+    assert rows(tmp_path / "data" / "recallbound" / "memory.db") == [
+        ("u1", "proj", out.strip(), "first memory")
+    ]
+
+
+def test_the_configured_store_is_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = tmp_path / "configured.db"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RECALLBOUND_CONFIG", raising=False)
+    monkeypatch.setenv("RECALLBOUND_STORE", str(store))
+    assert cli("memory", "add", "configured", "--id", "c", *WHO)[:2] == (0, "c\n")
+    assert rows(store) == [("u1", "proj", "c", "configured")]
+
+
+def test_listed_text_cannot_forge_lines_or_escape_sequences(tmp_path: Path) -> None:
+    store = tmp_path / "m.db"
+
+    async def seed() -> None:
+        from plugin.memory.store import MemoryStore
+
+        async with MemoryStore(store) as opened:
+            await opened.remember("line one\nfake\x1b[31m row\u202e", id="x", principal="u1",
+                                  scope="proj")
+
+    anyio.run(seed)
+    status, out, _ = cli("memory", "--store", str(store), "list", *WHO)
+    assert status == 0 and out.count("\n") == 1
+    assert "\x1b" not in out and "\u202e" not in out
+    status, out, _ = cli("memory", "--store", str(store), "list", *WHO, "--json")
+    assert "\x1b" not in out and json.loads(out)[0]["text"] == "line one\nfake\x1b[31m row\u202e"

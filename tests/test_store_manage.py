@@ -1,0 +1,292 @@
+"""Memories a caller manages: remember (upsert), forget, list, and an all-or-nothing batch, on
+both loops; foreign ids and bad input are typed errors that write nothing."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import TypedDict
+
+import pytest
+
+from plugin.control.clock import ManualClock
+from plugin.memory.hashing import HashingEmbedding
+from plugin.memory.store import (
+    Evidence,
+    InvalidMemoryError,
+    MemoryConflictError,
+    MemoryOwnershipError,
+    MemoryStore,
+    MemoryStoreCorruptError,
+    MemoryWrite,
+)
+from plugin.memory.store.values import MAX_MEMORY_TEXT_BYTES
+
+pytestmark = pytest.mark.anyio
+
+
+class Who(TypedDict):
+    principal: str
+    scope: str
+
+
+ME: Who = {"principal": "u1", "scope": "proj"}
+THEM: Who = {"principal": "u2", "scope": "proj"}
+OTHER_SCOPE: Who = {"principal": "u1", "scope": "other"}
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(wall=1_000.0)
+
+
+@pytest.fixture
+async def store(tmp_path: Path, clock: ManualClock) -> AsyncIterator[MemoryStore]:
+    async with MemoryStore(
+        tmp_path / "memory.db", embedding=HashingEmbedding(), clock=clock
+    ) as store:
+        yield store
+
+
+async def listed(store: MemoryStore, who: Who = ME) -> list[tuple[str, str, float]]:
+    return [(m.id, m.text, m.created_at) async for m in store.memories(**who)]
+
+
+def dump(path: Path) -> list[tuple[object, ...]]:
+    """Every memory and vector row of the file, for "nothing changed" checks."""
+    conn = sqlite3.connect(path)
+    try:
+        return [
+            *conn.execute(
+                "SELECT principal, scope, id, text, created_at FROM memories ORDER BY seq"
+            ),
+            *conn.execute("SELECT memory_seq, model, vector FROM embeddings ORDER BY memory_seq"),
+        ]
+    finally:
+        conn.close()
+
+
+async def test_remember_without_a_clock_uses_the_system_clock(tmp_path: Path) -> None:
+    async with MemoryStore(tmp_path / "m.db") as store:
+        mid = await store.remember("Ana owns the schema review.", **ME)
+        [memory] = [m async for m in store.memories(**ME)]
+    assert memory.id == mid and memory.text == "Ana owns the schema review."
+    assert memory.created_at > 1.7e9  # a real wall-clock time, not 0 or a missing value
+
+
+async def test_remember_generates_ids_and_lists_newest_first(
+    store: MemoryStore, clock: ManualClock
+) -> None:
+    first = await store.remember("the release is on Friday", **ME)
+    clock.advance(5)
+    second = await store.remember("Ana owns the schema review", **ME)
+    assert first != second
+    assert await listed(store) == [
+        (second, "Ana owns the schema review", 1_005.0),
+        (first, "the release is on Friday", 1_000.0),
+    ]
+    assert await listed(store, THEM) == []
+    assert await listed(store, OTHER_SCOPE) == []
+
+
+async def test_remember_with_an_existing_id_replaces_text_time_and_every_arm(
+    store: MemoryStore, clock: ManualClock
+) -> None:
+    assert await store.remember("the budget is approved", id="b", **ME) == "b"
+    old_vector = store.embedding.embed(["the budget is approved"])[0]  # type: ignore[union-attr]
+    assert [e.id for e in await store.semantic_candidates(old_vector, limit=5, **ME)] == ["b"]
+    clock.advance(10)
+    assert await store.remember("the invoice was rejected", id="b", **ME) == "b"
+    assert await listed(store) == [("b", "the invoice was rejected", 1_010.0)]
+    assert await store.sparse_candidates("budget approved", limit=5, **ME) == []
+    assert [e.id for e in await store.sparse_candidates("invoice", limit=5, **ME)] == ["b"]
+    new_vector = store.embedding.embed(["the invoice was rejected"])[0]  # type: ignore[union-attr]
+    [hit] = await store.semantic_candidates(new_vector, limit=5, **ME)
+    assert hit.id == "b" and hit.score == pytest.approx(1.0)
+
+
+async def test_an_id_of_another_principal_or_scope_is_refused_and_changes_nothing(
+    store: MemoryStore, tmp_path: Path
+) -> None:
+    await store.remember("u2's private plan", id="shared-id", **THEM)
+    before = dump(tmp_path / "memory.db")
+    for who in (ME, OTHER_SCOPE):
+        with pytest.raises(MemoryOwnershipError) as caught:
+            await store.remember("overwrite attempt", id="shared-id", **who)
+        assert caught.value.id == "shared-id"
+        assert "u2" not in str(caught.value)  # the error never names the owner
+        assert isinstance(caught.value, MemoryConflictError)
+        # In a batch, the good memories before it are not written either.
+        with pytest.raises(MemoryOwnershipError):
+            await store.remember_many(
+                [
+                    MemoryWrite(text="fine", id="fresh", **who),
+                    MemoryWrite(text="overwrite attempt", id="shared-id", **who),
+                ]
+            )
+    assert dump(tmp_path / "memory.db") == before
+    assert await store.forget("shared-id", **ME) is False  # not there for u1
+    assert [m.text async for m in store.memories(**THEM)] == ["u2's private plan"]
+
+
+async def test_remember_many_is_all_or_nothing(store: MemoryStore, tmp_path: Path) -> None:
+    ids = await store.remember_many(
+        [
+            MemoryWrite(text="one", **ME),
+            MemoryWrite(text="two", id="two", **ME),
+            MemoryWrite(text="three", **THEM),
+        ]
+    )
+    assert ids[1] == "two" and len(set(ids)) == 3
+    assert {m.id async for m in store.memories(**ME)} == {ids[0], "two"}
+    before = dump(tmp_path / "memory.db")
+    with pytest.raises(InvalidMemoryError, match="repeats the id 'x'"):
+        await store.remember_many(
+            [MemoryWrite(text="a", id="x", **ME), MemoryWrite(text="b", id="x", **ME)]
+        )
+    assert dump(tmp_path / "memory.db") == before
+    assert await store.remember_many([]) == []
+    with pytest.raises(InvalidMemoryError, match="MemoryWrite"):
+        await store.remember_many([{"text": "a", **ME}])  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize(
+    ("text", "id", "message"),
+    [
+        ("", None, "text must not be empty"),
+        (" \n\t ", None, "text must not be empty"),
+        ("x" * (MAX_MEMORY_TEXT_BYTES + 1), None, "at most 65536 UTF-8 bytes"),
+        ("é" * (MAX_MEMORY_TEXT_BYTES // 2 + 1), None, "at most 65536 UTF-8 bytes"),
+        ("bad \ud800 text", None, "valid Unicode"),
+        ("nul \x00 inside", None, "NUL"),
+        (b"bytes", None, "text must be a str"),
+        ("ok", "", "id must not be empty"),
+        ("ok", "line\nbreak", "control"),
+        ("ok", "nul\x00", "control"),
+        ("ok", "esc\x1b[31m", "control"),
+        ("ok", "line\u2028separator", "control"),
+        ("ok", "lone\udc80", "valid Unicode"),
+        ("ok", "x" * 513, "at most 512 UTF-8 bytes"),
+        ("ok", 7, "id must be a str"),
+    ],
+)
+async def test_bad_input_is_a_typed_error_that_writes_nothing(
+    store: MemoryStore, tmp_path: Path, text: object, id: object, message: str
+) -> None:
+    await store.remember("kept", id="kept", **ME)
+    before = dump(tmp_path / "memory.db")
+    with pytest.raises(InvalidMemoryError, match=message):
+        await store.remember(text, id=id, **ME)  # type: ignore[arg-type]
+    with pytest.raises(InvalidMemoryError, match=message):
+        await store.remember_many(
+            [MemoryWrite(text="fine", **ME), MemoryWrite(text=text, id=id, **ME)]  # type: ignore[arg-type]
+        )
+    assert dump(tmp_path / "memory.db") == before
+
+
+@pytest.mark.parametrize("who", [{"principal": "", "scope": "p"}, {"principal": "u", "scope": 3}])
+async def test_bad_principal_or_scope_is_a_typed_error(
+    store: MemoryStore, who: dict[str, object]
+) -> None:
+    with pytest.raises(InvalidMemoryError):
+        await store.remember("text", **who)  # type: ignore[arg-type]
+    with pytest.raises(InvalidMemoryError):
+        await store.forget("id", **who)  # type: ignore[arg-type]
+    with pytest.raises(InvalidMemoryError):
+        async for _ in store.memories(**who):  # type: ignore[arg-type]
+            pass
+
+
+async def test_forget_removes_the_memory_from_every_arm(store: MemoryStore) -> None:
+    keep = await store.remember("the deployment pipeline is green", **ME)
+    gone = await store.remember("the deployment secret rotates weekly", **ME)
+    vector = store.embedding.embed(["the deployment secret rotates weekly"])[0]  # type: ignore[union-attr]
+    # Warm every cache first: the semantic arm's matrix and the full-text index.
+    assert {e.id for e in await store.semantic_candidates(vector, limit=5, **ME)} == {keep, gone}
+    assert {e.id for e in await store.sparse_candidates("deployment", limit=5, **ME)} == {
+        keep,
+        gone,
+    }
+    assert await store.forget(gone, **ME) is True
+    assert await store.forget(gone, **ME) is False
+    assert [e.id for e in await store.sparse_candidates("deployment secret", limit=5, **ME)] == [
+        keep
+    ]
+    assert [e.id for e in await store.semantic_candidates(vector, limit=5, **ME)] == [keep]
+    assert [e.id for e in await store.recent_candidates(limit=5, **ME)] == [keep]
+    assert await store.get_memories([gone, keep], **ME) == await store.get_memories([keep], **ME)
+    assert [m.id async for m in store.memories(**ME)] == [keep]
+    # The id is free again, for this cell.
+    assert await store.remember("a new text", id=gone, **ME) == gone
+
+
+FORGET_IN_ANOTHER_PROCESS = """
+import sys, anyio
+from plugin.memory.store import MemoryStore
+async def main():
+    async with MemoryStore(sys.argv[1]) as store:
+        print(await store.forget("gone", principal="u1", scope="proj"))
+anyio.run(main)
+"""
+
+
+async def test_forget_in_another_process_reaches_a_warm_store(store: MemoryStore) -> None:
+    await store.remember("alpha deployment notes", id="keep", **ME)
+    await store.remember("alpha deployment secret", id="gone", **ME)
+    vector = store.embedding.embed(["alpha deployment secret"])[0]  # type: ignore[union-attr]
+    assert len(await store.semantic_candidates(vector, limit=5, **ME)) == 2  # cache warm
+    assert len(await store.sparse_candidates("alpha", limit=5, **ME)) == 2
+    done = subprocess.run(
+        [sys.executable, "-c", FORGET_IN_ANOTHER_PROCESS, store.path],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert (done.returncode, done.stdout) == (0, "True\n"), done.stderr
+    assert [e.id for e in await store.semantic_candidates(vector, limit=5, **ME)] == ["keep"]
+    assert [e.id for e in await store.sparse_candidates("alpha secret", limit=5, **ME)] == ["keep"]
+    assert [m.id async for m in store.memories(**ME)] == ["keep"]
+
+
+async def test_memories_pages_through_a_cell_newest_first_with_ties_by_id(
+    store: MemoryStore, clock: ManualClock
+) -> None:
+    expected: list[str] = []
+    for step in range(7):
+        batch = [MemoryWrite(text=f"memory {step} {k}", id=f"{step}-{k}", **ME) for k in "ba"]
+        await store.remember_many(batch)
+        expected = [f"{step}-a", f"{step}-b", *expected]
+        clock.advance(1)
+    await store.remember("elsewhere", **THEM)
+    got = [m async for m in store.memories(page=3, **ME)]
+    assert [m.id for m in got] == expected
+    assert all(isinstance(m, Evidence) and m.principal == "u1" for m in got)
+    with pytest.raises(ValueError, match="page"):
+        async for _ in store.memories(page=0, **ME):
+            pass
+
+
+async def test_a_file_that_is_not_a_store_is_refused_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "notes.txt"
+    path.write_bytes(b"just some notes, not a database\n" * 200)
+    before = path.read_bytes()
+    with pytest.raises(MemoryStoreCorruptError):
+        async with MemoryStore(path) as store:
+            await store.remember("x", **ME)
+    assert path.read_bytes() == before
+
+
+def test_memory_write_from_dict_names_what_is_wrong() -> None:
+    assert MemoryWrite.from_dict({"text": "t", "principal": "p", "scope": "s"}).id is None
+    for data, message in (
+        (["text"], "must be an object"),
+        ({"text": "t", "principal": "p"}, "missing key.*'scope'"),
+        ({"text": "t", "principal": "p", "scope": "s", "when": 1}, "unknown key.*'when'"),
+        ({"text": "", "principal": "p", "scope": "s"}, "text must not be empty"),
+    ):
+        with pytest.raises(InvalidMemoryError, match=message):
+            MemoryWrite.from_dict(data)
