@@ -21,7 +21,7 @@ import attrs
 import pytest
 
 from plugin import ManualClock, QueryStrategy, WorkingState
-from plugin.errors import InvalidHookArgumentError, InvalidHookArgumentTypeError, RunIdentityError
+from plugin.errors import InvalidArgumentError, InvalidArgumentTypeError, RunIdentityError
 from plugin.memory.pipeline import MemoryRetriever
 from runtime_hooks import RecallHooks
 from runtime_hooks.bootstrap import RecallConfig, open_hooks
@@ -235,7 +235,7 @@ async def test_per_request_runs_the_automatic_round_before_every_request(
 async def test_an_unknown_automatic_mode_is_refused(
     hooks: RecallHooks, driver: Driver, automatic: Any
 ) -> None:
-    with pytest.raises((InvalidHookArgumentError, InvalidHookArgumentTypeError),
+    with pytest.raises((InvalidArgumentError, InvalidArgumentTypeError),
                        match="automatic"):
         driver.adapter(hooks, automatic=automatic)
 

@@ -74,10 +74,6 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock(wall=1_800_000_000.0, monotonic=10.0)
-
 
 async def _admit(experiment: str) -> bool:
     return experiment == "task_context"

@@ -83,10 +83,6 @@ def host_state(data: CallModelData[Any]) -> WorkingState:
     return attrs.evolve(STATE, current_request=latest_user_request(data).current_request)
 
 
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock(wall=1_800_000_000.0, monotonic=10.0)
-
 
 @pytest.fixture
 async def hooks(tmp_path: Path, clock: ManualClock) -> AsyncIterator[RecallHooks]:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from plugin import Evidence, SimpleRetriever, WorkingState
-from plugin.errors import ConfigError, InvalidHookArgumentError
+from plugin.errors import ConfigError, InvalidArgumentError
 from runtime_hooks import RecallHooks
 from runtime_hooks.bootstrap import RecallConfig, open_hooks
 
@@ -54,9 +54,9 @@ async def test_langchain_identify_is_a_deprecated_alias_of_identity(hooks: Recal
 async def test_langchain_both_names_at_once_is_an_error(hooks: RecallHooks) -> None:
     from runtime_hooks.adapters.langchain import LangChainRecall, RecallMiddleware
 
-    with pytest.raises(InvalidHookArgumentError, match="identity="):
+    with pytest.raises(InvalidArgumentError, match="identity="):
         RecallMiddleware(hooks, identity=_identity, identify=_identity)
-    with pytest.raises(InvalidHookArgumentError, match="identity="):
+    with pytest.raises(InvalidArgumentError, match="identity="):
         LangChainRecall(hooks, identity=_identity, identify=_identity)
 
 
@@ -70,7 +70,7 @@ async def test_agents_state_is_a_deprecated_alias_of_working_state(hooks: Recall
         recall = agents_recall(hooks, state=mine)
     assert recall.input_filter is not None and recall.input_filter.state is mine
     assert agents_recall(hooks, working_state=mine).input_filter.state is mine  # type: ignore[union-attr]
-    with pytest.raises(InvalidHookArgumentError, match="working_state="):
+    with pytest.raises(InvalidArgumentError, match="working_state="):
         agents_recall(hooks, state=mine, working_state=mine)
 
 

@@ -67,10 +67,7 @@ START_WALL = 1_800_000_000.0
 def anyio_backend() -> str:
     return "asyncio"  # pydantic-ai does not run under trio
 
-
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock(wall=START_WALL, monotonic=10.0)
+# The ``clock`` fixture (tests/conftest.py) starts at START_WALL.
 
 
 async def _open(tmp_path: Path, clock: ManualClock, policy: AllowancePolicy) -> Any:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import warnings
 from typing import TypeVar
 
-from plugin.errors import InvalidHookArgumentError
+from plugin.errors import InvalidArgumentError
 
 _T = TypeVar("_T")
 
@@ -14,9 +14,9 @@ def deprecated_alias(
     old: str, new: str, given: _T, current: _T, default: _T, *, stacklevel: int = 3
 ) -> _T:
     """An option given by its old name: warns (``DeprecationWarning``) and returns its value;
-    both names at once raise :class:`~plugin.errors.InvalidHookArgumentError`."""
+    both names at once raise :class:`~plugin.errors.InvalidArgumentError`."""
     if current is not default:
-        raise InvalidHookArgumentError(f"{old}= is the deprecated name of {new}=: give only {new}=")
+        raise InvalidArgumentError(f"{old}= is the deprecated name of {new}=: give only {new}=")
     warnings.warn(f"{old}= is deprecated: use {new}= (the same option in every adapter)",
                   DeprecationWarning, stacklevel=stacklevel)
     return given
