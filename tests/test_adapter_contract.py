@@ -168,14 +168,15 @@ class OpenAIAgents:
 
 
 DRIVERS: dict[str, Callable[[], Driver]] = {
-    "pydantic-ai": PydanticAI, "langchain": LangChain, "openai-agents": OpenAIAgents,
+    # The test extra installs pydantic-ai and LangChain on Python 3.11+ only.
+    **({"pydantic-ai": PydanticAI, "langchain": LangChain} if sys.version_info >= (3, 11)
+       else {}),
+    "openai-agents": OpenAIAgents,
 }
 
 
 @pytest.fixture(params=list(DRIVERS))
 def driver(request: pytest.FixtureRequest) -> Driver:
-    if sys.version_info < (3, 11) and request.param != "openai-agents":
-        pytest.fail("the test extra installs pydantic-ai and LangChain on Python 3.11+ only")
     return DRIVERS[request.param]()
 
 
