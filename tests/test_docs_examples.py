@@ -6,7 +6,8 @@ user who pasted it would run it.
 The blocks are found by pytest-examples (``find_examples``): every ``py``/``python`` fence of
 every page, a page added to docs/ included. A block that must not run is fenced as ``text``
 with the reason written above it. A block that needs PostgreSQL says so, and runs against the
-test server (``RECALLBOUND_TEST_PG_DSN``, given to the block as ``DATABASE_URL``).
+test server (``RECALLBOUND_TEST_PG_DSN``, given to the block as ``DATABASE_URL``, with a fresh
+schema as ``LEDGER_SCHEMA``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 from pytest_examples import CodeExample, find_examples
 
-from ._pg import DSN
+from ._pg import DSN, fresh_schema
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md",
@@ -43,22 +44,24 @@ RUNNABLE_EXAMPLES = [p for p in EXAMPLES if _installed_here(p.read_text(encoding
 RUNS = 2
 
 
-def _env(tmp_path: Path) -> dict[str, str]:
+def _env(tmp_path: Path, schema: str | None = None) -> dict[str, str]:
     env = {name: value for name, value in os.environ.items()
            if not name.startswith("RECALLBOUND_") or name.startswith("RECALLBOUND_TEST_")}
     # The configuration a block reads is its own (nothing from the machine's environment), the
     # `recallbound` command is this interpreter's, and no run may reach the network.
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env["DATABASE_URL"] = DSN
+    if schema is not None:
+        env["LEDGER_SCHEMA"] = schema
     env["OPENAI_API_KEY"] = ""
     env["HOME"] = str(tmp_path)
     return env
 
 
-def _run(argv: list[str], folder: Path, what: str) -> str:
+def _run(argv: list[str], folder: Path, what: str, schema: str | None = None) -> str:
     outputs = []
     for attempt in range(1, RUNS + 1):
-        done = subprocess.run(argv, cwd=folder, env=_env(folder), capture_output=True,
+        done = subprocess.run(argv, cwd=folder, env=_env(folder, schema), capture_output=True,
                               text=True, timeout=300, check=False)
         assert done.returncode == 0, f"{what}, run {attempt}:\n{done.stdout}\n{done.stderr}"
         outputs.append(done.stdout)
@@ -80,7 +83,12 @@ def test_a_documented_program_runs_twice(block: CodeExample, tmp_path: Path) -> 
     before = _repository_files()
     script = tmp_path / "example.py"
     script.write_text(block.source, encoding="utf-8")
-    _run([sys.executable, str(script)], tmp_path, f"{block.path.name}:{block.start_line}")
+    what = f"{block.path.name}:{block.start_line}"
+    if "DATABASE_URL" in block.source:  # it needs PostgreSQL: a schema of its own, dropped after
+        with fresh_schema("docs") as schema:
+            _run([sys.executable, str(script)], tmp_path, what, schema)
+    else:
+        _run([sys.executable, str(script)], tmp_path, what)
     assert _repository_files() <= before  # it wrote nothing into the repository
 
 
