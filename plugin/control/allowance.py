@@ -206,12 +206,14 @@ class RecallAllowance:
         usage = await self.ledger.usage(run_id)
         rounds = max(0, self.policy.max_rounds - usage.rounds)
         slots = max(0, self.policy.max_searches - usage.reserved) if rounds else 0
-        return Room(slots=slots, rounds=rounds, deadline_wall=usage.deadline_wall)
+        room = Room(slots=slots, rounds=rounds, deadline_wall=usage.deadline_wall)
+        self._learn(run_id, room)
+        return room
 
     def known_room(self, run_id: str) -> Room | None:
-        """What this allowance last learned of ``run_id`` from a round it reserved or was
-        refused, without reading the ledger; None if it has reserved none. An estimate (another
-        process may have used the run since), as :meth:`headroom`."""
+        """What this allowance last learned of ``run_id`` (from a round it reserved or was
+        refused, or from :meth:`room`), without reading the ledger; None if nothing. An
+        estimate (another process may have used the run since), as :meth:`headroom`."""
         room = self._known.get(run_id)
         if room is not None:
             self._known.move_to_end(run_id)
