@@ -9,9 +9,15 @@ the same run, alternating, on asyncio:
 
 ``--containment`` measures what the retriever containment adds, in one process: the same
 hooks alternate calls with the containment on and off (its checks swapped for pass-throughs:
-no permit key, no contained call, no admission of evidence), wall and CPU time:
+no contained call, no admission of evidence), wall and CPU time:
 
     python -m bench.bench_hooks --containment
+
+``--process`` measures what :class:`plugin.ProcessRetriever` costs per search: the same
+dictionary retriever (a ``SimpleRetriever``) in-process and in a worker process, behind the same
+enforced hooks, one search call per dispatch, alternating:
+
+    python -m bench.bench_hooks --process
 
 ``--against DIR`` compares this checkout's enforced hooks with another checkout's (for example
 the code before the containment: ``git worktree add /tmp/old <commit>``). Each side runs in a
@@ -142,10 +148,10 @@ class _Switch:
 
         self._modules = (enforce, recall)
         self._on = {name: getattr(module, name) for module in self._modules
-                    for name in ("contained", "contained_sync", "admit", "_found", "round_key")
+                    for name in ("contained", "contained_sync", "admit", "_found")
                     if hasattr(module, name)}
         self._off = {"contained": call, "contained_sync": call_sync, "admit": admit,
-                     "_found": lambda found: found, "round_key": lambda: None}
+                     "_found": lambda found: found}
 
     def set(self, on: bool) -> None:
         for module in self._modules:
@@ -182,6 +188,57 @@ async def containment_main() -> None:
     print(f"  {'phase':14} {'on':>10} {'off':>10} {'on/off':>8}")
     for phase, on_us, off_us in rows:
         print(f"  {phase:14} {on_us:>8.0f}us {off_us:>8.0f}us {on_us / off_us:>7.3f}x")
+
+
+# -- --process: a retriever in-process vs in a worker process -------------------------------
+
+_MEMORIES = {f"m{i}": f"memory {i} about the invoice backfill and currency rounding"
+             for i in range(20)}
+
+
+async def _dict_search(request: Any) -> list[Any]:
+    from plugin import Evidence
+
+    words = set(request.text.casefold().split())
+    hits = [Evidence(id=key, text=text) for key, text in _MEMORIES.items()
+            if words & set(text.split())]
+    return hits[: request.limit]
+
+
+def dict_retriever() -> Any:
+    """The benchmark's retriever (module level: a worker process imports it by name)."""
+    from plugin import SimpleRetriever
+
+    return SimpleRetriever(_dict_search)
+
+
+async def process_main() -> None:
+    from plugin import ProcessRetriever
+
+    one_call = [ToolCall(call_id="c0", arguments={"query": QUERIES[0]})]
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        await _seed(_config(folder))
+        async with ProcessRetriever(dict_retriever) as remote:
+            await remote.start()
+            async with open_hooks(_config(folder), retriever=dict_retriever()) as local, \
+                    open_hooks(_config(folder, ledger_path=folder / "l2.db"),
+                               retriever=remote) as far:
+                runs = count()
+
+                def dispatch(hooks: RecallHooks) -> Callable[[], Awaitable[Any]]:
+                    return lambda: hooks.dispatch(one_call, run_id=f"p{next(runs)}",
+                                                  scope=SCOPE, principal=PRINCIPAL)
+
+                process_us, local_us = await _median_pair(dispatch(far), dispatch(local))
+            started = remote.started
+    print(f"one search call per dispatch, enforced hooks, asyncio; medians of {ROUNDS} "
+          f"alternating calls")
+    print(f"  load average: {Path('/proc/loadavg').read_text().split()[:3]}")
+    print(f"  in-process SimpleRetriever      {local_us:>8.0f}us")
+    print(f"  ProcessRetriever (warm worker)  {process_us:>8.0f}us")
+    print(f"  cost per search                 {process_us - local_us:>8.0f}us "
+          f"({process_us / local_us:.2f}x); worker processes started: {started}")
 
 
 # -- --against: two checkouts, one worker process each ---------------------------------------
@@ -270,6 +327,8 @@ def main() -> None:
     parser.add_argument("--against", type=Path, help="another checkout to compare with")
     parser.add_argument("--containment", action="store_true",
                         help="the retriever containment on vs off, in one process")
+    parser.add_argument("--process", action="store_true",
+                        help="a retriever in-process vs in a ProcessRetriever worker")
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker is not None:
@@ -278,6 +337,8 @@ def main() -> None:
         against(args.against)
     elif args.containment:
         anyio.run(containment_main)
+    elif args.process:
+        anyio.run(process_main)
     else:
         anyio.run(legacy_main)
 

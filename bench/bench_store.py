@@ -524,7 +524,7 @@ async def sparse_report(
             old_ranked, per_principal_bm25(path, queries, "unicode61 remove_diacritics 2")
         ),
     )
-    for name, figures in (("sparse, index per cell", now), ("sparse, v1 table-wide", old)):
+    for name, figures in (("sparse, one term index", now), ("sparse, v1 table-wide", old)):
         print(
             f"  {name:<26} {figures.p50:8.2f} ms (p95 {figures.p95:7.2f})"
             f"   overlap@10 with per-principal bm25 {figures.overlap:.3f}"

@@ -81,8 +81,10 @@ VARIANTS: dict[str, tuple[RankingPolicy, float | None]] = {
     "r1-entity2-q1.5-rrf-k20": (_round_one(entity=2.0, constraint=1.0, question=1.5,
                                            request_terms=12, confidence=False, semantic=0.6,
                                            rrf_k=20), None),
-    "default-rrf-k5": (RankingPolicy(rrf_k=5), None),
-    "default-rrf-k20": (RankingPolicy(rrf_k=20), None),
+    "default-semantic1": (RankingPolicy(semantic=1.0), None),
+    "default-semantic0.75": (RankingPolicy(semantic=0.75), None),
+    "default-rrf-k5": (RankingPolicy(semantic=1.0, rrf_k=5), None),
+    "default-rrf-k20": (RankingPolicy(semantic=1.0, rrf_k=20), None),
     # Round one.
     "first": (_first(), None),
     "equal-rrf": (_first(confidence=False, rrf_k=60, semantic=1.0), None),

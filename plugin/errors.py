@@ -1,41 +1,71 @@
-"""The package's exception tree: one root, a few classes named by cause.
+"""The package's exception tree: one root, each class named by its cause.
 
 Refusals are data (:class:`~plugin.control.refusal.BudgetRefusal`); the exceptions here are
-failures. Shaped as trio and anyio shape theirs::
+failures. Shaped as trio and anyio shape theirs: one misuse pair for every programming error,
+and a class for each way the world can fail::
 
     RecallboundError
-    ├── ConfigError (ValueError)                 a setting is missing, unknown or bad
-    │   ├── InvalidConfigTypeError (TypeError)   a RecallConfig field of the wrong type
-    │   └── LedgerConfigError (+ LedgerError)    a ledger option (DSN schema, pool size)
-    ├── StorageError                             the ledger or the memory store failed
-    │   ├── StorageUnavailableError              cannot be opened or reached (a path, a server)
-    │   ├── StorageLockedError                   locked by another connection too long
-    │   ├── StorageFullError                     the disk (or page limit) is full
-    │   ├── StorageCorruptError                  not a recallbound database, or damaged
-    │   └── StorageClosedError (RuntimeError)    used outside its ``async with`` block
-    ├── InvalidArgumentError (ValueError)        programming misuse: a value out of range
-    │   └── ClockReadingError                    an injected clock read inf, nan or a non-number
-    ├── InvalidArgumentTypeError (TypeError)     programming misuse: a value of the wrong type
+    ├── InvalidArgumentError (ValueError)        misuse: a value out of range (named), an
+    │                                            injected clock's bad reading, a retriever
+    │                                            misusing its handle
+    ├── InvalidArgumentTypeError (TypeError)     misuse: a value of the wrong type (named), a
+    │                                            permit or handle copied or pickled
     ├── RoundReusedError (RuntimeError)          a round entered twice
-    └── AttemptHandleError (RuntimeError)        a retriever misused its attempt handle
+    ├── ConfigError (ValueError)                 a setting is missing, unknown or bad
+    │   └── InvalidConfigTypeError (TypeError)   a RecallConfig field of the wrong type
+    ├── RunIdentityError (ValueError)            a run id used with another principal or scope
+    │   └── RunIdentityTypeError (TypeError)     the host handed no usable run identity
+    ├── LedgerError                              the durable ledger failed: no permit issued
+    │   ├── LedgerUnavailableError               cannot be reached, or lost mid-operation
+    │   │   └── LedgerPathError (FileNotFoundError)  its folder or file does not exist
+    │   ├── LedgerLockedError                    locked by another connection too long
+    │   ├── LedgerFullError                      the disk (or page limit) is full
+    │   ├── LedgerCorruptError                   not a recallbound ledger, or damaged
+    │   ├── LedgerClosedError (RuntimeError)     used outside its ``async with`` block
+    │   └── LedgerConfigError (+ ConfigError)    a ledger option (DSN, schema, pool size)
+    ├── MemoryStoreError                         the reference memory store failed (its
+    │                                            causes: :mod:`plugin.memory.store.errors`)
+    ├── RetrieverProtocolError (TypeError)       an object is not a retriever (method named)
+    └── RetrieverFailedError                     a retriever call failed (``reason``)
 
 Elsewhere, by the code that raises them: ``RecallBudgetExceeded`` (budget exceeded, carrying
 its refusal; :mod:`plugin.control.refusal`), ``InvalidSearchCallError`` (an invalid search
-call; :mod:`runtime_hooks.hooks`), ``InvalidScenarioError`` (a scenario file;
-:mod:`plugin.evaluation.scenarios`).
+call; :mod:`runtime_hooks.calls`), the MCP server's errors (:mod:`runtime_hooks.mcp.errors`),
+the evaluator's (:mod:`plugin.evaluation.errors`, ``InvalidScenarioError``).
 
-Which store failed is a subclass of the cause: ``LedgerLockedError`` is a
-:class:`StorageLockedError` and a :class:`LedgerError`, ``MemoryStoreLockedError`` a
-:class:`StorageLockedError` and a :class:`MemoryStoreError`. Catch the cause to handle both,
-the family to handle one store. Every older name keeps working: the classes that were split by
-the function that received the bad value are aliases of the two misuse classes.
+The names this tree had before (the per-function aliases of the misuse pair, the ``Storage*``
+cause classes, ``ClockReadingError``, ``PermitMisuseError``, ``AttemptHandleError``, the MCP
+and evaluation errors) still import from here for one release, with a
+:class:`DeprecationWarning` naming what to use instead; each still matches (``except``,
+``isinstance``) what is raised in its place.
 """
 
 from __future__ import annotations
 
+import importlib
+import warnings
+from typing import Any
+
 
 class RecallboundError(Exception):
     """Root of every error raised by recallbound."""
+
+
+# -- programming misuse ----------------------------------------------------------------------------
+
+
+class InvalidArgumentError(RecallboundError, ValueError):
+    """An argument's value is out of range, or an object is used in a way it does not allow
+    (the message names the argument or the object)."""
+
+
+class InvalidArgumentTypeError(RecallboundError, TypeError):
+    """An argument has the wrong type, or an object that must stay one was copied or pickled
+    (the message names it)."""
+
+
+class RoundReusedError(RecallboundError, RuntimeError):
+    """A round (``allowance.round(...)``) was entered a second time, or by a second task."""
 
 
 # -- configuration -------------------------------------------------------------------------------
@@ -49,101 +79,33 @@ class ConfigError(RecallboundError, ValueError):
     """
 
 
-InvalidConfigError = ConfigError
-"""The same class: a :class:`~runtime_hooks.bootstrap.RecallConfig` field has a bad value."""
-
-
 class InvalidConfigTypeError(ConfigError, TypeError):
     """A :class:`~runtime_hooks.bootstrap.RecallConfig` field has a wrong type (named)."""
 
 
-# -- programming misuse ----------------------------------------------------------------------------
+# -- runs ------------------------------------------------------------------------------------------
 
 
-class InvalidArgumentError(RecallboundError, ValueError):
-    """An argument's value is out of range (the message names the argument)."""
+class RunIdentityError(RecallboundError, ValueError):
+    """A run id was used with another principal or scope than the ones it is bound to.
+
+    A run is bound durably, in the ledger, to the principal and scope of its first use; every
+    worker and process sees that binding, so the mismatch is raised wherever it happens.
+    """
 
 
-class InvalidArgumentTypeError(RecallboundError, TypeError):
-    """An argument has the wrong type (the message names the argument)."""
+class RunIdentityTypeError(RunIdentityError, TypeError):
+    """A run's identity was handed over as the wrong type (not the adapter's identity value)."""
 
 
-class ClockReadingError(InvalidArgumentError):
-    """An injected clock returned a reading that is not a finite number of seconds."""
+# -- the ledger ------------------------------------------------------------------------------------
 
 
-InvalidPolicyError = InvalidArgumentError
-"""An :class:`~plugin.control.policy.AllowancePolicy` value is out of range."""
-InvalidRunIdError = InvalidArgumentError
-"""A run id is empty, not a string, or too long to store."""
-InvalidLedgerOptionError = InvalidArgumentError
-"""A ledger was configured with an invalid option (a timeout, say)."""
-InvalidRoundError = InvalidArgumentError
-"""A round was asked for with invalid arguments (slots, kind)."""
-InvalidWorkingStateError = InvalidArgumentError
-"""Working state handed to the planner is malformed (the message names the field)."""
-InvalidHookArgumentError = InvalidArgumentError
-"""A trusted argument handed to the hooks (scope, principal, ...) has a bad value."""
-
-InvalidRoundTypeError = InvalidArgumentTypeError
-"""A round or allowance argument has the wrong type."""
-InvalidWorkingStateTypeError = InvalidArgumentTypeError
-"""Working state handed to the planner has a field of the wrong type."""
-InvalidHookArgumentTypeError = InvalidArgumentTypeError
-"""A trusted argument handed to the hooks (scope, principal, state, ...) has a wrong type."""
-InvalidToolCallError = InvalidArgumentTypeError
-"""A :class:`~runtime_hooks.hooks.ToolCall` was built with a field of the wrong type."""
-
-
-class PermitMisuseError(InvalidArgumentTypeError):
-    """A permit was copied, pickled, rebuilt or modified: it is one object, issued once."""
-
-
-class RoundReusedError(RecallboundError, RuntimeError):
-    """A round (``allowance.round(...)``) was entered a second time, or by a second task."""
-
-
-class AttemptHandleError(RecallboundError, RuntimeError):
-    """A retriever used its attempt handle for something the attempt does not offer."""
-
-
-# -- storage: by cause, then by store --------------------------------------------------------------
-
-
-class StorageError(RecallboundError):
-    """The ledger or the memory store failed; nothing was issued for the work that needed it."""
-
-
-class StorageUnavailableError(StorageError):
-    """The database cannot be opened or reached, or was lost mid-operation."""
-
-
-class StorageLockedError(StorageError):
-    """The database stayed locked by another connection beyond the busy timeout."""
-
-
-class StorageFullError(StorageError):
-    """The disk (or the page limit) is full: nothing was committed."""
-
-
-class StorageCorruptError(StorageError):
-    """The file is not a recallbound database, or its pages (or its schema) are damaged."""
-
-
-class StorageClosedError(StorageError, RuntimeError):
-    """The ledger or the store was used outside its ``async with`` block."""
-
-
-class LedgerError(StorageError):
+class LedgerError(RecallboundError):
     """The durable ledger failed; no permit was issued for the work that needed it."""
 
 
-class LedgerPathError(LedgerError, StorageUnavailableError, FileNotFoundError):
-    """The ledger's folder does not exist or the file cannot be opened (or, opened for an
-    operator's tool, the file or the PostgreSQL schema does not exist yet)."""
-
-
-class LedgerUnavailableError(LedgerError, StorageUnavailableError):
+class LedgerUnavailableError(LedgerError):
     """The ledger's database could not be reached, or was lost mid-operation (a restart).
 
     Raised instead of a result: a reservation that fails this way issues no permit, and may or
@@ -151,19 +113,24 @@ class LedgerUnavailableError(LedgerError, StorageUnavailableError):
     """
 
 
-class LedgerLockedError(LedgerError, StorageLockedError):
+class LedgerPathError(LedgerUnavailableError, FileNotFoundError):
+    """The ledger's folder does not exist or the file cannot be opened (or, opened for an
+    operator's tool, the file or the PostgreSQL schema does not exist yet)."""
+
+
+class LedgerLockedError(LedgerError):
     """The ledger stayed locked by another connection beyond the busy timeout."""
 
 
-class LedgerFullError(LedgerError, StorageFullError):
+class LedgerFullError(LedgerError):
     """The ledger's disk (or its page limit) is full: nothing was committed."""
 
 
-class LedgerCorruptError(LedgerError, StorageCorruptError):
+class LedgerCorruptError(LedgerError):
     """The ledger file is not a recallbound ledger, or its pages are damaged."""
 
 
-class LedgerClosedError(LedgerError, StorageClosedError):
+class LedgerClosedError(LedgerError, RuntimeError):
     """The ledger was used outside its ``async with`` block."""
 
 
@@ -171,14 +138,14 @@ class LedgerConfigError(LedgerError, ConfigError):
     """A ledger was configured with an invalid value (schema name, time source, pool size)."""
 
 
-class MemoryStoreError(StorageError):
-    """The reference memory store failed."""
+# -- the memory store ------------------------------------------------------------------------------
 
 
-# The memory store's cause classes live in plugin.memory.store.errors, beside its translator.
+class MemoryStoreError(RecallboundError):
+    """The reference memory store failed (:mod:`plugin.memory.store.errors` says how)."""
 
 
-# --- retriever
+# -- retrievers ------------------------------------------------------------------------------------
 
 
 class RetrieverProtocolError(RecallboundError, TypeError):
@@ -206,33 +173,61 @@ class RetrieverFailedError(RecallboundError):
         return (type(self), (self.reason,))
 
 
-# --- mcp
-class McpAuthError(RecallboundError, ValueError):
-    """The MCP server's caller cannot be trusted: no valid token, or a bad token table."""
+# -- names kept for one release --------------------------------------------------------------------
+
+_VALUE = "InvalidArgumentError"
+_TYPE = "InvalidArgumentTypeError"
+_STORE = "plugin.memory.store.errors"
+
+DEPRECATED: dict[str, tuple[tuple[tuple[str, str], ...], str]] = {
+    # old name: ((module, class) it now is, or the classes it matches), what to use instead
+    "InvalidConfigError": ((("plugin.errors", "ConfigError"),), "ConfigError"),
+    **dict.fromkeys(
+        ("InvalidPolicyError", "InvalidRunIdError", "InvalidLedgerOptionError",
+         "InvalidRoundError", "InvalidWorkingStateError", "InvalidHookArgumentError",
+         "ClockReadingError"),
+        ((("plugin.errors", _VALUE),), _VALUE),
+    ),
+    **dict.fromkeys(
+        ("InvalidRoundTypeError", "InvalidWorkingStateTypeError", "InvalidHookArgumentTypeError",
+         "InvalidToolCallError", "PermitMisuseError"),
+        ((("plugin.errors", _TYPE),), _TYPE),
+    ),
+    "AttemptHandleError": ((("plugin.errors", _VALUE), ("plugin.errors", _TYPE)),
+                           f"{_VALUE} (or {_TYPE} for a copy)"),
+    "StorageError": ((("plugin.errors", "LedgerError"), (_STORE, "MemoryStoreError")),
+                     "LedgerError or MemoryStoreError"),
+    "StorageUnavailableError": ((("plugin.errors", "LedgerUnavailableError"),
+                                 (_STORE, "MemoryStorePathError")),
+                                "LedgerUnavailableError or MemoryStorePathError"),
+    "StorageLockedError": ((("plugin.errors", "LedgerLockedError"),
+                            (_STORE, "MemoryStoreLockedError")),
+                           "LedgerLockedError or MemoryStoreLockedError"),
+    "StorageFullError": ((("plugin.errors", "LedgerFullError"), (_STORE, "MemoryStoreFullError")),
+                         "LedgerFullError or MemoryStoreFullError"),
+    "StorageCorruptError": ((("plugin.errors", "LedgerCorruptError"),
+                             (_STORE, "MemoryStoreCorruptError")),
+                            "LedgerCorruptError or MemoryStoreCorruptError"),
+    "StorageClosedError": ((("plugin.errors", "LedgerClosedError"),
+                            (_STORE, "MemoryStoreClosedError")),
+                           "LedgerClosedError or MemoryStoreClosedError"),
+    "McpAuthError": ((("runtime_hooks.mcp.errors", "McpAuthError"),),
+                     "runtime_hooks.mcp.errors.McpAuthError"),
+    "McpSessionError": ((("runtime_hooks.mcp.errors", "McpSessionError"),),
+                        "runtime_hooks.mcp.errors.McpSessionError"),
+    "EvaluationError": ((("plugin.evaluation.errors", "EvaluationError"),),
+                        "plugin.evaluation.errors.EvaluationError"),
+}
+"""Old names: what each is now (one class, or a tuple of the classes raised in its place,
+which ``except`` and ``isinstance`` accept), and what to write instead."""
 
 
-class McpSessionError(RecallboundError, ValueError):
-    """An MCP request names no run and comes over a transport with no client session."""
-
-
-# --- ranking
-
-
-class EvaluationError(RecallboundError):
-    """``recallbound evaluate`` cannot run as asked: its semantic model is not installed, or
-    the rankings differ between two processes (the determinism check)."""
-
-
-# --- turns: the one RunIdentityError
-
-
-class RunIdentityError(RecallboundError, ValueError):
-    """A run id was used with another principal or scope than the ones it is bound to.
-
-    A run is bound durably, in the ledger, to the principal and scope of its first use; every
-    worker and process sees that binding, so the mismatch is raised wherever it happens.
-    """
-
-
-class RunIdentityTypeError(RunIdentityError, TypeError):
-    """A run's identity was handed over as the wrong type (not the adapter's identity value)."""
+def __getattr__(name: str) -> Any:
+    entry = DEPRECATED.get(name)
+    if entry is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    targets, instead = entry
+    warnings.warn(f"plugin.errors.{name} is deprecated: use {instead}", DeprecationWarning,
+                  stacklevel=2)
+    found = tuple(getattr(importlib.import_module(module), cls) for module, cls in targets)
+    return found[0] if len(found) == 1 else found

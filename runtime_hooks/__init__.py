@@ -3,6 +3,8 @@
 Importing this package imports no agent framework; adapters are optional extras.
 """
 
+from .bootstrap import RecallConfig as RecallConfig
+from .bootstrap import open_hooks as open_hooks
 from .hooks import InvalidSearchCallError as InvalidSearchCallError
 from .hooks import PreparedContext as PreparedContext
 from .hooks import RecallHooks as RecallHooks
@@ -12,6 +14,6 @@ from .hooks import ToolResult as ToolResult
 from .hooks import Validation as Validation
 
 __all__ = [
-    "InvalidSearchCallError", "PreparedContext", "RecallHooks", "SearchCall", "ToolCall",
-    "ToolResult", "Validation",
+    "InvalidSearchCallError", "PreparedContext", "RecallConfig", "RecallHooks", "SearchCall",
+    "ToolCall", "ToolResult", "Validation", "open_hooks",
 ]

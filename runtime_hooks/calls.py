@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 import attrs
 
-from plugin.errors import InvalidToolCallError, RecallboundError
+from plugin.errors import InvalidArgumentTypeError, RecallboundError
 from plugin.memory.safe_text import one_line
 from plugin.memory.terms import query_terms
 
@@ -37,14 +37,16 @@ def _call_id(instance: object, attribute: attrs.Attribute[str], value: object) -
     # The adapter builds the ToolCall (trusted code); what the model chose for the id is
     # checked per call by dispatch, so one bad id never costs the turn.
     if not isinstance(value, str):
-        raise InvalidToolCallError(f"ToolCall.call_id must be a str, got {type(value).__name__}")
+        raise InvalidArgumentTypeError(
+            f"ToolCall.call_id must be a str, got {type(value).__name__}"
+        )
 
 
 @attrs.frozen(kw_only=True)
 class ToolCall:
     """A tool call as the model emitted it: an id and its raw arguments.
 
-    ``call_id`` must be a ``str`` (:class:`~plugin.errors.InvalidToolCallError`); an empty,
+    ``call_id`` must be a ``str`` (:class:`~plugin.errors.InvalidArgumentTypeError`); an empty,
     over-long or non-UTF-8 id, and anything in ``arguments``, get an ``invalid`` result.
     """
 

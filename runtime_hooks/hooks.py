@@ -1,31 +1,31 @@
 """RecallHooks: recall in an agent loop's two phases, under the allowance.
 
 * **Preparation** (:meth:`RecallHooks.prepare`, before the model is called): the automatic
-  round (:func:`plugin.memory.recall.automatic_round`). The query is planned once; the round
+  turn (:func:`plugin.memory.turn.prepare_turn`). The query is planned once; the round
   reserves ``automatic_slots``; the base search runs, and a delta (a People-to-belief read)
   only when the base discovered people whose beliefs it did not read. The model gets rendered
   evidence, or a :class:`~plugin.BoundedRecallNotice` when the round is refused or runs out.
   Current correction notices are always included, under the context caps.
 * **Tool dispatch** (:meth:`RecallHooks.dispatch`, the model's search calls of one turn): the
-  deliberate round (:func:`plugin.memory.recall.deliberate_round`). Each call is validated
+  deliberate turn (:func:`plugin.memory.turn.deliberate_turn`). Each call is validated
   (:mod:`runtime_hooks.calls`); the round reserves one slot per valid call plus one per call
   whose query names known People (its nested belief read); a call without a slot, and every
   call once the allowance is spent, gets a typed :class:`~plugin.BudgetRefusal`.
 
 **Enforcement lives in the rounds, not in the retriever** (:mod:`plugin.memory.enforce`): every
-attempt is opened before the retriever runs, on a permit keyed to the round, and every call
-into the retriever is contained. Whatever a retriever does, each call gets exactly one result,
+attempt is opened before the retriever runs, and every call into the retriever is contained
+(it runs where no permit is bound). Whatever a retriever does, each call gets exactly one result,
 in order; its failure is its own ``failed`` result; a search that outlived the deadline is a
 ``deadline`` refusal; evidence of another principal or scope never reaches the model.
 
-**Preparation comes first, under its own bound** (:class:`~plugin.PreparationBound`): a
+**Preparation comes first, under its own bound** (:class:`~plugin.memory.PreparationBound`): a
 turn's queries are formed and embedded before the round is reserved; only the calls that can
 still get a slot (:meth:`~plugin.RecallAllowance.headroom`) are embedded.
 
 What the model reads is built in :mod:`runtime_hooks.results`. Bind the run at the run
 boundary with :meth:`RecallHooks.bind_run` (frameworks run their before-model hooks in copied
 contexts). The hooks reach the memory layer only through its protocols
-(:class:`~plugin.RecallPreparer`, :class:`~plugin.memory.protocol.Retriever`); the bootstrap
+(:class:`~plugin.memory.RecallPreparer`, :class:`~plugin.memory.protocol.Retriever`); the bootstrap
 picks the concrete classes.
 """
 
@@ -36,7 +36,6 @@ import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-import anyio
 import attrs
 
 from plugin.control import (
@@ -47,23 +46,17 @@ from plugin.control import (
     validate_run_id,
 )
 from plugin.control.logs import log_event
-from plugin.errors import (
-    InvalidHookArgumentError,
-    InvalidHookArgumentTypeError,
-    RetrieverFailedError,
-)
-from plugin.memory.enforce import contained
-from plugin.memory.preparation import (
-    PreparationBound,
-    PreparedRecall,
-    RecallPreparer,
-    WithheldReason,
-)
+from plugin.errors import InvalidArgumentError, InvalidArgumentTypeError
+from plugin.memory.preparation import RecallPreparer
 from plugin.memory.protocol import ContextCaps, Retriever, check_retriever
-from plugin.memory.recall import deliberate_round
 from plugin.memory.safe_text import one_line
 from plugin.memory.state import WorkingState
-from plugin.memory.turn import PREPARATION_BUDGET_S, CorrectionsShare, prepare_turn
+from plugin.memory.turn import (
+    PREPARATION_BUDGET_S,
+    CorrectionsShare,
+    deliberate_turn,
+    prepare_turn,
+)
 
 from .calls import MAX_ARGUMENT_CHARS as MAX_ARGUMENT_CHARS
 from .calls import MAX_ARGUMENT_DEPTH as MAX_ARGUMENT_DEPTH
@@ -86,21 +79,21 @@ _log = logging.getLogger("recallbound.hooks")
 def _trusted(name: str, value: object) -> str:
     """A trusted runtime argument (scope, principal): never taken from the model or the text."""
     if not isinstance(value, str):
-        raise InvalidHookArgumentTypeError(
+        raise InvalidArgumentTypeError(
             f"{name} must be a str from the trusted runtime, got {type(value).__name__}"
         )
     if not value.strip():
-        raise InvalidHookArgumentError(f"{name} must not be empty")
+        raise InvalidArgumentError(f"{name} must not be empty")
     return value
 
 
 def _positive_seconds(instance: object, attribute: attrs.Attribute[float], value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidHookArgumentTypeError(
+        raise InvalidArgumentTypeError(
             f"RecallHooks.{attribute.name} must be a number, got {type(value).__name__}"
         )
     if not (math.isfinite(value) and value > 0):
-        raise InvalidHookArgumentError(
+        raise InvalidArgumentError(
             f"RecallHooks.{attribute.name} must be finite and > 0, got {value!r}"
         )
 
@@ -150,9 +143,6 @@ class RecallHooks:
         another principal or scope raises :class:`~plugin.errors.RunIdentityError`)."""
         await self.allowance.ledger.bind_identity(run_id, principal=principal, scope=scope)
 
-    def _bound(self) -> PreparationBound:
-        return PreparationBound(self.preparation_budget_s, self.allowance.clock)
-
     # -- preparation ------------------------------------------------------------------------
 
     async def prepare(
@@ -160,15 +150,15 @@ class RecallHooks:
     ) -> PreparedContext:
         """The automatic round for this turn; see the module docstring.
 
-        Raises :class:`~plugin.errors.InvalidHookArgumentTypeError` /
-        :class:`~plugin.errors.InvalidHookArgumentError` (also ``TypeError`` / ``ValueError``)
+        Raises :class:`~plugin.errors.InvalidArgumentTypeError` /
+        :class:`~plugin.errors.InvalidArgumentError` (also ``TypeError`` / ``ValueError``)
         for a malformed state or trusted arguments, :class:`~plugin.errors.LedgerError` when
         the round cannot be committed (fail closed: nothing is searched). A failing retriever
         is said in the context (``failure``), never raised.
         """
         scope, principal = self._check(run_id, scope, principal)
         if not isinstance(state, WorkingState):
-            raise InvalidHookArgumentTypeError(
+            raise InvalidArgumentTypeError(
                 f"state must be a WorkingState, got {type(state).__name__}"
             )
         await self._bind(run_id, scope, principal)
@@ -226,12 +216,12 @@ class RecallHooks:
         scope, principal = self._check(run_id, scope, principal)
         given: object = calls
         if isinstance(given, (str, bytes)) or not isinstance(given, Sequence):
-            raise InvalidHookArgumentTypeError(
+            raise InvalidArgumentTypeError(
                 f"calls must be a sequence of ToolCall, got {type(calls).__name__}"
             )
         for position, call in enumerate(calls):
             if not isinstance(call, ToolCall):
-                raise InvalidHookArgumentTypeError(
+                raise InvalidArgumentTypeError(
                     f"calls[{position}] must be a ToolCall, got {type(call).__name__}"
                 )
         await self._bind(run_id, scope, principal)
@@ -259,42 +249,6 @@ class RecallHooks:
         assert all(result is not None for result in results)
         return [result for result in results if result is not None]
 
-    async def _prepare_calls(
-        self, valid: list[tuple[int, SearchCall]], run_id: str, scope: str, principal: str
-    ) -> tuple[list[PreparedRecall], int]:
-        """Form every call's query before the round (the permit's time is for searching):
-        embed only the calls that can still get a slot, within the preparation bound, and
-        count the calls that name People (each gets a slot for its nested read)."""
-        bound = self._bound()
-        left = await self.allowance.headroom(run_id)
-        prepared: list[PreparedRecall] = []
-        naming = 0
-        for position, (_, call) in enumerate(valid):
-
-            async def prepare_one(
-                reason: WithheldReason | None, text: str = call.query
-            ) -> PreparedRecall:
-                return await self.preparer.prepare_search(
-                    text, scope=scope, principal=principal, withhold=reason
-                )
-
-            withhold = None if position < left else WithheldReason.NO_SLOT
-            one = await bound.prepare(prepare_one, withhold)
-            prepared.append(one)
-            if position < left and bound.left() > 0:
-                with anyio.move_on_after(bound.left()):
-                    if await self._names_people(one):
-                        naming += 1
-        return prepared, naming
-
-    async def _names_people(self, prepared: PreparedRecall) -> bool:
-        """Whether the query names known People (then its call gets a nested-read slot)."""
-        try:
-            people = await contained(lambda: self.retriever.named_people(prepared))
-        except RetrieverFailedError:
-            return False  # the search itself reports the retriever's failure
-        return bool(people)
-
     async def _run_calls(
         self,
         valid: list[tuple[int, SearchCall]],
@@ -303,9 +257,12 @@ class RecallHooks:
         scope: str,
         principal: str,
     ) -> None:
-        prepared, naming = await self._prepare_calls(valid, run_id, scope, principal)
-        recall = await deliberate_round(self.allowance, self.retriever, prepared,
-                                        run_id=run_id, caps=self.caps, nested=naming)
+        turn = await deliberate_turn(
+            self.allowance, self.preparer, self.retriever, [call.query for _, call in valid],
+            run_id=run_id, scope=scope, principal=principal, caps=self.caps,
+            budget_s=self.preparation_budget_s,
+        )
+        prepared, recall = turn.prepared, turn.recall
         if recall.refusal is not None:
             log_event(_log, logging.INFO, "deliberate.refused", run_id=run_id,
                       calls=len(valid), reason=recall.refusal.reason.value)
@@ -351,11 +308,11 @@ class RecallHooks:
         scope, principal = self._check(run_id, scope, principal)
         given: object = evidence_ids
         if isinstance(given, (str, bytes)) or not isinstance(given, Sequence):
-            raise InvalidHookArgumentTypeError(
+            raise InvalidArgumentTypeError(
                 f"evidence_ids must be a sequence of str, got {type(evidence_ids).__name__}"
             )
         if not all(isinstance(i, str) for i in evidence_ids):
-            raise InvalidHookArgumentTypeError("evidence_ids must all be str")
+            raise InvalidArgumentTypeError("evidence_ids must all be str")
         await self._bind(run_id, scope, principal)
         return await revalidate_retained(
             self.allowance.ledger, self.retriever, evidence_ids, run_id=run_id, scope=scope,

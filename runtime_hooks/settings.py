@@ -31,7 +31,7 @@ import attrs
 from plugin.control import AllowancePolicy, validate
 from plugin.control.dsn import parse_location, redact
 from plugin.errors import (
-    InvalidConfigError,
+    ConfigError,
     InvalidConfigTypeError,
     LedgerConfigError,
 )
@@ -121,7 +121,7 @@ def _path(instance: object, attribute: attrs.Attribute[Any], value: object) -> N
             f"RecallConfig.{attribute.name} must be a str or path, got {type(value).__name__}"
         )
     if not os.fspath(value):
-        raise InvalidConfigError(f"RecallConfig.{attribute.name} must not be empty")
+        raise ConfigError(f"RecallConfig.{attribute.name} must not be empty")
 
 
 def _instance(kind: type) -> Any:
@@ -139,7 +139,7 @@ def _choice(kind: type[_E], name: str, value: object) -> _E:
         return kind(value)
     except ValueError:
         choices = ", ".join(repr(member.value) for member in kind)
-        raise InvalidConfigError(
+        raise ConfigError(
             f"RecallConfig.{name} must be one of {choices}, got {value!r}"
         ) from None
 
@@ -181,16 +181,16 @@ def _admission(value: object) -> Admission | None:
         for part in name.split("."):
             found = getattr(found, part)
     except (ImportError, AttributeError) as exc:
-        raise InvalidConfigError(
+        raise ConfigError(
             f"RecallConfig.admission {value!r} cannot be imported: {exc}") from None
     if not callable(found):
-        raise InvalidConfigError(
+        raise ConfigError(
             f"RecallConfig.admission {value!r} is a {type(found).__name__}, not a callable")
     return cast(Admission, found)
 
 
 def _seconds(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    validate.seconds(value, field=f"RecallConfig.{attribute.name}", error=InvalidConfigError,
+    validate.seconds(value, field=f"RecallConfig.{attribute.name}", error=ConfigError,
                      type_error=InvalidConfigTypeError)
 
 
@@ -224,7 +224,7 @@ class RecallConfig:
 
     Every field is checked at construction: a wrong type raises
     :class:`~plugin.errors.InvalidConfigTypeError` (a ``TypeError``), a bad value
-    :class:`~plugin.errors.InvalidConfigError` (a ``ValueError``), both naming the field.
+    :class:`~plugin.errors.ConfigError` (a ``ValueError``), both naming the field.
     Each field's ``setting`` metadata (:class:`Setting`) is its key in ``recallbound.toml``
     and its environment variable; :mod:`runtime_hooks.config` reads them from there.
 
@@ -305,7 +305,7 @@ class RecallConfig:
         except LedgerConfigError as exc:
             raise LedgerConfigError(f"RecallConfig.ledger_path: {exc}") from None
         if is_ephemeral(self.ledger_path) and not self.allow_ephemeral_ledger:
-            raise InvalidConfigError(
+            raise ConfigError(
                 f"RecallConfig.ledger_path {redact(self.ledger_path)!r} keeps nothing once "
                 f"closed, so every open of a run would start a fresh allowance; use a file or "
                 f"a DSN, or set allow_ephemeral_ledger (for tests only)")

@@ -26,7 +26,7 @@ from opentelemetry.trace import Span, Status, StatusCode
 
 from plugin.control import observe
 from plugin.control.ledger import AttemptOutcome, AttemptTrace
-from plugin.control.permit import Permit
+from plugin.control.observe import PermitView
 from plugin.control.policy import AttemptKind, RoundKind
 from plugin.control.refusal import BudgetRefusal, RecallBudgetExceeded
 
@@ -85,7 +85,7 @@ class OtelObserver:
         self._latency = meter.create_histogram(
             "recallbound.attempt.duration", unit="s", description="Attempt wall time")
         self._lock = threading.Lock()
-        self._round_spans: weakref.WeakKeyDictionary[Permit, Span] = (
+        self._round_spans: weakref.WeakKeyDictionary[PermitView, Span] = (
             weakref.WeakKeyDictionary()
         )
 
@@ -101,7 +101,7 @@ class OtelObserver:
         token = otel_context.attach(trace.set_span_in_context(span))
         return _RoundWatch(span=span, kind=kind, token=token)
 
-    def round_granted(self, token: object, permit: Permit) -> None:
+    def round_granted(self, token: object, permit: PermitView) -> None:
         assert isinstance(token, _RoundWatch)
         token.span.set_attributes({
             "recallbound.round": permit.round_index,
@@ -116,7 +116,7 @@ class OtelObserver:
         self._rounds.add(1, {"kind": token.kind.value, "outcome": "granted"})
 
     def round_ended(
-        self, token: object, permit: Permit | None, error: BaseException | None
+        self, token: object, permit: PermitView | None, error: BaseException | None
     ) -> None:
         assert isinstance(token, _RoundWatch)
         span = token.span
@@ -144,7 +144,7 @@ class OtelObserver:
 
     # -- attempts ----------------------------------------------------------------------------
 
-    def attempt_started(self, permit: Permit, trace_: AttemptTrace) -> object:
+    def attempt_started(self, permit: PermitView, trace_: AttemptTrace) -> object:
         with self._lock:
             parent = self._round_spans.get(permit)
         attributes: dict[str, str | bool | int | float] = {
@@ -170,7 +170,9 @@ class OtelObserver:
         token = otel_context.attach(trace.set_span_in_context(span))
         return _AttemptWatch(span=span, token=token)
 
-    def attempt_refused(self, permit: Permit, kind: AttemptKind, refusal: BudgetRefusal) -> None:
+    def attempt_refused(
+        self, permit: PermitView, kind: AttemptKind, refusal: BudgetRefusal
+    ) -> None:
         self._refusals.add(1, {"what": "attempt", "kind": kind.value,
                                "reason": refusal.reason.value})
         with self._lock:

@@ -12,7 +12,12 @@ import sys
 import pytest
 from hypothesis import HealthCheck, settings
 
+from plugin import ManualClock
+
 from ._loops import LOOPS
+
+CLOCK_WALL = 1_800_000_000.0
+"""Where the shared ``clock`` fixture's wall clock starts."""
 
 # pydantic-ai 2.x, LangChain 1.x, LangGraph and LlamaIndex need Python 3.11 or newer: on 3.10
 # their extras cannot be installed (the `test` extra leaves them out there), so their adapters
@@ -25,9 +30,30 @@ collect_ignore = (
 )
 
 
+PROCESS_MODULES = frozenset({"test_mcp_transports.py", "test_evaluate_command.py"})
+"""Modules whose tests start real server or command processes: marked ``slow`` as a whole."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that talks to PostgreSQL (its module or a parameter names it), so that
+    ``-m "not postgres"`` runs without a server; mark the real-process modules ``slow``."""
+    for item in items:
+        if "postgres" in item.nodeid.lower() or "_pg" in getattr(item.module, "__dict__", {}):
+            item.add_marker(pytest.mark.postgres)
+        if item.path.name in PROCESS_MODULES:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(params=LOOPS)
 def anyio_backend(request: pytest.FixtureRequest) -> object:
     return request.param
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    """A fresh virtual clock: wall time at ``CLOCK_WALL``, monotonic at 10 s. A module that
+    needs other start values defines its own ``clock``."""
+    return ManualClock(wall=CLOCK_WALL, monotonic=10.0)
 
 
 # Property tests check invariants, not speed: a loaded 2-core CI machine must not fail them

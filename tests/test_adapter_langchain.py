@@ -40,7 +40,7 @@ from langgraph.types import Command, interrupt
 from pydantic import Field
 
 from plugin import ManualClock, WorkingState, current_permit
-from plugin.errors import InvalidHookArgumentError, InvalidHookArgumentTypeError, RunIdentityError
+from plugin.errors import InvalidArgumentError, InvalidArgumentTypeError, RunIdentityError
 from plugin.memory.pipeline import MemoryRetriever
 from runtime_hooks import RecallHooks
 from runtime_hooks.adapters import SEARCH_TOOL
@@ -71,10 +71,6 @@ QUERIES = ("invoice backfill", "rounding rule", "cutover date", "deploy window",
 def anyio_backend() -> str:
     return "asyncio"
 
-
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock(wall=1_800_000_000.0, monotonic=10.0)
 
 
 async def _admit(experiment: str) -> bool:
@@ -215,7 +211,7 @@ async def test_per_request_runs_the_automatic_round_before_every_request(
 async def test_an_unknown_automatic_mode_is_refused(
     hooks: RecallHooks, automatic: Any
 ) -> None:
-    with pytest.raises((InvalidHookArgumentError, InvalidHookArgumentTypeError),
+    with pytest.raises((InvalidArgumentError, InvalidArgumentTypeError),
                        match="automatic"):
         RecallMiddleware(hooks, automatic=automatic)
 

@@ -33,7 +33,7 @@ from agents.run_config import CallModelData, ModelInputData
 from agents.testing import ModelCall, ModelStep, ScriptedModel, assistant_message, function_call
 
 from plugin import ManualClock, QueryStrategy, WorkingState
-from plugin.errors import InvalidHookArgumentError, InvalidHookArgumentTypeError
+from plugin.errors import InvalidArgumentError, InvalidArgumentTypeError
 from plugin.memory.pipeline import MemoryRetriever
 from runtime_hooks import RecallHooks
 from runtime_hooks.adapters import SEARCH_TOOL
@@ -83,10 +83,6 @@ def host_state(data: CallModelData[Any]) -> WorkingState:
     """The host's working state: the demo's task in progress, and the user's "Continue"."""
     return attrs.evolve(STATE, current_request=latest_user_request(data).current_request)
 
-
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock(wall=1_800_000_000.0, monotonic=10.0)
 
 
 @pytest.fixture
@@ -214,7 +210,7 @@ async def test_per_request_runs_the_automatic_round_before_every_request(
 
 @pytest.mark.parametrize("automatic", ["always", 2])
 def test_an_unknown_automatic_mode_is_refused(automatic: Any) -> None:
-    with pytest.raises((InvalidHookArgumentError, InvalidHookArgumentTypeError),
+    with pytest.raises((InvalidArgumentError, InvalidArgumentTypeError),
                        match="automatic"):
         agents_recall(None, automatic=automatic)  # type: ignore[arg-type]
 

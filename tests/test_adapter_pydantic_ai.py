@@ -36,7 +36,7 @@ from pydantic_ai.tools import ToolDefinition
 
 from plugin import AllowancePolicy, ManualClock, WorkingState, compose_baseline
 from plugin.control import AttemptKind, AttemptOutcome
-from plugin.errors import InvalidHookArgumentError, InvalidHookArgumentTypeError
+from plugin.errors import InvalidArgumentError, InvalidArgumentTypeError
 from plugin.memory.enforce import AttemptHandle
 from plugin.memory.pipeline import MemoryRetriever
 from plugin.memory.preparation import PreparedRecall
@@ -68,10 +68,7 @@ START_WALL = 1_800_000_000.0
 def anyio_backend() -> str:
     return "asyncio"  # pydantic-ai does not run under trio
 
-
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock(wall=START_WALL, monotonic=10.0)
+# The ``clock`` fixture (tests/conftest.py) starts at START_WALL.
 
 
 async def _open(tmp_path: Path, clock: ManualClock, policy: AllowancePolicy) -> Any:
@@ -242,7 +239,7 @@ async def test_per_request_runs_the_automatic_round_before_every_request(
 
 @pytest.mark.parametrize("automatic", ["sometimes", 1, None])
 async def test_an_unknown_automatic_mode_is_refused(hooks: RecallHooks, automatic: Any) -> None:
-    with pytest.raises((InvalidHookArgumentError, InvalidHookArgumentTypeError),
+    with pytest.raises((InvalidArgumentError, InvalidArgumentTypeError),
                        match="automatic"):
         RecallCapability(hooks, automatic=automatic)
 

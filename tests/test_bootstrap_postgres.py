@@ -33,10 +33,6 @@ def schema() -> Iterator[str]:
         yield name
 
 
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock(wall=1_800_000_000.0, monotonic=10.0)
-
 
 def _calls(*queries: str) -> list[ToolCall]:
     return [ToolCall(call_id=f"c{i}", arguments={"query": q}) for i, q in enumerate(queries)]

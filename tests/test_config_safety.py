@@ -12,7 +12,7 @@ import attrs
 import pytest
 
 from plugin.control import AllowancePolicy
-from plugin.errors import ConfigError, InvalidConfigError, RecallboundError
+from plugin.errors import ConfigError, RecallboundError
 from runtime_hooks.__main__ import main
 from runtime_hooks.bootstrap import (
     RecallConfig,
@@ -153,7 +153,7 @@ def test_an_ephemeral_ledger_is_refused_unless_asked_for(folder: Path, location:
     with pytest.raises(ConfigError, match=r"^ledger from env \(RECALLBOUND_LEDGER\): .*keeps "
                                           r"nothing.*allow_ephemeral_ledger = true"):
         load_config(env={"RECALLBOUND_LEDGER": location})
-    with pytest.raises(InvalidConfigError, match=r"RecallConfig.ledger_path .* keeps nothing"):
+    with pytest.raises(ConfigError, match=r"RecallConfig.ledger_path .* keeps nothing"):
         RecallConfig(ledger_path=location, store_path="m.db")
     assert load_config(env={"RECALLBOUND_LEDGER": location,
                             "RECALLBOUND_ALLOW_EPHEMERAL_LEDGER": "true"}).values["ledger"] \

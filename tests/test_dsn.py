@@ -8,12 +8,15 @@ PostgreSQL tests run on asyncio and trio against the test server (tests/_pg.py).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
+import secrets
 import sys
 import urllib.parse
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,14 +34,28 @@ from . import _pg
 SECRET = "Sentinel-Pw-7f3a"
 
 
-def _keyword_dsn(password: str | None = SECRET) -> str:
+def _keyword_dsn(password: str | None = SECRET, dbname: str | None = None) -> str:
     """The test server's DSN written as libpq keywords (trust auth ignores the password)."""
     url = urllib.parse.urlsplit(_pg.DSN)
     parts = [f"host={url.hostname}", f"port={url.port or 5432}",
-             f"dbname={url.path.lstrip('/')}", f"user={url.username or 'root'}"]
+             f"dbname={dbname or url.path.lstrip('/')}", f"user={url.username or 'root'}"]
     if password is not None:
         parts.append(f"password={password}")
     return " ".join(parts)
+
+
+@contextlib.contextmanager
+def _fresh_database() -> Iterator[str]:
+    """A database of its own (a key=value DSN names no schema: the ledger uses the default
+    one, which must not be another test's or another version's)."""
+    name = f"rb_kv_{secrets.token_hex(6)}"
+    with _pg.connect() as conn:
+        conn.execute(f'CREATE DATABASE "{name}"'.encode())
+    try:
+        yield name
+    finally:
+        with _pg.connect() as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())
 
 
 def _uri_with_password() -> str:
@@ -184,7 +201,14 @@ async def test_a_keyword_dsn_shares_the_fleets_allowance(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     run = f"run-{uuid.uuid4()}"
-    async with open_ledger(_keyword_dsn()) as by_keywords, open_ledger(_pg.DSN) as by_uri:
+    with _fresh_database() as database:
+        await _share(_keyword_dsn(dbname=database),
+                     _pg.DSN.rsplit("/", 1)[0] + f"/{database}", run)
+    assert list(tmp_path.iterdir()) == []  # no SQLite file in the working folder
+
+
+async def _share(by_keywords_dsn: str, uri: str, run: str) -> None:
+    async with open_ledger(by_keywords_dsn) as by_keywords, open_ledger(uri) as by_uri:
         assert type(by_keywords).__name__ == "PostgresLedger"
         first = RecallAllowance(by_keywords)
         async with first.round(run, RoundKind.AUTOMATIC):
@@ -192,7 +216,6 @@ async def test_a_keyword_dsn_shares_the_fleets_allowance(
         usage = await RecallAllowance(by_uri).usage(run)
         assert usage.rounds == 1 and usage.reserved == first.policy.automatic_slots
         assert SECRET not in by_keywords.location  # type: ignore[attr-defined]
-    assert list(tmp_path.iterdir()) == []  # no SQLite file in the working folder
 
 
 @pytest.mark.anyio

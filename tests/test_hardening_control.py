@@ -34,14 +34,10 @@ from plugin import (
 )
 from plugin.control import AttemptTrace, RefusalRecord, _sqlite
 from plugin.errors import (
-    ClockReadingError,
-    InvalidLedgerOptionError,
-    InvalidPolicyError,
-    InvalidRoundError,
+    InvalidArgumentError,
     LedgerClosedError,
     LedgerFullError,
     LedgerLockedError,
-    PermitMisuseError,
     RecallboundError,
     RoundReusedError,
 )
@@ -96,7 +92,7 @@ async def test_a_permit_cannot_be_copied(
     make_copy: Callable[[Permit], object],
 ) -> None:
     async with allowance.round("r", DELIB, slots=2) as permit:
-        with pytest.raises(PermitMisuseError):
+        with pytest.raises(TypeError):  # no public constructor; no copy, no pickle
             make_copy(permit)
         async with permit.attempt():
             pass
@@ -107,26 +103,6 @@ async def test_a_permit_cannot_be_copied(
                 pass
     usage = await ledger.usage("r")
     assert (usage.reserved, usage.executed) == (2, 2)
-
-
-async def test_a_forged_permit_takes_no_slot(allowance: RecallAllowance) -> None:
-    forged = object.__new__(Permit)
-    with pytest.raises(PermitMisuseError):
-        async with forged.attempt():
-            pass
-    with pytest.raises(PermitMisuseError), forged.attempt_sync():
-        pass
-
-
-@pytest.mark.parametrize("attribute", ["slots", "_taken", "_closed", "first_slot", "_clock"])
-async def test_a_permit_cannot_be_modified(allowance: RecallAllowance, attribute: str) -> None:
-    async with allowance.round("r", DELIB, slots=1) as permit:
-        before = getattr(permit, attribute)
-        with pytest.raises(PermitMisuseError):
-            setattr(permit, attribute, 0)
-        with pytest.raises(PermitMisuseError):
-            delattr(permit, attribute)
-        assert getattr(permit, attribute) is before
 
 
 async def test_a_permit_built_by_hand_is_refused(clock: ManualClock) -> None:
@@ -281,13 +257,13 @@ async def test_a_round_that_waits_for_the_lock_past_the_deadline_is_refused(
 
 async def test_out_of_range_counts_are_typed_errors(allowance: RecallAllowance) -> None:
     for huge in (2**31, 2**63, 10**30):
-        with pytest.raises(InvalidRoundError):
+        with pytest.raises(InvalidArgumentError):
             allowance.round("r", DELIB, slots=huge)
-        with pytest.raises(InvalidPolicyError):
+        with pytest.raises(InvalidArgumentError):
             AllowancePolicy(max_searches=huge)
-    with pytest.raises(InvalidPolicyError):
+    with pytest.raises(InvalidArgumentError):
         AllowancePolicy(deadline_s=1e300)
-    with pytest.raises(InvalidRoundError):
+    with pytest.raises(InvalidArgumentError):
         allowance.round("r", DELIB, slots=0)
 
 
@@ -299,7 +275,7 @@ def test_legacy_needs_a_real_bool(value: object) -> None:
 
 @pytest.mark.parametrize("timeout", [-1.0, math.nan, math.inf, 1e9, "5", True, None])
 def test_invalid_ledger_timeouts_are_typed_errors(tmp_path: Path, timeout: object) -> None:
-    expected = InvalidLedgerOptionError if isinstance(timeout, float) else TypeError
+    expected = InvalidArgumentError if isinstance(timeout, float) else TypeError
     with pytest.raises(expected) as info:
         SqliteLedger(tmp_path / "l.db", timeout=timeout)  # type: ignore[arg-type]
     assert isinstance(info.value, RecallboundError)
@@ -555,7 +531,7 @@ async def test_a_non_finite_clock_reading_is_a_typed_error_and_nothing_is_stored
     value: float,
 ) -> None:
     bad = _GlitchingClock(clock, glitch, value, after)
-    with pytest.raises(ClockReadingError, match=glitch):
+    with pytest.raises(InvalidArgumentError, match=glitch):
         async with RecallAllowance(ledger, clock=bad).round("r", DELIB, slots=1):
             pytest.fail("a round judged on a non-finite reading must not run")
     usage = await ledger.usage("r")
@@ -571,7 +547,7 @@ async def test_a_non_finite_clock_reading_in_legacy_mode_is_a_typed_error(
     ledger: MemoryLedger, clock: ManualClock
 ) -> None:
     bad = _GlitchingClock(clock, "monotonic", math.nan)
-    with pytest.raises(ClockReadingError):
+    with pytest.raises(InvalidArgumentError):
         async with RecallAllowance.legacy(ledger, clock=bad).round("r", DELIB, slots=1):
             pytest.fail("no permit on a non-finite reading")
 

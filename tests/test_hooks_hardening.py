@@ -29,10 +29,6 @@ pytestmark = pytest.mark.anyio
 NOT_FOUND = "No matching memory was found."
 
 
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock(wall=1_800_000_000.0, monotonic=10.0)
-
 
 def _config(tmp_path: Path, **changes: Any) -> RecallConfig:
     config = RecallConfig(ledger_path=tmp_path / "ledger.db", store_path=tmp_path / "memory.db")

@@ -18,12 +18,7 @@ class _Block:
             raise ImportError("blocked: " + name)
         return None
 sys.meta_path.insert(0, _Block({blocked!r}))
-# Load the sub-package without running plugin/__init__.py (which re-exports the memory layer):
-# what is checked is what the core itself needs.
-import types, pathlib
-pkg = types.ModuleType("plugin")
-pkg.__path__ = [str(pathlib.Path({root!r}) / "plugin")]
-sys.modules["plugin"] = pkg
+# The real package: plugin/__init__.py runs too, and loads the memory layer only on demand.
 import {module}
 print("imported")
 """
@@ -44,6 +39,21 @@ def test_control_core_stands_alone() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "imported"
+
+
+def test_importing_the_control_core_loads_neither_numpy_nor_the_memory_layer() -> None:
+    code = (
+        "import sys, plugin, plugin.control\n"
+        "print(sorted(m for m in sys.modules if m == 'numpy' or m.startswith('plugin.memory')"
+        " or m.startswith('runtime_hooks')))\n"
+        "from plugin import WorkingState\n"
+        "print('plugin.memory' in sys.modules, WorkingState.__module__)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:2] == ["[]", "True plugin.memory.state"]
 
 
 def test_control_core_stands_alone_without_psycopg() -> None:

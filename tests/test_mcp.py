@@ -214,10 +214,10 @@ async def test_an_oversized_working_state_and_a_bad_run_id_are_typed_errors(
     async with recall_server(tmp_path) as server, Client(server.server) as client:
         big = await client.call_tool("recall_context", {"current_request": "x" * 70_000},
                                      meta={"recallbound/run_id": "run-big"})
-        assert big.is_error and structured(big)["error"] == errors.InvalidWorkingStateError.__name__
+        assert big.is_error and structured(big)["error"] == errors.InvalidArgumentError.__name__
         bad = await client.call_tool("search_memory", {"query": "cutover"},
                                      meta={"recallbound/run_id": 7})
-        assert bad.is_error and structured(bad)["error"] == errors.InvalidRunIdError.__name__
+        assert bad.is_error and structured(bad)["error"] == errors.InvalidArgumentError.__name__
         assert await usage(server, "run-big") == (0, 0, 0)
 
 

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from plugin.errors import InvalidConfigError, McpAuthError
+from plugin.errors import ConfigError
 from runtime_hooks.__main__ import main
 from runtime_hooks.bootstrap import RecallConfig
 from runtime_hooks.mcp import cli
+from runtime_hooks.mcp.errors import McpAuthError
 from runtime_hooks.mcp.trust import TokenTable
 
 TOKEN = "s3cret-token-0123456789"
@@ -66,7 +67,7 @@ def test_the_mcp_table_is_read_and_the_command_line_wins(tmp_path: Path) -> None
 
 def test_an_unknown_mcp_key_is_an_error(tmp_path: Path) -> None:
     (tmp_path / "recallbound.toml").write_text('[mcp]\nprincipial = "ana"\n')
-    with pytest.raises(InvalidConfigError, match=r"mcp\.principial"):
+    with pytest.raises(ConfigError, match=r"mcp\.principial"):
         cli.settings(_parser().parse_args(["mcp", "--config", str(tmp_path / "recallbound.toml")]),
                      {})
 
@@ -141,7 +142,7 @@ def test_the_runs_memory_and_http_settings_are_read_and_checked(tmp_path: Path) 
     for bad in ("max_runs_per_hour = 0", "max_runs_per_hour = true",
                 'max_memory_bytes = "8k"', 'allowed_hosts = "x"', "allowed_origins = [1]"):
         config.write_text(f"[mcp]\n{bad}\n")
-        with pytest.raises(InvalidConfigError, match=r"mcp\."):
+        with pytest.raises(ConfigError, match=r"mcp\."):
             cli.settings(_parser().parse_args(["mcp"]), env)
 
 

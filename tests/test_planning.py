@@ -9,7 +9,7 @@ import anyio
 import attrs
 import pytest
 
-from plugin.errors import InvalidWorkingStateTypeError
+from plugin.errors import InvalidArgumentTypeError
 from plugin.memory.planning import (
     BaselineReason,
     FragmentRole,
@@ -276,7 +276,7 @@ def test_max_bytes_is_validated(max_bytes: object, error: type[Exception]) -> No
 
 @pytest.mark.parametrize("compose", [compose_baseline, compose_task_context])
 def test_state_must_be_a_working_state(compose: object) -> None:
-    with pytest.raises(InvalidWorkingStateTypeError, match="state must be WorkingState, got dict"):
+    with pytest.raises(InvalidArgumentTypeError, match="state must be WorkingState, got dict"):
         compose({"current_request": "r"})  # type: ignore[operator]
     with pytest.raises(TypeError, match="scope must be str or None, got int"):
         compose(WorkingState("r"), scope=1)  # type: ignore[operator]
@@ -597,7 +597,7 @@ async def test_planner_scope_from_arguments_and_state_untouched() -> None:
 async def test_planner_rejects_a_non_state_before_asking_admission() -> None:
     admission = CountingAdmission(True)
     planner = QueryPlanner(QueryStrategy.TASK_CONTEXT, admission)
-    with pytest.raises(InvalidWorkingStateTypeError):
+    with pytest.raises(InvalidArgumentTypeError):
         await planner.plan("Continue")  # type: ignore[arg-type]
     assert admission.calls == []
 

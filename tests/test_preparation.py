@@ -266,7 +266,8 @@ def test_query_preparation_validates_its_parts() -> None:
 
 
 async def test_huge_query_is_withheld_without_tokenizing() -> None:
-    from plugin import QueryPlanner, QueryPreparation, WithheldReason, WorkingState
+    from plugin import QueryPlanner, QueryPreparation, WorkingState
+    from plugin.memory import WithheldReason
     from plugin.memory.hashing import HashingEmbedding
 
     class Counting(HashingEmbedding):

@@ -375,7 +375,7 @@ def test_the_confident_arm_outvotes_a_compressed_one() -> None:
     assert weighted_fuse(confident)[0].id != gold.id
     fused = score_fuse(arms)
     assert [e.id for e in fused[:3]] == [gold.id, a.id, b.id]
-    # The default fusion (k = 10, each arm's weight times its peakedness): an item both arms
+    # The default fusion (k = 10, semantic weight 0.5 times peakedness): an item both arms
     # rank fifth does not beat sparse's first place, as it does at k = 60 with equal weights.
     policy = RankingPolicy()
     middle = _scored("m", [3.9])[0]

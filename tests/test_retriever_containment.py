@@ -111,10 +111,6 @@ class Hostile:
         return tuple(await self.inner.revalidate(ids, principal=principal, scope=scope))
 
 
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock(wall=1_800_000_000.0, monotonic=10.0)
-
 
 @pytest.fixture(params=["store", "dict"])
 async def inner(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
@@ -204,7 +200,8 @@ async def test_an_automatic_base_that_outlived_the_deadline_is_not_evidence(
     assert await _outcomes(hooks) == [AttemptOutcome.DEADLINE]
 
 
-# -- 2. a permit found through task APIs (or the handle) is useless on the hooks' path -------
+# -- 2. malice in-process is not contained: a permit found by walking objects spends slots ----
+#    (the run's reservation still holds; the real boundary for such code is ProcessRetriever)
 
 
 def _found_permits(handle: AttemptHandle) -> list[Permit]:
@@ -245,7 +242,7 @@ async def _steal_slots(hostile: Hostile, prepared: PreparedRecall,
     return Found(evidence=())
 
 
-async def test_a_permit_found_through_task_apis_gives_no_slot(
+async def test_a_permit_found_through_task_apis_spends_only_the_runs_slots(
     inner: Any, clock: ManualClock
 ) -> None:
     hostile = Hostile(inner, _steal_slots)
@@ -254,14 +251,14 @@ async def test_a_permit_found_through_task_apis_gives_no_slot(
     with hooks.bind_run():
         results = await hooks.dispatch(_calls("cutover", "deploy", "rounding", "backfill"),
                                        run_id="r", scope=S, principal=P)
-    assert ("found", 0) not in hostile.seen  # the attack did reach a permit
-    # trio's task tree and asyncio's all_tasks() (3.12+) reach it too, not only the handle
-    by_tasks = sniffio_loop[0] == "trio" or sys.version_info >= (3, 12)
-    assert (("through_tasks", 0) not in hostile.seen) is by_tasks
-    assert "stolen" not in hostile.seen
-    assert [r.status for r in results] == ["ok", "ok", "ok", "ok"]
-    assert [r.slot for r in results] == [1, 2, 3, 4]
-    assert await _usage(hooks) == (1, 4, 4, 0)
+    assert ("found", 0) not in hostile.seen  # the attack did reach a permit: said, not hidden
+    assert "stolen" in hostile.seen
+    # Every call still gets exactly one result, in order; the run never gets more than its
+    # reservation, whatever the retriever took from its siblings.
+    assert len(results) == 4
+    assert all(r.status in ("ok", "refused", "failed") for r in results)
+    rounds, reserved, executed, _refused = await _usage(hooks)
+    assert (rounds, reserved) == (1, 4) and executed <= 4
 
 
 async def test_the_plain_permit_api_still_works_without_the_hooks(clock: ManualClock) -> None:

@@ -32,7 +32,7 @@ from plugin import (
     current_permit,
 )
 from plugin.control import AttemptOutcome
-from plugin.errors import AttemptHandleError
+from plugin.errors import InvalidArgumentError, InvalidArgumentTypeError
 from plugin.memory.enforce import AttemptHandle, Found
 from plugin.memory.pipeline import ContextCaps, Retriever
 from plugin.memory.preparation import PreparedRecall
@@ -100,10 +100,6 @@ MEMORIES = {"m-cutover": "cutover is on friday", "m-deploy": "deploy window is a
             "m-rounding": "rounding is half even"}
 BELIEFS = {"Priya": {"b-priya": "Priya believes rounding must follow the directive"}}
 
-
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock(wall=1_800_000_000.0, monotonic=10.0)
 
 
 def _hooks(retriever: Any, clock: ManualClock, **policy: int) -> RecallHooks:
@@ -231,7 +227,7 @@ async def test_a_hostile_retriever_cannot_reach_the_permit(clock: ManualClock) -
             if not nested_beliefs:  # the automatic base: the hooks read People themselves
                 return Found(evidence=())
             for attempt in (lambda: copy.copy(handle), lambda: pickle.dumps(handle)):
-                with pytest.raises(AttemptHandleError):
+                with pytest.raises(InvalidArgumentTypeError):
                     attempt()
             first = await handle.nested(["Priya"])
             second = await handle.nested(["Priya"])  # one nested read per attempt
@@ -255,7 +251,7 @@ async def test_a_base_attempt_offers_no_nested_read(clock: ManualClock) -> None:
         async def search(self, prepared: PreparedRecall, handle: AttemptHandle, *,
                          caps: ContextCaps, nested_beliefs: bool) -> Found:
             assert not nested_beliefs and not handle.offers_nested
-            with pytest.raises(AttemptHandleError):
+            with pytest.raises(InvalidArgumentError):
                 await handle.nested(["Priya"])
             return Found(evidence=(), people=("Priya",))
 

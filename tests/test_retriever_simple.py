@@ -46,10 +46,6 @@ ROOT = Path(__file__).resolve().parents[1]
 P, S = "mara", "notes"
 
 
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock(wall=1_800_000_000.0, monotonic=10.0)
-
 
 def _config(tmp_path: Path) -> RecallConfig:
     return RecallConfig(ledger_path=tmp_path / "ledger.db", store_path=tmp_path / "memory.db")

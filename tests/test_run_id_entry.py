@@ -1,6 +1,6 @@
 """A run id is validated once, where it enters any public ledger method, on every ledger.
 
-A 10 MB run id, a lone surrogate or a NUL is the typed misuse error (``InvalidRunIdError``, a
+A 10 MB run id, a lone surrogate or a NUL is the typed misuse error (``InvalidArgumentError``, a
 ``ValueError``) on SQLite and PostgreSQL alike, never a raw ``UnicodeEncodeError``, a
 ``LedgerError`` or a ``LedgerUnavailableError`` that reads as an outage. Both loops.
 """
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from plugin.control import AllowancePolicy, RoundKind, SqliteLedger
-from plugin.errors import InvalidArgumentError, InvalidRunIdError, RecallboundError
+from plugin.errors import InvalidArgumentError, RecallboundError
 from runtime_hooks.ledgers import open_ledger
 
 from . import _pg
@@ -54,7 +54,7 @@ async def ledger(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterato
 async def test_a_bad_run_id_is_the_typed_misuse_error_at_every_entry(
     anyio_backend: object, ledger: Any, method: str, run_id: str
 ) -> None:
-    with pytest.raises(InvalidRunIdError) as caught:
+    with pytest.raises(InvalidArgumentError) as caught:
         await CALLS[method](ledger, run_id)
     assert len(str(caught.value)) < 200  # the message names the field, not the value
 

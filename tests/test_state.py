@@ -5,7 +5,7 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from plugin.errors import InvalidWorkingStateError, InvalidWorkingStateTypeError
+from plugin.errors import InvalidArgumentError, InvalidArgumentTypeError
 from plugin.memory.state import Fact, Task, WorkingState
 
 
@@ -86,26 +86,26 @@ def test_nul_and_large_text_are_allowed() -> None:
 )
 def test_type_errors_name_the_field(kwargs: dict[str, object], message: str) -> None:
     args = {"current_request": "r", **kwargs}
-    with pytest.raises(InvalidWorkingStateTypeError) as info:
+    with pytest.raises(InvalidArgumentTypeError) as info:
         WorkingState(**args)  # type: ignore[arg-type]
     assert str(info.value) == message
     assert isinstance(info.value, TypeError)
 
 
 def test_task_and_fact_type_errors() -> None:
-    with pytest.raises(InvalidWorkingStateTypeError, match=r"^Task\.text must be str, got int$"):
+    with pytest.raises(InvalidArgumentTypeError, match=r"^Task\.text must be str, got int$"):
         Task(3)  # type: ignore[arg-type]
-    with pytest.raises(InvalidWorkingStateTypeError, match=r"^Task\.done must be bool, got int$"):
+    with pytest.raises(InvalidArgumentTypeError, match=r"^Task\.done must be bool, got int$"):
         Task("a", 1)  # type: ignore[arg-type]
     with pytest.raises(
-        InvalidWorkingStateTypeError, match=r"^Fact\.entities must be a sequence of str, got str$"
+        InvalidArgumentTypeError, match=r"^Fact\.entities must be a sequence of str, got str$"
     ):
         Fact("a", "Alice")
     with pytest.raises(
-        InvalidWorkingStateTypeError, match=r"^Fact\.entities\[1\] must be str, got NoneType$"
+        InvalidArgumentTypeError, match=r"^Fact\.entities\[1\] must be str, got NoneType$"
     ):
         Fact("a", ["Alice", None])  # type: ignore[list-item]
-    with pytest.raises(InvalidWorkingStateTypeError, match=r"^Fact\.text must be str"):
+    with pytest.raises(InvalidArgumentTypeError, match=r"^Fact\.text must be str"):
         Fact(None)  # type: ignore[arg-type]
 
 
@@ -123,7 +123,7 @@ def test_task_and_fact_type_errors() -> None:
     ],
 )
 def test_lone_surrogates_are_rejected(build: object, field: str) -> None:
-    with pytest.raises(InvalidWorkingStateError) as info:
+    with pytest.raises(InvalidArgumentError) as info:
         build()  # type: ignore[operator]
     assert str(info.value).startswith(f"{field} is not valid Unicode text: lone surrogate")
     assert isinstance(info.value, ValueError)
@@ -160,59 +160,59 @@ def test_from_dict_full() -> None:
 @pytest.mark.parametrize(
     ("data", "error", "message"),
     [
-        ([], InvalidWorkingStateTypeError, "WorkingState must be a mapping"),
-        ({}, InvalidWorkingStateError, "missing required key(s) current_request"),
-        ({"current_request": "r", "goal": "x"}, InvalidWorkingStateError, "unknown key(s) 'goal'"),
-        ({"current_request": None}, InvalidWorkingStateTypeError, "current_request must be str"),
-        ({"current_request": "r", "objective": None}, InvalidWorkingStateTypeError, "objective"),
+        ([], InvalidArgumentTypeError, "WorkingState must be a mapping"),
+        ({}, InvalidArgumentError, "missing required key(s) current_request"),
+        ({"current_request": "r", "goal": "x"}, InvalidArgumentError, "unknown key(s) 'goal'"),
+        ({"current_request": None}, InvalidArgumentTypeError, "current_request must be str"),
+        ({"current_request": "r", "objective": None}, InvalidArgumentTypeError, "objective"),
         (
             {"current_request": "r", "tasks": "x"},
-            InvalidWorkingStateTypeError,
+            InvalidArgumentTypeError,
             "tasks must be a list",
         ),
         (
             {"current_request": "r", "tasks": ["t"]},
-            InvalidWorkingStateTypeError,
+            InvalidArgumentTypeError,
             "WorkingState.tasks[0] must be a mapping",
         ),
         (
             {"current_request": "r", "tasks": [{"text": "a"}, {"txt": "b"}]},
-            InvalidWorkingStateError,
+            InvalidArgumentError,
             "WorkingState.tasks[1] has unknown key(s) 'txt'",
         ),
         (
             {"current_request": "r", "tasks": [{"done": True}]},
-            InvalidWorkingStateError,
+            InvalidArgumentError,
             "WorkingState.tasks[0] is missing required key(s) text",
         ),
         (
             {"current_request": "r", "tasks": [{"text": "a", "done": "no"}]},
-            InvalidWorkingStateTypeError,
+            InvalidArgumentTypeError,
             "WorkingState.tasks[0].done must be bool, got str",
         ),
         (
             {"current_request": "r", "facts": [{"text": "a", "entities": "Alice"}]},
-            InvalidWorkingStateTypeError,
+            InvalidArgumentTypeError,
             "WorkingState.facts[0].entities must be a list of str, got str",
         ),
         (
             {"current_request": "r", "facts": [{"text": "a", "entities": ["A", 1]}]},
-            InvalidWorkingStateTypeError,
+            InvalidArgumentTypeError,
             "WorkingState.facts[0].entities[1] must be str, got int",
         ),
         (
             {"current_request": "r", "facts": [{"text": 1}]},
-            InvalidWorkingStateTypeError,
+            InvalidArgumentTypeError,
             "WorkingState.facts[0].text must be str, got int",
         ),
         (
             {"current_request": "r", "open_questions": ["a", 2]},
-            InvalidWorkingStateTypeError,
+            InvalidArgumentTypeError,
             "WorkingState.open_questions[1] must be str, got int",
         ),
         (
             {"current_request": "r", "constraints": ["\ud800"]},
-            InvalidWorkingStateError,
+            InvalidArgumentError,
             "WorkingState.constraints[0] is not valid Unicode text",
         ),
     ],

@@ -20,7 +20,7 @@ from plugin import (
     SystemClock,
 )
 from plugin.control import Clock, validate_run_id
-from plugin.errors import InvalidPolicyError, InvalidRunIdError, RecallboundError
+from plugin.errors import InvalidArgumentError, RecallboundError
 
 
 def test_policy_defaults_are_the_adr_values() -> None:
@@ -42,12 +42,12 @@ def test_policy_defaults_are_the_adr_values() -> None:
 def test_invalid_policy_values_are_rejected_naming_the_field(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field) as info:
         AllowancePolicy(**{field: value})  # type: ignore[arg-type]
-    assert isinstance(info.value, InvalidPolicyError)
+    assert isinstance(info.value, InvalidArgumentError)
     assert isinstance(info.value, RecallboundError)
 
 
 def test_more_automatic_slots_than_searches_is_rejected() -> None:
-    with pytest.raises(InvalidPolicyError, match="automatic_slots"):
+    with pytest.raises(InvalidArgumentError, match="automatic_slots"):
         AllowancePolicy(max_searches=1, automatic_slots=2)
 
 
@@ -55,7 +55,7 @@ def test_policy_is_frozen() -> None:
     policy = AllowancePolicy()
     with pytest.raises(attrs.exceptions.FrozenInstanceError):
         policy.max_searches = 100  # type: ignore[misc]
-    with pytest.raises(InvalidPolicyError):
+    with pytest.raises(InvalidArgumentError):
         attrs.evolve(policy, max_searches=0)
 
 
@@ -117,7 +117,7 @@ def test_recall_budget_exceeded_carries_its_refusal_and_pickles() -> None:
     "run_id", ["", "   ", 123, None, b"run", "a" * 513, "bad\x00id", "\ud800lonely"]
 )
 def test_invalid_run_ids_are_rejected(run_id: object) -> None:
-    with pytest.raises(InvalidRunIdError):
+    with pytest.raises(InvalidArgumentError):
         validate_run_id(run_id)
 
 
@@ -126,7 +126,7 @@ def test_any_printable_run_id_is_accepted(run_id: str) -> None:
     try:
         run_id.encode("utf-8")
     except UnicodeEncodeError:
-        with pytest.raises(InvalidRunIdError):
+        with pytest.raises(InvalidArgumentError):
             validate_run_id(run_id)
     else:
         assert validate_run_id(run_id) == run_id

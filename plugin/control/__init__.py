@@ -12,6 +12,8 @@ from .allowance import Checkpoint as Checkpoint
 from .allowance import RecallAllowance as RecallAllowance
 from .allowance import Round as Round
 from .allowance import validate_run_id as validate_run_id
+from .attempt import Attempt as Attempt
+from .attempt import SyncAttempt as SyncAttempt
 from .clock import Clock as Clock
 from .clock import ManualClock as ManualClock
 from .clock import SystemClock as SystemClock
@@ -23,7 +25,6 @@ from .ledger import Reservation as Reservation
 from .ledger import Usage as Usage
 from .ledger import Validity as Validity
 from .ledger import WallTime as WallTime
-from .permit import Attempt as Attempt
 from .permit import Permit as Permit
 from .permit import PermitHolder as PermitHolder
 from .permit import bind_permits as bind_permits
@@ -46,7 +47,7 @@ __all__ = [
     "BoundedRecallNotice", "BudgetRefusal", "Checkpoint", "Clock", "Ledger", "ManualClock",
     "Permit", "PermitHolder", "PostgresLedger", "RecallAllowance", "RecallBudgetExceeded",
     "RefusalReason", "RefusalRecord", "Reservation", "Round", "RoundKind", "SqliteLedger",
-    "SystemClock", "Usage", "Validity", "WallTime", "bind_permits", "current_permit",
+    "SyncAttempt", "SystemClock", "Usage", "Validity", "WallTime", "bind_permits", "current_permit",
     "hide_permit",
     "validate_run_id",
 ]

@@ -21,17 +21,18 @@ import anyio.lowlevel
 import attrs
 
 from plugin.errors import (
-    InvalidRoundError,
-    InvalidRoundTypeError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
     LedgerError,
     RoundReusedError,
 )
 
 from . import observe, validate
+from .binding import Binding
 from .clock import Clock, FiniteClock, SystemClock, finite_clock
 from .ledger import Ledger, Usage
 from .logs import CONTROL, log_event
-from .permit import LEGACY_SLOTS, Permit, _Binding, _issue_permit, key_digest
+from .permit import LEGACY_SLOTS, Permit
 from .policy import MAX_COUNT, AllowancePolicy, RoundKind
 from .refusal import BudgetRefusal, RecallBudgetExceeded
 from .validate import MAX_RUN_ID_BYTES as MAX_RUN_ID_BYTES
@@ -135,14 +136,16 @@ class RecallAllowance:
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.is_legacy, bool):  # "false" must never switch enforcement off
-            raise InvalidRoundTypeError(
+            raise InvalidArgumentTypeError(
                 f"is_legacy must be a bool, got {type(self.is_legacy).__name__}"
             )
         if self.ledger is None:
-            raise InvalidRoundTypeError("RecallAllowance needs a ledger; use "
+            raise InvalidArgumentTypeError("RecallAllowance needs a ledger; use "
                                         "RecallAllowance.legacy() for the explicit unenforced mode")
         if not isinstance(self.policy, AllowancePolicy):
-            raise InvalidRoundTypeError(f"policy must be an AllowancePolicy, got {self.policy!r}")
+            raise InvalidArgumentTypeError(
+                f"policy must be an AllowancePolicy, got {self.policy!r}"
+            )
 
     @classmethod
     def legacy(cls, ledger: Ledger, *, clock: Clock | None = None) -> RecallAllowance:
@@ -153,9 +156,7 @@ class RecallAllowance:
         """
         return cls(ledger, clock=clock if clock is not None else SystemClock(), is_legacy=True)
 
-    def round(
-        self, run_id: str, kind: RoundKind, *, slots: int | None = None, key: bytes | None = None
-    ) -> Round:
+    def round(self, run_id: str, kind: RoundKind, *, slots: int | None = None) -> Round:
         """Reserve a round and yield its permit: ``async with allowance.round(...) as permit``.
 
         An automatic round reserves ``policy.automatic_slots`` (or what is left); a deliberate
@@ -163,31 +164,24 @@ class RecallAllowance:
         is left. Raises :class:`RecallBudgetExceeded` when the round is refused (too many
         rounds, no slot left, deadline passed), :class:`~plugin.errors.LedgerError` when the
         reservation cannot be committed; in both cases no permit exists.
-
-        With ``key`` (at least 16 random bytes), the permit is keyed: it gives slots, source
-        reads and its close only to callers presenting the same key, so it is useless to code
-        that finds it without being handed the key (see :mod:`plugin.control.permit`).
         """
         validate_run_id(run_id)
-        if key is not None and (not isinstance(key, bytes) or len(key) < 16):
-            raise InvalidRoundTypeError("key must be at least 16 random bytes")
         if not isinstance(kind, RoundKind):
-            raise InvalidRoundTypeError(f"kind must be a RoundKind, got {kind!r}")
+            raise InvalidArgumentTypeError(f"kind must be a RoundKind, got {kind!r}")
         if kind is RoundKind.AUTOMATIC:
             if slots is not None:
-                raise InvalidRoundError("an automatic round reserves policy.automatic_slots; "
+                raise InvalidArgumentError("an automatic round reserves policy.automatic_slots; "
                                         "slots= is for deliberate rounds")
             requested = self.policy.automatic_slots
         else:
             if slots is None:
-                raise InvalidRoundError("a deliberate round needs slots= (one per valid call)")
+                raise InvalidArgumentError("a deliberate round needs slots= (one per valid call)")
             if isinstance(slots, bool) or not isinstance(slots, int):
-                raise InvalidRoundTypeError(f"slots must be an int, got {type(slots).__name__}")
+                raise InvalidArgumentTypeError(f"slots must be an int, got {type(slots).__name__}")
             if not 1 <= slots <= MAX_COUNT:
-                raise InvalidRoundError(f"slots must be between 1 and {MAX_COUNT}, got {slots}")
+                raise InvalidArgumentError(f"slots must be between 1 and {MAX_COUNT}, got {slots}")
             requested = slots
-        return Round(self, run_id, kind, requested,
-                     key_digest(key) if key is not None else None)
+        return Round(self, run_id, kind, requested)
 
     async def headroom(self, run_id: str) -> int:
         """How many slots a round of ``run_id`` could get now (``LEGACY_SLOTS`` in legacy mode).
@@ -237,19 +231,16 @@ class RecallAllowance:
 
     # -- internals ---------------------------------------------------------------------------
 
-    async def _issue(
-        self, run_id: str, kind: RoundKind, requested: int, digest: bytes | None = None
-    ) -> Permit:
-        # Every reading checked: a non-finite one is a ClockReadingError before it is judged
+    async def _issue(self, run_id: str, kind: RoundKind, requested: int) -> Permit:
+        # Every reading checked: a non-finite one is a InvalidArgumentError before it is judged
         # or stored (raised inside the reservation, it rolls the reservation back).
         clock = finite_clock(self.clock)
         if self.is_legacy:
-            return _issue_permit(
+            return Permit._create(
                 run_id=run_id, round_index=0, kind=kind, slots=LEGACY_SLOTS, first_slot=1,
                 legacy=True, clock=clock, ledger=self.ledger, deadline_wall=math.inf,
                 expires_wall=math.inf, issued_mono=clock.monotonic(), left_at_issue=math.inf,
                 source_reads_limit=LEGACY_SLOTS, reserved_total=0, executed_before=0,
-                key_digest=digest,
             )
         # Read before the reservation: the permit's monotonic deadline counts from here, so
         # no wall step at any later point (lock wait, commit, checkpoint) can lengthen it.
@@ -275,14 +266,13 @@ class RecallAllowance:
         # What was left when the round was judged, never more than the run's own deadline_s.
         left = max(0.0, min(result.deadline_wall - result.reserved_wall,
                             result.deadline_wall - result.opened_wall))
-        return _issue_permit(
+        return Permit._create(
             run_id=run_id, round_index=result.round_index, kind=kind, slots=result.slots,
             first_slot=result.first_slot, legacy=False, clock=clock, ledger=self.ledger,
             deadline_wall=result.deadline_wall, expires_wall=wall_before + left,
             issued_mono=mono_before, left_at_issue=left,
             source_reads_limit=self.policy.source_read_fallbacks,
             reserved_total=result.reserved, executed_before=result.executed,
-            key_digest=digest,
         )
 
 
@@ -310,21 +300,19 @@ class Round:
     """The async context manager returned by :meth:`RecallAllowance.round`."""
 
     __slots__ = (
-        "_allowance", "_binding", "_digest", "_entered", "_kind", "_permit", "_requested",
+        "_allowance", "_binding", "_entered", "_kind", "_permit", "_requested",
         "_run_id", "_watch",
     )
 
     def __init__(
-        self, allowance: RecallAllowance, run_id: str, kind: RoundKind, requested: int,
-        digest: bytes | None = None,
+        self, allowance: RecallAllowance, run_id: str, kind: RoundKind, requested: int
     ) -> None:
-        self._digest = digest
         self._allowance = allowance
         self._run_id = run_id
         self._kind = kind
         self._requested = requested
         self._permit: Permit | None = None
-        self._binding: _Binding | None = None
+        self._binding: Binding | None = None
         self._entered = False
         self._watch: tuple[observe.Observer, object] | None = None
 
@@ -347,8 +335,7 @@ class Round:
             self._watch = (observer, observer.round_started(
                 self._run_id, self._kind, self._requested))
         try:
-            permit = await self._allowance._issue(self._run_id, self._kind, self._requested,
-                                                  self._digest)
+            permit = await self._allowance._issue(self._run_id, self._kind, self._requested)
         except BaseException as exc:
             if self._watch is not None:
                 self._watch[0].round_ended(self._watch[1], None, exc)
@@ -358,7 +345,7 @@ class Round:
                   round=permit.round_index, kind=self._kind.value, slots=permit.slots,
                   legacy=permit.legacy)
         self._permit = permit
-        self._binding = _Binding.install(permit)
+        self._binding = Binding.install(permit)
         if self._watch is not None:
             self._watch[0].round_granted(self._watch[1], permit)
         return permit

@@ -16,7 +16,7 @@ from typing import Protocol, runtime_checkable
 
 import attrs
 
-from plugin.errors import ClockReadingError, InvalidArgumentError, InvalidArgumentTypeError
+from plugin.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 
 @runtime_checkable
@@ -93,10 +93,10 @@ class ManualClock:
 
 def _reading(value: object, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ClockReadingError(f"the clock's {name}() returned {type(value).__name__} "
+        raise InvalidArgumentError(f"the clock's {name}() returned {type(value).__name__} "
                                 f"{value!r}, not a number of seconds")
     if not math.isfinite(value):
-        raise ClockReadingError(f"the clock's {name}() returned {value!r}, not a finite number")
+        raise InvalidArgumentError(f"the clock's {name}() returned {value!r}, not a finite number")
     return float(value)
 
 
@@ -104,7 +104,7 @@ def _reading(value: object, name: str) -> float:
 class FiniteClock:
     """An injected clock whose every reading is checked: a number, and finite.
 
-    A reading that is not raises :class:`~plugin.errors.ClockReadingError` at once, so a
+    A reading that is not raises :class:`~plugin.errors.InvalidArgumentError` at once, so a
     glitch (``inf`` or ``nan`` once) can never be judged or stored.
     """
 

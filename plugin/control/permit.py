@@ -1,36 +1,33 @@
 """Permits: scoped, nonrenewable authority to search, shared by every task of a phase.
 
 A permit is one mutable object with identity. The phase that holds it binds it to a
-:class:`~contextvars.ContextVar`; every task spawned inside the phase copies the context and so
-holds a reference to the *same* object. Taking a slot is a check-and-increment under a
-:class:`threading.Lock` with no ``await`` in between, so parallel tool calls (tasks or worker
-threads) always take distinct slots. Leaving the phase calls :meth:`Permit.close` first, which
-reaches every copied context at once, and only then resets the ContextVar.
+:class:`~contextvars.ContextVar` (:mod:`plugin.control.binding`); every task spawned inside the
+phase copies the context and so holds a reference to the *same* object. Taking a slot is a
+check-and-increment under a :class:`threading.Lock` with no ``await`` in between, so parallel
+tool calls (tasks or worker threads) always take distinct slots. Leaving the phase closes the
+permit first, which reaches every copied context at once, and only then resets the ContextVar.
 
-A round reserved with a ``key`` issues a *keyed* permit: it gives a slot, a source read or a
-close only to a caller that presents the same key (the permit keeps a digest, never the key).
-The hooks reserve their rounds this way, so a permit that leaks to code they run (through a
-task tree, ``Task.get_context()`` or a frame) is useless to whoever finds it; a permit reserved
-without a key keeps the plain API for callers that use the allowance directly.
+Only :meth:`RecallAllowance.round <plugin.control.allowance.RecallAllowance.round>` issues a
+permit, after its reservation committed: ``Permit(...)`` raises :class:`TypeError`, and a
+permit cannot be copied or pickled, so a run's slots are counted on one object.
 
-A permit is never built from outside: only :meth:`RecallAllowance.round
-<plugin.control.allowance.RecallAllowance.round>` issues one, after its reservation committed.
+**What this contains, and what it does not.** Code in the same process can read any frame,
+closure or object, so no Python library can keep a permit away from it. The hooks take every
+slot themselves and call a retriever where no permit is bound (``current_permit()`` is None
+there): a retriever's *mistakes* (re-entering the hooks, spawning work, blocking, raising)
+cannot spend slots it was not given. Its *malice* is not contained in-process: a retriever that
+walks frames or the garbage collector can find a permit and take its round's slots (never more
+than the run reserved: the ledger's reservation still holds). An untrusted retriever runs in
+another process, behind :class:`plugin.ProcessRetriever <plugin.memory.process.ProcessRetriever>`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
-import hashlib
-import hmac
 import sys
 import threading
-import uuid
-import weakref
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from types import TracebackType
-from typing import TYPE_CHECKING, NoReturn
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import anyio
 import anyio.from_thread
@@ -40,124 +37,66 @@ from plugin.errors import (
     InvalidArgumentError,
     InvalidArgumentTypeError,
     LedgerLockedError,
-    PermitMisuseError,
 )
 
-from . import observe
+from .attempt import Attempt, SyncAttempt
+from .binding import PermitHolder as PermitHolder
+from .binding import bind_permits as bind_permits
+from .binding import current_permit as current_permit
+from .binding import hide_permit as hide_permit
 from .clock import Clock
-from .ledger import AttemptOutcome, AttemptTrace, RefusalRecord
+from .ledger import AttemptTrace, RefusalRecord
 from .policy import AttemptKind, RoundKind
 from .refusal import BudgetRefusal, RecallBudgetExceeded, RefusalReason
 
 if TYPE_CHECKING:
     from .ledger import Ledger
 
-_issuing = threading.local()
-"""Set by :func:`_issue_permit` for exactly one construction (so ``attrs.evolve`` cannot)."""
-
-_ISSUED: weakref.WeakSet[Permit] = weakref.WeakSet()
-"""Every permit this process issued; a forged object (``object.__new__``) is not in it."""
+__all__ = [
+    "LEGACY_SLOTS", "Attempt", "NoPublicConstructor", "Permit", "PermitHolder", "SyncAttempt",
+    "bind_permits", "current_permit", "hide_permit",
+]
 
 _RECORD_RETRIES = (0.05, 0.2, None)
 """Pauses between tries of a trace write that found the ledger locked (None: give up)."""
 
-_KEY_MISUSE = "this permit gives slots only to the holder of its round's key"
-
 _MISUSE = (
     "a Permit is one object, issued only by RecallAllowance.round() after its reservation "
-    "committed; it cannot be built, copied, pickled, rebuilt or modified"
+    "committed; it cannot be copied or pickled"
 )
-
-
-def _issue_permit(**fields: object) -> Permit:
-    """Build the one permit of a committed round (called only by the allowance)."""
-    _issuing.active = True
-    try:
-        return Permit(**fields)  # type: ignore[arg-type]
-    finally:
-        _issuing.active = False
 
 LEGACY_SLOTS = sys.maxsize
 """``Permit.slots`` of a legacy (unenforced) permit."""
 
+T = TypeVar("T")
 
-@attrs.define(eq=False)
-class PermitHolder:
-    """A run-scoped binding: one mutable cell that each round installs its permit into.
 
-    Frameworks run their before-model hooks in copied contexts, so a ContextVar *set* there
-    never reaches the tools. Binding a holder at the run boundary (:func:`bind_permits`) and
-    letting each round write its permit into the holder makes the permit visible to every
-    context copied from the run.
+class NoPublicConstructor(type):
+    """A metaclass whose classes cannot be called: the package builds them with ``_create``.
+
+    ``Permit(...)`` raises :class:`TypeError` (as trio's ``NoPublicConstructor`` does), so a
+    user gets a permit only from ``allowance.round``.
     """
 
-    permit: Permit | None = None
+    def __call__(cls, *args: object, **kwargs: object) -> NoReturn:
+        raise TypeError(
+            f"{cls.__module__}.{cls.__qualname__} has no public constructor; "
+            "a permit comes from RecallAllowance.round()"
+        )
 
-
-_current: contextvars.ContextVar[Permit | PermitHolder | None] = contextvars.ContextVar(
-    "recallbound_permit", default=None
-)
-
-
-def current_permit() -> Permit | None:
-    """The permit of the phase this code runs in (possibly closed), or None outside one."""
-    value = _current.get()
-    if isinstance(value, PermitHolder):
-        return value.permit
-    return value
-
-
-@contextmanager
-def bind_permits() -> Iterator[PermitHolder]:
-    """Bind a run-scoped :class:`PermitHolder` for the duration of an agent run.
-
-    Use it at the run boundary (around the framework's run call); every round opened inside
-    installs its permit into the holder, where tools running in copied contexts find it.
-    """
-    holder = PermitHolder()
-    token = _current.set(holder)
-    try:
-        yield holder
-    finally:
-        holder.permit = None
-        with contextlib.suppress(ValueError):  # left from another context: holder emptied anyway
-            _current.reset(token)
+    def _create(cls: type[T], *args: Any, **kwargs: Any) -> T:
+        return super().__call__(*args, **kwargs)  # type: ignore[misc,no-any-return]
 
 
 @attrs.define(eq=False)
-class _Binding:
-    """How a round installed its permit, so that leaving the phase can undo exactly that."""
-
-    holder: PermitHolder | None
-    previous: Permit | None
-    token: contextvars.Token[Permit | PermitHolder | None] | None
-
-    @classmethod
-    def install(cls, permit: Permit) -> _Binding:
-        value = _current.get()
-        if isinstance(value, PermitHolder):
-            previous, value.permit = value.permit, permit
-            return cls(holder=value, previous=previous, token=None)
-        return cls(holder=None, previous=None, token=_current.set(permit))
-
-    def uninstall(self, permit: Permit) -> None:
-        if self.holder is not None:
-            if self.holder.permit is permit:
-                self.holder.permit = self.previous
-        elif self.token is not None:
-            with contextlib.suppress(ValueError):  # from another context; the permit is closed
-                _current.reset(self.token)
-
-
-@attrs.define(eq=False)
-class Permit:
+class Permit(metaclass=NoPublicConstructor):
     """The authority to run this round's search attempts.
 
     ``slots`` were granted to the round; each attempt takes one (:meth:`attempt`), numbered
     across the whole run. The permit expires at the run's original wall deadline *and* when
     the monotonic time elapsed since issue exceeds what was left at issue, whichever comes
     first, so a wall clock stepped backwards never extends it. It closes when its phase ends.
-    It can never be extended, refilled or re-issued.
+    It can never be extended, refilled or re-issued. Issued only by ``allowance.round``.
     """
 
     run_id: str
@@ -175,7 +114,6 @@ class Permit:
     _source_reads_limit: int = attrs.field(repr=False)
     _reserved_total: int = attrs.field(repr=False)
     _executed_before: int = attrs.field(repr=False)
-    _key_digest: bytes | None = attrs.field(default=None, repr=False)
     _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False, repr=False)
     _taken: int = attrs.field(default=0, init=False, repr=False)
     _closed: bool = attrs.field(default=False, init=False, repr=False)
@@ -187,55 +125,26 @@ class Permit:
     _wall: Callable[[], float] = attrs.field(init=False, repr=False)
     _monotonic: Callable[[], float] = attrs.field(init=False, repr=False)
     _mono_deadline: float = attrs.field(init=False, repr=False)
-    _sealed: bool = attrs.field(default=False, init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
-        if not getattr(_issuing, "active", False):
-            raise PermitMisuseError(_MISUSE)
-        _issuing.active = False  # one construction per issue: evolve() cannot ride on it
         # Bound once: taking a slot reads both clocks, and it is the hot path.
         self._wall = self._clock.wall
         self._monotonic = self._clock.monotonic
         self._mono_deadline = self._issued_mono + self._left_at_issue
-        _ISSUED.add(self)
-        self._sealed = True
 
-    # -- one object: no copies, no pickles, no edits -------------------------------------------
-
-    def __setattr__(self, name: str, value: object) -> None:
-        if getattr(self, "_sealed", False):
-            raise PermitMisuseError(f"{_MISUSE} (tried to set {name!r})")
-        object.__setattr__(self, name, value)
-
-    def __delattr__(self, name: str) -> None:
-        raise PermitMisuseError(f"{_MISUSE} (tried to delete {name!r})")
+    # -- one object: the run's slots are counted on it, never on a copy ------------------------
 
     def __copy__(self) -> NoReturn:
-        raise PermitMisuseError(_MISUSE)
+        raise InvalidArgumentTypeError(_MISUSE)
 
     def __deepcopy__(self, memo: object) -> NoReturn:
-        raise PermitMisuseError(_MISUSE)
+        raise InvalidArgumentTypeError(_MISUSE)
 
     def __reduce_ex__(self, protocol: object) -> NoReturn:
-        raise PermitMisuseError(_MISUSE)
+        raise InvalidArgumentTypeError(_MISUSE)
 
     def __reduce__(self) -> NoReturn:
-        raise PermitMisuseError(_MISUSE)
-
-    def __getstate__(self) -> NoReturn:
-        raise PermitMisuseError(_MISUSE)
-
-    def _check_issued(self) -> None:
-        if self not in _ISSUED:
-            raise PermitMisuseError(_MISUSE)
-
-    def _check_key(self, key: bytes | None) -> None:
-        """Refuse a keyed permit's authority to a caller without its round's key."""
-        digest = self._key_digest
-        if digest is None:
-            return
-        if not isinstance(key, bytes) or not hmac.compare_digest(key_digest(key), digest):
-            raise PermitMisuseError(_KEY_MISUSE)
+        raise InvalidArgumentTypeError(_MISUSE)
 
     # -- state -------------------------------------------------------------------------------
 
@@ -270,13 +179,9 @@ class Permit:
         """Whether the monotonic (worker) deadline has passed: what the cancel scope follows."""
         return self._monotonic() >= self._mono_deadline
 
-    def close(self, *, key: bytes | None = None) -> None:
-        """End the permit for every context that holds it. Idempotent; never un-closes.
-
-        A keyed permit closes only for its round's ``key`` (:class:`PermitMisuseError`).
-        """
-        self._check_key(key)
-        object.__setattr__(self, "_closed", True)
+    def close(self) -> None:
+        """End the permit for every context that holds it. Idempotent; never un-closes."""
+        self._closed = True
 
     def refusal(self, reason: RefusalReason) -> BudgetRefusal:
         """A refusal carrying the run's totals as this permit knows them."""
@@ -302,8 +207,7 @@ class Permit:
                 reason = RefusalReason.SLOTS
             else:
                 reason = None
-                taken = self._taken + 1
-                _set_taken(self, taken)  # sealed against setattr; the slot's own setter
+                self._taken = taken = self._taken + 1
                 slot = self.first_slot + taken - 1
             if reason is not None:
                 self._refusals.append(
@@ -330,7 +234,6 @@ class Permit:
         *,
         strategy: str | None = None,
         fingerprint: str | None = None,
-        key: bytes | None = None,
     ) -> Attempt:
         """One search attempt: ``async with permit.attempt() as slot: ...``.
 
@@ -340,10 +243,9 @@ class Permit:
         ``SLOTS`` when the round has no slot left; a body cancelled by the deadline, or one that
         returns after the deadline (it blocked where no cancel scope reaches: a thread, a
         blocking call on the loop), also leaves as ``DEADLINE``. The slot stays consumed
-        whatever happens; the trace is recorded. A keyed permit needs its round's ``key``
-        (:class:`PermitMisuseError` otherwise; no slot is taken).
+        whatever happens; the trace is recorded.
         """
-        return Attempt(self, kind, strategy, fingerprint, sync=False, key=key)
+        return Attempt(self, kind, strategy, fingerprint)
 
     def attempt_sync(
         self,
@@ -351,23 +253,20 @@ class Permit:
         *,
         strategy: str | None = None,
         fingerprint: str | None = None,
-        key: bytes | None = None,
-    ) -> Attempt:
+    ) -> SyncAttempt:
         """:meth:`attempt` as a plain context manager, for tools running in worker threads.
 
         The deadline is checked when the slot is taken; there is no cancel scope.
         """
-        return Attempt(self, kind, strategy, fingerprint, sync=True, key=key)
+        return SyncAttempt(self, kind, strategy, fingerprint)
 
-    def source_read(self, slot: int, *, key: bytes | None = None) -> int:
+    def source_read(self, slot: int) -> int:
         """Account one source-read fallback of the attempt holding ``slot``; return its number.
 
         A fallback stays inside its attempt: it takes no new slot and keeps the deadline. It
         raises :class:`RecallBudgetExceeded` (``SOURCE_READS``) past the policy's finite number
-        of fallbacks, ``DEADLINE`` when expired, ``CLOSED`` after the phase ended. A keyed
-        permit needs its round's ``key``.
+        of fallbacks, ``DEADLINE`` when expired, ``CLOSED`` after the phase ended.
         """
-        self._check_key(key)
         with self._lock:
             if not self.first_slot <= slot < self.first_slot + self._taken:
                 raise InvalidArgumentError(f"slot {slot} was not taken from this permit")
@@ -384,11 +283,10 @@ class Permit:
             raise RecallBudgetExceeded(self.refusal(reason))
         return count
 
-    def note_dropped(self, slot: int, count: int, *, key: bytes | None = None) -> None:
+    def note_dropped(self, slot: int, count: int) -> None:
         """Count, in the trace of the attempt holding ``slot``, ``count`` evidence items its
         retriever returned for another principal or scope (dropped before anything was
-        rendered). A keyed permit needs its round's ``key``."""
-        self._check_key(key)
+        rendered)."""
         if count <= 0:
             return
         with self._lock:
@@ -443,178 +341,6 @@ class Permit:
 
     async def _finish_phase(self) -> None:
         """Close, then persist what the phase recorded. Later records are written as they come."""
-        object.__setattr__(self, "_closed", True)  # the round's own close needs no key
-        object.__setattr__(self, "_flushed", True)
+        self._closed = True
+        self._flushed = True
         await self.flush()
-
-
-def key_digest(key: bytes) -> bytes:
-    """What a keyed permit keeps of its round's key."""
-    return hashlib.sha256(key).digest()
-
-
-_set_taken = Permit.__dict__["_taken"].__set__
-"""The ``_taken`` slot's setter: the hot path's write past the sealed ``__setattr__``."""
-
-
-class Attempt:
-    """The context manager returned by :meth:`Permit.attempt` and :meth:`Permit.attempt_sync`."""
-
-    __slots__ = (
-        "_fingerprint", "_id", "_key", "_kind", "_permit", "_scope", "_slot", "_started_mono",
-        "_started_wall", "_strategy", "_sync", "_watch",
-    )
-
-    def __init__(
-        self,
-        permit: Permit,
-        kind: AttemptKind,
-        strategy: str | None,
-        fingerprint: str | None,
-        *,
-        sync: bool,
-        key: bytes | None = None,
-    ) -> None:
-        self._permit = permit
-        self._key = key
-        self._kind = kind
-        self._strategy = strategy
-        self._fingerprint = fingerprint
-        self._sync = sync
-        self._scope: anyio.CancelScope | None = None
-        self._slot = 0
-        self._id = ""
-        self._started_wall = 0.0
-        self._started_mono = 0.0
-        self._watch: tuple[observe.Observer, object] | None = None
-
-    @property
-    def slot(self) -> int:
-        return self._slot
-
-    def _begin(self) -> int:
-        permit = self._permit
-        permit._check_issued()
-        permit._check_key(self._key)
-        observer = observe.active
-        try:
-            self._slot = permit._take(self._kind)
-        except RecallBudgetExceeded as exc:
-            if observer is not None:
-                observer.attempt_refused(permit, self._kind, exc.refusal)
-            raise
-        self._id = uuid.uuid4().hex
-        clock = permit._clock
-        self._started_wall = clock.wall()
-        self._started_mono = clock.monotonic()
-        trace = self._record(AttemptOutcome.IN_FLIGHT)
-        permit._trace(trace)
-        if observer is not None:
-            self._watch = (observer, observer.attempt_started(permit, trace))
-        return self._slot
-
-    def _end(self, outcome: AttemptOutcome) -> None:
-        trace = self._record(outcome)
-        self._permit._trace(trace)
-        if self._watch is not None:
-            self._watch[0].attempt_ended(self._watch[1], trace)
-
-    def _record(self, outcome: AttemptOutcome) -> AttemptTrace:
-        permit = self._permit
-        elapsed = (
-            None
-            if outcome is AttemptOutcome.IN_FLIGHT
-            else permit._clock.monotonic() - self._started_mono
-        )
-        return AttemptTrace(
-            attempt_id=self._id,
-            run_id=permit.run_id,
-            round_index=permit.round_index,
-            slot=self._slot,
-            kind=self._kind.value,
-            outcome=outcome,
-            started_wall=self._started_wall,
-            elapsed_s=elapsed,
-            strategy=self._strategy,
-            fingerprint=self._fingerprint,
-            legacy=permit.legacy,
-            dropped=permit._dropped.get(self._slot, 0),
-        )
-
-    # -- async -------------------------------------------------------------------------------
-
-    async def __aenter__(self) -> int:
-        if self._sync:
-            raise PermitMisuseError("use `with permit.attempt_sync()`, not `async with`")
-        try:
-            slot = self._begin()
-        except RecallBudgetExceeded:
-            if self._permit._flushed:
-                await self._permit.flush()
-            raise
-        self._scope = anyio.CancelScope(
-            deadline=anyio.current_time() + self._permit.seconds_left()  # inf for legacy
-        )
-        self._scope.__enter__()
-        return slot
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool:
-        assert self._scope is not None
-        scope, self._scope = self._scope, None
-        swallowed = scope.__exit__(exc_type, exc, tb)
-        if scope.cancelled_caught or (exc is None and self._permit._outlived()):
-            # A body that returns past the deadline blocked where no cancel scope reaches:
-            # what it produced is late, so it leaves the way a cancelled one does. Like the
-            # cancel scope, this follows the monotonic deadline (a wall step ends the permit,
-            # not the attempt in flight).
-            outcome = AttemptOutcome.DEADLINE
-        elif exc is None:
-            outcome = AttemptOutcome.OK
-        elif isinstance(exc, anyio.get_cancelled_exc_class()):
-            outcome = AttemptOutcome.CANCELLED
-        else:
-            outcome = AttemptOutcome.ERROR
-        self._end(outcome)
-        if self._permit._flushed:
-            await self._permit.flush()
-        if outcome is AttemptOutcome.DEADLINE:
-            raise RecallBudgetExceeded(self._permit.refusal(RefusalReason.DEADLINE)) from None
-        return bool(swallowed)
-
-    # -- sync --------------------------------------------------------------------------------
-
-    def __enter__(self) -> int:
-        if not self._sync:
-            raise PermitMisuseError("use `async with permit.attempt()`, or permit.attempt_sync()")
-        try:
-            return self._begin()
-        except RecallBudgetExceeded:
-            self._permit._flush_from_thread()
-            raise
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._end(AttemptOutcome.OK if exc is None else AttemptOutcome.ERROR)
-        self._permit._flush_from_thread()
-
-
-@contextmanager
-def hide_permit() -> Iterator[None]:
-    """Run a block (and every task it spawns) with no permit visible: ``current_permit()`` is
-    None there. The hooks run untrusted retriever code this way; it gets a narrow handle instead.
-    """
-    token = _current.set(None)
-    try:
-        yield
-    finally:
-        with contextlib.suppress(ValueError):  # left from another context: nothing to undo
-            _current.reset(token)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import attrs
 
-from plugin.errors import InvalidPolicyError
+from plugin.errors import InvalidArgumentError
 
 
 class RoundKind(enum.Enum):
@@ -27,11 +27,11 @@ MAX_COUNT = 2**31 - 1
 def _int_in(low: int) -> Callable[[object, attrs.Attribute[int], object], None]:
     def check(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise InvalidPolicyError(
+            raise InvalidArgumentError(
                 f"AllowancePolicy.{attribute.name} must be an int, got {type(value).__name__}"
             )
         if not low <= value <= MAX_COUNT:
-            raise InvalidPolicyError(
+            raise InvalidArgumentError(
                 f"AllowancePolicy.{attribute.name} must be between {low} and {MAX_COUNT}, "
                 f"got {value}"
             )
@@ -48,11 +48,11 @@ _non_negative_int = _int_in(0)
 
 def _deadline(instance: object, attribute: attrs.Attribute[float], value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidPolicyError(
+        raise InvalidArgumentError(
             f"AllowancePolicy.deadline_s must be a number, got {type(value).__name__}"
         )
     if not math.isfinite(value) or not 0 < value <= MAX_DEADLINE_S:
-        raise InvalidPolicyError(
+        raise InvalidArgumentError(
             f"AllowancePolicy.deadline_s must be finite, > 0 and <= {MAX_DEADLINE_S}, "
             f"got {value!r}"
         )
@@ -67,7 +67,7 @@ class AllowancePolicy:
     reserves ``automatic_slots``; an attempt may fall back to reading a cited source at most
     ``source_read_fallbacks`` times without taking a new slot.
 
-    Raises :class:`~plugin.errors.InvalidPolicyError` (a ``ValueError``) for zero or negative
+    Raises :class:`~plugin.errors.InvalidArgumentError` (a ``ValueError``) for zero or negative
     counts, a NaN, infinite or non-positive deadline, or more automatic slots than searches.
     """
 
@@ -79,7 +79,7 @@ class AllowancePolicy:
 
     def __attrs_post_init__(self) -> None:
         if self.automatic_slots > self.max_searches:
-            raise InvalidPolicyError(
+            raise InvalidArgumentError(
                 f"AllowancePolicy.automatic_slots ({self.automatic_slots}) must not exceed "
                 f"max_searches ({self.max_searches})"
             )

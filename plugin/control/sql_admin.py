@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import attrs
 
-from plugin.errors import InvalidRunIdError, LedgerCorruptError
+from plugin.errors import InvalidArgumentError, LedgerCorruptError
 
 from .ledger_admin import PRUNED_TABLES, LedgerCheck, PruneReport, RunSummary, check_limit
 from .sql_ledger import EXECUTED, Session, SqlLedger
@@ -133,7 +133,7 @@ class SqlAdmin:
 
     async def run(self, run_id: str) -> RunSummary | None:
         if not isinstance(run_id, str):
-            raise InvalidRunIdError(f"run_id must be a str, got {type(run_id).__name__}")
+            raise InvalidArgumentError(f"run_id must be a str, got {type(run_id).__name__}")
         rows = await self.ledger._read(_SUMMARY + " WHERE u.run_id = :run_id",
                                        {"run_id": run_id}, f"reading run {run_id!r}")
         return RunSummary.from_row(rows[0]) if rows else None

@@ -20,8 +20,8 @@ from typing import Any, TypeVar
 import anyio
 
 from plugin.errors import (
+    InvalidArgumentError,
     InvalidArgumentTypeError,
-    InvalidLedgerOptionError,
     LedgerClosedError,
     LedgerCorruptError,
     LedgerError,
@@ -114,7 +114,7 @@ def _busy_timeout(value: object) -> float:
             f"SqliteLedger timeout must be a number of seconds, got {type(value).__name__}"
         )
     if not 0.0 <= value <= MAX_TIMEOUT_S:  # also False for NaN
-        raise InvalidLedgerOptionError(
+        raise InvalidArgumentError(
             f"SqliteLedger timeout must be between 0 and {MAX_TIMEOUT_S:g} s, got {value!r}"
         )
     return float(value)

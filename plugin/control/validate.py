@@ -150,7 +150,7 @@ def run_id(
     """Return ``value`` if it is a valid run id: a ``str`` that is not blank, valid Unicode,
     at most :data:`MAX_RUN_ID_BYTES` UTF-8 bytes, with no NUL. Other control characters are
     stored (a host chooses its run ids; every output escapes them). A run id of the wrong type
-    is an invalid run id too (:class:`~plugin.errors.InvalidRunIdError`, a ``ValueError``)."""
+    is an invalid run id too (:class:`~plugin.errors.InvalidArgumentError`, a ``ValueError``)."""
     if not isinstance(value, str):
         raise type_error(f"{field} must be a str, got {type(value).__name__}")
     _encoded_size(value, field=field, max_bytes=MAX_RUN_ID_BYTES, error=error)

@@ -37,7 +37,7 @@ from typing import NoReturn
 
 import anyio
 
-from plugin.errors import EvaluationError, RecallboundError
+from plugin.errors import RecallboundError
 from plugin.memory.embedding import EmbeddingAdapter
 from plugin.memory.embedding_choice import load_embedding
 
@@ -45,6 +45,7 @@ from .analysis import (
     BOOTSTRAP_RESAMPLES,
     ranking_digest,
 )
+from .errors import EvaluationError
 from .evaluator import (
     Arm,
     Evaluator,

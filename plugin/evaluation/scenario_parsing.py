@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from plugin.control import validate
-from plugin.errors import InvalidWorkingStateError, InvalidWorkingStateTypeError
+from plugin.errors import InvalidArgumentError, InvalidArgumentTypeError
 from plugin.memory.state import WorkingState
 
 from .scenario_values import (
@@ -207,7 +207,7 @@ def _grades(data: object) -> dict[str, int]:
 def _state(data: object) -> WorkingState:
     try:
         return WorkingState.from_dict(data)  # type: ignore[arg-type]  # it checks the type
-    except (InvalidWorkingStateError, InvalidWorkingStateTypeError) as exc:
+    except (InvalidArgumentError, InvalidArgumentTypeError) as exc:
         raise InvalidScenarioError(str(exc), field="state") from None
 
 

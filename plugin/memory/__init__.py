@@ -18,6 +18,7 @@ from .preparation import QueryPreparation as QueryPreparation
 from .preparation import RecallPreparer as RecallPreparer
 from .preparation import SemanticPreparation as SemanticPreparation
 from .preparation import WithheldReason as WithheldReason
+from .process import ProcessRetriever as ProcessRetriever
 from .protocol import AttemptHandle as AttemptHandle
 from .protocol import Bounded as Bounded
 from .protocol import ContextCaps as ContextCaps
@@ -36,6 +37,7 @@ from .store import MemoryWrite as MemoryWrite
 from .store import Person as Person
 
 __all__ = [
+    "ProcessRetriever",
     "AttemptHandle", "BaselineReason", "Bounded", "ContextCaps", "EmbeddingAdapter", "Evidence",
     "Fact", "Found", "MemoryRecord", "NestedRead", "PreparationBound", "SearchRequest",
     "SimpleRetriever",

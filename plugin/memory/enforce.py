@@ -8,10 +8,12 @@ ignores everything it is given still runs inside a slot and is cut at the deadli
 blocks where no cancel scope reaches (a thread, a blocking call on the loop) and returns late
 gets nothing through: the attempt leaves as a ``deadline`` refusal and stays executed.
 
-The retriever gets an :class:`~plugin.memory.protocol.AttemptHandle`, never the permit's
-authority: the hooks reserve their rounds with a key, and the permit gives slots only for that
-key, so a permit found through a task tree or ``Task.get_context()`` takes nothing. Every call
-into a retriever runs under :func:`contained`: with ``current_permit()`` None, and whatever it
+The retriever gets an :class:`~plugin.memory.protocol.AttemptHandle`, never the permit: every
+call into a retriever runs under :func:`contained`, with ``current_permit()`` None, so a
+retriever that looks for the ambient permit (or re-enters code that does) takes no slot by
+mistake. This contains mistakes, not malice: code in this process can reach the permit through
+frames or the garbage collector; an untrusted retriever runs in another process
+(:class:`~plugin.memory.process.ProcessRetriever`). Whatever it
 raises (its own ``RecallBudgetExceeded``, a ``CancelledError`` raised by hand, an exception
 whose ``__str__`` raises) becomes a :class:`~plugin.errors.RetrieverFailedError` with a typed
 reason and none of its text. A real cancellation (the deadline, the host) still propagates.
@@ -251,15 +253,13 @@ async def search_attempt(
     nested_beliefs: bool,
     on_slot: Callable[[int], object] | None = None,
     nested_after: anyio.Event | None = None,
-    key: bytes | None = None,
 ) -> Attempted:
     """Take a slot, then run the retriever's search inside the attempt (see the module doc).
 
     ``on_slot`` is called with the slot as soon as it is taken (the deliberate round starts
     its calls one after another this way, so slots go to the calls in order); a nested read
-    first waits
-    for ``nested_after`` (set once every call of the round has its slot). ``key`` is the
-    round's key when the permit is keyed. Raises :class:`~plugin.control.RecallBudgetExceeded`
+    first waits for ``nested_after`` (set once every call of the round has its slot). Raises
+    :class:`~plugin.control.RecallBudgetExceeded`
     when no slot is left, the permit is closed or expired, or the search was cut by (or
     outlived) the deadline; :class:`~plugin.errors.RetrieverFailedError` when the retriever
     failed (its slot stays consumed).
@@ -278,7 +278,7 @@ async def search_attempt(
         try:
             slot, beliefs, foreign = await beliefs_read(
                 permit, retriever, people, kind=AttemptKind.NESTED, principal=principal,
-                scope=scope, caps=caps, key=key,
+                scope=scope, caps=caps,
             )
         except RecallBudgetExceeded as exc:
             return NestedRead(refusal=exc.refusal)
@@ -287,10 +287,10 @@ async def search_attempt(
         return NestedRead(beliefs=beliefs, slot=slot)
 
     def read_source(slot: int) -> int:
-        return permit.source_read(slot, key=key)
+        return permit.source_read(slot)
 
     async with permit.attempt(
-        kind, strategy=query.strategy.value, fingerprint=query.fingerprint, key=key
+        kind, strategy=query.strategy.value, fingerprint=query.fingerprint
     ) as slot:
         if on_slot is not None:
             on_slot(slot)
@@ -304,7 +304,7 @@ async def search_attempt(
         unread = unexamined(found.evidence, caps)
         evidence, foreign = admit(found.evidence, principal=principal, scope=scope,
                                   run_id=permit.run_id, caps=caps)
-        permit.note_dropped(slot, foreign, key=key)
+        permit.note_dropped(slot, foreign)
         found = Found(evidence=evidence, people=found.people[:caps.examined],
                       arms=found.arms[:caps.examined],
                       notes=tuple(one_line(note, limit=200)
@@ -323,13 +323,11 @@ async def beliefs_read(
     principal: str,
     scope: str,
     caps: ContextCaps,
-    key: bytes | None,
 ) -> tuple[int, tuple[Evidence, ...], int]:
     """A People-to-belief read on a slot of its own: its slot, the admitted beliefs, and how
     many were dropped for naming another principal or scope."""
-    async with permit.attempt(kind, key=key) as slot:
-        handle = AttemptHandle(permit, slot, kind, None,
-                               lambda taken: permit.source_read(taken, key=key))
+    async with permit.attempt(kind) as slot:
+        handle = AttemptHandle(permit, slot, kind, None, permit.source_read)
         try:
             beliefs = await contained(lambda: retriever.read_beliefs(
                 tuple(people), handle, principal=principal, scope=scope, caps=caps))
@@ -337,5 +335,5 @@ async def beliefs_read(
             handle._end()
         admitted, dropped = admit(beliefs, principal=principal, scope=scope,
                                   run_id=permit.run_id, what="beliefs", caps=caps)
-        permit.note_dropped(slot, dropped, key=key)
+        permit.note_dropped(slot, dropped)
     return slot, admitted, dropped

@@ -41,6 +41,7 @@ from .ranking import (
     with_beliefs,
 )
 from .rendering import Rendered as Rendered
+from .rendering import fit
 from .rendering import render as render
 from .store import Evidence, MemoryStore
 from .terms import STOPWORDS as STOPWORDS
@@ -114,20 +115,23 @@ class MemoryRetriever:
         store = self.store
         notes: list[str] = []
         arms: list[str] = []
-        people = await store.discover_people(query.text, principal=principal, scope=scope)
+        people = prepared.people  # looked up once, while the call was prepared
+        if people is None:
+            found = await store.discover_people(query.text, principal=principal, scope=scope)
+            people = tuple(person.name for person in found)
         evidence = await self._rank(prepared, principal, scope, caps, arms, notes)
         if nested_beliefs and people and handle.offers_nested:
-            read = await handle.nested([p.name for p in people])
+            read = await handle.nested(people)
             if read.refusal is not None:
                 notes.append(f"belief read refused: {read.refusal.reason.value}")
             else:
                 evidence = with_beliefs(evidence, read.beliefs, query=query,
                                         policy=self.ranking)
-        rendered = render(evidence, caps)
-        sources = await self._recover_sources(rendered.items, handle, principal, scope, notes)
+        shown = fit(evidence, caps)  # what the hooks' one render will show
+        sources = await self._recover_sources(shown, handle, principal, scope, notes)
         if sources:
-            evidence = [*rendered.items, *sources]
-        return Found(evidence=tuple(evidence), people=tuple(p.name for p in people),
+            evidence = [*shown, *sources]
+        return Found(evidence=tuple(evidence), people=people,
                      arms=tuple(arms), notes=tuple(notes))
 
     async def _rank(

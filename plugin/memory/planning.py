@@ -24,7 +24,7 @@ from typing import Any
 import anyio
 import attrs
 
-from plugin.errors import InvalidWorkingStateTypeError
+from plugin.errors import InvalidArgumentTypeError
 from plugin.memory.state import WorkingState
 
 _log = logging.getLogger("recallbound.memory")
@@ -215,7 +215,7 @@ class _Fragments:
 
 def _check_state(state: object) -> None:
     if not isinstance(state, WorkingState):
-        raise InvalidWorkingStateTypeError(
+        raise InvalidArgumentTypeError(
             f"state must be WorkingState, got {type(state).__name__}"
         )
 

@@ -85,6 +85,10 @@ class PreparedRecall:
     query: RecallQuery
     recent_query: RecallQuery
     semantic: SemanticPreparation
+    people: tuple[str, ...] | None = None
+    """The known People the query names, when they were looked up while the call was prepared
+    (a deliberate call's nested-read slot depends on them); None: not looked up, the search
+    discovers them itself. One lookup per call, never two."""
 
     def __attrs_post_init__(self) -> None:
         self.check()

@@ -5,6 +5,12 @@ A :class:`Retriever` is code we do not control. The hooks call it inside an atte
 returns a :class:`Found`, which the hooks check, filter and render under the host's
 :class:`ContextCaps`. Whatever the allowance cut short is a :class:`Bounded` part of the result.
 
+Threat model: in-process, recallbound contains a retriever's *mistakes* (it blocks, raises,
+returns junk, spawns work, re-enters the hooks), not its *malice*: Python code can read any
+frame and any object of its process, permits included. A retriever you do not trust runs in a
+worker process behind :class:`~plugin.memory.process.ProcessRetriever`, which sees only the
+search requests and returns plain evidence.
+
 This module is a leaf: it imports the control layer and the values it names, and nothing of the
 pipeline or the enforcement built on it.
 """
@@ -20,7 +26,7 @@ import attrs
 
 from plugin.control import AttemptKind, BudgetRefusal, RecallBudgetExceeded, RefusalReason
 from plugin.control.wording import bounded
-from plugin.errors import AttemptHandleError, RetrieverProtocolError
+from plugin.errors import InvalidArgumentError, InvalidArgumentTypeError, RetrieverProtocolError
 
 from .store import Evidence
 
@@ -137,8 +143,7 @@ class AttemptHandle:
     """A retriever's narrow view of the one attempt it runs in (never the permit's authority).
 
     Valid while its attempt runs; afterwards :meth:`source_read` and :meth:`nested` refuse
-    (reason ``closed``) and :meth:`seconds_left` is 0. The permit it reads the time from is
-    keyed on the hooks' path: reaching it gives no slot.
+    (reason ``closed``) and :meth:`seconds_left` is 0.
     """
 
     __slots__ = ("__weakref__", "_ended", "_kind", "_lock", "_nested", "_nested_used",
@@ -167,13 +172,13 @@ class AttemptHandle:
         return f"<AttemptHandle slot={self._slot} kind={self._kind.value} {state}>"
 
     def __copy__(self) -> NoReturn:
-        raise AttemptHandleError(_MISUSE)
+        raise InvalidArgumentTypeError(_MISUSE)
 
     def __deepcopy__(self, memo: object) -> NoReturn:
-        raise AttemptHandleError(_MISUSE)
+        raise InvalidArgumentTypeError(_MISUSE)
 
     def __reduce_ex__(self, protocol: object) -> NoReturn:
-        raise AttemptHandleError(_MISUSE)
+        raise InvalidArgumentTypeError(_MISUSE)
 
     @property
     def slot(self) -> int:
@@ -225,7 +230,7 @@ class AttemptHandle:
         hooks say so to the model. One nested read per attempt.
         """
         if self._nested is None:
-            raise AttemptHandleError(
+            raise InvalidArgumentError(
                 f"a {self._kind.value} attempt offers no nested read; the hooks read the "
                 f"People's beliefs themselves"
             )

@@ -10,15 +10,13 @@ belief read that was paid for is not crowded out by the base's evidence.
 query names known People (its nested belief read); the calls take their slots in order, before
 any nested read; a call without a slot gets the round's refusal.
 
-Both rounds are reserved with a fresh key (see :mod:`plugin.control.permit`), so the permit is
-useless to the retriever code they run, and every attempt is opened here, not by the retriever
-(:mod:`plugin.memory.enforce`): a retriever's failure is its own call's typed result, a search
-that outlived the deadline is a ``deadline`` refusal, and foreign evidence is dropped.
+Every attempt is opened here, not by the retriever (:mod:`plugin.memory.enforce`), and the
+retriever runs where no permit is bound: a retriever's failure is its own call's typed result,
+a search that outlived the deadline is a ``deadline`` refusal, and foreign evidence is dropped.
 """
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Sequence
 
 import anyio
@@ -52,11 +50,6 @@ def _policy(retriever: Retriever) -> RankingPolicy:
 NOTHING_TO_SEARCH = (
     "nothing to search: the query has no searchable terms (slot reserved, not executed)"
 )
-
-
-def round_key() -> bytes:
-    """A fresh key for one round's permit (known only to the code that reserved it)."""
-    return secrets.token_bytes(16)
 
 
 @attrs.frozen(kw_only=True)
@@ -112,9 +105,8 @@ async def automatic_round(
     failure: str | None = None
     dropped = 0
     unexamined = 0
-    key = round_key()
     try:
-        async with allowance.round(run_id, RoundKind.AUTOMATIC, key=key) as permit:
+        async with allowance.round(run_id, RoundKind.AUTOMATIC) as permit:
             try:
                 searchable = contained_sync(lambda: retriever.searchable(prepared)) is True
                 if not searchable:
@@ -122,7 +114,7 @@ async def automatic_round(
                 else:
                     base = await search_attempt(
                         permit, retriever, prepared, kind=AttemptKind.BASE, caps=caps,
-                        nested_beliefs=False, key=key,
+                        nested_beliefs=False,
                     )
                     slots.append(base.slot)
                     ranked = list(base.found.evidence)  # the whole ranking; capped when shown
@@ -134,7 +126,7 @@ async def automatic_round(
                         try:
                             slot, beliefs, foreign = await beliefs_read(
                                 permit, retriever, people, kind=AttemptKind.DELTA,
-                                principal=principal, scope=scope, caps=caps, key=key,
+                                principal=principal, scope=scope, caps=caps,
                             )
                         except RecallBudgetExceeded as exc:
                             refusal = exc.refusal
@@ -210,10 +202,9 @@ async def deliberate_round(
         return DeliberateRecall(searches=())
     refusal: BudgetRefusal | None = None
     results: list[DeliberateSearch | None] = [None] * len(searches)
-    key = round_key()
     try:
         async with allowance.round(
-            run_id, RoundKind.DELIBERATE, slots=min(len(searches) + nested, MAX_COUNT), key=key
+            run_id, RoundKind.DELIBERATE, slots=min(len(searches) + nested, MAX_COUNT)
         ) as permit:
             # Calls take their slots one after another, in order, and every nested read
             # waits until all calls have theirs: a nested read never takes a call's slot,
@@ -234,7 +225,6 @@ async def deliberate_round(
                     attempted = await search_attempt(
                         permit, retriever, searches[position], kind=AttemptKind.DELIBERATE,
                         caps=caps, nested_beliefs=True, on_slot=on_slot, nested_after=placed,
-                        key=key,
                     )
                 except RecallBudgetExceeded as exc:
                     results[position] = DeliberateSearch(refusal=exc.refusal)

@@ -44,11 +44,8 @@ def line_bytes(line: str) -> int:
     return len(line.encode("utf-8", "surrogatepass"))
 
 
-def render(evidence: Sequence[Evidence], caps: ContextCaps, *, unexamined: int = 0) -> Rendered:
-    """Render whole evidence lines within ``caps``; an item that does not fit is left out.
-
-    ``unexamined`` items (past what the hooks examine of a read) are counted as left out too.
-    """
+def _fit(evidence: Sequence[Evidence], caps: ContextCaps) -> tuple[list[Evidence], list[str]]:
+    """The items whose whole lines fit the caps, in order, and their lines."""
     lines: list[str] = []
     kept: list[Evidence] = []
     used = 0
@@ -62,6 +59,21 @@ def render(evidence: Sequence[Evidence], caps: ContextCaps, *, unexamined: int =
         lines.append(line)
         kept.append(item)
         used += size
+    return kept, lines
+
+
+def fit(evidence: Sequence[Evidence], caps: ContextCaps) -> tuple[Evidence, ...]:
+    """The items :func:`render` would show, without rendering them (a retriever choosing what
+    to recover sources for; the hooks render once)."""
+    return tuple(_fit(evidence, caps)[0])
+
+
+def render(evidence: Sequence[Evidence], caps: ContextCaps, *, unexamined: int = 0) -> Rendered:
+    """Render whole evidence lines within ``caps``; an item that does not fit is left out.
+
+    ``unexamined`` items (past what the hooks examine of a read) are counted as left out too.
+    """
+    kept, lines = _fit(evidence, caps)
     omitted = len(evidence) - len(kept) + unexamined
     if omitted:
         lines.append(left_out(omitted, "item"))

@@ -7,7 +7,7 @@ values only (``Task``/``Fact`` instances, sequences of ``str``); JSON-like data 
 
 Text rules: any ``str`` is accepted, including NUL characters and very large strings (the
 composer bounds what it uses), except text that cannot be encoded as UTF-8 (a lone surrogate),
-which raises :class:`~plugin.errors.InvalidWorkingStateError`: such text could not be hashed,
+which raises :class:`~plugin.errors.InvalidArgumentError`: such text could not be hashed,
 stored or searched later. A ``str`` where a sequence of strings is expected is a type error,
 never split into characters. Sets and other unordered or one-shot iterables are refused too:
 the planner's output must not depend on iteration order.
@@ -20,19 +20,19 @@ from typing import Any, cast
 
 import attrs
 
-from plugin.errors import InvalidWorkingStateError, InvalidWorkingStateTypeError
+from plugin.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 _NOT_SEQUENCES = (str, bytes, bytearray, memoryview)
 
 
 def _check_text(name: str, value: object) -> None:
     if not isinstance(value, str):
-        raise InvalidWorkingStateTypeError(f"{name} must be str, got {type(value).__name__}")
+        raise InvalidArgumentTypeError(f"{name} must be str, got {type(value).__name__}")
     if not value.isascii():
         try:
             value.encode("utf-8")
         except UnicodeEncodeError as exc:
-            raise InvalidWorkingStateError(
+            raise InvalidArgumentError(
                 f"{name} is not valid Unicode text: lone surrogate at index {exc.start}"
             ) from None
 
@@ -58,14 +58,14 @@ def _strs(value: Sequence[str]) -> tuple[str, ...]:
 
 def _check_tuple(name: str, value: object, item: type[Any], item_name: str) -> None:
     if not isinstance(value, tuple):
-        raise InvalidWorkingStateTypeError(
+        raise InvalidArgumentTypeError(
             f"{name} must be a sequence of {item_name}, got {type(value).__name__}"
         )
     for index, element in enumerate(value):
         if item is str:
             _check_text(f"{name}[{index}]", element)
         elif not isinstance(element, item):
-            raise InvalidWorkingStateTypeError(
+            raise InvalidArgumentTypeError(
                 f"{name}[{index}] must be {item_name}, got {type(element).__name__}"
             )
 
@@ -86,7 +86,7 @@ def _tuple_of(owner: str, item: type[Any]) -> Any:
 
 def _check_bool(instance: object, attribute: attrs.Attribute[bool], value: object) -> None:
     if not isinstance(value, bool):
-        raise InvalidWorkingStateTypeError(
+        raise InvalidArgumentTypeError(
             f"Task.{attribute.name} must be bool, got {type(value).__name__}"
         )
 
@@ -113,8 +113,8 @@ class Fact:
 class WorkingState:
     """What the agent is doing: the request, its plan and what it knows.
 
-    Raises :class:`~plugin.errors.InvalidWorkingStateTypeError` (a ``TypeError``) for a field of
-    the wrong type and :class:`~plugin.errors.InvalidWorkingStateError` (a ``ValueError``) for
+    Raises :class:`~plugin.errors.InvalidArgumentTypeError` (a ``TypeError``) for a field of
+    the wrong type and :class:`~plugin.errors.InvalidArgumentError` (a ``ValueError``) for
     text that is not valid Unicode; the message names the field (``WorkingState.tasks[3]``).
     """
 
@@ -140,7 +140,7 @@ class WorkingState:
 
         ``current_request`` is required; ``tasks`` are ``{"text", "done"}`` objects (``done``
         optional) and ``facts`` are ``{"text", "entities"}`` objects (``entities`` optional).
-        Unknown or missing keys raise :class:`~plugin.errors.InvalidWorkingStateError`; ``null``
+        Unknown or missing keys raise :class:`~plugin.errors.InvalidArgumentError`; ``null``
         for a field is a type error, not a default. Errors name the path
         (``WorkingState.tasks[2].done``).
         """
@@ -181,23 +181,23 @@ def _check_keys(
     name: str, data: object, *, required: tuple[str, ...], optional: tuple[str, ...]
 ) -> None:
     if not isinstance(data, Mapping):
-        raise InvalidWorkingStateTypeError(
+        raise InvalidArgumentTypeError(
             f"{name} must be a mapping (JSON object), got {type(data).__name__}"
         )
     unknown = sorted(repr(key) for key in data if key not in optional)
     if unknown:
-        raise InvalidWorkingStateError(
+        raise InvalidArgumentError(
             f"{name} has unknown key(s) {', '.join(unknown)}; expected some of "
             f"{', '.join(optional)}"
         )
     missing = [key for key in required if key not in data]
     if missing:
-        raise InvalidWorkingStateError(f"{name} is missing required key(s) {', '.join(missing)}")
+        raise InvalidArgumentError(f"{name} is missing required key(s) {', '.join(missing)}")
 
 
 def _items(name: str, value: object, item_name: str) -> tuple[Any, ...]:
     if not isinstance(value, Sequence) or isinstance(value, _NOT_SEQUENCES):
-        raise InvalidWorkingStateTypeError(
+        raise InvalidArgumentTypeError(
             f"{name} must be a list of {item_name}, got {type(value).__name__}"
         )
     return tuple(value)
@@ -216,7 +216,7 @@ def _task(name: str, item: object) -> Task:
     _check_text(f"{name}.text", item["text"])
     done = item.get("done", False)
     if not isinstance(done, bool):
-        raise InvalidWorkingStateTypeError(f"{name}.done must be bool, got {type(done).__name__}")
+        raise InvalidArgumentTypeError(f"{name}.done must be bool, got {type(done).__name__}")
     return Task(item["text"], done)
 
 

@@ -1,24 +1,36 @@
-"""The preparation turn: what runs before the model is called, as one piece.
+"""The two turns, side by side: what runs before the model is called, and what runs for the
+model's search calls. The hooks and the evaluator run these same functions, so what the
+evaluator measures is what the model would see.
 
-The preparation hook and the evaluator's ``hooks`` cell run this one code path, so what the
-evaluator measures is what the model would see:
+**The automatic turn** (:func:`prepare_turn`):
 
-1. The query is planned under the preparation bound (:class:`~plugin.PreparationBound`, on the
-   allowance's clock); when the run has no slot left, its semantic arm is withheld
-   (``no_slot``) instead of embedded.
+1. The query is planned under the preparation bound
+   (:class:`~plugin.memory.PreparationBound`, on the allowance's clock); when the run has no
+   slot left, its semantic arm is withheld (``no_slot``) instead of embedded.
 2. Current corrections are read and take at most half of the context caps
    (:func:`corrections_share`); corrections and evidence share one cap, so the round's
    evidence gets what is left.
 3. The automatic round runs (:func:`~plugin.memory.recall.automatic_round`: the base search,
    and the People-to-belief delta when the base discovered people).
 
+**The deliberate turn** (:func:`deliberate_turn`, one turn's search calls, already validated):
+
+1. Each call's query is formed under the same preparation bound; only the calls that can still
+   get a slot (:meth:`~plugin.RecallAllowance.headroom`) are embedded, and only those look up
+   the People their query names (once: the search reuses the names,
+   :attr:`~plugin.memory.preparation.PreparedRecall.people`). A call that names People gets a
+   second slot for its nested belief read.
+2. The deliberate round runs (:func:`~plugin.memory.recall.deliberate_round`): one result per
+   call, in order, each rendered once.
+
 Binding the run's identity and turning the result into what the model reads are the caller's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
+import anyio
 import attrs
 
 from plugin.control import RecallAllowance
@@ -27,7 +39,7 @@ from plugin.errors import RetrieverFailedError
 from .enforce import admit, contained
 from .preparation import PreparationBound, PreparedRecall, RecallPreparer, WithheldReason
 from .protocol import ContextCaps, Retriever
-from .recall import AutomaticRecall, automatic_round
+from .recall import AutomaticRecall, DeliberateRecall, automatic_round, deliberate_round
 from .rendering import evidence_line, line_bytes, render
 from .state import WorkingState
 from .store import Evidence
@@ -35,9 +47,11 @@ from .store import Evidence
 __all__ = [
     "PREPARATION_BUDGET_S",
     "CorrectionsShare",
+    "DeliberateTurn",
     "PreparedTurn",
     "correction_line",
     "corrections_share",
+    "deliberate_turn",
     "prepare_turn",
 ]
 
@@ -141,3 +155,62 @@ async def prepare_turn(
     recall = await automatic_round(allowance, retriever, prepared, run_id=run_id,
                                    caps=corrections.caps_left)
     return PreparedTurn(prepared=prepared, corrections=corrections, recall=recall)
+
+
+@attrs.frozen(kw_only=True)
+class DeliberateTurn:
+    """One deliberate turn: each call's prepared query, and the round's result per call."""
+
+    prepared: tuple[PreparedRecall, ...]
+    recall: DeliberateRecall
+
+
+async def _named_people(retriever: Retriever, prepared: PreparedRecall) -> tuple[str, ...] | None:
+    """The People the query names (None when the retriever failed: its search says so)."""
+    try:
+        people = await contained(lambda: retriever.named_people(prepared))
+    except RetrieverFailedError:
+        return None
+    if type(people) not in (tuple, list) or not all(type(n) is str for n in people):
+        return None  # junk: the search looks them up itself
+    return tuple(people)
+
+
+async def deliberate_turn(
+    allowance: RecallAllowance,
+    preparer: RecallPreparer,
+    retriever: Retriever,
+    queries: Sequence[str],
+    *,
+    run_id: str,
+    scope: str,
+    principal: str,
+    caps: ContextCaps,
+    budget_s: float,
+) -> DeliberateTurn:
+    """Prepare every call's query, then run one deliberate round for them (see the module
+    docstring). ``queries`` are the validated calls' texts, in order; ``scope`` and
+    ``principal`` are the caller's checked, trusted values. Ledger failures propagate.
+    """
+    bound = PreparationBound(budget_s, allowance.clock)
+    left = await allowance.headroom(run_id)
+    prepared: list[PreparedRecall] = []
+    naming = 0
+    for position, text in enumerate(queries):
+
+        async def prepare_one(reason: WithheldReason | None, text: str = text) -> PreparedRecall:
+            return await preparer.prepare_search(text, scope=scope, principal=principal,
+                                                 withhold=reason)
+
+        withhold = None if position < left else WithheldReason.NO_SLOT
+        one = await bound.prepare(prepare_one, withhold)
+        if position < left and bound.left() > 0:
+            with anyio.move_on_after(bound.left()):
+                people = await _named_people(retriever, one)
+                if people is not None:
+                    one = attrs.evolve(one, people=people)
+                    naming += bool(people)
+        prepared.append(one)
+    recall = await deliberate_round(allowance, retriever, prepared, run_id=run_id, caps=caps,
+                                    nested=naming)
+    return DeliberateTurn(prepared=tuple(prepared), recall=recall)

@@ -30,7 +30,7 @@ import anyio
 import attrs
 
 from plugin.control import BudgetRefusal, RefusalReason
-from plugin.errors import InvalidHookArgumentError, InvalidHookArgumentTypeError, RunIdentityError
+from plugin.errors import InvalidArgumentError, InvalidArgumentTypeError, RunIdentityError
 from plugin.memory.enforce import Bounded
 from plugin.memory.pipeline import render
 from plugin.memory.state import WorkingState
@@ -54,8 +54,8 @@ def automatic_mode(value: object) -> AutomaticMode:
 
     ``True`` or ``"per_invocation"``: once per invocation; ``"per_request"``: before every
     model request; ``False``: never. Anything else raises
-    :class:`~plugin.errors.InvalidHookArgumentTypeError` (a wrong type) or
-    :class:`~plugin.errors.InvalidHookArgumentError` (an unknown word).
+    :class:`~plugin.errors.InvalidArgumentTypeError` (a wrong type) or
+    :class:`~plugin.errors.InvalidArgumentError` (an unknown word).
     """
     if value is True or value == "per_invocation":
         return "per_invocation"
@@ -64,11 +64,11 @@ def automatic_mode(value: object) -> AutomaticMode:
     if value == "per_request":
         return "per_request"
     if not isinstance(value, (bool, str)):
-        raise InvalidHookArgumentTypeError(
+        raise InvalidArgumentTypeError(
             f"automatic must be True, False, 'per_invocation' or 'per_request', "
             f"got {type(value).__name__}"
         )
-    raise InvalidHookArgumentError(
+    raise InvalidArgumentError(
         f"automatic must be True, False, 'per_invocation' or 'per_request', got {value!r}"
     )
 

@@ -36,7 +36,9 @@ from typing import Any, TextIO
 import anyio
 import attrs
 
-from plugin.errors import InvalidConfigError, McpAuthError
+from plugin.errors import ConfigError
+
+from .errors import McpAuthError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -112,23 +114,23 @@ def _mcp_table(path: Path | None) -> dict[str, Any]:
     except (OSError, tomllib.TOMLDecodeError):
         return {}  # reported by the hooks' configuration reader
     if not isinstance(table, dict):
-        raise InvalidConfigError(f"{path}: mcp must be a table ([mcp])")
+        raise ConfigError(f"{path}: mcp must be a table ([mcp])")
     unknown = sorted(set(table) - _KEYS)
     if unknown:
-        raise InvalidConfigError(f"{path}: unknown key mcp.{unknown[0]} "
+        raise ConfigError(f"{path}: unknown key mcp.{unknown[0]} "
                                  f"(known: {', '.join(sorted(_KEYS))})")
     for key in ("principal", "scope", "token_file"):
         if key in table and not isinstance(table[key], str):
-            raise InvalidConfigError(f"{path}: mcp.{key} must be a string")
+            raise ConfigError(f"{path}: mcp.{key} must be a string")
     for key in ("max_runs_per_hour", "max_memory_bytes"):
         value = table.get(key)
         if key in table and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise InvalidConfigError(f"{path}: mcp.{key} must be an integer >= 1")
+            raise ConfigError(f"{path}: mcp.{key} must be an integer >= 1")
     for key in ("allowed_hosts", "allowed_origins"):
         value = table.get(key)
         if key in table and not (isinstance(value, list)
                                  and all(isinstance(v, str) and v.strip() for v in value)):
-            raise InvalidConfigError(f"{path}: mcp.{key} must be a list of non-empty strings")
+            raise ConfigError(f"{path}: mcp.{key} must be a list of non-empty strings")
     if "token_file" in table:
         table["token_file"] = path.parent / table["token_file"]
     return table
@@ -138,14 +140,14 @@ def _window_s(value: object, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
         math.isfinite(value) and value >= 0
     ):
-        raise InvalidConfigError(f"{where} must be a finite number of milliseconds >= 0")
+        raise ConfigError(f"{where} must be a finite number of milliseconds >= 0")
     return float(value) / 1000
 
 
 def _http(text: str) -> tuple[str, int]:
     host, _, port = text.rpartition(":")
     if not host or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise InvalidConfigError(f"--http must be HOST:PORT, got {text!r}")
+        raise ConfigError(f"--http must be HOST:PORT, got {text!r}")
     return host.strip("[]"), int(port)
 
 
@@ -203,7 +205,7 @@ async def serve(args: argparse.Namespace, chosen: McpSettings, env: Mapping[str,
 
     config = RecallConfig.from_sources(args.config, env=env, overrides=_first_use(args, env))
     if chosen.looser and not config.allow_looser_policy:
-        raise InvalidConfigError(f"{chosen.looser[0]} above its default widens a bound: it "
+        raise ConfigError(f"{chosen.looser[0]} above its default widens a bound: it "
                                  f"needs allow_looser_policy = true")
     options: dict[str, Any] = {"window_s": chosen.window_s,
                                "max_runs_per_hour": chosen.max_runs_per_hour,
@@ -299,12 +301,12 @@ def run(args: argparse.Namespace, err: TextIO, env: Mapping[str, str] | None = N
     env = os.environ if env is None else env
     chosen = settings(args, env)
     if chosen.http is not None and args.backend == "trio":
-        raise InvalidConfigError("--http runs on asyncio only (the SDK serves HTTP through "
+        raise ConfigError("--http runs on asyncio only (the SDK serves HTTP through "
                                  "uvicorn, which has no trio backend); use stdio with trio")
     try:
         import mcp.server  # noqa: F401  (the SDK: the mcp extra)
     except ImportError as exc:
-        raise InvalidConfigError(f"recallbound mcp needs the mcp extra "
+        raise ConfigError(f"recallbound mcp needs the mcp extra "
                                  f"(pip install 'recallbound[mcp]'): {exc}") from None
     anyio.run(partial(serve, args, chosen, env, err), backend=args.backend)
     return 0

@@ -29,7 +29,7 @@ import attrs
 
 from plugin.control import validate_run_id
 from plugin.control.allowance import MAX_RUN_ID_BYTES
-from plugin.errors import InvalidRunIdError
+from plugin.errors import InvalidArgumentError
 
 RUN_ID_META_KEY = "recallbound/run_id"
 """The ``_meta`` key a client's runtime sets to name the run a tool call belongs to."""
@@ -58,13 +58,13 @@ def ledger_run_id(client_run_id: str, *, principal: str, scope: str) -> str:
 def client_run_id(meta: Mapping[str, object] | None) -> str | None:
     """The run id the request names in ``_meta``, or None.
 
-    Raises :class:`~plugin.errors.InvalidRunIdError` for a run id that is not a storable string.
+    Raises :class:`~plugin.errors.InvalidArgumentError` for a run id that is not a storable string.
     """
     given = None if meta is None else meta.get(RUN_ID_META_KEY)
     if given is None:
         return None
     if not isinstance(given, str):
-        raise InvalidRunIdError(
+        raise InvalidArgumentError(
             f"_meta[{RUN_ID_META_KEY!r}] must be a string, got {type(given).__name__}"
         )
     return validate_run_id(given)

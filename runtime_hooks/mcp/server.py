@@ -35,10 +35,10 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from plugin.control.ledger import RunOpening
 from plugin.control.logs import log_event
 from plugin.control.refusal import BudgetRefusal, RefusalReason
-from plugin.errors import McpAuthError
 from runtime_hooks.hooks import RecallHooks, ToolCall
 
 from . import tools
+from .errors import McpAuthError
 from .identity import CurrentRun, client_run_id, ledger_run_id
 from .trust import Caller, caller_of_token
 from .window import DEFAULT_WINDOW_S, BatchWindow, check_window

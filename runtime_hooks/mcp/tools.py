@@ -23,11 +23,9 @@ import mcp_types as types
 from plugin.control.policy import AllowancePolicy
 from plugin.control.refusal import BudgetRefusal
 from plugin.errors import (
-    InvalidRunIdError,
-    InvalidWorkingStateError,
-    InvalidWorkingStateTypeError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
     LedgerError,
-    McpSessionError,
     RecallboundError,
     RunIdentityError,
 )
@@ -37,6 +35,7 @@ from plugin.memory.store.errors import InvalidMemoryError, MemoryConflictError
 from runtime_hooks.adapters.tool import SEARCH_TOOL
 from runtime_hooks.hooks import PreparedContext, ToolResult
 
+from .errors import McpSessionError
 from .identity import RUN_ID_META_KEY
 
 SEARCH_MEMORY = SEARCH_TOOL.name
@@ -266,9 +265,9 @@ def working_state(arguments: Mapping[str, Any]) -> WorkingState:
     try:
         size = len(json.dumps(arguments, ensure_ascii=False))
     except (TypeError, ValueError):  # pragma: no cover - the SDK hands parsed JSON
-        raise InvalidWorkingStateError("the working state is not JSON") from None
+        raise InvalidArgumentError("the working state is not JSON") from None
     if size > MAX_STATE_CHARS:
-        raise InvalidWorkingStateError(
+        raise InvalidArgumentError(
             f"the working state is longer than {MAX_STATE_CHARS} characters"
         )
     return WorkingState.from_dict(arguments)
@@ -341,7 +340,7 @@ class InvalidToolArgumentsError(RecallboundError, ValueError):
 
 
 _INVALID: tuple[type[Exception], ...] = (
-    InvalidRunIdError, InvalidWorkingStateError, InvalidWorkingStateTypeError, McpSessionError,
+    InvalidArgumentError, InvalidArgumentTypeError, McpSessionError,
     RunIdentityError, InvalidToolArgumentsError, InvalidMemoryError, MemoryConflictError,
 )
 

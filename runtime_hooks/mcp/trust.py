@@ -20,7 +20,7 @@ from pathlib import Path
 import attrs
 from mcp.server.auth.provider import AccessToken
 
-from plugin.errors import McpAuthError
+from .errors import McpAuthError
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -10,26 +10,26 @@ import sqlite3
 
 import attrs
 
-from plugin.errors import StorageError
+from plugin.errors import RecallboundError
 
 from . import is_cantopen, is_corrupt, is_full, is_locked
 
 
 @attrs.frozen
 class Family:
-    """One store's error classes, by cause (each a subclass of the cause's Storage*Error)."""
+    """One store's error classes, by cause (the ledger's, or the memory store's)."""
 
     name: str
     """How messages name the store: ``ledger``, ``memory store``."""
-    failed: type[StorageError]
-    unavailable: type[StorageError]
-    locked: type[StorageError]
-    full: type[StorageError]
-    corrupt: type[StorageError]
+    failed: type[RecallboundError]
+    unavailable: type[RecallboundError]
+    locked: type[RecallboundError]
+    full: type[RecallboundError]
+    corrupt: type[RecallboundError]
 
 
 def translate(exc: BaseException, family: Family, path: str,
-              timeout: float | None = None) -> StorageError:
+              timeout: float | None = None) -> RecallboundError:
     """The typed error of ``family`` for the driver error ``exc`` raised on ``path``."""
     where = f"{family.name} {path!r}"
     if is_locked(exc):

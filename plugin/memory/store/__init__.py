@@ -3,7 +3,8 @@
 Split by the question each part answers: :mod:`.database` (how it opens and talks to SQLite),
 :mod:`.schema` (what the file holds), :mod:`.values` (what goes in and comes out, and how it is
 checked), :mod:`.errors` (what can go wrong), :mod:`.writes` (how things get in),
-:mod:`.lookups` (reads by key or time), :mod:`.search` (the sparse and semantic arms) and
+:mod:`.lookups` (reads by key or time), :mod:`.sparse_index` (one term index for every
+cell, and bm25 with each cell's own statistics), :mod:`.search` (the sparse and semantic arms) and
 :mod:`.memory_store` (the one object callers use). Every read takes the trusted ``principal``
 and ``scope`` and filters by both inside its query.
 """

@@ -6,14 +6,7 @@ import sqlite3
 
 from ...control._sqlite.translate import Family
 from ...control._sqlite.translate import translate as translate_sqlite
-from ...errors import (
-    MemoryStoreError,
-    StorageClosedError,
-    StorageCorruptError,
-    StorageFullError,
-    StorageLockedError,
-    StorageUnavailableError,
-)
+from ...errors import MemoryStoreError
 
 __all__ = [
     "InvalidMemoryError",
@@ -28,23 +21,23 @@ __all__ = [
 ]
 
 
-class MemoryStorePathError(MemoryStoreError, StorageUnavailableError, FileNotFoundError):
+class MemoryStorePathError(MemoryStoreError, FileNotFoundError):
     """The store's folder does not exist, or its file cannot be opened."""
 
 
-class MemoryStoreLockedError(MemoryStoreError, StorageLockedError):
+class MemoryStoreLockedError(MemoryStoreError):
     """The store stayed locked by another connection beyond the busy timeout."""
 
 
-class MemoryStoreCorruptError(MemoryStoreError, StorageCorruptError):
+class MemoryStoreCorruptError(MemoryStoreError):
     """The file is not a recallbound memory store, or its pages are damaged."""
 
 
-class MemoryStoreFullError(MemoryStoreError, StorageFullError):
+class MemoryStoreFullError(MemoryStoreError):
     """The store's disk (or its page limit) is full: nothing was committed."""
 
 
-class MemoryStoreClosedError(MemoryStoreError, StorageClosedError):
+class MemoryStoreClosedError(MemoryStoreError, RuntimeError):
     """The store was used outside its ``async with`` block."""
 
 

@@ -1,0 +1,391 @@
+"""ProcessRetriever: a retriever you do not trust, run in worker processes.
+
+In-process, recallbound contains a retriever's *mistakes*; code in the same process can still
+read any frame and object, permits included. ``ProcessRetriever(factory)`` is the boundary for
+a retriever you do not trust: ``factory`` (an importable, module-level, zero-argument callable)
+is called inside a worker process and returns the real retriever (a
+:class:`~plugin.SimpleRetriever`, for example). The worker sees only search requests (the
+query, its vector, the trusted principal and scope, the limit, the time left) and answers with
+plain evidence as JSON lines; nothing is ever unpickled from it, and its answer is capped in
+size and rebuilt into :class:`~plugin.memory.store.Evidence` here before the hooks admit it.
+
+The hooks still take every slot and open every deadline on this side. A call that is cut by
+the deadline or cancelled kills its worker (it may be stuck); a worker that crashes, answers
+junk or does not answer in time is that call's ``failed`` result, and the next call gets a
+fresh worker. Each call in flight has a worker of its own; finished workers are kept idle for
+the next calls (at most ``idle_workers``). A worker gets no nested belief read (it reports no
+People); source reads are accounted by the parent, on the attempt's own budget.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Any
+
+import anyio
+import anyio.abc
+import anyio.lowlevel
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from plugin.control import RecallBudgetExceeded, validate
+from plugin.errors import InvalidArgumentError, InvalidArgumentTypeError, RetrieverFailedError
+
+from .preparation import PreparedRecall
+from .protocol import AttemptHandle, ContextCaps, Found
+from .store import Evidence
+
+MAX_REPLY_BYTES = 16 * 1024 * 1024
+"""The largest answer a worker may send (one JSON line); a larger one fails its call."""
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+"""The folder holding the ``plugin`` package: the worker imports it from there."""
+
+_EVIDENCE_FIELDS = ("id", "text", "kind", "score", "arm", "principal", "scope", "created_at")
+
+
+def load(target: str) -> Any:
+    """The object ``module:qualname`` names."""
+    module_name, _, qualname = target.partition(":")
+    value: Any = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        value = getattr(value, part)
+    return value
+
+
+class _WorkerLost(Exception):
+    """The worker died, closed its pipe or answered something that is not the protocol."""
+
+
+def _target(factory: object) -> tuple[str, str | None]:
+    """``module:qualname`` of ``factory``, checked to name that very object."""
+    if not callable(factory):
+        raise InvalidArgumentTypeError(
+            f"ProcessRetriever needs a callable factory, got {type(factory).__name__}"
+        )
+    module = getattr(factory, "__module__", None)
+    qualname = getattr(factory, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(qualname, str) or "<" in qualname:
+        raise InvalidArgumentError(
+            "ProcessRetriever's factory must be a module-level function or class (the worker "
+            f"process imports it by name), got {factory!r}"
+        )
+    main_path: str | None = None
+    if module == "__main__":
+        main_path = getattr(sys.modules["__main__"], "__file__", None)
+        if main_path is None:
+            raise InvalidArgumentError(
+                "ProcessRetriever's factory is in an interactive __main__; put it in a module"
+            )
+        main_path = os.path.abspath(main_path)
+    try:
+        found = load(f"{module}:{qualname}")
+    except (ImportError, AttributeError):
+        found = None
+    if found is not factory:
+        raise InvalidArgumentError(
+            f"ProcessRetriever's factory {module}.{qualname} cannot be imported by that name"
+        )
+    return f"{module}:{qualname}", main_path
+
+
+def _evidence(value: object) -> Evidence:
+    if type(value) is not dict:
+        raise RetrieverFailedError("bad_result")
+    fields: dict[str, Any] = {name: value.get(name) for name in _EVIDENCE_FIELDS}
+    cites = value.get("cites")
+    if type(cites) is not list or not all(type(c) is str for c in cites):
+        raise RetrieverFailedError("bad_evidence")
+    for name in ("score", "created_at"):
+        if type(fields[name]) not in (int, float) or not math.isfinite(fields[name]):
+            raise RetrieverFailedError("bad_evidence")
+        fields[name] = float(fields[name])
+    try:
+        return Evidence(cites=tuple(cites), **fields)
+    except (TypeError, ValueError):
+        raise RetrieverFailedError("bad_evidence") from None
+
+
+def _evidence_list(value: object) -> tuple[Evidence, ...]:
+    if type(value) is not list:
+        raise RetrieverFailedError("bad_result")
+    return tuple(_evidence(item) for item in value)
+
+
+def _names(value: object) -> tuple[str, ...]:
+    if type(value) is not list or not all(type(name) is str for name in value):
+        raise RetrieverFailedError("bad_result")
+    return tuple(value)
+
+
+def _query(query: Any) -> dict[str, Any]:
+    return {
+        "fragments": list(query.fragments), "strategy": query.strategy.value,
+        "baseline_reason": None if query.baseline_reason is None else query.baseline_reason.value,
+        "scope": query.scope, "principal": query.principal,
+        "roles": [role.value for role in query.roles],
+    }
+
+
+def _vector(vector: Any) -> list[float] | None:
+    return None if vector is None else [float(x) for x in vector]
+
+
+def _prepared(prepared: PreparedRecall) -> dict[str, Any]:
+    semantic = prepared.semantic
+    return {
+        "query": _query(prepared.query), "recent": _query(prepared.recent_query),
+        "semantic": {
+            "vector": _vector(semantic.vector),
+            "withheld": None if semantic.withheld_reason is None
+            else semantic.withheld_reason.value,
+            "tokens": semantic.tokens, "model": semantic.model,
+            "fragment_vectors": [_vector(v) for v in semantic.fragment_vectors],
+        },
+    }
+
+
+def _caps(caps: ContextCaps) -> dict[str, int]:
+    return {"max_items": caps.max_items, "max_bytes": caps.max_bytes,
+            "candidates_per_arm": caps.candidates_per_arm,
+            "beliefs_per_person": caps.beliefs_per_person}
+
+
+class _Worker:
+    """One worker process and its two pipes."""
+
+    def __init__(self, process: anyio.abc.Process, token: object) -> None:
+        self.process = process
+        self.token = token
+        assert process.stdout is not None and process.stdin is not None
+        self._reader = BufferedByteReceiveStream(process.stdout)
+        self._writer = process.stdin
+
+    async def send(self, value: dict[str, Any]) -> None:
+        try:
+            await self._writer.send(json.dumps(value).encode() + b"\n")
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            raise _WorkerLost from None
+
+    async def receive(self) -> dict[str, Any]:
+        try:
+            line = await self._reader.receive_until(b"\n", MAX_REPLY_BYTES)
+            value = json.loads(line)
+        except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError,
+                anyio.ClosedResourceError, anyio.DelimiterNotFound, ValueError):
+            raise _WorkerLost from None
+        if type(value) is not dict:
+            raise _WorkerLost
+        return value
+
+    async def exchange(self, request: dict[str, Any], handle: AttemptHandle | None) -> Any:
+        await self.send(request)
+        while True:
+            answer = await self.receive()
+            if "result" in answer:
+                return answer["result"]
+            if "error" in answer:
+                reason = answer["error"]
+                raise RetrieverFailedError(reason if isinstance(reason, str) else "raised")
+            if answer.get("source_read") is True and handle is not None:
+                try:
+                    reply: dict[str, Any] = {"ok": handle.source_read()}
+                except RecallBudgetExceeded as exc:
+                    refusal = exc.refusal
+                    reply = {"refused": {"reason": refusal.reason.value,
+                                         "run_id": refusal.run_id,
+                                         "reserved": refusal.reserved,
+                                         "executed": refusal.executed}}
+                await self.send(reply)
+                continue
+            raise _WorkerLost
+
+    def kill(self) -> None:
+        """Kill the process, whichever event loop started it."""
+        with contextlib.suppress(ProcessLookupError, OSError):
+            os.kill(self.process.pid, getattr(signal, "SIGKILL", signal.SIGTERM))
+
+    async def aclose(self) -> None:
+        self.kill()
+        with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+            await self.process.aclose()
+
+
+class ProcessRetriever:
+    """A :class:`~plugin.memory.protocol.Retriever` whose real retriever runs in worker
+    processes (see the module doc for what crosses and what a worker can reach).
+
+    ``factory`` must be importable by name (a module-level function or class); anything else
+    raises :class:`~plugin.errors.InvalidArgumentError` here. ``timeout_s`` bounds the calls
+    that have no attempt deadline (corrections, re-reads); a search is bounded by its
+    attempt. Close it (``await retriever.aclose()`` or ``async with``) to stop idle workers.
+    """
+
+    def __init__(
+        self, factory: Callable[[], object], *, idle_workers: int = 4, timeout_s: float = 10.0
+    ) -> None:
+        self._target, self._main_path = _target(factory)
+        if isinstance(idle_workers, bool) or not isinstance(idle_workers, int):
+            raise InvalidArgumentTypeError("idle_workers must be an int")
+        if idle_workers < 0:
+            raise InvalidArgumentError(f"idle_workers must be >= 0, got {idle_workers}")
+        self._idle_limit = idle_workers
+        self._timeout_s = validate.seconds(timeout_s, field="ProcessRetriever.timeout_s")
+        self._idle: list[_Worker] = []
+        self._lock = threading.Lock()
+        self.started = 0
+        """How many worker processes this retriever started (for tests and benchmarks)."""
+
+    def __repr__(self) -> str:
+        return f"ProcessRetriever({self._target})"
+
+    async def __aenter__(self) -> ProcessRetriever:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop the idle workers (calls in flight keep theirs until they end)."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        token = anyio.lowlevel.current_token()
+        for worker in idle:
+            if worker.token == token:
+                await worker.aclose()
+            else:
+                worker.kill()
+
+    async def start(self, workers: int = 1) -> None:
+        """Start ``workers`` idle workers now, so that the first searches do not wait."""
+        started = [await self._spawn() for _ in range(workers)]
+        for worker in started:
+            await self._checkin(worker)
+
+    # -- the worker pool ---------------------------------------------------------------------
+
+    async def _spawn(self) -> _Worker:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [_ROOT, env.get("PYTHONPATH")]))
+        process = await anyio.open_process(
+            [sys.executable, "-m", "plugin.memory._process_worker"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, env=env,
+        )
+        self.started += 1
+        worker = _Worker(process, anyio.lowlevel.current_token())
+        try:
+            await worker.send({"factory": self._target, "main": self._main_path,
+                               "path": [entry or os.getcwd() for entry in sys.path]})
+            answer = await worker.receive()
+        except BaseException:
+            await worker.aclose()
+            raise
+        if answer.get("ready") is not True:
+            await worker.aclose()
+            raise _WorkerLost
+        return worker
+
+    async def _checkout(self) -> _Worker:
+        token = anyio.lowlevel.current_token()
+        while True:
+            with self._lock:
+                worker = self._idle.pop() if self._idle else None
+            if worker is None:
+                return await self._spawn()
+            if worker.token == token and worker.process.returncode is None:
+                return worker
+            if worker.token == token:
+                await worker.aclose()
+            else:
+                worker.kill()  # started under another event loop: not usable here
+
+    async def _checkin(self, worker: _Worker) -> None:
+        with self._lock:
+            if len(self._idle) < self._idle_limit:
+                self._idle.append(worker)
+                return
+        await worker.aclose()
+
+    async def _call(
+        self, request: dict[str, Any], handle: AttemptHandle | None = None
+    ) -> Any:
+        """One request to a worker; every way it can go wrong is this call's failure."""
+        limit = handle.seconds_left() if handle is not None else self._timeout_s
+        worker: _Worker | None = None
+        done = False
+        try:
+            with anyio.move_on_after(limit):
+                worker = await self._checkout()
+                result = await worker.exchange(request, handle)
+                done = True
+        except _WorkerLost:
+            raise RetrieverFailedError("raised") from None
+        except RetrieverFailedError:
+            done = True  # the worker answered: it is still in step with us
+            raise
+        finally:
+            if worker is not None:
+                if done:
+                    await self._checkin(worker)
+                else:  # cancelled, timed out or lost mid-call: it may be stuck
+                    await worker.aclose()
+        if not done:
+            raise RetrieverFailedError("raised")  # no answer in time
+        return result
+
+    # -- the retriever protocol --------------------------------------------------------------
+
+    def searchable(self, prepared: PreparedRecall) -> bool:
+        return bool(prepared.query.text.strip())
+
+    async def named_people(self, prepared: PreparedRecall) -> tuple[str, ...]:
+        return ()  # a worker gets no nested read, so no slot is reserved for one
+
+    async def search(
+        self, prepared: PreparedRecall, handle: AttemptHandle, *, caps: ContextCaps,
+        nested_beliefs: bool,
+    ) -> Found:
+        result = await self._call({
+            "op": "search", "prepared": _prepared(prepared), "caps": _caps(caps),
+            "slot": handle.slot, "kind": handle.kind.value,
+            "seconds_left": handle.seconds_left(),
+        }, handle)
+        if type(result) is not dict:
+            raise RetrieverFailedError("bad_result")
+        return Found(evidence=_evidence_list(result.get("evidence")),
+                     people=_names(result.get("people")), arms=_names(result.get("arms")),
+                     notes=_names(result.get("notes")))
+
+    async def read_beliefs(
+        self, people: Sequence[str], handle: AttemptHandle, *, principal: str, scope: str,
+        caps: ContextCaps,
+    ) -> tuple[Evidence, ...]:
+        return _evidence_list(await self._call({
+            "op": "read_beliefs", "people": [str(name) for name in people],
+            "principal": principal, "scope": scope, "caps": _caps(caps),
+            "slot": handle.slot, "kind": handle.kind.value,
+            "seconds_left": handle.seconds_left(),
+        }, handle))
+
+    async def corrections(self, *, principal: str, scope: str) -> tuple[Evidence, ...]:
+        return _evidence_list(await self._call(
+            {"op": "corrections", "principal": principal, "scope": scope}))
+
+    async def revalidate(
+        self, ids: Sequence[str], *, principal: str, scope: str
+    ) -> tuple[Evidence, ...]:
+        return _evidence_list(await self._call(
+            {"op": "revalidate", "ids": [str(i) for i in ids], "principal": principal,
+             "scope": scope}))

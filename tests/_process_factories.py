@@ -1,0 +1,75 @@
+"""Module-level factories for ProcessRetriever tests (a worker process imports them by name)."""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+
+from plugin import Evidence, SearchRequest, SimpleRetriever
+
+MEMORIES = {"m-cutover": "cutover is on friday", "m-deploy": "deploy window is at noon",
+            "m-rounding": "rounding is half even", "m-backfill": "backfill runs at night"}
+
+
+def _reachable() -> tuple[int, int]:
+    """How many permits and allowances this process can reach by walking frames and the gc."""
+    names = {"Permit", "RecallAllowance", "PermitHolder", "Round"}
+    found: list[object] = []
+    frame = sys._getframe()
+    while frame is not None:
+        found.extend(frame.f_locals.values())
+        frame = frame.f_back
+    found.extend(gc.get_objects())
+    permits = sum(1 for value in found if type(value).__name__ in ("Permit", "PermitHolder"))
+    allowances = sum(1 for value in found if type(value).__name__ in names - {"Permit",
+                                                                               "PermitHolder"})
+    return permits, allowances
+
+
+async def probing_search(request: SearchRequest) -> list[Evidence]:
+    """Find the memories, and report what a frame- and gc-walk reached (and the process)."""
+    permits, allowances = _reachable()
+    words = set(request.text.casefold().split())
+    hits = [Evidence(id=key, text=text) for key, text in MEMORIES.items()
+            if words & set(text.split())]
+    probe = Evidence(id="probe", text=f"permits={permits} allowances={allowances} "
+                                      f"pid={os.getpid()}", arm="probe")
+    return [probe, *hits][: request.limit]
+
+
+def probing() -> SimpleRetriever:
+    return SimpleRetriever(probing_search)
+
+
+async def crashing_search(request: SearchRequest) -> list[Evidence]:
+    if "crash" in request.text:
+        os._exit(3)  # the worker dies mid-call
+    return [Evidence(id="m-ok", text=f"fine: {request.text}")]
+
+
+def crashing() -> SimpleRetriever:
+    return SimpleRetriever(crashing_search)
+
+
+async def hanging_search(request: SearchRequest) -> list[Evidence]:
+    if "hang" in request.text:
+        import time
+
+        time.sleep(3600)  # blocks the worker: only killing it ends the call
+    return [Evidence(id="m-ok", text=f"fine: {request.text}")]
+
+
+def hanging() -> SimpleRetriever:
+    return SimpleRetriever(hanging_search)
+
+
+async def junk_search(request: SearchRequest) -> list[Evidence]:
+    print("noise on standard output")  # must not corrupt the protocol
+    if "junk" in request.text:
+        return "not evidence"  # type: ignore[return-value]
+    return [Evidence(id="m-ok", text="fine")]
+
+
+def junk() -> SimpleRetriever:
+    return SimpleRetriever(junk_search)

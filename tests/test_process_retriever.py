@@ -1,0 +1,146 @@
+"""ProcessRetriever: the boundary for a retriever you do not trust is another process.
+
+Real worker processes on both loops. The frame- and gc-walking probe below reaches permits
+when it runs in-process (the honest threat model) and reaches nothing inside a worker, while
+the run's slots hold and results arrive. A crashing, junk-returning or hung worker is that
+call's ``failed`` result, and the next call gets a fresh worker.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+
+import pytest
+
+from plugin import (
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    ManualClock,
+    ProcessRetriever,
+    RefusalReason,
+    SimpleRetriever,
+    SystemClock,
+)
+from plugin.memory.process import ProcessRetriever as FromModule
+
+from . import _process_factories as factories
+from ._hooks_env import hooks_over, search_calls, usage_counts
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+
+P, S = "ana", "atlas"
+
+
+
+@pytest.fixture
+async def probing() -> AsyncIterator[ProcessRetriever]:
+    async with ProcessRetriever(factories.probing) as retriever:
+        yield retriever
+
+
+def _probe(text: str) -> dict[str, int]:
+    return {key: int(value) for key, value in (part.split("=") for part in text.split())}
+
+
+async def test_a_walking_retriever_in_process_reaches_the_permit(clock: ManualClock) -> None:
+    # The threat model, shown: in-process, frames and the gc lead to the run's permit.
+    hooks = hooks_over(factories.probing(), clock)
+    (result,) = await hooks.dispatch(search_calls("cutover"), run_id="r", scope=S, principal=P)
+    probe = next(e for e in result.evidence if e.id == "probe")
+    assert _probe(probe.text)["permits"] >= 1
+    assert _probe(probe.text)["pid"] == os.getpid()
+
+
+async def test_a_walking_retriever_in_a_worker_reaches_nothing_and_the_slots_hold(
+    clock: ManualClock, probing: ProcessRetriever
+) -> None:
+    assert FromModule is ProcessRetriever
+    hooks = hooks_over(probing, clock)
+    results = await hooks.dispatch(search_calls("cutover", "deploy", "rounding", "backfill",
+                                                "night"),
+                                   run_id="r", scope=S, principal=P)
+    assert [r.status for r in results] == ["ok", "ok", "ok", "ok", "refused"]
+    assert results[4].refusal is not None and results[4].refusal.reason is RefusalReason.SLOTS
+    expected = ["m-cutover", "m-deploy", "m-rounding", "m-backfill"]
+    for result, memory in zip(results[:4], expected, strict=True):
+        ids = [e.id for e in result.evidence]
+        assert memory in ids
+        probe = _probe(next(e for e in result.evidence if e.id == "probe").text)
+        assert probe["permits"] == 0 and probe["allowances"] == 0
+        assert probe["pid"] != os.getpid()
+    assert await usage_counts(hooks, "r") == (1, 4, 4, 1)
+
+
+async def test_the_automatic_round_runs_through_a_worker(
+    clock: ManualClock, probing: ProcessRetriever
+) -> None:
+    from plugin import WorkingState
+
+    hooks = hooks_over(probing, clock)
+    context = await hooks.prepare(WorkingState("cutover friday"), run_id="r", scope=S,
+                                  principal=P)
+    assert "m-cutover" in [e.id for e in context.evidence]
+    assert probing.started >= 1
+
+
+async def test_a_crashing_worker_is_that_calls_failure_and_is_replaced(
+    clock: ManualClock,
+) -> None:
+    async with ProcessRetriever(factories.crashing) as retriever:
+        hooks = hooks_over(retriever, clock)
+        results = await hooks.dispatch(search_calls("crash now", "fine one"), run_id="r",
+                                       scope=S, principal=P)
+        assert [r.status for r in results] == ["failed", "ok"]
+        assert results[0].evidence == ()
+        assert [e.id for e in results[1].evidence] == ["m-ok"]
+        started = retriever.started
+        (later,) = await hooks.dispatch(search_calls("fine again"), run_id="r", scope=S,
+                                        principal=P)
+        assert later.status == "ok"
+        assert retriever.started <= started + 1
+    assert await usage_counts(hooks, "r") == (2, 3, 3, 0)
+
+
+async def test_junk_and_noise_from_a_worker_are_that_calls_failure(clock: ManualClock) -> None:
+    async with ProcessRetriever(factories.junk) as retriever:
+        hooks = hooks_over(retriever, clock)
+        results = await hooks.dispatch(search_calls("junk please", "fine"), run_id="r",
+                                       scope=S, principal=P)
+    assert [r.status for r in results] == ["failed", "ok"]
+
+
+async def test_a_hung_worker_is_killed_at_the_deadline_and_replaced() -> None:
+    # A real subprocess blocks in real time, so this test runs on the system clock with a
+    # short deadline: the attempt's cancel scope is the only thing that ends the call.
+    async with ProcessRetriever(factories.hanging) as retriever:
+        await retriever.start()
+        hooks = hooks_over(retriever, SystemClock(), deadline_s=1.0)
+        (hung,) = await hooks.dispatch(search_calls("hang here"), run_id="r", scope=S,
+                                       principal=P)
+        assert hung.status == "refused"
+        assert hung.refusal is not None and hung.refusal.reason is RefusalReason.DEADLINE
+        assert retriever._idle == []  # the stuck worker was killed, not kept
+        hooks = hooks_over(retriever, SystemClock(), deadline_s=5.0)
+        (fine,) = await hooks.dispatch(search_calls("all fine"), run_id="r2", scope=S,
+                                       principal=P)
+        assert fine.status == "ok" and retriever.started == 2
+
+
+def _local_factory() -> SimpleRetriever:
+    return factories.probing()
+
+
+def test_the_factory_must_be_importable_by_name() -> None:
+    def nested() -> SimpleRetriever:
+        return factories.probing()
+
+    with pytest.raises(InvalidArgumentError, match="module-level"):
+        ProcessRetriever(nested)
+    with pytest.raises(InvalidArgumentError, match="module-level"):
+        ProcessRetriever(lambda: factories.probing())
+    with pytest.raises(InvalidArgumentTypeError):
+        ProcessRetriever("tests._process_factories:probing")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError):
+        ProcessRetriever(factories.probing, timeout_s=float("nan"))
+    ProcessRetriever(_local_factory)  # module level in a test module: importable
