@@ -128,8 +128,8 @@ async def main() -> None:
         )
         await seed_store(recall_config)
         async with open_hooks(recall_config) as hooks:
-            recall = agents_recall(hooks, state=_state, automatic="per_request")
-            once = agents_recall(hooks, state=_state)
+            recall = agents_recall(hooks, working_state=_state, automatic="per_request")
+            once = agents_recall(hooks, working_state=_state)
             calls = [ToolCall(call_id=f"call_{i}", arguments={"query": q})
                      for i, q in enumerate(QUERIES)]
             state = attrs.evolve(STATE, current_request="Continue")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,7 @@ async def main(backend: str) -> None:
             env={**os.environ, "RECALLBOUND_LEDGER": str(ledger),
                  "RECALLBOUND_STORE": str(store)},
         )
-        meta = {"recallbound/run_id": "example-run"}
+        meta = {"recallbound/run_id": f"example-{uuid.uuid4()}"}  # a fresh run each time
         async with Client(server) as client:
             tools = [tool.name for tool in (await client.list_tools()).tools]
             print(f"server tools: {tools}")

@@ -10,6 +10,7 @@ reference memory store, builds the planner, the preparation and the retriever, a
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
@@ -85,6 +86,16 @@ async def _telemetry(choice: Telemetry) -> AsyncIterator[None]:
         telemetry.uninstall(observer)
 
 
+def required_store_path(config: RecallConfig) -> str | os.PathLike[str]:
+    """The reference store's path; :class:`~plugin.errors.ConfigError` when it is not set."""
+    if config.store_path is None:
+        raise ConfigError(
+            "RecallConfig.store_path is not set: the reference memory store needs it (or "
+            "give open_hooks your own retriever=, which opens no store)"
+        )
+    return config.store_path
+
+
 @asynccontextmanager
 async def open_hooks(
     config: RecallConfig,
@@ -96,13 +107,16 @@ async def open_hooks(
     """Open the ledger (and the reference store) and wire the hooks; close them on exit.
 
     With ``retriever`` (your own memory backend, e.g. a :class:`~plugin.SimpleRetriever`),
-    the hooks search it instead of the reference store, which is then not opened; the
+    the hooks search it instead of the reference store, which is then not opened (and
+    ``config.store_path`` may be left unset; without a retriever it is required); the
     configuration, telemetry and context caps apply the same. A ``retriever`` that does not
     implement the protocol raises :class:`~plugin.errors.RetrieverProtocolError` (a
     ``TypeError`` naming the method) before anything is opened.
     """
     if retriever is not None:
         retriever = check_retriever(retriever)
+    else:
+        required_store_path(config)  # checked before anything is opened
     clock = clock if clock is not None else SystemClock()
     if embedding is None:
         embedding = load_embedding(config.semantic)
@@ -111,7 +125,7 @@ async def open_hooks(
         ledger = await stack.enter_async_context(open_ledger(config.ledger_path))
         if retriever is None:
             store = await stack.enter_async_context(
-                MemoryStore(config.store_path, embedding=embedding, clock=clock))
+                MemoryStore(required_store_path(config), embedding=embedding, clock=clock))
             retriever = MemoryRetriever(store)
         await stack.enter_async_context(_telemetry(config.telemetry))
         if config.legacy is True:

@@ -23,7 +23,14 @@ from plugin.memory.state import Fact, Task, WorkingState
 from plugin.memory.store import Evidence, MemoryRecord, MemoryStore
 from plugin.memory.store.errors import MemoryConflictError
 
-from .bootstrap import RecallConfig, Semantic, best_installed, load_embedding, open_hooks
+from .bootstrap import (
+    RecallConfig,
+    Semantic,
+    best_installed,
+    load_embedding,
+    open_hooks,
+    required_store_path,
+)
 from .hooks import PreparedContext, RecallHooks, ToolCall
 from .loop import AgentLoop, Dispatch, ModelStep, Preparation, ScriptedModel
 
@@ -82,7 +89,7 @@ async def run_tag(allowance_ledger: Ledger) -> str:
 async def seed_store(config: RecallConfig, *, clock: Clock | None = None) -> None:
     """Seed the demo's memories into the reference store ``config`` names, through the store
     itself (the hooks reach memory only through their retriever)."""
-    async with MemoryStore(config.store_path, embedding=load_embedding(config.semantic),
+    async with MemoryStore(required_store_path(config), embedding=load_embedding(config.semantic),
                            clock=clock if clock is not None else SystemClock()) as store:
         await seed(store)
 
@@ -267,7 +274,7 @@ async def run_demo(
         out("recallbound demo")
         out(f"  ledger and memory store: {folder} (embedded SQLite)")
         out(f"  semantic arm: {semantic.value}; allowance: 4 searches, 2 rounds, 10 s deadline")
-        async with MemoryStore(config.store_path, embedding=embedding,
+        async with MemoryStore(required_store_path(config), embedding=embedding,
                                clock=clock if clock is not None else SystemClock()) as store:
             if not await seed_once(store):
                 out("  (the memories were seeded by an earlier run on this folder)")

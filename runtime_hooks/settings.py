@@ -237,8 +237,10 @@ class RecallConfig:
     ledger_path: str | os.PathLike[str] = attrs.field(validator=_path, metadata=_setting(
         "ledger", "path", "The durable ledger: a SQLite file, a postgresql:// DSN "
         "(?schema=NAME), or a libpq key=value connection string."))
-    store_path: str | os.PathLike[str] = attrs.field(validator=_path, metadata=_setting(
-        "store", "path", "The reference memory store's SQLite file."))
+    store_path: str | os.PathLike[str] | None = attrs.field(
+        default=None, validator=attrs.validators.optional(_path), metadata=_setting(
+            "store", "path", "The reference memory store's SQLite file."))
+    """Not needed when :func:`~runtime_hooks.bootstrap.open_hooks` is given a retriever."""
     policy: AllowancePolicy = attrs.field(
         factory=AllowancePolicy, validator=_instance(AllowancePolicy), metadata=_setting(
             "policy", "section", "The allowance per run.", AllowancePolicy,

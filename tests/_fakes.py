@@ -229,7 +229,7 @@ class MemoryLedger:
 
     async def open_run(
         self, run_id: str, *, principal: str, scope: str, now: WallTime, per_hour: int
-    ) -> bool:
+    ) -> rules.RunOpening:
         rules.open_run_arguments(run_id, principal, scope)
         at = read_time(now)
         identities = self._open().identities
@@ -237,13 +237,13 @@ class MemoryLedger:
         identities.setdefault(run_id, (principal, scope))
         opened = self._open().run_opens.setdefault((principal, scope), {})
         if run_id in opened:
-            return True
+            return rules.RunOpening.KNOWN
         for old in [r for r, at_ in opened.items() if at_ <= at - rules.RUN_RATE_WINDOW_S]:
             del opened[old]
         if len(opened) >= per_hour:
-            return False
+            return rules.RunOpening.REFUSED
         opened[run_id] = at
-        return True
+        return rules.RunOpening.OPENED
 
     async def take_validations(
         self, run_id: str, evidence_ids: Sequence[str], *, limit: int

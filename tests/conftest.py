@@ -25,12 +25,14 @@ CLOCK_WALL = 1_800_000_000.0
 # CI and every newer interpreter collect these modules; nothing is skipped where the framework
 # exists.
 collect_ignore = (
-    ["test_adapter_pydantic_ai.py", "test_adapter_langchain.py", "test_retriever_backends.py"]
+    ["test_adapter_pydantic_ai.py", "test_adapter_langchain.py", "test_retriever_backends.py",
+     "test_adapter_options.py"]
     if sys.version_info < (3, 11) else []
 )
 
 
-PROCESS_MODULES = frozenset({"test_mcp_transports.py", "test_evaluate_command.py"})
+PROCESS_MODULES = frozenset({"test_mcp_transports.py", "test_evaluate_command.py",
+                             "test_docs_examples.py"})
 """Modules whose tests start real server or command processes: marked ``slow`` as a whole."""
 
 

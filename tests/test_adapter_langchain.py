@@ -40,7 +40,7 @@ from langgraph.types import Command, interrupt
 from pydantic import Field
 
 from plugin import ManualClock, WorkingState, current_permit
-from plugin.errors import InvalidArgumentError, InvalidArgumentTypeError, RunIdentityError
+from plugin.errors import RunIdentityError
 from plugin.memory.pipeline import MemoryRetriever
 from runtime_hooks import RecallHooks
 from runtime_hooks.adapters import SEARCH_TOOL
@@ -58,6 +58,8 @@ from runtime_hooks.adapters.langchain import (
 from runtime_hooks.bootstrap import RecallConfig, open_hooks
 from runtime_hooks.demo import PRINCIPAL, SCOPE, STATE, seed
 from runtime_hooks.hooks import ToolCall
+from runtime_hooks.testing import search, searches
+from runtime_hooks.testing.langchain import ScriptedChatModel
 
 pytestmark = [pytest.mark.anyio]
 
@@ -190,64 +192,6 @@ async def test_automatic_round_then_two_of_six_calls_run_on_slots_3_and_4(
     assert sorted(r.reason.value for r in refusals) == ["slots"] * 4  # the calls, no round
     assert (await hooks.allowance.ledger.usage(RUN)).refused == 4
 
-
-async def test_per_request_runs_the_automatic_round_before_every_request(
-    hooks: RecallHooks,
-) -> None:
-    model = fake_model(*search_calls())
-    agent = _agent(model, RecallMiddleware(hooks, working_state=work_in_progress,
-                                           automatic="per_request"))
-    await agent.ainvoke({"messages": [HumanMessage("Continue")]}, context=CONTEXT)
-    first, second = model.seen
-    assert "m-backfill" in _system(first)
-    # The next request's own round is refused (rounds): the model is told, in words.
-    assert "bounded" in _system(second) and "not evidence" in _system(second)
-    assert "m-backfill" not in _system(second)
-    refusals = await hooks.allowance.ledger.refusals(RUN)
-    assert sorted(r.reason.value for r in refusals) == ["rounds"] + ["slots"] * 4
-
-
-@pytest.mark.parametrize("automatic", ["each", 0.5])
-async def test_an_unknown_automatic_mode_is_refused(
-    hooks: RecallHooks, automatic: Any
-) -> None:
-    with pytest.raises((InvalidArgumentError, InvalidArgumentTypeError),
-                       match="automatic"):
-        RecallMiddleware(hooks, automatic=automatic)
-
-
-async def test_without_automatic_recall_four_calls_run_on_distinct_slots(
-    hooks: RecallHooks,
-) -> None:
-    model = fake_model(*search_calls())
-    agent = _agent(model, RecallMiddleware(hooks, automatic=False))
-    await agent.ainvoke({"messages": [HumanMessage("Continue")]}, context=CONTEXT)
-
-    answers = _answers(model.seen[1])
-    assert [a["status"] for a in answers.values()].count("ok") == 4
-    assert [a["refusal"]["reason"] for a in answers.values() if a["status"] == "refused"] == [
-        "slots", "slots"]
-    assert _system(model.seen[0]) == _system(model.seen[1]) == ""
-    slots = await _slots(hooks)
-    assert sorted(s for s, kind in slots if kind == "deliberate") == [1, 2, 3, 4]
-    assert len(slots) == 4  # four deliberate attempts, no nested read got a slot
-    assert await _usage(hooks) == (1, 4, 4)
-
-
-async def test_automatic_recall_and_tool_calls_share_one_deadline(
-    hooks: RecallHooks, clock: ManualClock
-) -> None:
-    # The first model request opens the run (deadline 10 s); the model then "thinks" for 11 s.
-    model = fake_model(*search_calls(), on_call=lambda n: clock.advance(11.0) if n == 1 else None)
-    agent = _agent(model, RecallMiddleware(hooks, working_state=work_in_progress))
-    await agent.ainvoke({"messages": [HumanMessage("Continue")]}, context=CONTEXT)
-
-    answers = _answers(model.seen[1])
-    assert len(answers) == 6
-    assert {a["status"] for a in answers.values()} == {"refused"}
-    assert {a["refusal"]["reason"] for a in answers.values()} == {"deadline"}
-    rounds, reserved, _ = await _usage(hooks)
-    assert (rounds, reserved) == (1, 2)  # only the automatic round was ever reserved
 
 
 async def test_a_call_answered_by_another_middleware_is_not_dispatched(
@@ -437,18 +381,6 @@ async def test_the_run_identity_comes_from_the_context_only(hooks: RecallHooks) 
     assert await _usage(hooks) == (0, 0, 0)
 
 
-async def test_an_out_of_scope_call_gets_its_typed_answer_and_no_slot(
-    hooks: RecallHooks,
-) -> None:
-    bad = {"name": SEARCH_TOOL.name, "args": {"query": "deploy window", "scope": "personal"},
-           "id": "bad", "type": "tool_call"}
-    model = fake_model(bad, *search_calls(QUERIES[:1]))
-    agent = _agent(model, RecallMiddleware(hooks, automatic=False))
-    await agent.ainvoke({"messages": [HumanMessage("Continue")]}, context=CONTEXT)
-    answers = _answers(model.seen[1])
-    assert answers["bad"]["status"] == "invalid" and answers["c0"]["status"] == "ok"
-    assert await _usage(hooks) == (1, 1, 1)
-
 
 async def test_the_tool_without_its_hook_searches_nothing(hooks: RecallHooks) -> None:
     recall = LangChainRecall(hooks)
@@ -631,18 +563,6 @@ async def test_another_tool_first_then_six_searches_two_run_on_slots_3_and_4(
     assert (await hooks.allowance.ledger.usage(RUN)).refused == 4
 
 
-async def test_two_searches_in_each_of_two_model_messages(hooks: RecallHooks) -> None:
-    model = scripted(calls_message(*search_calls(QUERIES[:2], prefix="a")),
-                     calls_message(*search_calls(QUERIES[2:4], prefix="b")))
-    agent = _agent(model, RecallMiddleware(hooks, working_state=work_in_progress))
-    await _drive_agent(agent, "ainvoke")
-    answers = _answers(model.seen[-1])
-    assert {c: a["status"] for c, a in answers.items()} == {
-        "a0": "ok", "a1": "ok", "b0": "refused", "b1": "refused"}
-    assert {answers[c]["refusal"]["reason"] for c in ("b0", "b1")} == {"rounds"}
-    assert sorted(s for s, k in await _slots(hooks) if k == "deliberate") == [3, 4]
-    assert len({_system(seen) for seen in model.seen}) == 1
-
 
 async def test_each_invocation_prepares_its_own_context_and_none_leaks(
     hooks: RecallHooks,
@@ -803,3 +723,131 @@ async def test_a_tools_node_resumed_in_a_new_process_never_dispatches_again(
             assert not rechecked
         else:  # one re-check left for the run: the rest is said to be bounded
             assert rechecked and all("not evidence" in a["content"] for a in rechecked)
+
+
+# -- a sync agent.invoke --------------------------------------------------------------------
+
+
+def _sync_agent(hooks: RecallHooks) -> tuple[Any, ScriptedChatModel]:
+    model = ScriptedChatModel(searches(*QUERIES), "Done.")
+    middleware = RecallMiddleware(hooks, working_state=work_in_progress)
+    agent = create_agent(model, middleware=[middleware], context_schema=RecallContext)
+    return agent, model
+
+
+async def test_sync_invoke_from_a_worker_thread_runs_like_ainvoke(hooks: RecallHooks) -> None:
+    agent, model = _sync_agent(hooks)  # built on the hooks' loop
+    out = await anyio.to_thread.run_sync(functools.partial(
+        agent.invoke, {"messages": [HumanMessage("Continue")]}, context=CONTEXT))
+    first, second = model.requests
+    assert "m-backfill" in first.instructions
+    assert second.instructions == first.instructions  # one automatic round per invocation
+    statuses = [answer["status"] for answer in second.answers().values()]
+    assert sorted(statuses) == ["ok"] * 2 + ["refused"] * 4
+    assert out["messages"][-1].content == "Done."
+    assert "recall_context" not in out
+    assert await _slots(hooks) == [(1, "base"), (2, "delta"), (3, "deliberate"),
+                                   (4, "deliberate")]
+    assert await _usage(hooks) == (2, 4, 4)
+
+
+def test_sync_invoke_from_sync_code_through_a_blocking_portal(tmp_path: Path) -> None:
+    with anyio.from_thread.start_blocking_portal("asyncio") as portal:
+        config = RecallConfig(ledger_path=tmp_path / "ledger.db",
+                              store_path=tmp_path / "memory.db")
+        with portal.wrap_async_context_manager(open_hooks(config)) as hooks:
+            portal.call(_seed, hooks)
+            agent, model = portal.call(_sync_agent, hooks)  # built on the portal's loop
+            agent.invoke({"messages": [HumanMessage("Continue")]}, context=CONTEXT)
+            usage = portal.call(hooks.allowance.ledger.usage, RUN)
+    assert "Recalled memory" in model.requests[0].instructions
+    assert (usage.rounds, usage.reserved) == (2, 4)
+
+
+async def _seed(hooks: RecallHooks) -> None:
+    retriever = hooks.retriever
+    assert isinstance(retriever, MemoryRetriever)
+    await seed(retriever.store)
+
+
+async def test_sync_invoke_on_the_loop_thread_is_a_typed_error(hooks: RecallHooks) -> None:
+    agent, _ = _sync_agent(hooks)
+    with pytest.raises(NotDispatchedError, match="worker thread"):
+        agent.invoke({"messages": [HumanMessage("Continue")]}, context=CONTEXT)
+    assert await _usage(hooks) == (0, 0, 0)
+
+
+def test_sync_invoke_of_a_middleware_built_outside_a_loop_is_a_typed_error(
+    tmp_path: Path,
+) -> None:
+    with anyio.from_thread.start_blocking_portal("asyncio") as portal:
+        config = RecallConfig(ledger_path=tmp_path / "ledger.db",
+                              store_path=tmp_path / "memory.db")
+        with portal.wrap_async_context_manager(open_hooks(config)) as hooks:
+            agent, _ = _sync_agent(hooks)  # built in this thread: no loop to run on
+            with pytest.raises(NotDispatchedError, match="inside that loop"):
+                agent.invoke({"messages": [HumanMessage("Continue")]}, context=CONTEXT)
+
+
+# -- a hand-built graph whose model node asks for the automatic context at every request ------
+
+
+def _agent_graph(recall: LangChainRecall, model: ScriptedChatModel) -> Any:
+    """model -> tools -> model -> ... -> END, the automatic context asked for at every
+    model request (where a user puts it)."""
+
+    async def call_model(state: MessagesState, runtime: Runtime[RecallContext]) -> Any:
+        block = await recall.automatic_context(state["messages"], runtime.context)
+        reply = await model.ainvoke([SystemMessage(block), *state["messages"]])
+        return {"messages": [reply]}
+
+    def route(state: MessagesState) -> str:
+        last = state["messages"][-1]
+        return "tools" if isinstance(last, AIMessage) and last.tool_calls else END
+
+    graph = StateGraph(MessagesState, context_schema=RecallContext)
+    graph.add_node("model", call_model)
+    graph.add_node("tools", RecallToolNode.with_tools(recall).ainvoke)
+    graph.add_edge(START, "model")
+    graph.add_conditional_edges("model", route, ["tools", END])
+    graph.add_edge("tools", "model")
+    return graph.compile()
+
+
+async def test_hand_built_graph_runs_the_automatic_round_once_per_invocation(
+    hooks: RecallHooks,
+) -> None:
+    recall = LangChainRecall(hooks, working_state=work_in_progress)
+    model = ScriptedChatModel((search("invoice backfill", call_id="a"),),
+                              (search("cutover date", call_id="b"),), "Done.", "Done again.")
+    graph = _agent_graph(recall, model)
+    await graph.ainvoke({"messages": [HumanMessage("Continue")]}, context=CONTEXT)
+    first, second, third = (request.instructions for request in model.requests)
+    assert "m-backfill" in first
+    assert second == third == first  # three model requests, one automatic round
+    answers = model.requests[2].answers()
+    assert answers["a"]["status"] == "ok"
+    assert answers["b"]["refusal"]["reason"] == "rounds"  # round 2 went to "a"
+    assert [r.kind.value for r in await hooks.allowance.ledger.reservations(RUN)] == [
+        "automatic", "deliberate"]
+
+    # The next invocation prepares again: its own round is refused (no round left), and
+    # nothing prepared for the first invocation reaches it.
+    await graph.ainvoke({"messages": [HumanMessage("Continue")]}, context=CONTEXT)
+    fourth = model.requests[3].instructions
+    assert "bounded" in fourth and "not evidence" in fourth
+    assert "m-backfill" not in fourth
+    usage = await hooks.allowance.ledger.usage(RUN)
+    assert (usage.rounds, usage.reserved, usage.executed) == (2, 3, 3)
+    assert sorted(r.reason.value for r in await hooks.allowance.ledger.refusals(RUN)) == [
+        "rounds", "rounds"]
+
+
+async def test_automatic_context_outside_a_graph_runs_a_round_each_call(
+    hooks: RecallHooks,
+) -> None:
+    recall = LangChainRecall(hooks, working_state=work_in_progress)
+    messages = [HumanMessage("Continue")]
+    assert "m-backfill" in await recall.automatic_context(messages, CONTEXT)
+    assert "Recalled memory" in await recall.automatic_context(messages, CONTEXT)
+    assert (await _usage(hooks))[:2] == (2, 4)

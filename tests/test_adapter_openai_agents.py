@@ -33,7 +33,6 @@ from agents.run_config import CallModelData, ModelInputData
 from agents.testing import ModelCall, ModelStep, ScriptedModel, assistant_message, function_call
 
 from plugin import ManualClock, QueryStrategy, WorkingState
-from plugin.errors import InvalidArgumentError, InvalidArgumentTypeError
 from plugin.memory.pipeline import MemoryRetriever
 from runtime_hooks import RecallHooks
 from runtime_hooks.adapters import SEARCH_TOOL
@@ -155,7 +154,7 @@ async def slots(hooks: RecallHooks) -> list[tuple[int, str]]:
 async def test_automatic_round_then_six_calls_two_run_four_refused_visibly(
     hooks: RecallHooks, streamed: bool
 ) -> None:
-    recall = agents_recall(hooks, state=host_state)
+    recall = agents_recall(hooks, working_state=host_state)
     model = script()
     result = await run(recall, model, streamed=streamed)
     assert result.final_output == "Done."
@@ -196,7 +195,7 @@ async def test_automatic_round_then_six_calls_two_run_four_refused_visibly(
 async def test_per_request_runs_the_automatic_round_before_every_request(
     hooks: RecallHooks, streamed: bool
 ) -> None:
-    recall = agents_recall(hooks, state=host_state, automatic="per_request")
+    recall = agents_recall(hooks, working_state=host_state, automatic="per_request")
     model = script()
     await run(recall, model, streamed=streamed)
     first, second = model.calls
@@ -208,36 +207,12 @@ async def test_per_request_runs_the_automatic_round_before_every_request(
     assert await usage(hooks) == (2, 4, 4, 5)
 
 
-@pytest.mark.parametrize("automatic", ["always", 2])
-def test_an_unknown_automatic_mode_is_refused(automatic: Any) -> None:
-    with pytest.raises((InvalidArgumentError, InvalidArgumentTypeError),
-                       match="automatic"):
-        agents_recall(None, automatic=automatic)  # type: ignore[arg-type]
-
-
-async def test_automatic_recall_off_four_calls_on_distinct_slots_two_refused(
-    hooks: RecallHooks,
-) -> None:
-    recall = agents_recall(hooks, automatic=False)
-    model = script()
-    await run(recall, model)
-    first, second = model.calls
-    assert first.system_instructions == INSTRUCTIONS  # no automatic round
-    assert second.system_instructions == INSTRUCTIONS
-    seen = outputs(second)
-    assert [v["status"] for v in seen.values()].count("ok") == 4
-    assert [v["refusal"]["reason"] for v in seen.values() if v["status"] == "refused"] == [
-        "slots", "slots"]
-    assert sorted(s for s, _ in await slots(hooks)) == [1, 2, 3, 4]
-    assert {kind for _, kind in await slots(hooks)} == {"deliberate"}
-    assert await usage(hooks) == (1, 4, 4, 2)
-
 
 @pytest.mark.parametrize("automatic", [True, "per_request"])
 async def test_automatic_round_and_tool_calls_share_one_deadline(
     hooks: RecallHooks, clock: ManualClock, automatic: bool | str
 ) -> None:
-    recall = agents_recall(hooks, state=host_state, automatic=automatic)
+    recall = agents_recall(hooks, working_state=host_state, automatic=automatic)
 
     def late(call: ModelCall) -> list[Any]:
         # Between the model request (the automatic round opened the reservation) and the
@@ -502,7 +477,7 @@ async def test_working_state_comes_from_the_host(hooks: RecallHooks) -> None:
         seen.append(type(data.context).__name__)
         return STATE
 
-    recall = agents_recall(hooks, state=state)
+    recall = agents_recall(hooks, working_state=state)
     model = ScriptedModel([[assistant_message("Done.")]])
     await run(recall, model, context={"host": True})
     assert seen == ["dict"]
@@ -529,7 +504,7 @@ async def test_concurrent_runs_share_the_tool_but_not_their_allowance(
 
 
 async def test_installing_the_pieces_twice_never_doubles_a_round(hooks: RecallHooks) -> None:
-    recall = agents_recall(hooks, state=host_state)
+    recall = agents_recall(hooks, working_state=host_state)
     model = script()
     # A host that installed the filter and the hooks itself, then used recall.run anyway.
     await run(recall, model, hooks=recall.run_hooks(), run_config=recall.run_config(config()))
@@ -591,7 +566,7 @@ def deliberate_slots(traces: list[tuple[int, str]]) -> list[int]:
 async def test_another_tool_first_then_six_searches_two_run_on_slots_3_and_4(
     hooks: RecallHooks, streamed: bool
 ) -> None:
-    recall = agents_recall(hooks, state=host_state)
+    recall = agents_recall(hooks, working_state=host_state)
     model = ScriptedModel([[function_call("lookup_ticket", {}, call_id="t1")], six_calls(),
                            [assistant_message("Done.")]])
     the_agent = agent(model, recall, lookup_ticket_tool())
@@ -614,30 +589,11 @@ async def test_another_tool_first_then_six_searches_two_run_on_slots_3_and_4(
     assert await usage(hooks) == (2, 4, 4, 4)
 
 
-async def test_two_searches_in_each_of_two_model_messages(hooks: RecallHooks) -> None:
-    recall = agents_recall(hooks, state=host_state)
-    model = ScriptedModel([
-        [function_call(SEARCH_TOOL.name, {"query": QUERIES[0]}, call_id="a0"),
-         function_call(SEARCH_TOOL.name, {"query": QUERIES[1]}, call_id="a1")],
-        [function_call(SEARCH_TOOL.name, {"query": QUERIES[2]}, call_id="b0"),
-         function_call(SEARCH_TOOL.name, {"query": QUERIES[3]}, call_id="b1")],
-        [assistant_message("Done.")],
-    ])
-    await run(recall, model)
-    firsts = search_outputs(model.calls[1], "a0", "a1")
-    seconds = search_outputs(model.calls[2], "b0", "b1")
-    assert {c: v["status"] for c, v in firsts.items()} == {"a0": "ok", "a1": "ok"}
-    assert {c: v["status"] for c, v in seconds.items()} == {"b0": "refused", "b1": "refused"}
-    assert {v["refusal"]["reason"] for v in seconds.values()} == {"rounds"}
-    assert deliberate_slots(await slots(hooks)) == [3, 4]
-    assert await usage(hooks) == (2, 4, 4, 1)
-    assert len({call.system_instructions for call in model.calls}) == 1
-
 
 async def test_a_handoffs_specialist_can_still_search(hooks: RecallHooks) -> None:
     """One Runner.run with a handoff: the automatic round runs once for the whole run, so the
     specialist (the search tool on both agents) searches on round 2's slots."""
-    recall = agents_recall(hooks, state=host_state)
+    recall = agents_recall(hooks, working_state=host_state)
     model = ScriptedModel([
         [function_call("transfer_to_specialist", {}, call_id="h1")],
         [function_call(SEARCH_TOOL.name, {"query": QUERIES[0]}, call_id="s0"),
@@ -660,36 +616,6 @@ async def test_a_handoffs_specialist_can_still_search(hooks: RecallHooks) -> Non
     assert "Recalled memory:" in model.calls[1].system_instructions
     assert (await usage(hooks))[3] == 0
 
-
-async def test_a_new_run_of_the_same_run_id_prepares_again(hooks: RecallHooks) -> None:
-    recall = agents_recall(hooks, state=host_state)
-    instructions = []
-    for _ in range(3):
-        model = ScriptedModel([[assistant_message("Done.")]])
-        await run(recall, model)
-        instructions.append(model.calls[0].system_instructions or "")
-    assert "Recalled memory:" in instructions[0] and "Recalled memory:" in instructions[1]
-    assert "Note: Memory recall was bounded" in instructions[2]
-    assert "Recalled memory:" not in instructions[2]
-    rounds, reserved, _, refused = await usage(hooks)
-    assert (rounds, reserved, refused) == (2, 4, 1)
-
-
-async def test_a_reused_call_id_with_other_arguments_is_a_new_call(hooks: RecallHooks) -> None:
-    """The SDK itself lets one id come back in a later run (a continued conversation): the
-    second call is its own search, never the first one's answer."""
-    recall = agents_recall(hooks, automatic=False)
-    first = ScriptedModel([[function_call(SEARCH_TOOL.name, {"query": "invoice backfill"},
-                                          call_id="call_0")], [assistant_message("Done.")]])
-    await run(recall, first)
-    second = ScriptedModel([[function_call(SEARCH_TOOL.name, {"query": "cutover date"},
-                                           call_id="call_0")], [assistant_message("Done.")]])
-    await run(recall, second)
-    before, after = outputs(first.calls[1])["call_0"], outputs(second.calls[1])["call_0"]
-    assert (before["status"], after["status"]) == ("ok", "ok")
-    assert before["evidence_ids"] != after["evidence_ids"]
-    assert deliberate_slots(await slots(hooks)) == [1, 2]
-    assert (await usage(hooks))[:2] == (2, 2)
 
 
 async def test_after_eviction_another_principal_is_still_refused(hooks: RecallHooks) -> None:

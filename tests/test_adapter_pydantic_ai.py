@@ -36,7 +36,6 @@ from pydantic_ai.tools import ToolDefinition
 
 from plugin import AllowancePolicy, ManualClock, WorkingState, compose_baseline
 from plugin.control import AttemptKind, AttemptOutcome
-from plugin.errors import InvalidArgumentError, InvalidArgumentTypeError
 from plugin.memory.enforce import AttemptHandle
 from plugin.memory.pipeline import MemoryRetriever
 from plugin.memory.preparation import PreparedRecall
@@ -220,43 +219,6 @@ async def test_automatic_round_then_one_batch_two_slots_four_typed_refusals(
     # the 4 attempts without a slot were refused.
     assert await _usage(hooks) == (2, 4, 3, 4)
 
-
-async def test_per_request_runs_the_automatic_round_before_every_request(
-    hooks: RecallHooks,
-) -> None:
-    model = SixSearches()
-    capability = RecallCapability(hooks, working_state=lambda ctx: STATE,
-                                  automatic="per_request")
-    await _drive(_agent(model, capability), "run")
-
-    assert model.instructions[0] is not None and "Recalled memory:" in model.instructions[0]
-    # The second request's own automatic round is refused (no round left): the bounded notice.
-    assert model.instructions[1] is not None
-    assert "Memory recall was bounded" in model.instructions[1]
-    assert "Recalled memory:" not in model.instructions[1]
-    assert await _usage(hooks) == (2, 4, 3, 5)
-
-
-@pytest.mark.parametrize("automatic", ["sometimes", 1, None])
-async def test_an_unknown_automatic_mode_is_refused(hooks: RecallHooks, automatic: Any) -> None:
-    with pytest.raises((InvalidArgumentError, InvalidArgumentTypeError),
-                       match="automatic"):
-        RecallCapability(hooks, automatic=automatic)
-
-
-async def test_automatic_off_four_calls_on_distinct_slots_two_refused(
-    hooks: RecallHooks,
-) -> None:
-    model = SixSearches()
-    await _drive(_agent(model, RecallCapability(hooks, automatic=False)), "run")
-
-    assert model.instructions == [None, None]
-    returns = _returns(model.requests[1])
-    grouped = _by_status(returns)
-    assert len(grouped["ok"]) == 4 and len(grouped["refused"]) == 2
-    assert {returns[c]["refusal"]["reason"] for c in grouped["refused"]} == {"slots"}
-    assert await _slots(hooks, AttemptKind.DELIBERATE) == [1, 2, 3, 4]
-    assert await _usage(hooks) == (1, 4, 4, 2)
 
 
 @pytest.mark.parametrize("framework_timeout", [None, 30.0])
@@ -518,15 +480,6 @@ async def test_the_run_identity_comes_from_the_host(hooks: RecallHooks) -> None:
     assert await _usage(hooks) == (0, 0, 0, 0)
 
 
-async def test_each_host_run_has_its_own_allowance(hooks: RecallHooks) -> None:
-    capability = RecallCapability(hooks, automatic=False)
-    for run_id in ("host-a", "host-b"):
-        model = SixSearches()
-        agent = _agent(model, capability)
-        await agent.run("Continue", deps=attrs.evolve(IDENTITY, run_id=run_id))
-        assert len(_by_status(_returns(model.requests[1]))["ok"]) == 4
-        assert await _usage(hooks, run_id) == (1, 4, 4, 2)
-
 
 async def test_the_default_state_is_the_latest_user_message(hooks: RecallHooks) -> None:
     model = SixSearches()
@@ -660,21 +613,6 @@ async def test_another_tool_first_then_six_searches_two_run_on_slots_3_and_4(
             ] == ["automatic", "deliberate"]
 
 
-async def test_two_searches_in_each_of_two_model_messages(hooks: RecallHooks) -> None:
-    model = Scripted([[_search("a0", QUERIES[0]), _search("a1", QUERIES[1])],
-                      [_search("b0", QUERIES[2]), _search("b1", QUERIES[3])]])
-    await _drive(model.agent(RecallCapability(hooks, working_state=lambda ctx: STATE)), "run")
-
-    returns = _all_returns(model.requests[-1])
-    # round 1 automatic, round 2 the first message's two searches, the second message's
-    # round refused for rounds: no automatic round took its place
-    assert {c: returns[c]["status"] for c in returns} == {
-        "a0": "ok", "a1": "ok", "b0": "refused", "b1": "refused"}
-    assert await _slots(hooks, AttemptKind.DELIBERATE) == [3, 4]
-    assert {returns[c]["refusal"]["reason"] for c in ("b0", "b1")} == {"rounds"}
-    assert await _usage(hooks) == (2, 4, 3, 1)
-    assert len(set(model.instructions)) == 1
-
 
 async def test_two_searches_in_each_of_two_messages_without_automatic(
     hooks: RecallHooks,
@@ -688,25 +626,6 @@ async def test_two_searches_in_each_of_two_messages_without_automatic(
     assert await _slots(hooks, AttemptKind.DELIBERATE) == [1, 2, 3, 4]
     assert await _usage(hooks) == (2, 4, 4, 0)
 
-
-async def test_a_new_invocation_of_the_run_prepares_again_then_gets_the_notice(
-    hooks: RecallHooks,
-) -> None:
-    """Each run of the host's run id is an invocation: it may reserve a new automatic round
-    while the allowance has one; after that it gets the bounded notice. Nothing prepared for
-    one invocation is shown to the next."""
-    capability = RecallCapability(hooks, working_state=lambda ctx: STATE)
-    seen: list[str | None] = []
-    for _ in range(3):
-        model = Scripted(["done"])
-        await _drive(model.agent(capability), "run")
-        seen.extend(model.instructions)
-    assert seen[0] is not None and "Recalled memory:" in seen[0]
-    assert seen[1] is not None and "Recalled memory:" in seen[1]  # round 2, slots 3-4
-    assert seen[2] is not None and "Memory recall was bounded" in seen[2]
-    assert "Recalled memory:" not in seen[2]
-    usage = await hooks.allowance.ledger.usage(IDENTITY.run_id)
-    assert (usage.rounds, usage.reserved, usage.refused) == (2, 4, 1)
 
 
 async def test_a_reused_call_id_with_other_arguments_is_a_new_call(hooks: RecallHooks) -> None:

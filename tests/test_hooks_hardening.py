@@ -132,7 +132,7 @@ def test_legacy_only_by_an_explicit_bool(tmp_path: Path, legacy: object) -> None
 @pytest.mark.parametrize(
     ("field", "value", "error"),
     [
-        ("ledger_path", 3, TypeError), ("store_path", None, TypeError),
+        ("ledger_path", 3, TypeError), ("store_path", 3, TypeError), ("store_path", "", ValueError),
         ("ledger_path", "", ValueError), ("policy", {}, TypeError),
         ("query_planning", "nope", ValueError), ("query_planning", 3, ValueError),
         ("admission", "yes", TypeError), ("admission_timeout_s", "1", TypeError),

@@ -971,8 +971,8 @@ async def test_concurrent_run_openings_never_pass_the_cap(
     async with open_ledger() as first, open_ledger() as second:
 
         async def one(ledger: Ledger, n: int) -> None:
-            opened.append(await ledger.open_run(f"r{n}", principal="alice", scope="proj",
-                                                now=WALL, per_hour=5))
+            opened.append(bool(await ledger.open_run(f"r{n}", principal="alice", scope="proj",
+                                                     now=WALL, per_hour=5)))
 
         async with anyio.create_task_group() as tg:
             for n in range(12):
@@ -1018,3 +1018,15 @@ async def test_opening_a_run_binds_its_identity(ledger: Ledger) -> None:
                                      per_hour=5)
     assert not await ledger.open_run("r9", principal="alice", scope="proj", now=WALL,
                                      per_hour=5)
+
+
+async def test_a_run_opening_says_whether_it_was_counted_now_before_or_refused(
+    ledger: Ledger,
+) -> None:
+    from plugin.control.ledger import RunOpening
+
+    kw: dict[str, Any] = {"principal": "alice", "scope": "proj", "per_hour": 1}
+    assert await ledger.open_run("r0", now=WALL, **kw) is RunOpening.OPENED
+    assert await ledger.open_run("r0", now=WALL + 1, **kw) is RunOpening.KNOWN
+    refused = await ledger.open_run("r1", now=WALL + 1, **kw)
+    assert refused is RunOpening.REFUSED and not refused

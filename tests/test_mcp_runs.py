@@ -168,3 +168,23 @@ async def test_a_burst_of_a_new_run_is_one_round_however_slow_the_bookkeeping(
         if named:
             usage = await plain.hooks.allowance.ledger.usage(ledger_id("run-burst"))
             assert (usage.rounds, usage.reserved) == (2, 4)
+
+
+async def test_a_run_used_by_another_server_keeps_its_last_round_for_the_burst(
+    tmp_path: Path,
+) -> None:
+    async with recall_server(tmp_path) as first, Client(first.server) as client:
+        assert (await search(client, "cutover date", run_id="run-shared"))["status"] == "ok"
+    # another server process (its own allowance) on the same ledger: the run has one round left
+    async with recall_server(tmp_path, window_s=1.0) as second, \
+            Client(second.server) as client:
+        found: list[str] = []
+
+        async def one(query: str, after: float) -> None:
+            await anyio.sleep(after)  # the burst's calls arrive a little apart
+            found.append((await search(client, query, run_id="run-shared"))["status"])
+
+        async with anyio.create_task_group() as tg:
+            for index, query in enumerate(QUERIES[:3]):
+                tg.start_soon(one, query, 0.05 * index)
+        assert found == ["ok"] * 3  # one shared last round, three slots

@@ -233,6 +233,7 @@ anyio.run(main)
 """
 
 
+@pytest.mark.slow
 async def test_forget_in_another_process_reaches_a_warm_store(store: MemoryStore) -> None:
     await store.remember("alpha deployment notes", id="keep", **ME)
     await store.remember("alpha deployment secret", id="gone", **ME)

@@ -202,13 +202,15 @@ class RecallAllowance:
         left = Headroom(rounds=usage.rounds, max_rounds=self.policy.max_rounds,
                         reserved=usage.reserved, max_searches=self.policy.max_searches,
                         deadline_wall=usage.deadline_wall)
-        return Room(slots=left.slots_left, rounds=left.rounds_left,
+        room = Room(slots=left.slots_left, rounds=left.rounds_left,
                     deadline_wall=usage.deadline_wall)
+        self._learn(run_id, room)
+        return room
 
     def known_room(self, run_id: str) -> Room | None:
-        """What this allowance last learned of ``run_id`` from a round it reserved or was
-        refused, without reading the ledger; None if it has reserved none. An estimate (another
-        process may have used the run since), as :meth:`headroom`."""
+        """What this allowance last learned of ``run_id`` (from a round it reserved or was
+        refused, or from :meth:`room`), without reading the ledger; None if nothing. An
+        estimate (another process may have used the run since), as :meth:`headroom`."""
         room = self._known.get(run_id)
         if room is not None:
             self._known.move_to_end(run_id)

@@ -97,6 +97,20 @@ RUN_RATE_WINDOW_S = 3600.0
 """The window :meth:`Ledger.open_run` counts a caller's run openings over (an hour)."""
 
 
+class RunOpening(enum.Enum):
+    """What :meth:`Ledger.open_run` did; true unless the opening was refused."""
+
+    OPENED = "opened"
+    """Counted now: no server had opened the run before."""
+    KNOWN = "known"
+    """Counted before (by this or another process)."""
+    REFUSED = "refused"
+    """The pair already opened its runs for the hour: nothing was stored."""
+
+    def __bool__(self) -> bool:
+        return self is not RunOpening.REFUSED
+
+
 class IdentityCache:
     """Bindings a ledger object has already read back: a binding never changes once written,
     so a repeated check of one run costs no statement. Bounded (oldest dropped first)."""
@@ -335,15 +349,15 @@ class Ledger(Protocol):
 
     async def open_run(
         self, run_id: str, *, principal: str, scope: str, now: WallTime, per_hour: int
-    ) -> bool:
+    ) -> RunOpening:
         """Bind ``run_id`` to ``principal`` and ``scope`` (as :meth:`bind_identity`: another
         principal or scope raises :class:`~plugin.errors.RunIdentityError` and stores nothing)
         and count it as a run they opened at ``now``, once; in one transaction.
 
-        True when the run is counted (now, or already before); False, storing nothing, when
-        the pair already opened ``per_hour`` other runs in the :data:`RUN_RATE_WINDOW_S` before
-        ``now``. Atomic and durable across every process that shares the ledger, so a fleet of
-        servers keeps one count per pair.
+        ``OPENED`` when the run is counted now, ``KNOWN`` when it was before; ``REFUSED``
+        (false), storing nothing, when the pair already opened ``per_hour`` other runs in the
+        :data:`RUN_RATE_WINDOW_S` before ``now``. Atomic and durable across every process that
+        shares the ledger, so a fleet of servers keeps one count per pair.
         """
         ...
 

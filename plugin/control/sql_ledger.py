@@ -35,6 +35,7 @@ from .ledger import (
     IdentityCache,
     RefusalRecord,
     Reservation,
+    RunOpening,
     Usage,
     Validity,
     WallTime,
@@ -296,12 +297,12 @@ class SqlLedger(abc.ABC):
 
     async def open_run(
         self, run_id: str, *, principal: str, scope: str, now: WallTime, per_hour: int
-    ) -> bool:
+    ) -> RunOpening:
         open_run_arguments(run_id, principal, scope)
         cell = {"principal": principal, "scope": scope}
         at = read_time(now)
 
-        async def write(s: Session) -> bool:
+        async def write(s: Session) -> RunOpening:
             # One lock per (principal, scope): two processes opening runs for it queue here.
             await self._lock_run(s, json.dumps(["run_opens", principal, scope]))
             bound = self._identities.get(run_id)
@@ -312,14 +313,14 @@ class SqlLedger(abc.ABC):
             check_identity(run_id, bound, principal, scope)  # raises: nothing is stored
             self._identities.put(run_id, bound)
             if await s.fetchall(self._sql(_OPENED), {**cell, "run_id": run_id}):
-                return True
+                return RunOpening.KNOWN
             # Openings older than the window count no more: the pair's rows stay bounded.
             await s.fetchall(self._sql(_FORGET_OPENS), {**cell, "since": at - RUN_RATE_WINDOW_S})
             ((opened,),) = await s.fetchall(self._sql(_OPENS), cell)
             if opened >= per_hour:
-                return False
+                return RunOpening.REFUSED
             await s.fetchall(self._sql(_OPEN), {**cell, "run_id": run_id, "now": at})
-            return True
+            return RunOpening.OPENED
 
         return await self._transact(write, f"opening run {run_id!r}")
 

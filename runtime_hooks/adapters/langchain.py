@@ -27,38 +27,58 @@ the checkpoint: a hook or node re-run after an ``interrupt()``, in this process 
 never dispatches it again (a batch reserves at most once).
 
 For a hand-built LangGraph graph, :class:`RecallToolNode` dispatches the batch and then runs a
-``ToolNode``; its sync form drives the async hooks on the host's event loop. Asyncio only.
+``ToolNode``; its sync form drives the async hooks on the host's event loop. The model node
+calls :meth:`LangChainRecall.automatic_context` at every model request: the round runs once per
+graph invocation, and later requests of the invocation get the same context.
+
+A sync ``agent.invoke`` works from a worker thread of the hooks' event loop
+(``anyio.to_thread.run_sync``) or through a blocking portal: each hook runs on that loop.
+Asyncio only.
 """
 
 from __future__ import annotations
 
+import collections
 import contextvars
 import dataclasses
 import json
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Annotated, Any
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Annotated, Any, TypeVar
 
 import anyio.from_thread
 import anyio.lowlevel
 import attrs
 import sniffio
-from langchain.agents.middleware import AgentMiddleware, AgentState, ModelRequest
-from langchain.agents.middleware.types import ModelResponse, PrivateStateAttr
-from langchain.tools import ToolRuntime
-from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage, ToolMessage
-from langchain_core.tools import BaseTool, StructuredTool
-from langgraph.config import get_config
-from langgraph.func import task
-from langgraph.prebuilt import ToolNode
-from langgraph.runtime import Runtime
-from typing_extensions import NotRequired
 
 from plugin.errors import RecallboundError, RunIdentityError
 from plugin.memory.state import WorkingState
+from runtime_hooks._extras import missing_extra
 from runtime_hooks.hooks import RecallHooks, ToolCall, ToolResult
 
-from .batch import AutomaticMode, RunRecall, RunRecalls, automatic_mode
+from ._options import deprecated_alias
+from .batch import AutomaticMode, Invocation, RunRecall, RunRecalls, automatic_mode
 from .tool import SEARCH_TOOL
+
+with missing_extra("langchain", "runtime_hooks.adapters.langchain"):
+    from langchain.agents.middleware import AgentMiddleware, AgentState, ModelRequest
+    from langchain.agents.middleware.types import ModelResponse, PrivateStateAttr
+    from langchain.tools import ToolRuntime
+    from langchain_core.messages import (
+        AIMessage,
+        AnyMessage,
+        HumanMessage,
+        SystemMessage,
+        ToolMessage,
+    )
+    from langchain_core.tools import BaseTool, StructuredTool
+    from langgraph.config import get_config
+    from langgraph.func import task
+    from langgraph.prebuilt import ToolNode
+    from langgraph.runtime import Runtime, get_runtime
+    from typing_extensions import NotRequired
+
+
+_R = TypeVar("_R")
 
 
 class MissingRecallContextError(RecallboundError, TypeError):
@@ -71,7 +91,8 @@ RecallContextMismatchError = RunIdentityError
 
 
 class NotDispatchedError(RecallboundError, RuntimeError):
-    """A hand-built graph's sync node cannot reach the event loop the hooks run on."""
+    """A sync invoke (a hand-built graph's node, or ``agent.invoke``) cannot reach the event
+    loop the hooks run on."""
 
 
 # A frozen dataclass, not attrs: LangGraph types ``context_schema`` as a dataclass, a
@@ -86,7 +107,7 @@ class RecallContext:
 
 
 def context_of(context: object) -> RecallContext:
-    """The default ``identify``: the runtime context itself, or its ``recall`` attribute."""
+    """The default ``identity``: the runtime context itself, or its ``recall`` attribute."""
     for candidate in (context, getattr(context, "recall", None)):
         if isinstance(candidate, RecallContext):
             return candidate
@@ -180,6 +201,61 @@ async def dispatch_kept(run: RunRecall, calls: Sequence[ToolCall]) -> list[ToolR
     return await run.dispatch_batch(calls)  # every call is stored now: no round
 
 
+def dispatch_kept_sync(
+    run: RunRecall, calls: Sequence[ToolCall], token: anyio.lowlevel.EventLoopToken | None
+) -> list[ToolResult]:
+    """:func:`dispatch_kept` from a sync graph run: the batch is dispatched on the hooks' loop
+    (``token``) from this worker thread, and kept in the graph's checkpoint like the async
+    form's. Raises :class:`NotDispatchedError` on the loop's own thread (waiting for the loop
+    there would deadlock) or without a loop to run on."""
+    loop = _hooks_loop(token)
+
+    def dispatch() -> list[ToolResult]:
+        return anyio.from_thread.run(run.dispatch_batch, calls, token=loop)
+
+    try:
+        configurable = get_config().get("configurable", {})
+    except RuntimeError:  # not inside a graph run
+        return dispatch()
+    if configurable.get(_CHECKPOINTER) is None:
+        return dispatch()
+    dispatched = False
+
+    def recallbound_search_batch() -> list[dict[str, object]]:
+        nonlocal dispatched
+        dispatched = True
+        results = dispatch()
+        return [run.record(c, r) for c, r in zip(calls, results, strict=True)]
+
+    records = task(recallbound_search_batch)().result()
+    if not dispatched:  # the checkpoint's: the batch ran before this node re-ran
+        anyio.from_thread.run(run.replay, records, token=loop)
+    return dispatch()  # every call is stored now: no round
+
+
+def _hooks_loop(token: anyio.lowlevel.EventLoopToken | None) -> anyio.lowlevel.EventLoopToken:
+    """The hooks' event loop, for a sync call made from one of its worker threads."""
+    if _on_event_loop_thread():
+        raise NotDispatchedError(
+            "a sync invoke (agent.invoke, graph.invoke) must run in a worker thread of the "
+            "hooks' event loop (await anyio.to_thread.run_sync(...), or a blocking portal), "
+            "not on the loop's own thread: the loop that must run the recall is blocked there"
+        )
+    if token is None:
+        raise NotDispatchedError(
+            "a sync invoke needs the hooks' event loop: build the middleware or node inside "
+            "that loop (in async code, or with portal.call(...) of a blocking portal)"
+        )
+    return token
+
+
+def _current_token() -> anyio.lowlevel.EventLoopToken | None:
+    try:
+        return anyio.lowlevel.current_token()
+    except RuntimeError:  # built outside any event loop: no sync path
+        return None
+
+
 Identify = Callable[[object], RecallContext]
 StateOf = Callable[[Sequence[AnyMessage]], WorkingState | None]
 
@@ -193,28 +269,80 @@ class LangChainRecall:
     """
 
     hooks: RecallHooks
-    identify: Identify = context_of
+    identity: Identify = context_of
+    """The host's run id, scope and principal from the run's context (default:
+    :func:`context_of`); the same option name in every adapter."""
     working_state: StateOf = latest_request
     max_runs: int = 1024
+    _identify: Identify | None = attrs.field(default=None, alias="identify", kw_only=True,
+                                             repr=False)
+    """Deprecated alias of ``identity``."""
     _runs: RunRecalls = attrs.field(init=False, repr=False)
+    _invocations: collections.OrderedDict[tuple[int, str], tuple[object, Invocation]] = (
+        attrs.field(init=False, factory=collections.OrderedDict, repr=False))
+    """The latest graph invocations' automatic rounds (at most ``max_runs``), by run control."""
     tool: BaseTool = attrs.field(init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
+        if self._identify is not None:
+            self.identity = deprecated_alias("identify", "identity", self._identify,
+                                             self.identity, context_of, stacklevel=4)
         self._runs = RunRecalls(self.hooks, RecallContextMismatchError, self.max_runs)
         self.tool = self._search_tool()
 
     def run(self, context: object) -> RunRecall:
         """The run's recall, keyed by the host's run id (checked against scope and principal)."""
-        trusted = self.identify(context)
+        trusted = self.identity(context)
         return self._runs.get(trusted.run_id, scope=trusted.scope, principal=trusted.principal)
 
     async def automatic_context(self, messages: Sequence[AnyMessage], context: object) -> str:
-        """The automatic round for one model request; the rendered block ("" if none)."""
+        """The graph invocation's automatic context; the rendered block ("" if none).
+
+        Call it from a hand-built graph's model node at every model request: the first call
+        of a graph invocation (one ``ainvoke``/``astream``) runs the automatic round, every
+        later call of the same invocation returns the same context and takes no round, and
+        the next invocation prepares again. An invocation is known by the run control
+        LangGraph creates for each run (``Runtime.control``); a host that passes its own
+        ``control=`` passes a fresh one per invocation, as LangGraph asks. Outside a graph run
+        it is :meth:`prepare_now`.
+        """
         run = self.run(context)
+        invocation = self._graph_invocation(run.run_id)
+
+        async def prepare() -> str:
+            return await self._render(run, messages)
+
+        return await (prepare() if invocation is None else invocation.context(prepare))
+
+    async def prepare_now(self, messages: Sequence[AnyMessage], context: object) -> str:
+        """An automatic round now, whatever ran before (``automatic="per_request"``)."""
+        return await self._render(self.run(context), messages)
+
+    async def _render(self, run: RunRecall, messages: Sequence[AnyMessage]) -> str:
         state = self.working_state(messages)
         if state is None:
             return ""
         return (await run.prepare(state)).render()
+
+    def _graph_invocation(self, run_id: str) -> Invocation | None:
+        """The current graph invocation's automatic round; None outside a graph run."""
+        try:
+            control = get_runtime().control
+        except (RuntimeError, AttributeError):  # not in a graph run
+            return None
+        if control is None:
+            return None
+        key = (id(control), run_id)
+        found = self._invocations.get(key)
+        if found is not None and found[0] is control:
+            self._invocations.move_to_end(key)
+            return found[1]
+        invocation = Invocation()
+        # The entry holds the control itself, so its id cannot name another run meanwhile.
+        self._invocations[key] = (control, invocation)
+        while len(self._invocations) > self.max_runs:
+            self._invocations.popitem(last=False)
+        return invocation
 
     async def answer_batch(
         self, messages: Sequence[AnyMessage], context: object
@@ -231,7 +359,7 @@ class LangChainRecall:
         """The tool's answer: the result its batch stored for this id and these arguments
         (never a search of its own)."""
         call_id = runtime.tool_call_id or ""
-        trusted = self.identify(runtime.context)
+        trusted = self.identity(runtime.context)
         pinned = _node_run.get()
         same = pinned is not None and (pinned.run_id, pinned.scope, pinned.principal) == (
             trusted.run_id, trusted.scope, trusted.principal)
@@ -279,10 +407,20 @@ class RecallMiddleware(AgentMiddleware[RecallState, Any, Any]):
     context_schema=RecallContext)``, then ``await agent.ainvoke(..., context=RecallContext(...))``.
     List it BEFORE ``ToolCallLimitMiddleware``: ``after_model`` hooks run in reverse list
     order, so the limit answers its blocked calls first and this middleware reserves slots only
-    for the calls that remain. Async only (``ainvoke``/``astream``).
+    for the calls that remain.
+
+    ``ainvoke``/``astream`` run the hooks directly. A sync ``invoke``/``stream`` runs each
+    hook on the hooks' event loop from the invoking thread, which must be a worker thread of
+    that loop: ``await anyio.to_thread.run_sync(functools.partial(agent.invoke, ...))`` in
+    async code, or a blocking portal (``anyio.from_thread.start_blocking_portal``) in sync
+    code. Build the middleware inside that loop (it keeps the loop's token); on the loop's own
+    thread a sync invoke raises :class:`NotDispatchedError` instead of deadlocking.
 
     ``automatic``: ``True`` (default) one automatic round per invocation, before its first
     model request; ``"per_request"`` one before every model request; ``False`` none.
+    ``identity`` gives the run's trusted identity from the runtime context (default:
+    :func:`context_of`; ``identify=`` is its deprecated alias); ``working_state`` the state
+    the automatic round plans from (default: :func:`latest_request`).
     """
 
     state_schema = RecallState
@@ -292,14 +430,60 @@ class RecallMiddleware(AgentMiddleware[RecallState, Any, Any]):
         hooks: RecallHooks,
         *,
         automatic: bool | str = True,
-        identify: Identify = context_of,
+        identity: Identify = context_of,
         working_state: StateOf = latest_request,
+        identify: Identify | None = None,
     ) -> None:
         super().__init__()
         self.mode: AutomaticMode = automatic_mode(automatic)
-        self.recall = LangChainRecall(hooks, identify=identify, working_state=working_state)
+        if identify is not None:
+            identity = deprecated_alias("identify", "identity", identify, identity, context_of)
+        self.recall = LangChainRecall(hooks, identity=identity, working_state=working_state)
         self.automatic = automatic
         self.tools = [self.recall.tool]
+        self.token = _current_token()
+
+    def _on_loop(self, function: Callable[..., Coroutine[Any, Any, _R]], *args: Any) -> _R:
+        """Run one async hook on the hooks' loop from the sync run's worker thread."""
+        return anyio.from_thread.run(function, *args, token=_hooks_loop(self.token))
+
+    def before_agent(self, state: RecallState, runtime: Runtime[Any]) -> dict[str, Any] | None:
+        """:meth:`abefore_agent` for a sync ``agent.invoke``, run on the hooks' loop."""
+        return self._on_loop(self.abefore_agent, state, runtime)
+
+    def after_agent(self, state: RecallState, runtime: Runtime[Any]) -> dict[str, Any] | None:
+        """:meth:`aafter_agent` for a sync ``agent.invoke``."""
+        if state.get("recall_context") is None:
+            return None
+        return {"recall_context": None}
+
+    def wrap_model_call(
+        self,
+        request: ModelRequest[Any],
+        handler: Callable[[ModelRequest[Any]], ModelResponse[Any]],
+    ) -> ModelResponse[Any]:
+        """:meth:`awrap_model_call` for a sync ``agent.invoke`` (the model runs in this
+        thread; only a ``"per_request"`` round goes to the hooks' loop)."""
+        block = ""
+        if self.mode == "per_invocation":
+            prepared = request.state.get("recall_context")
+            block = prepared if isinstance(prepared, str) else ""
+        elif self.mode == "per_request":
+            block = self._on_loop(self.recall.prepare_now, request.messages,
+                                  request.runtime.context)
+        if block:
+            request = request.override(
+                system_message=system_with_context(request.system_message, block))
+        return handler(request)
+
+    def after_model(self, state: AgentState[Any], runtime: Runtime[Any]) -> dict[str, Any] | None:
+        """:meth:`aafter_model` for a sync ``agent.invoke``: one round for the batch, run on
+        the hooks' loop (kept in the checkpoint like the async form's)."""
+        calls = pending_search_calls(state["messages"])
+        if not calls:
+            return None
+        run = self.recall.run(runtime.context)
+        return {"messages": [tool_message(r) for r in dispatch_kept_sync(run, calls, self.token)]}
 
     async def abefore_agent(
         self, state: RecallState, runtime: Runtime[Any]
@@ -307,7 +491,7 @@ class RecallMiddleware(AgentMiddleware[RecallState, Any, Any]):
         """The invocation's automatic round, once, before its first model request."""
         if self.mode != "per_invocation":
             return None
-        block = await self.recall.automatic_context(state["messages"], runtime.context)
+        block = await self.recall.prepare_now(state["messages"], runtime.context)
         return {"recall_context": block}
 
     async def aafter_agent(
@@ -330,7 +514,7 @@ class RecallMiddleware(AgentMiddleware[RecallState, Any, Any]):
             prepared = request.state.get("recall_context")
             block = prepared if isinstance(prepared, str) else ""
         elif self.mode == "per_request":
-            block = await self.recall.automatic_context(request.messages, request.runtime.context)
+            block = await self.recall.prepare_now(request.messages, request.runtime.context)
         if block:
             system = system_with_context(request.system_message, block)
             request = request.override(system_message=system)
@@ -384,25 +568,7 @@ class RecallToolNode:
         calls = pending_search_calls(state["messages"])
         run = self.recall.run(runtime.context)
         if calls:
-            if _on_event_loop_thread():
-                # The loop that must run the dispatch is blocked in this very call: waiting
-                # for it would deadlock.
-                raise NotDispatchedError(
-                    "a sync graph.invoke with RecallToolNode must run in a worker thread of "
-                    "the hooks' event loop (await anyio.to_thread.run_sync(graph.invoke, ...)),"
-                    " not on the loop's own thread"
-                )
-            dispatched = False
-
-            def recallbound_search_batch() -> list[dict[str, object]]:
-                nonlocal dispatched
-                dispatched = True
-                results = anyio.from_thread.run(run.dispatch_batch, calls, token=self.token)
-                return [run.record(c, r) for c, r in zip(calls, results, strict=True)]
-
-            records = task(recallbound_search_batch)().result()  # kept like ainvoke's
-            if not dispatched:
-                anyio.from_thread.run(run.replay, records, token=self.token)
+            dispatch_kept_sync(run, calls, self.token)
         token = _node_run.set(run)  # the ToolNode's pool threads run in copies of this context
         try:
             return self.tools.invoke(state)

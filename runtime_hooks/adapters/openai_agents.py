@@ -45,33 +45,37 @@ from contextlib import contextmanager
 from typing import Any
 
 import attrs
-from agents import (
-    Agent,
-    FunctionTool,
-    RunConfig,
-    RunContextWrapper,
-    RunHooks,
-    Runner,
-    RunResult,
-    RunResultStreaming,
-    Tool,
-    ToolGuardrailFunctionOutput,
-    ToolInputGuardrail,
-    ToolInputGuardrailData,
-)
-from agents.items import ModelResponse, TResponseInputItem
-from agents.run_config import CallModelData, ModelInputData
-from agents.run_context import AgentHookContext
-from agents.tool_context import ToolContext
-from openai.types.responses import ResponseFunctionToolCall
 
 from plugin.control import BudgetRefusal, RefusalReason
 from plugin.errors import RecallboundError, RunIdentityError
 from plugin.memory.state import WorkingState
+from runtime_hooks._extras import missing_extra
 from runtime_hooks.hooks import RecallHooks, ToolCall, ToolResult
 
+from ._options import deprecated_alias
 from .batch import AutomaticMode, Invocation, RunRecall, RunRecalls, automatic_mode
 from .tool import SEARCH_TOOL
+
+with missing_extra("openai-agents", "runtime_hooks.adapters.openai_agents"):
+    from agents import (
+        Agent,
+        FunctionTool,
+        RunConfig,
+        RunContextWrapper,
+        RunHooks,
+        Runner,
+        RunResult,
+        RunResultStreaming,
+        Tool,
+        ToolGuardrailFunctionOutput,
+        ToolInputGuardrail,
+        ToolInputGuardrailData,
+    )
+    from agents.items import ModelResponse, TResponseInputItem
+    from agents.run_config import CallModelData, ModelInputData
+    from agents.run_context import AgentHookContext
+    from agents.tool_context import ToolContext
+    from openai.types.responses import ResponseFunctionToolCall
 
 __all__ = [
     "AgentsRecall",
@@ -419,20 +423,25 @@ class AgentsRecall:
 
 def agents_recall(
     hooks: RecallHooks, *, automatic: bool | str = True,
-    state: StateSource = latest_user_request,
+    working_state: StateSource = latest_user_request,
+    state: StateSource | None = None,
 ) -> AgentsRecall:
     """Build the tool, the run hooks, the input filter and the runner for ``hooks``.
 
     ``automatic=True`` (default): one automatic round per invocation (one ``Runner.run``, its
     handoffs included), before its first model request; ``"per_request"``: a round before
     every model request; ``False``: no automatic round (only the model's search calls recall).
-    ``state`` gives the working state for each model request (default: the latest user
-    message); run id, scope and principal are passed to :meth:`AgentsRecall.run` by the host.
+    ``working_state`` gives the working state for each model request (default: the latest
+    user message; ``state=`` is its deprecated alias); run id, scope and principal are passed
+    to :meth:`AgentsRecall.run` by the host.
     """
+    if state is not None:
+        working_state = deprecated_alias("state", "working_state", state, working_state,
+                                         latest_user_request)
     mode: AutomaticMode = automatic_mode(automatic)
     return AgentsRecall(
         runner=RecallRunner(hooks),
         tool=search_tool(),
         input_filter=(None if mode == "off"
-                      else RecallInputFilter(state, per_request=mode == "per_request")),
+                      else RecallInputFilter(working_state, per_request=mode == "per_request")),
     )

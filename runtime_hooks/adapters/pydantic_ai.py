@@ -40,23 +40,26 @@ from typing import Any
 
 import anyio
 import attrs
-from pydantic_ai import CallToolsNode, RunContext
-from pydantic_ai.capabilities import AbstractCapability
-from pydantic_ai.capabilities.abstract import AgentNode, ValidatedToolArgs, WrapRunHandler
-from pydantic_ai.exceptions import SkipToolExecution
-from pydantic_ai.messages import InstructionPart, ModelRequest, ToolCallPart, UserPromptPart
-from pydantic_ai.models import ModelRequestContext
-from pydantic_ai.run import AgentRunResult
-from pydantic_ai.tools import DeferredToolResult, Tool, ToolApproved, ToolDefinition
-from pydantic_ai.toolsets import FunctionToolset
 
 from plugin.control import BoundedRecallNotice, BudgetRefusal, RefusalReason
 from plugin.errors import RunIdentityError, RunIdentityTypeError
 from plugin.memory.state import WorkingState
+from runtime_hooks._extras import missing_extra
 from runtime_hooks.hooks import PreparedContext, RecallHooks, ToolCall, ToolResult
 
 from .batch import AutomaticMode, Invocation, RunRecall, RunRecalls, automatic_mode
 from .tool import SEARCH_TOOL
+
+with missing_extra("pydantic-ai", "runtime_hooks.adapters.pydantic_ai"):
+    from pydantic_ai import CallToolsNode, RunContext
+    from pydantic_ai.capabilities import AbstractCapability
+    from pydantic_ai.capabilities.abstract import AgentNode, ValidatedToolArgs, WrapRunHandler
+    from pydantic_ai.exceptions import SkipToolExecution
+    from pydantic_ai.messages import InstructionPart, ModelRequest, ToolCallPart, UserPromptPart
+    from pydantic_ai.models import ModelRequestContext
+    from pydantic_ai.run import AgentRunResult
+    from pydantic_ai.tools import DeferredToolResult, Tool, ToolApproved, ToolDefinition
+    from pydantic_ai.toolsets import FunctionToolset
 
 __all__ = ["RecallCapability", "RunIdentity", "RunIdentityError", "latest_user_request"]
 # RunIdentityError (plugin.errors): a run id used with another scope or principal; its

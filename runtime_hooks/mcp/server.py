@@ -32,6 +32,7 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
+from plugin.control.ledger import RunOpening
 from plugin.control.logs import log_event
 from plugin.control.refusal import BudgetRefusal, RefusalReason
 from runtime_hooks.hooks import RecallHooks, ToolCall
@@ -245,9 +246,14 @@ class RecallServer:
                             run_id, principal=caller.principal, scope=caller.scope)
                         admission.opened = True
                     else:  # binds the identity too, in the same transaction
-                        admission.opened = await allowance.ledger.open_run(
+                        opening = await allowance.ledger.open_run(
                             run_id, principal=caller.principal, scope=caller.scope,
                             now=allowance.clock.wall(), per_hour=self.max_runs_per_hour)
+                        admission.opened = bool(opening)
+                        if opening is RunOpening.KNOWN and allowance.known_room(run_id) is None:
+                            # Used elsewhere first: learn what it has left now, once, before
+                            # any of its calls joins a batch (a new run has all of it).
+                            await allowance.room(run_id)
             except Exception as exc:
                 admission.error = exc
             finally:
