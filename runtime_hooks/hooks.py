@@ -22,7 +22,8 @@ in order; its failure is its own ``failed`` result; a search that outlived the d
 turn's queries are formed and embedded before the round is reserved; only the calls that can
 still get a slot (:meth:`~plugin.RecallAllowance.headroom`) are embedded.
 
-What the model reads is built in :mod:`runtime_hooks.results`. Bind the run at the run
+What the model reads is built in :mod:`runtime_hooks.results`; a turn's valid search calls
+are replayed, run and recorded in :mod:`runtime_hooks.deliberate`. Bind the run at the run
 boundary with :meth:`RecallHooks.bind_run` (frameworks run their before-model hooks in copied
 contexts). The hooks reach the memory layer only through its protocols
 (:class:`~plugin.memory.RecallPreparer`, :class:`~plugin.memory.protocol.Retriever`); the bootstrap
@@ -34,9 +35,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
 
 import attrs
 
@@ -47,7 +47,6 @@ from plugin.control import (
     bind_permits,
     validate_run_id,
 )
-from plugin.control.ledger import CallRecord, bound_evidence
 from plugin.control.logs import log_event
 from plugin.errors import InvalidArgumentError, InvalidArgumentTypeError
 from plugin.memory.preparation import RecallPreparer
@@ -57,7 +56,6 @@ from plugin.memory.state import WorkingState
 from plugin.memory.turn import (
     PREPARATION_BUDGET_S,
     CorrectionsShare,
-    deliberate_turn,
     prepare_turn,
 )
 
@@ -69,17 +67,15 @@ from .calls import InvalidSearchCallError as InvalidSearchCallError
 from .calls import SearchCall as SearchCall
 from .calls import ToolCall as ToolCall
 from .calls import arguments_digest
-from .replay import replay_call
+from .deliberate import call_records as call_records
+from .deliberate import replay_recorded, run_calls
 from .results import NOTHING_FOUND as NOTHING_FOUND
 from .results import PARTLY_FOUND as PARTLY_FOUND
 from .results import PreparedContext as PreparedContext
 from .results import ToolResult as ToolResult
 from .results import Validation as Validation
-from .results import failure_message, preparation_bounded, search_content
+from .results import preparation_bounded
 from .retained import revalidate_retained
-
-if TYPE_CHECKING:
-    from plugin.memory.recall import DeliberateSearch
 
 _log = logging.getLogger("recallbound.hooks")
 
@@ -108,33 +104,6 @@ def _positive_seconds(instance: object, attribute: attrs.Attribute[float], value
 
 def _retriever(instance: object, attribute: attrs.Attribute[Retriever], value: object) -> None:
     check_retriever(value)
-
-
-def call_records(
-    run_id: str,
-    valid: Sequence[tuple[int, SearchCall]],
-    digests: Mapping[int, str],
-    searches: Sequence[DeliberateSearch],
-) -> list[CallRecord]:
-    """Each dispatched call's outcome as the ledger records it (its identity, slot, status,
-    refusal or failure reason, and the evidence ids the model was shown, bounded)."""
-    records = []
-    for (index, call), search in zip(valid, searches, strict=True):
-        if search.refusal is not None:
-            status, reason = "refused", search.refusal.reason.value
-        elif search.failure is not None:
-            status, reason = "failed", search.failure
-        else:
-            status, reason = "ok", None
-        ids, more = bound_evidence([item.id for item in search.evidence])
-        records.append(CallRecord(
-            run_id=run_id, call_id=call.call_id, digest=digests[index], status=status,
-            slot=search.slot, reason=reason, evidence_ids=ids, more=more,
-            reserved=search.refusal.reserved if search.refusal is not None else 0,
-            executed=search.refusal.executed if search.refusal is not None else 0,
-        ))
-    return records
-
 
 @attrs.define(eq=False)
 class RecallHooks:
@@ -281,9 +250,10 @@ class RecallHooks:
             await self._bind(run_id, scope, principal)
             digests = {index: arguments_digest(calls[index].arguments) for index, _ in valid}
             if not self.legacy:
-                valid = await self._replay(valid, digests, results, run_id, scope, principal)
+                valid = await replay_recorded(self, valid, digests, results, run_id, scope,
+                                                principal)
             if valid:
-                await self._run_calls(valid, results, run_id, scope, principal, digests)
+                await run_calls(self, valid, results, run_id, scope, principal, digests)
         assert all(result is not None for result in results)
         return [result for result in results if result is not None]
 
@@ -305,96 +275,8 @@ class RecallHooks:
         if valid and not self.legacy:
             await self._bind(run_id, scope, principal)
             digests = {index: arguments_digest(calls[index].arguments) for index, _ in valid}
-            await self._replay(valid, digests, results, run_id, scope, principal)
+            await replay_recorded(self, valid, digests, results, run_id, scope, principal)
         return results
-
-    async def _replay(
-        self,
-        valid: list[tuple[int, SearchCall]],
-        digests: Mapping[int, str],
-        results: list[ToolResult | None],
-        run_id: str,
-        scope: str,
-        principal: str,
-    ) -> list[tuple[int, SearchCall]]:
-        """Answer each call the ledger already recorded (same id, same arguments) from its
-        record; return the calls left to run."""
-        recorded = {
-            (record.call_id, record.digest): record
-            for record in await self.allowance.ledger.recorded_calls(
-                run_id, [call.call_id for _, call in valid])
-        }
-        if not recorded:
-            return valid
-        fresh: list[tuple[int, SearchCall]] = []
-        for index, call in valid:
-            record = recorded.get((call.call_id, digests[index]))
-            if record is None:
-                fresh.append((index, call))
-            else:
-                log_event(_log, logging.INFO, "search_call.replayed", run_id=run_id,
-                          call_id=call.call_id, status=record.status)
-                results[index] = await replay_call(self, record, scope=scope,
-                                                   principal=principal)
-        return fresh
-
-    async def _run_calls(
-        self,
-        valid: list[tuple[int, SearchCall]],
-        results: list[ToolResult | None],
-        run_id: str,
-        scope: str,
-        principal: str,
-        digests: Mapping[int, str] | None = None,
-    ) -> None:
-        settled: list[CallRecord] = []
-
-        def settle(searches: Sequence[DeliberateSearch]) -> list[CallRecord]:
-            # Inside the granted round: written in the same commit as its traces.
-            assert digests is not None
-            settled[:] = call_records(run_id, valid, digests, searches)
-            return settled
-
-        turn = await deliberate_turn(
-            self.allowance, self.preparer, self.retriever, [call.query for _, call in valid],
-            run_id=run_id, scope=scope, principal=principal, caps=self.caps,
-            budget_s=self.preparation_budget_s,
-            settle=None if digests is None or self.legacy else settle,
-            retain_limit=self.max_retained,
-        )
-        prepared, recall = turn.prepared, turn.recall
-        if digests is not None and not self.legacy and not settled:
-            # The round itself was refused: each call keeps its refusal.
-            await self.allowance.ledger.record(
-                (), (), call_records(run_id, valid, digests, recall.searches))
-        if recall.refusal is not None:
-            log_event(_log, logging.INFO, "deliberate.refused", run_id=run_id,
-                      calls=len(valid), reason=recall.refusal.reason.value)
-        retained: list[str] = []
-        for (index, call), one, search in zip(valid, prepared, recall.searches, strict=True):
-            if search.refusal is not None:
-                results[index] = ToolResult(call_id=call.call_id, status="refused",
-                                            content=search.refusal.message,
-                                            refusal=search.refusal)
-            elif search.failure is not None:
-                log_event(_log, logging.WARNING, "search.retriever_failed", run_id=run_id,
-                          call_id=call.call_id, reason=search.failure)
-                results[index] = ToolResult(call_id=call.call_id, status="failed",
-                                            content=failure_message(search.failure),
-                                            slot=search.slot, failure=search.failure)
-            else:
-                rendered = search.rendered
-                assert rendered is not None
-                bounded = (*preparation_bounded(one), *search.bounded)
-                retained.extend(item.id for item in rendered.items)
-                results[index] = ToolResult(
-                    call_id=call.call_id, status="ok",
-                    content=search_content(rendered.text, bounded), slot=search.slot,
-                    evidence=rendered.items, notes=search.notes, bounded=bounded,
-                    omitted=rendered.omitted, dropped=search.dropped,
-                )
-        if retained and not settled:  # else retained with the call records, in their commit
-            await self.allowance.ledger.retain(run_id, retained, limit=self.max_retained)
 
     # -- retained evidence -----------------------------------------------------------------
 

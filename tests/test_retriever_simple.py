@@ -269,7 +269,8 @@ def test_the_protocol_module_is_a_leaf_and_the_demo_uses_the_abstraction() -> No
     assert ".protocol" in _imports(ROOT / "plugin/memory/enforce.py")
     assert ".enforce" not in _imports(ROOT / "plugin/memory/pipeline.py")
     assert "type: ignore" not in (ROOT / "runtime_hooks/demo.py").read_text(encoding="utf-8")
-    assert "_slots_left" not in (ROOT / "runtime_hooks/hooks.py").read_text(encoding="utf-8")
+    for module in ("runtime_hooks/hooks.py", "runtime_hooks/deliberate.py"):
+        assert "_slots_left" not in (ROOT / module).read_text(encoding="utf-8")
 
 
 async def test_the_deliberate_round_runs_from_plugin_without_the_hooks(

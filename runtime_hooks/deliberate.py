@@ -1,0 +1,149 @@
+"""The deliberate round of one turn's valid search calls: results, ledger records, replays.
+
+:meth:`RecallHooks.dispatch <runtime_hooks.hooks.RecallHooks.dispatch>` validates the calls;
+this module answers a call the ledger already recorded from its record
+(:func:`replay_recorded`), runs the rest in one round (:func:`run_calls`) and writes what each
+call came to (:func:`call_records`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from plugin.control.ledger import CallRecord, bound_evidence
+from plugin.control.logs import log_event
+from plugin.memory.turn import deliberate_turn
+
+from .calls import SearchCall
+from .replay import replay_call
+from .results import ToolResult, failure_message, preparation_bounded, search_content
+
+if TYPE_CHECKING:
+    from plugin.memory.recall import DeliberateSearch
+
+    from .hooks import RecallHooks
+
+_log = logging.getLogger("recallbound.hooks")
+
+
+def call_records(
+    run_id: str,
+    valid: Sequence[tuple[int, SearchCall]],
+    digests: Mapping[int, str],
+    searches: Sequence[DeliberateSearch],
+) -> list[CallRecord]:
+    """Each dispatched call's outcome as the ledger records it (its identity, slot, status,
+    refusal or failure reason, and the evidence ids the model was shown, bounded)."""
+    records = []
+    for (index, call), search in zip(valid, searches, strict=True):
+        if search.refusal is not None:
+            status, reason = "refused", search.refusal.reason.value
+        elif search.failure is not None:
+            status, reason = "failed", search.failure
+        else:
+            status, reason = "ok", None
+        ids, more = bound_evidence([item.id for item in search.evidence])
+        records.append(CallRecord(
+            run_id=run_id, call_id=call.call_id, digest=digests[index], status=status,
+            slot=search.slot, reason=reason, evidence_ids=ids, more=more,
+            reserved=search.refusal.reserved if search.refusal is not None else 0,
+            executed=search.refusal.executed if search.refusal is not None else 0,
+        ))
+    return records
+
+
+async def replay_recorded(
+    hooks: RecallHooks,
+    valid: list[tuple[int, SearchCall]],
+    digests: Mapping[int, str],
+    results: list[ToolResult | None],
+    run_id: str,
+    scope: str,
+    principal: str,
+) -> list[tuple[int, SearchCall]]:
+    """Answer each call the ledger already recorded (same id, same arguments) from its
+    record; return the calls left to run."""
+    recorded = {
+        (record.call_id, record.digest): record
+        for record in await hooks.allowance.ledger.recorded_calls(
+            run_id, [call.call_id for _, call in valid])
+    }
+    if not recorded:
+        return valid
+    fresh: list[tuple[int, SearchCall]] = []
+    for index, call in valid:
+        record = recorded.get((call.call_id, digests[index]))
+        if record is None:
+            fresh.append((index, call))
+        else:
+            log_event(_log, logging.INFO, "search_call.replayed", run_id=run_id,
+                      call_id=call.call_id, status=record.status)
+            results[index] = await replay_call(hooks, record, scope=scope,
+                                               principal=principal)
+    return fresh
+
+
+async def run_calls(
+    hooks: RecallHooks,
+    valid: list[tuple[int, SearchCall]],
+    results: list[ToolResult | None],
+    run_id: str,
+    scope: str,
+    principal: str,
+    digests: Mapping[int, str] | None = None,
+) -> None:
+    """Run the deliberate round for the valid calls and put each one's result at its index.
+
+    With ``digests`` (and not on the legacy path) each call's record is written with the
+    round, or alone when the round itself was refused; evidence shown is retained.
+    """
+    settled: list[CallRecord] = []
+
+    def settle(searches: Sequence[DeliberateSearch]) -> list[CallRecord]:
+        # Inside the granted round: written in the same commit as its traces.
+        assert digests is not None
+        settled[:] = call_records(run_id, valid, digests, searches)
+        return settled
+
+    turn = await deliberate_turn(
+        hooks.allowance, hooks.preparer, hooks.retriever, [call.query for _, call in valid],
+        run_id=run_id, scope=scope, principal=principal, caps=hooks.caps,
+        budget_s=hooks.preparation_budget_s,
+        settle=None if digests is None or hooks.legacy else settle,
+        retain_limit=hooks.max_retained,
+    )
+    prepared, recall = turn.prepared, turn.recall
+    if digests is not None and not hooks.legacy and not settled:
+        # The round itself was refused: each call keeps its refusal.
+        await hooks.allowance.ledger.record(
+            (), (), call_records(run_id, valid, digests, recall.searches))
+    if recall.refusal is not None:
+        log_event(_log, logging.INFO, "deliberate.refused", run_id=run_id,
+                  calls=len(valid), reason=recall.refusal.reason.value)
+    retained: list[str] = []
+    for (index, call), one, search in zip(valid, prepared, recall.searches, strict=True):
+        if search.refusal is not None:
+            results[index] = ToolResult(call_id=call.call_id, status="refused",
+                                        content=search.refusal.message,
+                                        refusal=search.refusal)
+        elif search.failure is not None:
+            log_event(_log, logging.WARNING, "search.retriever_failed", run_id=run_id,
+                      call_id=call.call_id, reason=search.failure)
+            results[index] = ToolResult(call_id=call.call_id, status="failed",
+                                        content=failure_message(search.failure),
+                                        slot=search.slot, failure=search.failure)
+        else:
+            rendered = search.rendered
+            assert rendered is not None
+            bounded = (*preparation_bounded(one), *search.bounded)
+            retained.extend(item.id for item in rendered.items)
+            results[index] = ToolResult(
+                call_id=call.call_id, status="ok",
+                content=search_content(rendered.text, bounded), slot=search.slot,
+                evidence=rendered.items, notes=search.notes, bounded=bounded,
+                omitted=rendered.omitted, dropped=search.dropped,
+            )
+    if retained and not settled:  # else retained with the call records, in their commit
+        await hooks.allowance.ledger.retain(run_id, retained, limit=hooks.max_retained)
