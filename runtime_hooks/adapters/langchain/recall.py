@@ -1,0 +1,157 @@
+"""What the middleware and the tool node share: the hooks, the runs and the tool."""
+
+from __future__ import annotations
+
+import collections
+import contextvars
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from runtime_hooks._extras import missing_extra
+from runtime_hooks.hooks import RecallHooks
+
+from .._options import deprecated_alias
+from ..batch import Invocation, RunRecall, RunRecalls
+from ..tool import SEARCH_TOOL
+from .identity import Identify, RecallContextMismatchError, context_of
+from .kept import dispatch_kept
+from .messages import StateOf, latest_request, not_dispatched, pending_search_calls, tool_message
+
+with missing_extra("langchain", "runtime_hooks.adapters.langchain"):
+    from langchain.tools import ToolRuntime
+    from langchain_core.messages import AnyMessage, ToolMessage
+    from langchain_core.tools import BaseTool, StructuredTool
+    from langgraph.runtime import get_runtime
+
+
+node_run: contextvars.ContextVar[RunRecall | None] = contextvars.ContextVar(
+    "recallbound_langchain_node_run", default=None
+)
+"""The run a :class:`RecallToolNode` dispatched for, while its ToolNode's tools read results:
+pinned there, so a registry that forgets the run meanwhile cannot lose the batch's results."""
+
+
+@attrs.define(eq=False)
+class LangChainRecall:
+    """What the middleware and the tool node share: the hooks, the runs and the tool.
+
+    One :class:`RunRecall` per run id (the most recent ``max_runs`` are kept), so the
+    results a batch stored are found by the tool and by a re-run of the same hook.
+    """
+
+    hooks: RecallHooks
+    identity: Identify = context_of
+    """The host's run id, scope and principal from the run's context (default:
+    :func:`context_of`); the same option name in every adapter."""
+    working_state: StateOf = latest_request
+    max_runs: int = 1024
+    _identify: Identify | None = attrs.field(default=None, alias="identify", kw_only=True,
+                                             repr=False)
+    """Deprecated alias of ``identity``."""
+    _runs: RunRecalls = attrs.field(init=False, repr=False)
+    _invocations: collections.OrderedDict[tuple[int, str], tuple[object, Invocation]] = (
+        attrs.field(init=False, factory=collections.OrderedDict, repr=False))
+    """The latest graph invocations' automatic rounds (at most ``max_runs``), by run control."""
+    tool: BaseTool = attrs.field(init=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        if self._identify is not None:
+            self.identity = deprecated_alias("identify", "identity", self._identify,
+                                             self.identity, context_of, stacklevel=4)
+        self._runs = RunRecalls(self.hooks, RecallContextMismatchError, self.max_runs)
+        self.tool = self._search_tool()
+
+    def run(self, context: object) -> RunRecall:
+        """The run's recall, keyed by the host's run id (checked against scope and principal)."""
+        trusted = self.identity(context)
+        return self._runs.get(trusted.run_id, scope=trusted.scope, principal=trusted.principal)
+
+    async def automatic_context(self, messages: Sequence[AnyMessage], context: object) -> str:
+        """The graph invocation's automatic context; the rendered block ("" if none).
+
+        Call it from a hand-built graph's model node at every model request: the first call
+        of a graph invocation (one ``ainvoke``/``astream``) runs the automatic round, every
+        later call of the same invocation returns the same context and takes no round, and
+        the next invocation prepares again. An invocation is known by the run control
+        LangGraph creates for each run (``Runtime.control``); a host that passes its own
+        ``control=`` passes a fresh one per invocation, as LangGraph asks. Outside a graph run
+        it is :meth:`prepare_now`.
+        """
+        run = self.run(context)
+        invocation = self._graph_invocation(run.run_id)
+
+        async def prepare() -> str:
+            return await self._render(run, messages)
+
+        return await (prepare() if invocation is None else invocation.context(prepare))
+
+    async def prepare_now(self, messages: Sequence[AnyMessage], context: object) -> str:
+        """An automatic round now, whatever ran before (``automatic="per_request"``)."""
+        return await self._render(self.run(context), messages)
+
+    async def _render(self, run: RunRecall, messages: Sequence[AnyMessage]) -> str:
+        state = self.working_state(messages)
+        if state is None:
+            return ""
+        return (await run.prepare(state)).render()
+
+    def _graph_invocation(self, run_id: str) -> Invocation | None:
+        """The current graph invocation's automatic round; None outside a graph run."""
+        try:
+            control = get_runtime().control
+        except (RuntimeError, AttributeError):  # not in a graph run
+            return None
+        if control is None:
+            return None
+        key = (id(control), run_id)
+        found = self._invocations.get(key)
+        if found is not None and found[0] is control:
+            self._invocations.move_to_end(key)
+            return found[1]
+        invocation = Invocation()
+        # The entry holds the control itself, so its id cannot name another run meanwhile.
+        self._invocations[key] = (control, invocation)
+        while len(self._invocations) > self.max_runs:
+            self._invocations.popitem(last=False)
+        return invocation
+
+    async def answer_batch(
+        self, messages: Sequence[AnyMessage], context: object
+    ) -> list[ToolMessage]:
+        """One deliberate round for the last model response's unanswered search calls."""
+        calls = pending_search_calls(messages)
+        if not calls:
+            return []
+        return [tool_message(r) for r in await dispatch_kept(self.run(context), calls)]
+
+    def stored(
+        self, runtime: ToolRuntime[Any, Any], arguments: dict[str, Any] | None = None
+    ) -> ToolMessage:
+        """The tool's answer: the result its batch stored for this id and these arguments
+        (never a search of its own)."""
+        call_id = runtime.tool_call_id or ""
+        trusted = self.identity(runtime.context)
+        pinned = node_run.get()
+        same = pinned is not None and (pinned.run_id, pinned.scope, pinned.principal) == (
+            trusted.run_id, trusted.scope, trusted.principal)
+        run = pinned if same and pinned is not None else self.run(runtime.context)
+        result = run.result(call_id, arguments or {})
+        return tool_message(result if result is not None else not_dispatched(call_id))
+
+    def _search_tool(self) -> BaseTool:
+        """``search_memory`` rendered from :data:`SEARCH_TOOL` (its schema, unchanged)."""
+
+        # The arguments are not validated here: the hooks validate them when the batch is
+        # dispatched, and an invalid call gets its typed answer there.
+        def search(*, runtime: ToolRuntime[Any, Any], **arguments: Any) -> ToolMessage:
+            return self.stored(runtime, arguments)
+
+        async def asearch(*, runtime: ToolRuntime[Any, Any], **arguments: Any) -> ToolMessage:
+            return self.stored(runtime, arguments)
+
+        return StructuredTool(
+            name=SEARCH_TOOL.name, description=SEARCH_TOOL.description,
+            args_schema=SEARCH_TOOL.json_schema(), func=search, coroutine=asearch,
+        )
