@@ -1,0 +1,96 @@
+"""The run boundary: the run's trusted identity and its :class:`RunRecall`, bound around the
+SDK's runner (the SDK runs hooks in copied contexts)."""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import attrs
+
+from plugin.errors import RecallboundError, RunIdentityError
+from runtime_hooks._extras import missing_extra
+from runtime_hooks.hooks import RecallHooks
+
+from ..batch import Invocation, RunRecall, RunRecalls
+
+with missing_extra("openai-agents", "runtime_hooks.adapters.openai_agents"):
+    from agents import Agent, Runner, RunResult, RunResultStreaming
+
+
+class RunNotBoundError(RecallboundError, RuntimeError):
+    """A recall hook ran outside a run bound by :class:`RecallRunner` (no trusted identity)."""
+
+
+current_run: contextvars.ContextVar[RunRecall | None] = contextvars.ContextVar(
+    "recallbound_agents_run", default=None
+)
+current_invocation: contextvars.ContextVar[Invocation | None] = contextvars.ContextVar(
+    "recallbound_agents_invocation", default=None
+)
+
+
+def bound_run(where: str) -> RunRecall:
+    """The run bound by :class:`RecallRunner`; raises :class:`RunNotBoundError` outside one."""
+    run = current_run.get()
+    if run is None:
+        raise RunNotBoundError(
+            f"{where} ran outside a bound run: start the agent with RecallRunner.run() or "
+            ".run_streamed() (AgentsRecall.run), which bind the run's trusted identity"
+        )
+    return run
+
+
+@attrs.define(eq=False)
+class RecallRunner:
+    """Runs an agent with the run bound: the permit holder and the run's :class:`RunRecall`.
+
+    One ``RunRecall`` per run id is kept (the last ``max_runs``), so continuing or resuming a
+    run reuses the answers its batches stored.
+    """
+
+    hooks: RecallHooks
+    max_runs: int = 1024
+    _runs: RunRecalls = attrs.field(init=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._runs = RunRecalls(self.hooks, RunIdentityError, self.max_runs)
+
+    def recall_for(self, run_id: str, *, scope: str, principal: str) -> RunRecall:
+        """The run's ``RunRecall``; raises :class:`RunIdentityError` if the identity changed."""
+        return self._runs.get(run_id, scope=scope, principal=principal)
+
+    @contextmanager
+    def bind(self, run_id: str, *, scope: str, principal: str) -> Iterator[RunRecall]:
+        """Bind the run for everything started inside (the SDK copies this context)."""
+        run = self.recall_for(run_id, scope=scope, principal=principal)
+        with self.hooks.bind_run():
+            token = current_run.set(run)
+            invocation = current_invocation.set(Invocation())  # this run's alone
+            try:
+                yield run
+            finally:
+                current_invocation.reset(invocation)
+                current_run.reset(token)
+
+    async def run(
+        self, agent: Agent[Any], input: Any, *, run_id: str, scope: str, principal: str,
+        **kwargs: Any,
+    ) -> RunResult:
+        """``Runner.run`` with the run bound; ``kwargs`` go to the SDK unchanged."""
+        with self.bind(run_id, scope=scope, principal=principal):
+            return await Runner.run(agent, input, **kwargs)
+
+    def run_streamed(
+        self, agent: Agent[Any], input: Any, *, run_id: str, scope: str, principal: str,
+        **kwargs: Any,
+    ) -> RunResultStreaming:
+        """``Runner.run_streamed`` with the run bound.
+
+        The SDK starts the run as a task, which copies the bound context as it is created; the
+        binding therefore outlives this call for as long as the stream runs.
+        """
+        with self.bind(run_id, scope=scope, principal=principal):
+            return Runner.run_streamed(agent, input, **kwargs)
