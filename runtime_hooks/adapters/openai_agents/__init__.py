@@ -49,9 +49,9 @@ from .binding import RecallRunner as RecallRunner
 from .binding import RunNotBoundError as RunNotBoundError
 from .deliberate import RecallRunHooks as RecallRunHooks
 from .deliberate import search_calls as search_calls
+from .guardrail import search_tool as search_tool
 from .recall import AgentsRecall as AgentsRecall
 from .recall import agents_recall as agents_recall
-from .guardrail import search_tool as search_tool
 
 __all__ = [
     "AgentsRecall",
