@@ -52,7 +52,6 @@ from plugin.control.logs import log_event
 from plugin.errors import InvalidArgumentError, InvalidArgumentTypeError
 from plugin.memory.preparation import RecallPreparer
 from plugin.memory.protocol import ContextCaps, Retriever, check_retriever
-from plugin.memory.safe_text import one_line
 from plugin.memory.state import WorkingState
 from plugin.memory.turn import (
     PREPARATION_BUDGET_S,
@@ -75,7 +74,7 @@ from .results import PARTLY_FOUND as PARTLY_FOUND
 from .results import PreparedContext as PreparedContext
 from .results import ToolResult as ToolResult
 from .results import Validation as Validation
-from .results import failure_message, preparation_bounded, search_content
+from .results import failure_message, preparation_bounded, rejected_call, search_content
 from .retained import revalidate_retained
 
 if TYPE_CHECKING:
@@ -269,11 +268,7 @@ class RecallHooks:
             except InvalidSearchCallError as exc:
                 log_event(_log, logging.INFO, "search_call.invalid", run_id=run_id,
                           call_id=call.call_id, error=str(exc))
-                results[index] = ToolResult(
-                    call_id=call.call_id, status="invalid",
-                    content=f"Search call rejected: {one_line(str(exc), limit=200)}. "
-                            f"No search was run.",
-                )
+                results[index] = rejected_call(call.call_id, exc)
                 continue
             seen.add(checked.call_id)
             valid.append((index, checked))

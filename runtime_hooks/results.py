@@ -19,6 +19,7 @@ from plugin.control.wording import NOT_EVIDENCE, left_out
 from plugin.memory.planning import RecallQuery
 from plugin.memory.preparation import PreparedRecall, WithheldReason
 from plugin.memory.protocol import Bounded
+from plugin.memory.safe_text import one_line
 from plugin.memory.store import Evidence
 from plugin.memory.turn import correction_line as correction_line
 
@@ -50,6 +51,13 @@ def search_content(rendered: str, bounded: Sequence[Bounded]) -> str:
     if notes:  # never "nothing found" when part of the search did not run
         return "\n".join([PARTLY_FOUND, *notes])
     return NOTHING_FOUND
+
+
+def rejected_call(call_id: str, error: Exception) -> ToolResult:
+    """The ``invalid`` result of a search call that was not run (it got no slot)."""
+    return ToolResult(call_id=call_id, status="invalid",
+                      content=f"Search call rejected: {one_line(str(error), limit=200)}. "
+                              f"No search was run.")
 
 
 @attrs.frozen(kw_only=True)

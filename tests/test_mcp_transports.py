@@ -101,6 +101,26 @@ async def test_two_server_processes_share_one_runs_allowance(tmp_path: Path) -> 
     assert await _usage(tmp_path, "run-fleet") == (2, 4)
 
 
+async def test_a_call_resent_to_another_stdio_process_answers_from_the_ledger(
+    tmp_path: Path,
+) -> None:
+    await _seeded(tmp_path)
+    meta = {"recallbound/run_id": "run-resend", "recallbound/call_id": "call-1"}
+    found = []
+    with anyio.fail_after(120):
+        for _ in range(2):  # a reconnect: a new server process, the same ledger
+            async with Client(_stdio(tmp_path, "asyncio")) as client:
+                result = await client.call_tool("search_memory", {"query": "cutover date"},
+                                                meta=meta)
+            assert result.structured_content is not None
+            found.append(result.structured_content)
+            if len(found) == 1:
+                assert await _usage(tmp_path, "run-resend") == (1, 1)
+    assert [f["status"] for f in found] == ["ok", "ok"]
+    assert found[0]["evidence_ids"] and found[1]["evidence_ids"] == found[0]["evidence_ids"]
+    assert await _usage(tmp_path, "run-resend") == (1, 1)  # nothing reserved again
+
+
 @asynccontextmanager
 async def _http_server(folder: Path, bind: str = "127.0.0.1",
                        *extra: str) -> AsyncIterator[tuple[str, list[str]]]:

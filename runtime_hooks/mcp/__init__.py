@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from .identity import CALL_ID_META_KEY as CALL_ID_META_KEY
 from .identity import RUN_ID_META_KEY as RUN_ID_META_KEY
 from .window import DEFAULT_WINDOW_S as DEFAULT_WINDOW_S
 from .window import BatchWindow as BatchWindow
@@ -25,8 +26,8 @@ _WITH_SDK = {"RecallServer": ".server", "Caller": ".trust", "TableTokenVerifier"
              "TokenTable": ".trust"}
 
 __all__ = [
-    "DEFAULT_WINDOW_S", "RUN_ID_META_KEY", "BatchWindow", "Caller", "RecallServer",
-    "TableTokenVerifier", "TokenTable",
+    "CALL_ID_META_KEY", "DEFAULT_WINDOW_S", "RUN_ID_META_KEY", "BatchWindow", "Caller",
+    "RecallServer", "TableTokenVerifier", "TokenTable",
 ]
 
 

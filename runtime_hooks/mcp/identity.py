@@ -15,6 +15,13 @@ anything the client sends (a made-up ``Mcp-Session-Id`` names no run).
 A run is still bound to the principal and scope of its first use, durably, in the ledger, and
 each new run counts against the caller's runs per hour there (see
 :meth:`~plugin.control.ledger.Ledger.open_run`).
+
+A call is named by the client too: ``_meta`` key ``recallbound/call_id``
+(:func:`client_call_id`). A call's identity is (run, call id, canonical arguments), so a client
+that sends the same call again (after a reconnect, or to another server process over the same
+ledger) gets the outcome the ledger recorded, and nothing is searched or reserved again.
+Without a call id, each request is a new call with a fresh, server-made id (a JSON-RPC request
+id is only unique within one session, so it never names a call).
 """
 
 from __future__ import annotations
@@ -29,10 +36,15 @@ import attrs
 
 from plugin.control import validate_run_id
 from plugin.control.allowance import MAX_RUN_ID_BYTES
+from plugin.control.validate import identifier
 from plugin.errors import InvalidArgumentError
+from runtime_hooks.calls import MAX_CALL_ID_BYTES
 
 RUN_ID_META_KEY = "recallbound/run_id"
 """The ``_meta`` key a client's runtime sets to name the run a tool call belongs to."""
+CALL_ID_META_KEY = "recallbound/call_id"
+"""The ``_meta`` key a client's runtime sets to name a tool call (so that re-sending it
+answers from the ledger instead of searching again)."""
 
 _CELL_HEX = 24
 
@@ -68,6 +80,19 @@ def client_run_id(meta: Mapping[str, object] | None) -> str | None:
             f"_meta[{RUN_ID_META_KEY!r}] must be a string, got {type(given).__name__}"
         )
     return validate_run_id(given)
+
+
+def client_call_id(meta: Mapping[str, object] | None) -> str:
+    """The call id the request names in ``_meta``, or a fresh one for a request that names none.
+
+    Raises :class:`~plugin.errors.InvalidArgumentError` (or its type-error sibling) for a call
+    id that is not a usable id: blank, longer than
+    :data:`~runtime_hooks.calls.MAX_CALL_ID_BYTES`, or with a control character.
+    """
+    given = None if meta is None else meta.get(CALL_ID_META_KEY)
+    if given is None:
+        return f"mcp-{uuid.uuid4().hex}"
+    return identifier(given, field=f"_meta[{CALL_ID_META_KEY!r}]", max_bytes=MAX_CALL_ID_BYTES)
 
 
 @attrs.define(eq=False)

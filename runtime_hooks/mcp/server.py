@@ -2,13 +2,14 @@
 
 :class:`RecallServer` wraps :class:`~runtime_hooks.hooks.RecallHooks` in the SDK's low-level
 ``Server`` (it gives each handler the request's ``_meta`` and runs on asyncio and trio). Each
-tool call is resolved to a trusted caller (:mod:`.trust`) and a run (:mod:`.identity`); a run
-the server has not used yet is admitted once (bound to its caller and counted against the
-caller's runs per hour, in the ledger) before any of its calls joins a batch, so a burst of a
-new run's calls reaches the batch window together. Then the call goes through the hooks: a
-search joins its run's batch (:mod:`.window`); ``recall_context`` runs the automatic round.
-Whatever goes wrong in one call is that call's typed error result (:mod:`.tools`); the server
-keeps serving.
+tool call is resolved to a trusted caller (:mod:`.trust`) and checked (its arguments, its run
+and call ids: a call the server will not run writes nothing durable), then given a run
+(:mod:`.identity`); a run the server has not used yet is admitted once (bound to its caller
+and counted against the caller's runs per hour, in the ledger) before any of its calls joins a
+batch, so a burst of a new run's calls reaches the batch window together. Then the call goes
+through the hooks: a search joins its run's batch (:mod:`.window`); ``recall_context`` runs
+the automatic round. Whatever goes wrong in one call is that call's typed error result
+(:mod:`.tools`); the server keeps serving.
 
 The SDK's lifespan is entered once per connection on stdio and in process (one client
 session) and once per application over HTTP; each entry gets its own batch window and, on
@@ -18,7 +19,6 @@ stdio and in process, the session's current run.
 from __future__ import annotations
 
 import logging
-import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -35,11 +35,12 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from plugin.control.ledger import RunOpening
 from plugin.control.logs import log_event
 from plugin.control.refusal import BudgetRefusal, RefusalReason
-from runtime_hooks.hooks import RecallHooks, ToolCall
+from runtime_hooks.hooks import InvalidSearchCallError, RecallHooks, SearchCall, ToolCall
+from runtime_hooks.results import rejected_call
 
 from . import tools
 from .errors import McpAuthError
-from .identity import CurrentRun, client_run_id, ledger_run_id
+from .identity import CurrentRun, client_call_id, client_run_id, ledger_run_id
 from .trust import Caller, caller_of_token
 from .window import DEFAULT_WINDOW_S, BatchWindow, check_window
 
@@ -279,24 +280,35 @@ class RecallServer:
             caller, current = self._trusted(ctx)
             if name in (tools.REMEMBER, tools.FORGET):
                 return await self._write(name, arguments, caller)
+            # Everything the request says is checked before anything durable happens: a call
+            # the server will not run binds no run and opens none.
             named = client_run_id(ctx.meta)
+            call: ToolCall | None = None
+            state = None
+            if name == tools.RECALL_CONTEXT:
+                state = tools.working_state(arguments)
+            else:
+                call = ToolCall(call_id=client_call_id(ctx.meta), arguments=dict(arguments))
+                try:
+                    SearchCall.validate(call, scope=caller.scope)
+                except InvalidSearchCallError as exc:
+                    return tools.search_result(rejected_call(call.call_id, exc))
             if named is not None:
                 run_id = ledger_run_id(named, principal=caller.principal, scope=caller.scope)
             else:
                 run_id = await self._current_run_id(current)
-            state = tools.working_state(arguments) if name == tools.RECALL_CONTEXT else None
             if not await self._admit(run_id, caller):
                 refusal = BudgetRefusal(reason=RefusalReason.RUN_RATE, run_id=run_id,
                                         reserved=0, executed=0)
                 return tools.refused_result(name, refusal)
             window = ctx.lifespan_context.window
             try:
-                if state is None:
-                    call = ToolCall(call_id=f"mcp-{uuid.uuid4().hex}", arguments=dict(arguments))
+                if call is not None:
                     result = await window.search(
                         call, run_id=run_id, principal=caller.principal, scope=caller.scope
                     )
                     return tools.search_result(result)
+                assert state is not None
                 async with window.exclusive(run_id):
                     context = await self.hooks.prepare(
                         state, run_id=run_id, scope=caller.scope, principal=caller.principal

@@ -36,7 +36,7 @@ from runtime_hooks.adapters.tool import SEARCH_TOOL
 from runtime_hooks.hooks import PreparedContext, ToolResult
 
 from .errors import McpSessionError
-from .identity import RUN_ID_META_KEY
+from .identity import CALL_ID_META_KEY, RUN_ID_META_KEY
 
 SEARCH_MEMORY = SEARCH_TOOL.name
 RECALL_CONTEXT = "recall_context"
@@ -65,6 +65,12 @@ def run_words(policy: AllowancePolicy) -> str:
         "the allowance is spent the tool says recall was bounded: that is not evidence that "
         "no memory exists."
     )
+
+
+CALL_WORDS = (
+    f" A call named by the _meta key {CALL_ID_META_KEY!r} and sent again (same run, same "
+    "arguments) returns its recorded result without searching again."
+)
 
 
 _TEXT = {"type": "string"}
@@ -243,7 +249,7 @@ def tools(policy: AllowancePolicy | None = None) -> list[types.Tool]:
     return [
         types.Tool(
             name=SEARCH_MEMORY,
-            description=SEARCH_TOOL.description + words,
+            description=SEARCH_TOOL.description + words + CALL_WORDS,
             input_schema=SEARCH_TOOL.json_schema(),
             output_schema=SEARCH_OUTPUT,
         ),

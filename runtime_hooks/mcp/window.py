@@ -25,6 +25,10 @@ Then
 What the allowance knows is an estimate: only the ledger's reservation decides what a round is
 granted, so a stale estimate can cost a burst its shared round, never an extra slot.
 
+A request whose call id is already in the collecting batch (a client that sent the same call
+again before its batch closed) waits for that batch and joins a later one, where the ledger's
+record of the call answers it: one batch never holds one call id twice.
+
 A batch runs in the window's own task group, not in any request's task: a client that
 disconnects or cancels its request leaves the round running for the others; its slot stays
 consumed (no refunds) and its result is dropped.
@@ -127,13 +131,21 @@ class BatchWindow:
         if self._tasks is None:
             raise RuntimeError("BatchWindow.search needs `async with window.running()`")
         async with self._use(run_id) as run:
-            batch = run.collecting
-            if batch is None or (batch.principal, batch.scope) != (principal, scope):
-                batch = run.collecting = _Batch(run_id, principal, scope, anyio.current_time())
-                run.users += 1  # the batch's task holds the run too
-                self._tasks.start_soon(self._flush, run_id, run, batch)
-            batch.add(call)
-            await batch.done.wait()
+            while True:
+                batch = run.collecting
+                if batch is None or (batch.principal, batch.scope) != (principal, scope):
+                    batch = run.collecting = _Batch(run_id, principal, scope,
+                                                    anyio.current_time())
+                    run.users += 1  # the batch's task holds the run too
+                    self._tasks.start_soon(self._flush, run_id, run, batch)
+                if any(held.call_id == call.call_id for held in batch.calls):
+                    # The same call id sent again before its batch closed: wait for that
+                    # batch, then go in a later one (which answers from the ledger's record).
+                    await batch.done.wait()
+                    continue
+                batch.add(call)
+                await batch.done.wait()
+                break
         if batch.error is not None:
             raise batch.error
         return batch.results[call.call_id]
