@@ -49,12 +49,10 @@ from .errors import RunIdentityError as RunIdentityError
 
 if TYPE_CHECKING:
     from .control.postgres_ledger import PostgresLedger as PostgresLedger
+    from .memory.compose import compose_baseline as compose_baseline
+    from .memory.compose import compose_task_context as compose_task_context
     from .memory.embedding import EmbeddingAdapter as EmbeddingAdapter
     from .memory.planning import QueryPlanner as QueryPlanner
-    from .memory.planning import QueryStrategy as QueryStrategy
-    from .memory.planning import RecallQuery as RecallQuery
-    from .memory.planning import compose_baseline as compose_baseline
-    from .memory.planning import compose_task_context as compose_task_context
     from .memory.preparation import PreparedRecall as PreparedRecall
     from .memory.preparation import QueryPreparation as QueryPreparation
     from .memory.process import ProcessRetriever as ProcessRetriever
@@ -62,6 +60,8 @@ if TYPE_CHECKING:
     from .memory.protocol import ContextCaps as ContextCaps
     from .memory.protocol import Found as Found
     from .memory.protocol import Retriever as Retriever
+    from .memory.query import QueryStrategy as QueryStrategy
+    from .memory.query import RecallQuery as RecallQuery
     from .memory.simple import SearchRequest as SearchRequest
     from .memory.simple import SimpleRetriever as SimpleRetriever
     from .memory.state import Fact as Fact
@@ -86,10 +86,10 @@ __all__ = [
 _LAZY = {
     "EmbeddingAdapter": "plugin.memory.embedding",
     "QueryPlanner": "plugin.memory.planning",
-    "QueryStrategy": "plugin.memory.planning",
-    "RecallQuery": "plugin.memory.planning",
-    "compose_baseline": "plugin.memory.planning",
-    "compose_task_context": "plugin.memory.planning",
+    "QueryStrategy": "plugin.memory.query",
+    "RecallQuery": "plugin.memory.query",
+    "compose_baseline": "plugin.memory.compose",
+    "compose_task_context": "plugin.memory.compose",
     "PreparedRecall": "plugin.memory.preparation",
     "QueryPreparation": "plugin.memory.preparation",
     "ProcessRetriever": "plugin.memory.process",

@@ -3,15 +3,12 @@
 Importing it does not import an embedding model (WordLlama is the optional ``semantic`` extra).
 """
 
+from .compose import compose_baseline as compose_baseline
+from .compose import compose_search_call as compose_search_call
+from .compose import compose_task_context as compose_task_context
 from .embedding import EmbeddingAdapter as EmbeddingAdapter
 from .pipeline import MemoryRetriever as MemoryRetriever
-from .planning import BaselineReason as BaselineReason
 from .planning import QueryPlanner as QueryPlanner
-from .planning import QueryStrategy as QueryStrategy
-from .planning import RecallQuery as RecallQuery
-from .planning import compose_baseline as compose_baseline
-from .planning import compose_search_call as compose_search_call
-from .planning import compose_task_context as compose_task_context
 from .preparation import PreparationBound as PreparationBound
 from .preparation import PreparedRecall as PreparedRecall
 from .preparation import QueryPreparation as QueryPreparation
@@ -25,6 +22,9 @@ from .protocol import ContextCaps as ContextCaps
 from .protocol import Found as Found
 from .protocol import NestedRead as NestedRead
 from .protocol import Retriever as Retriever
+from .query import BaselineReason as BaselineReason
+from .query import QueryStrategy as QueryStrategy
+from .query import RecallQuery as RecallQuery
 from .simple import SearchRequest as SearchRequest
 from .simple import SimpleRetriever as SimpleRetriever
 from .state import Fact as Fact

@@ -24,10 +24,10 @@ import numpy as np
 from plugin.control import AttemptKind, BudgetRefusal, RecallBudgetExceeded, RefusalReason
 from plugin.errors import InvalidArgumentError
 
-from .planning import BaselineReason, FragmentRole, QueryStrategy, RecallQuery
 from .preparation import PreparedRecall, SemanticPreparation, WithheldReason
 from .process import load
 from .protocol import ContextCaps, Found, NestedRead, Retriever, check_retriever
+from .query import BaselineReason, FragmentRole, QueryStrategy, RecallQuery
 from .store import Evidence
 
 

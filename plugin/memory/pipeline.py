@@ -20,24 +20,21 @@ import attrs
 
 from plugin.control import RecallBudgetExceeded
 
-from .planning import FragmentRole, RecallQuery
+from .fusion import peakedness, score_fuse, weighted_fuse, weighted_score_fuse
 from .preparation import PreparedRecall
 from .protocol import AttemptHandle, Found
 from .protocol import ContextCaps as ContextCaps
 from .protocol import Retriever as Retriever
+from .query import FragmentRole, RecallQuery
 from .ranking import (
     RankingPolicy,
     combined_vector,
     fragment_weights,
-    peakedness,
     request_share,
-    score_fuse,
     search_terms,
     short_request_terms,
     term_chunks,
     uses_fragments,
-    weighted_fuse,
-    weighted_score_fuse,
     with_beliefs,
 )
 from .rendering import Rendered as Rendered

@@ -1,7 +1,7 @@
-"""Ranking: how one round's query weighs its fragments, and how the arms are fused.
+"""Ranking: how one round's query weighs its fragments, and what each arm searches for.
 
 The task-context query is one information-need query made of fragments, each with the role of
-the working-state field it came from (:class:`~plugin.memory.planning.FragmentRole`: the
+the working-state field it came from (:class:`~plugin.memory.query.FragmentRole`: the
 request, the next action, pending tasks, questions, the objective, constraints, entities). The
 arms keep that structure instead of flattening it:
 
@@ -27,19 +27,16 @@ arms keep that structure instead of flattening it:
   unit length, the weighted sum of a memory's cosines to the fragments is its dot product with
   the weighted sum of the fragment vectors, so the arm is one scan with one combined vector. No
   cosine floor: the arm ranks its candidates and fusion decides.
-- **Fusion by confidence.** Arms are fused by weighted reciprocal rank with a small constant
-  (k = 10), each arm weighted by its policy weight times how peaked its own scores are
-  (:func:`peakedness`): an arm whose best candidate stands out votes louder than one whose
-  scores are compressed. The semantic arm's policy weight is half the sparse arm's: measured
-  on long conversations, where the packaged embedding knows much less than bm25 (at equal
-  weights fused fell below bm25 there), and no worse on the hand-written data. Fusion by score
-  shares (:func:`score_fuse`) is the other option. The recent arm (the frozen control) only
-  breaks ties, it never outvotes an arm that found something.
+- **Fusion by confidence.** The arms' lists are fused in :mod:`plugin.memory.fusion`, each arm
+  weighted by its policy weight here. The semantic arm's policy weight is half the sparse
+  arm's: measured on long conversations, where the packaged embedding knows much less than
+  bm25 (at equal weights fused fell below bm25 there), and no worse on the hand-written data.
 - **Beliefs by relevance.** Beliefs read for the people a query names take their place among the
   evidence by their overlap with the query (:func:`with_beliefs`), not after a fixed rank.
 
 The baseline query (the frozen control, a search call) keeps its single whole-query search.
-:class:`RankingPolicy` holds the tunables.
+:class:`RankingPolicy` holds the tunables. The fusion functions are importable from here as
+well.
 """
 
 from __future__ import annotations
@@ -51,7 +48,8 @@ import attrs
 import numpy as np
 
 from .embedding import Vector
-from .planning import FragmentRole, QueryStrategy, RecallQuery
+from .fusion import PEAK_DEPTH, RRF_K, peakedness, score_fuse, weighted_fuse, weighted_score_fuse
+from .query import FragmentRole, QueryStrategy, RecallQuery
 from .store import Evidence
 from .terms import STOPWORDS, word_terms
 
@@ -78,9 +76,6 @@ __all__ = [
     "with_beliefs",
 ]
 
-RRF_K = 60
-"""Reciprocal-rank fusion constant (Cormack et al.): score = sum of weight / (k + rank)."""
-
 FTS_TERM_CAP = 32
 """Terms one FTS expression keeps (:func:`~plugin.memory.fts.fts5_match_expression`)."""
 MAX_TERM_CHUNKS = 4
@@ -90,9 +85,6 @@ silently."""
 SHORT_REQUEST_TERMS = 4
 """A request of at most this many words is short: whether it carries content is measured on
 the scope's vocabulary. A longer one always carries content."""
-
-PEAK_DEPTH = 10
-""":func:`peakedness` compares an arm's best score with its score at this rank."""
 
 
 def _unit(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
@@ -232,40 +224,6 @@ def term_chunks(terms: Sequence[str]) -> tuple[list[str], int]:
     return kept, max(0, len(terms) - FTS_TERM_CAP * MAX_TERM_CHUNKS)
 
 
-def weighted_fuse(
-    lists: Sequence[tuple[float, Sequence[Evidence]]],
-    *,
-    tie_breaker: Sequence[Evidence] = (),
-    k: int = RRF_K,
-) -> list[Evidence]:
-    """Weighted reciprocal-rank fusion: score = sum of ``weight / (k + rank)``.
-
-    Ties (equal scores) are broken by the rank in ``tie_breaker``, then by kind and id, so the
-    order is deterministic. Items found only by ``tie_breaker`` come last, in its order: it
-    breaks ties, it never outvotes a list. Lists of weight 0 contribute nothing.
-    """
-    scores: dict[tuple[str, str], float] = {}
-    first: dict[tuple[str, str], Evidence] = {}
-    for weight, ranked in lists:
-        if weight <= 0:
-            continue
-        for rank, item in enumerate(ranked, start=1):
-            key = (item.kind, item.id)
-            scores[key] = scores.get(key, 0.0) + weight / (k + rank)
-            first.setdefault(key, item)
-    tie: dict[tuple[str, str], int] = {
-        (item.kind, item.id): rank for rank, item in enumerate(tie_breaker)
-    }
-    for item in tie_breaker:
-        key = (item.kind, item.id)
-        if key not in scores:
-            scores[key] = 0.0
-            first[key] = item
-    last = len(tie)
-    order = sorted(scores, key=lambda key: (-scores[key], tie.get(key, last), key))
-    return [attrs.evolve(first[key], score=scores[key]) for key in order]
-
-
 BELIEFS_AFTER = 5
 """Beliefs that share no term with the query enter the ranking after this many items."""
 
@@ -347,86 +305,6 @@ def with_beliefs(
         if tail:
             take(tail.pop(0))
     return merged
-
-
-def score_fuse(
-    lists: Sequence[tuple[float, Sequence[Evidence]]],
-    *,
-    tie_breaker: Sequence[Evidence] = (),
-) -> list[Evidence]:
-    """Fuse arms by their own scores: each arm's scores are divided by its best, and an item
-    an arm did not return gets that arm's lowest returned share (it ranked below every one it
-    returned); the weighted shares are summed.
-
-    So each arm votes with its own confidence: an arm whose scores are compressed (every
-    candidate near its best) moves items little, an arm whose best stands out moves them
-    much. Ties are broken by the rank in ``tie_breaker``, then by kind and id; items found only
-    by ``tie_breaker`` come last, in its order. Lists of weight 0, empty lists and lists whose
-    best score is not positive contribute nothing.
-    """
-    arms: list[tuple[float, dict[tuple[str, str], float], float]] = []
-    first: dict[tuple[str, str], Evidence] = {}
-    for weight, ranked in lists:
-        top = max((item.score for item in ranked), default=0.0)
-        if weight <= 0 or not math.isfinite(top) or top <= 0:
-            continue
-        shares: dict[tuple[str, str], float] = {}
-        for item in ranked:
-            key = (item.kind, item.id)
-            shares.setdefault(key, max(item.score, 0.0) / top)
-            first.setdefault(key, item)
-        arms.append((weight, shares, min(shares.values())))
-    scores = {
-        key: math.fsum(weight * shares.get(key, lowest) for weight, shares, lowest in arms)
-        for key in first
-    }
-    tie: dict[tuple[str, str], int] = {
-        (item.kind, item.id): rank for rank, item in enumerate(tie_breaker)
-    }
-    for item in tie_breaker:
-        key = (item.kind, item.id)
-        if key not in scores:
-            scores[key] = -1.0
-            first[key] = item
-    last = len(tie)
-    order = sorted(scores, key=lambda key: (-scores[key], tie.get(key, last), key))
-    return [attrs.evolve(first[key], score=max(scores[key], 0.0)) for key in order]
-
-
-def peakedness(ranked: Sequence[Evidence], *, depth: int = PEAK_DEPTH) -> float:
-    """How far an arm's best score stands above its score at rank ``depth``, relative to the
-    best, in [0, 1] (a list shorter than ``depth`` counts its missing ranks as 0, so a short list
-    is confident). 0 for an empty list or scores that are not positive and finite."""
-    if not ranked:
-        return 0.0
-    best = ranked[0].score
-    if not math.isfinite(best) or best <= 0:
-        return 0.0
-    floor = ranked[depth - 1].score if len(ranked) >= depth else 0.0
-    if not math.isfinite(floor):
-        return 0.0
-    return max(0.0, min(1.0, (best - max(floor, 0.0)) / best))
-
-
-def weighted_score_fuse(
-    lists: Sequence[tuple[float, Sequence[Evidence]]], *, normalise: bool = True
-) -> list[Evidence]:
-    """Fuse lists of one arm by their scores: each list's scores are divided by its best (so
-    a fragment's strongest match counts 1) unless ``normalise`` is False, weighted, and
-    summed; ties by kind and id."""
-    scores: dict[tuple[str, str], float] = {}
-    first: dict[tuple[str, str], Evidence] = {}
-    for weight, ranked in lists:
-        top = max((item.score for item in ranked), default=0.0)
-        if weight <= 0 or top <= 0 or not math.isfinite(top):
-            continue
-        scale = top if normalise else 1.0
-        for item in ranked:
-            key = (item.kind, item.id)
-            scores[key] = scores.get(key, 0.0) + weight * max(item.score, 0.0) / scale
-            first.setdefault(key, item)
-    order = sorted(scores, key=lambda key: (-scores[key], key))
-    return [attrs.evolve(first[key], score=scores[key]) for key in order]
 
 
 def combined_vector(vectors: Sequence[Vector], weights: Sequence[float]) -> Vector | None:

@@ -20,9 +20,9 @@ import attrs
 from plugin.errors import RetrieverFailedError, RetrieverProtocolError
 
 from .embedding import Vector
-from .planning import RecallQuery
 from .preparation import PreparedRecall
 from .protocol import AttemptHandle, ContextCaps, Found, is_async_callable
+from .query import RecallQuery
 from .store import Evidence
 
 
