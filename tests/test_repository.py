@@ -199,3 +199,19 @@ def test_the_readme_example_runs(tmp_path: Path) -> None:
     assert "[memory m1]" in done.stdout and "[memory m2]" in done.stdout
     assert (tmp_path / "recall-ledger.db").exists()
     assert not (tmp_path / "unused.db").exists()  # your own retriever: the store is not opened
+
+
+MAX_SOURCE_LINES = 400
+
+
+def test_no_source_file_is_over_the_line_limit() -> None:
+    # One question per module: a file that outgrows the limit is split along its seams.
+    over = sorted(
+        (path.relative_to(ROOT).as_posix(), lines)
+        for package in ("plugin", "runtime_hooks")
+        for path in (ROOT / package).rglob("*.py")
+        if (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_SOURCE_LINES
+    )
+    assert not over, f"over {MAX_SOURCE_LINES} lines: " + ", ".join(
+        f"{name} ({lines})" for name, lines in over
+    )
