@@ -116,24 +116,26 @@ def _usage_error(parser: argparse.ArgumentParser) -> Callable[[str], NoReturn]:
     return error
 
 
-def _count_or_zero(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
-    return value
+def _at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: a whole number of at least ``minimum``."""
+
+    def count(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(
+                f"must be an integer >= {minimum}, got {text!r}"
+            ) from None
+        return value
+
+    count.__name__ = "count"  # argparse names the type in its messages
+    return count
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return value
+_count_or_zero = _at_least(0)
+_count = _at_least(1)
 
 
 def _arms(text: str) -> tuple[Arm, ...]:
