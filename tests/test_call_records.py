@@ -19,13 +19,8 @@ from typing import Any
 import pytest
 
 from plugin import (
-    AllowancePolicy,
     Evidence,
     ManualClock,
-    QueryPlanner,
-    QueryPreparation,
-    RecallAllowance,
-    SimpleRetriever,
 )
 from plugin.control import PostgresLedger, RefusalReason, SqliteLedger
 from plugin.control.ledger import MAX_CALL_EVIDENCE, CallRecord
@@ -33,32 +28,10 @@ from runtime_hooks import RecallHooks, ToolCall
 from runtime_hooks.adapters.batch import RunRecalls
 from runtime_hooks.hooks import SearchCall, call_records
 
+from ._calls_env import WALL, Counting, P, S, recall_hooks
 from ._pg import DSN, connect, fresh_schema
 
 pytestmark = pytest.mark.anyio
-
-P, S = "u1", "proj"
-WALL = 1_800_000_000.0
-MEMORIES = {f"m{i}": Evidence(id=f"m{i}", text=f"cutover note {i}", principal=P, scope=S)
-            for i in range(3)}
-
-
-class Counting:
-    """A retriever that counts its searches and re-reads."""
-
-    def __init__(self) -> None:
-        self.searches = 0
-        self.reads = 0
-        self.retriever = SimpleRetriever(self.search, get=self.get)
-
-    async def search(self, request: Any) -> list[Evidence]:
-        self.searches += 1
-        return list(MEMORIES.values())
-
-    async def get(self, evidence_id: str, *, principal: str, scope: str) -> Evidence | None:
-        self.reads += 1
-        return MEMORIES.get(evidence_id)
-
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def ledger_kind(request: pytest.FixtureRequest) -> str:
@@ -79,9 +52,7 @@ def opener(ledger_kind: str, tmp_path: Path) -> Iterator[Callable[[], Any]]:
 async def _hooks(opener: Callable[[], Any], clock: ManualClock, retriever: Counting,
                  **policy: Any) -> AsyncIterator[RecallHooks]:
     async with opener() as ledger:
-        allowance = RecallAllowance(ledger, policy=AllowancePolicy(**policy), clock=clock)
-        yield RecallHooks(allowance=allowance, preparer=QueryPreparation(QueryPlanner()),
-                          retriever=retriever.retriever)
+        yield recall_hooks(ledger, clock, retriever, **policy)
 
 
 def _call(call_id: str, query: str = "cutover") -> ToolCall:

@@ -21,48 +21,21 @@ import pytest
 from mcp import Client
 
 from plugin import (
-    AllowancePolicy,
-    Evidence,
     ManualClock,
-    QueryPlanner,
-    QueryPreparation,
-    RecallAllowance,
-    SimpleRetriever,
 )
 from plugin.control import PostgresLedger, SqliteLedger
-from runtime_hooks import RecallHooks
 from runtime_hooks.mcp import Caller, RecallServer
 from runtime_hooks.mcp.identity import ledger_run_id
 
+from ._calls_env import WALL, Counting, P, S, recall_hooks
 from ._mcp_env import structured
 from ._pg import DSN, connect, fresh_schema
 
 pytestmark = pytest.mark.anyio
 
-P, S = "u1", "proj"
 CALLER = Caller(principal=P, scope=S)
 RUN_ID_META_KEY = "recallbound/run_id"
 CALL_ID_META_KEY = "recallbound/call_id"
-WALL = 1_800_000_000.0
-MEMORIES = {f"m{i}": Evidence(id=f"m{i}", text=f"cutover note {i}", principal=P, scope=S)
-            for i in range(3)}
-
-
-class Counting:
-    """A retriever that counts its searches."""
-
-    def __init__(self) -> None:
-        self.searches = 0
-        self.retriever = SimpleRetriever(self.search, get=self.get)
-
-    async def search(self, request: Any) -> list[Evidence]:
-        self.searches += 1
-        return list(MEMORIES.values())
-
-    async def get(self, evidence_id: str, *, principal: str, scope: str) -> Evidence | None:
-        return MEMORIES.get(evidence_id)
-
-
 @pytest.fixture(params=["sqlite", "postgres"])
 def ledger_kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
@@ -91,10 +64,7 @@ async def _server(opener: Callable[[], Any], retriever: Counting,
                   **kw: Any) -> AsyncIterator[RecallServer]:
     clock = ManualClock(wall=WALL, monotonic=1.0)
     async with opener() as ledger:
-        allowance = RecallAllowance(ledger, policy=AllowancePolicy(), clock=clock)
-        hooks = RecallHooks(allowance=allowance, preparer=QueryPreparation(QueryPlanner()),
-                            retriever=retriever.retriever)
-        yield RecallServer(hooks, caller=CALLER, **kw)
+        yield RecallServer(recall_hooks(ledger, clock, retriever), caller=CALLER, **kw)
 
 
 async def _search(client: Client, arguments: Any, *, run_id: str,
