@@ -23,14 +23,6 @@ from .results import Validation
 _log = logging.getLogger("recallbound.hooks")
 
 
-def _valid_id(evidence_id: str) -> bool:
-    try:
-        validate.identifier(evidence_id, field="evidence_id")
-    except ValueError:
-        return False
-    return True
-
-
 async def revalidate_retained(
     ledger: Ledger,
     retriever: Retriever,
@@ -45,7 +37,7 @@ async def revalidate_retained(
     is not a valid id was never retained (only valid ids are): ``not_retained``, without asking
     the ledger."""
     ids = list(dict.fromkeys(evidence_ids))
-    storable = [i for i in ids if _valid_id(i)]
+    storable = [i for i in ids if validate.is_identifier(i)]
     verdicts = await ledger.take_validations(run_id, storable, limit=limit) if storable else {}
     to_read = [i for i in ids if verdicts.get(i) is Validity.GRANTED]
     found: dict[str, Evidence] | None = {}

@@ -24,6 +24,7 @@ __all__ = [
     "bounded_text",
     "first_bad_character",
     "identifier",
+    "is_identifier",
     "run_id",
     "seconds",
 ]
@@ -138,6 +139,16 @@ def identifier(
     if not value.strip():
         raise error(f"{field} must not be empty or blank")
     return value
+
+
+def is_identifier(value: str, *, field: str = "id") -> bool:
+    """Whether ``value`` (a ``str``) is an id by :func:`identifier`'s rule, for the places that
+    drop a bad id and count it rather than fail."""
+    try:
+        identifier(value, field=field)
+    except ValueError:
+        return False
+    return True
 
 
 def run_id(

@@ -126,14 +126,6 @@ MAX_CITES = 64
 """The most source ids one evidence item may cite."""
 
 
-def _valid_id(value: str) -> bool:
-    try:
-        validate.identifier(value, field="evidence id")
-    except ValueError:
-        return False
-    return True
-
-
 def _well_formed(value: object) -> bool:
     """Exact types only: a ``str`` subclass could compare equal to any principal."""
     if type(value) is not Evidence:
@@ -153,8 +145,9 @@ def _valid_ids(item: Evidence) -> bool:
     """The item's id and those it cites (at most :data:`MAX_CITES`) are valid ids, and its arm
     a short name: what every ledger can store and every output print on one line."""
     return (
-        len(item.cites) <= MAX_CITES and _valid_id(item.id)
-        and all(_valid_id(c) for c in item.cites) and len(item.arm) <= validate.MAX_ID_BYTES
+        len(item.cites) <= MAX_CITES and validate.is_identifier(item.id)
+        and all(validate.is_identifier(c) for c in item.cites)
+        and len(item.arm) <= validate.MAX_ID_BYTES
     )
 
 
