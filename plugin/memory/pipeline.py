@@ -168,8 +168,45 @@ class MemoryRetriever:
             if not lists:  # the recent arm alone: its order is the ranking
                 lists.append((1.0, recent))
         if policy.fusion == "score" and len(lists) > 1:
-            return score_fuse(lists, tie_breaker=recent)
-        return weighted_fuse(lists, tie_breaker=recent, k=policy.rrf_k)
+            fused = score_fuse(lists, tie_breaker=recent)
+        else:
+            fused = weighted_fuse(lists, tie_breaker=recent, k=policy.rrf_k)
+        if not {"sparse", "semantic"} & set(arms):
+            return fused  # the recent arm alone keeps the frozen control's order
+        return await self._with_adjacent(fused, principal, scope)
+
+    async def _with_adjacent(
+        self, ranked: list[Evidence], principal: str, scope: str
+    ) -> list[Evidence]:
+        """``ranked`` with the turns around its best memories lifted (:mod:`.ranking`, turns
+        of one conversation): each of the first ``adjacent_sources`` memories lends
+        ``adjacent`` times its score to the memories written just before and just after it
+        (within ``adjacent_window_s``), which keep the larger of their own score and what they
+        were lent, and join the ranking if no arm found them. Ties keep the fused order; a
+        memory that joins comes after the items it ties with (by id among themselves)."""
+        policy = self.ranking
+        if policy.adjacent <= 0 or policy.adjacent_sources <= 0 or not ranked:
+            return ranked
+        scores = {(item.kind, item.id): item.score for item in ranked}
+        items = {(item.kind, item.id): item for item in ranked}
+        lifted = dict(scores)
+        for source in [item for item in ranked if item.kind == "memory"][
+            : policy.adjacent_sources
+        ]:
+            lent = policy.adjacent * source.score
+            for near in await self.store.adjacent_memories(
+                source.created_at, source.id, principal=principal, scope=scope,
+                window_s=policy.adjacent_window_s,
+            ):
+                key = (near.kind, near.id)
+                if lent > lifted.get(key, 0.0):
+                    lifted[key] = lent
+                    items.setdefault(key, near)
+        if lifted == scores:
+            return ranked
+        place = {key: index for index, key in enumerate(scores)}
+        order = sorted(lifted, key=lambda key: (-lifted[key], place.get(key, len(place)), key))
+        return [attrs.evolve(items[key], score=lifted[key]) for key in order]
 
     def _confidence(self, weight: float, ranked: Sequence[Evidence]) -> float:
         """An arm's fusion weight: its policy weight, times how peaked its scores are."""

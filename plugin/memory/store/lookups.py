@@ -35,6 +35,25 @@ class Lookups:
         )
         return [memory_evidence(row, score=float(row[4]), arm="recent") for row in rows]
 
+    async def adjacent_memories(
+        self, created_at: float, id: str, *, principal: str, scope: str, window_s: float
+    ) -> list[Evidence]:
+        """The memory written just before and the one written just after ``created_at``
+        (the one before first; ties by id), each only when at most ``window_s`` seconds away
+        and not at the same instant; never the memory ``id`` itself."""
+        if not visible(principal, scope) or not window_s > 0:
+            return []
+        select = f"SELECT {MEMORY_COLUMNS} FROM memories AS m WHERE m.principal = ? AND m.scope = ?"
+        rows = await self.db.fetch(
+            f"SELECT * FROM ({select} AND m.created_at < ? AND m.created_at >= ? AND m.id != ? "
+            "ORDER BY m.created_at DESC, m.id LIMIT 1) "
+            f"UNION ALL SELECT * FROM ({select} AND m.created_at > ? AND m.created_at <= ? "
+            "AND m.id != ? ORDER BY m.created_at, m.id LIMIT 1)",
+            (principal, scope, created_at, created_at - window_s, id,
+             principal, scope, created_at, created_at + window_s, id),
+        )
+        return [memory_evidence(row, score=float(row[4]), arm="lookup") for row in rows]
+
     async def memories_page(
         self, *, principal: str, scope: str, after: tuple[float, str] | None, limit: int
     ) -> list[Evidence]:

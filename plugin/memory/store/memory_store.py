@@ -302,6 +302,16 @@ class MemoryStore:
         """The newest memories first (ties by id)."""
         return await self._lookups.recent_candidates(principal=principal, scope=scope, limit=limit)
 
+    async def adjacent_memories(
+        self, created_at: float, id: str, *, principal: str, scope: str, window_s: float
+    ) -> list[Evidence]:
+        """The memories written just before and just after ``created_at`` (the turns around
+        one turn of a conversation): each only when at most ``window_s`` seconds away and not
+        at the same instant (a batch written at once is not a conversation); never ``id``."""
+        return await self._lookups.adjacent_memories(
+            created_at, id, principal=principal, scope=scope, window_s=window_s
+        )
+
     async def get_memories(
         self, ids: Iterable[str], *, principal: str, scope: str
     ) -> list[Evidence]:
