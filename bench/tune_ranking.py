@@ -57,10 +57,10 @@ def _round_one(**changes: object) -> RankingPolicy:
 
 VARIANTS: dict[str, tuple[RankingPolicy, float | None]] = {
     "default": (RankingPolicy(), None),
-    # Round three: the turns around the best memories of a conversation.
-    "no-turns": (RankingPolicy(adjacent=0.0), None),
+    # Round three: the turns around the best memories of a conversation (opt-in).
+    "turns": (RankingPolicy(adjacent=0.8), None),
     "turns-0.9": (RankingPolicy(adjacent=0.9), None),
-    "turns-one-source": (RankingPolicy(adjacent_sources=1), None),
+    "turns-one-source": (RankingPolicy(adjacent=0.8, adjacent_sources=1), None),
     "turns-three-sources": (RankingPolicy(adjacent=0.9, adjacent_sources=3), None),
     # Round two: names, ids and questions over the next action's common words; "Continue"
     # that the scope knows keeps a small share; no fixed lower weight for one arm.

@@ -84,9 +84,8 @@ async def _ranked(env: tuple[MemoryStore, RecallAllowance], prepared: PreparedRe
 
 
 async def _add(store: MemoryStore, memories: dict[str, str]) -> None:
-    # Notes written a minute apart: not turns of one conversation (see test_ranking_turns).
     await store.add_memories([
-        MemoryRecord(id=memory_id, text=text, principal=P, scope=S, created_at=60.0 * i)
+        MemoryRecord(id=memory_id, text=text, principal=P, scope=S, created_at=float(i))
         for i, (memory_id, text) in enumerate(memories.items())
     ])
 

@@ -1,7 +1,8 @@
 """Turns of one conversation: the turn that matches a need lends part of its score to the
 turns written just before and just after it (where the answer often is, even when it shares
 no word with the need), and only to those: notes written a minute apart, a batch written at
-once, another principal's turns and the frozen control's recent arm are untouched."""
+once, another principal's turns and the frozen control's recent arm are untouched. The rule is
+opt-in (``RankingPolicy(adjacent=...)``); off by default."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from plugin import (
 )
 from plugin.memory import ContextCaps, MemoryRecord, MemoryRetriever, MemoryStore
 from plugin.memory.enforce import search_attempt
+from plugin.memory.hashing import HashingEmbedding
 from plugin.memory.ranking import RankingPolicy
 
 pytestmark = pytest.mark.anyio
@@ -47,6 +49,8 @@ _TURNS = [
     ("t10", "Caro: The pottery class teacher is from Kyoto."),
 ]
 _STATE = WorkingState("Continue", next_action="When did Caro go to the pottery class?")
+TURNS = RankingPolicy(adjacent=0.8)
+OFF = RankingPolicy()
 
 
 async def _admit(experiment: str) -> bool:
@@ -57,7 +61,8 @@ async def _admit(experiment: str) -> bool:
 async def env(tmp_path: Path) -> AsyncIterator[tuple[MemoryStore, RecallAllowance]]:
     clock = ManualClock()
     async with SqliteLedger(tmp_path / "l.db") as ledger, MemoryStore(
-        tmp_path / "m.db", clock=clock
+        tmp_path / "m.db", embedding=HashingEmbedding(dimensions=512, token_limit=256),
+        clock=clock,
     ) as store:
         yield store, RecallAllowance(ledger, clock=clock)
 
@@ -71,12 +76,13 @@ async def _seed(store: MemoryStore, *, apart: float, principal: str = P) -> None
 
 
 async def _ranked(env: tuple[MemoryStore, RecallAllowance],
-                  policy: RankingPolicy | None = None) -> list[str]:
+                  policy: RankingPolicy | None = None,
+                  arms: frozenset[str] = frozenset({"sparse"})) -> list[str]:
     store, allowance = env
     preparation = QueryPreparation(
         QueryPlanner(QueryStrategy.TASK_CONTEXT, admission=_admit), store.embedding)
     prepared = await preparation.prepare(_STATE, scope=S, principal=P)
-    retriever = MemoryRetriever(store, arms={"sparse"}, ranking=policy or RankingPolicy())
+    retriever = MemoryRetriever(store, arms=arms, ranking=policy or TURNS)
     caps = ContextCaps(max_items=20, max_bytes=100_000)
     async with allowance.round(f"r{next(_RUNS)}", RoundKind.DELIBERATE, slots=1) as permit:
         attempted = await search_attempt(permit, retriever, prepared, kind=AttemptKind.BASE,
@@ -84,13 +90,14 @@ async def _ranked(env: tuple[MemoryStore, RecallAllowance],
     return [item.id for item in attempted.found.evidence]
 
 
+@pytest.mark.parametrize("arms", [frozenset({"sparse"}), frozenset({"sparse", "semantic"})])
 async def test_the_answer_after_the_matching_turn_is_lifted_into_the_top(
-    env: tuple[MemoryStore, RecallAllowance],
+    env: tuple[MemoryStore, RecallAllowance], arms: frozenset[str],
 ) -> None:
     await _seed(env[0], apart=1.0)
-    off = await _ranked(env, RankingPolicy(adjacent=0.0))
+    off = await _ranked(env, OFF, arms)
     assert off[0] == "ada-t1" and off.index("ada-t2") >= 5, off
-    on = await _ranked(env)
+    on = await _ranked(env, arms=arms)
     assert on[0] == "ada-t1" and "ada-t2" in on[:4], on
     assert sorted(on) == sorted(off), (on, off)  # lifted, nothing else changed
 
@@ -107,7 +114,7 @@ async def test_the_answer_joins_even_when_no_arm_found_it(
         MemoryRecord(id="x", text="The pottery shop sells glazes.", principal=P, scope=S,
                      created_at=1_700_000_500.0),
     ])
-    assert await _ranked(env, RankingPolicy(adjacent=0.0)) == ["q", "x"]
+    assert await _ranked(env, OFF) == ["q", "x"]
     assert await _ranked(env) == ["q", "x", "a"]  # 0.8 of the first place: below the second
 
 
@@ -115,14 +122,14 @@ async def test_notes_a_minute_apart_are_not_turns(
     env: tuple[MemoryStore, RecallAllowance],
 ) -> None:
     await _seed(env[0], apart=60.0)
-    assert await _ranked(env) == await _ranked(env, RankingPolicy(adjacent=0.0))
+    assert await _ranked(env) == await _ranked(env, OFF)
 
 
 async def test_a_batch_written_at_one_instant_is_not_a_conversation(
     env: tuple[MemoryStore, RecallAllowance],
 ) -> None:
     await _seed(env[0], apart=0.0)
-    assert await _ranked(env) == await _ranked(env, RankingPolicy(adjacent=0.0))
+    assert await _ranked(env) == await _ranked(env, OFF)
 
 
 async def test_adjacent_memories_are_the_nearest_of_the_cell_within_the_window(
@@ -143,6 +150,10 @@ async def test_adjacent_memories_are_the_nearest_of_the_cell_within_the_window(
     near = await store.adjacent_memories(first.created_at, first.id, principal=P, scope=S,
                                          window_s=5.0)
     assert [item.id for item in near] == ["ada-t2"]
+
+
+def test_turns_are_off_by_default() -> None:
+    assert RankingPolicy().adjacent == 0.0
 
 
 def test_turn_options_are_checked() -> None:
