@@ -224,4 +224,5 @@ async def transaction(
 
     async with lock:
         with anyio.CancelScope(shield=True):
-            return await conn.run(run)
+            result = await conn.run(run)
+    return result
