@@ -170,7 +170,7 @@ class RecallServer:
     def _tool_names(self) -> list[str]:
         """The names :meth:`_tools` lists (without building the tools: checked on each call)."""
         names = [tools.SEARCH_MEMORY, tools.RECALL_CONTEXT]
-        return names + [tools.REMEMBER, tools.FORGET] if self.store is not None else names
+        return [*names, tools.REMEMBER, tools.FORGET] if self.store is not None else names
 
     def _tools(self) -> list[types.Tool]:
         offered = tools.tools(self.hooks.allowance.policy)

@@ -14,7 +14,9 @@ chunks and frames lines itself:
   itself. The server keeps serving after each of these.
 
 While serving, file descriptor 0 reads the null device and descriptor 1 writes to standard
-error, so a stray ``print`` in a retriever cannot corrupt the protocol stream.
+error, so a stray ``print`` in a retriever cannot corrupt the protocol stream. A pipe (what a
+client gives its server) is read and written from the event loop, with no thread per message;
+anything else through a worker thread.
 """
 
 from __future__ import annotations
@@ -22,11 +24,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import mcp_types as types
 import pydantic
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -205,6 +209,70 @@ async def write_lines(write: Any, out: MemoryObjectReceiveStream[Outgoing]) -> N
             await write(_encode(item))
 
 
+class _Descriptor:
+    """Reads or writes one file descriptor from the event loop.
+
+    A pipe (what MCP clients give a server) is reopened as a descriptor of its own,
+    non-blocking, and waited on with the loop's own readiness (no thread per message; the
+    flag is on the new descriptor only, never on one the process shares with its parent).
+    Anything else, or where that cannot be done, is read and written in a worker thread.
+    """
+
+    def __init__(self, fd: int, *, writing: bool) -> None:
+        self.fd, self.polled = fd, _reopen_pipe(fd, os.O_WRONLY if writing else os.O_RDONLY)
+
+    async def read(self) -> bytes:
+        """Up to :data:`CHUNK` bytes; ``b""`` at the end of the input."""
+        if self.polled is None:
+            return await anyio.to_thread.run_sync(os.read, self.fd, CHUNK,
+                                                  abandon_on_cancel=True)
+        try:
+            data = os.read(self.polled, CHUNK)
+        except BlockingIOError:
+            while True:
+                await anyio.wait_readable(self.polled)
+                try:
+                    return os.read(self.polled, CHUNK)
+                except BlockingIOError:
+                    continue
+        await anyio.lowlevel.checkpoint()  # read without waiting: let the others run too
+        return data
+
+    async def write(self, data: bytes) -> None:
+        """All of ``data``."""
+        if self.polled is None:
+            await anyio.to_thread.run_sync(_write_all, self.fd, data)
+            return
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[os.write(self.polled, view):]
+            except BlockingIOError:
+                await anyio.wait_writable(self.polled)
+
+    def close(self) -> None:
+        """Close the descriptor of its own, if any (the one it was made from stays open)."""
+        polled, self.polled = self.polled, None
+        if polled is not None:
+            os.close(polled)
+
+
+def _reopen_pipe(fd: int, mode: int) -> int | None:
+    """A non-blocking descriptor of its own onto the pipe ``fd``, or None."""
+    if not hasattr(os, "O_NONBLOCK") or not stat.S_ISFIFO(os.fstat(fd).st_mode):
+        return None
+    try:  # a new open file description (Linux): the shared one stays as it was
+        return os.open(f"/proc/self/fd/{fd}", mode | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 @asynccontextmanager
 async def stdio_streams(
     *, max_line_bytes: int = MAX_LINE_BYTES, max_depth: int = MAX_DEPTH,
@@ -217,17 +285,8 @@ async def stdio_streams(
     os.dup2(null, 0)
     os.close(null)
     os.dup2(2, 1)
-
-    async def read() -> bytes:
-        return await anyio.to_thread.run_sync(os.read, wire_in, CHUNK, abandon_on_cancel=True)
-
-    def write_all(data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(wire_out, view):]
-
-    async def write(data: bytes) -> None:
-        await anyio.to_thread.run_sync(write_all, data)
+    source = _Descriptor(wire_in, writing=False)
+    sink = _Descriptor(wire_out, writing=True)
 
     to_server, from_wire = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     to_wire, outgoing = anyio.create_memory_object_stream[Outgoing](16)
@@ -235,12 +294,12 @@ async def stdio_streams(
 
     async def reader() -> None:
         async with answers:
-            await read_lines(read, to_server, answers, max_line_bytes=max_line_bytes,
+            await read_lines(source.read, to_server, answers, max_line_bytes=max_line_bytes,
                              max_depth=max_depth)
 
     try:
         async with anyio.create_task_group() as tasks:
-            tasks.start_soon(write_lines, write, outgoing)
+            tasks.start_soon(write_lines, sink.write, outgoing)
             async with anyio.create_task_group() as readers:
                 readers.start_soon(reader)
                 async with to_wire:
@@ -252,4 +311,8 @@ async def stdio_streams(
         os.dup2(saved_out, 1)
         for fd in (saved_in, saved_out, wire_out):
             os.close(fd)
-        # wire_in stays open: a worker thread may still be blocked reading it.
+        sink.close()
+        if source.polled is not None:
+            source.close()
+            os.close(wire_in)
+        # else wire_in stays open: a worker thread may still be blocked reading it.
