@@ -307,6 +307,13 @@ class SqliteLedger(SqlLedger):
         except sqlite3.Error as exc:
             raise _translate(exc, self._path) from exc
 
+    async def _transact_unsynced(self, fn: Callable[[Session], Awaitable[T]], where: str) -> T:
+        """One ``BEGIN IMMEDIATE`` transaction committed without a sync of its own."""
+        try:
+            return await _sqlite.transaction(self._connection(), self._lock, fn, synced=False)
+        except sqlite3.Error as exc:
+            raise _translate(exc, self._path) from exc
+
     async def _inspect_storage(self, session: Session, problems: list[str]) -> tuple[int, bool]:
         app_id, version = (await session.fetchall(
             "SELECT (SELECT application_id FROM pragma_application_id()), "

@@ -202,24 +202,36 @@ def _complete(awaitable: Awaitable[T]) -> T:
 
 async def transaction(
     conn: Connection, lock: anyio.Lock, fn: Callable[[ThreadSession], Awaitable[T]], *,
-    begin: str = "BEGIN IMMEDIATE",
+    begin: str = "BEGIN IMMEDIATE", synced: bool = True,
 ) -> T:
     """``fn`` between ``begin`` and ``COMMIT``, all in one hop to the connection's thread.
 
     As :func:`immediate` (one task at a time under ``lock``, shielded, any error rolls back and
     propagates unchanged), but a transaction of many statements costs one thread hop, not one
     per statement. ``fn`` may await only the session it is given.
+
+    ``synced=False`` commits without syncing the file (``synchronous=NORMAL`` for this one
+    transaction, the connection's own level before and after): in WAL mode the commit is
+    visible to every connection at once and survives the process, and the next synced commit
+    on the file makes it durable too (the log is synced as a whole, in order).
     """
 
     def run(raw: sqlite3.Connection) -> T:
-        raw.execute(begin)
+        level = None if synced else int(raw.execute("PRAGMA synchronous").fetchone()[0])
+        if level is not None:
+            raw.execute("PRAGMA synchronous=NORMAL")
         try:
-            result = _complete(fn(ThreadSession(raw)))
-            raw.execute("COMMIT")
-        except BaseException:
-            with contextlib.suppress(sqlite3.Error):
-                raw.execute("ROLLBACK")
-            raise
+            raw.execute(begin)
+            try:
+                result = _complete(fn(ThreadSession(raw)))
+                raw.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    raw.execute("ROLLBACK")
+                raise
+        finally:
+            if level is not None:
+                raw.execute(f"PRAGMA synchronous={level}")
         return result
 
     async with lock:
