@@ -3,7 +3,8 @@
 A pipe is read and written from the loop (a non-blocking descriptor of its own, the shared one
 left as it was); anything else goes through a worker thread. Either way lines are framed across
 reads, a line past the cap is skipped as it streams and answered, and the input may end in the
-middle of a line.
+middle of a line. Lines written by concurrent senders never interleave, and a line once begun
+is written whole.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import anyio
 import pytest
 from mcp.shared.message import SessionMessage
 
-from runtime_hooks.mcp.wire import Outgoing, _Descriptor, read_lines
+from runtime_hooks.mcp.wire import LineWriter, Outgoing, _Descriptor, read_lines
 
 pytestmark = pytest.mark.anyio
 
@@ -156,3 +157,60 @@ async def test_a_write_larger_than_the_pipe_waits_for_the_reader_and_keeps_order
         finally:
             sink.close()
         assert bytes(received) == data
+
+
+def drain_lines(read_end: int, count: int) -> list[bytes]:
+    """Read ``count`` lines from ``read_end`` slowly (small reads: the pipe fills up)."""
+    data = bytearray()
+    while data.count(b"\n") < count:
+        data.extend(os.read(read_end, 4096))
+    return bytes(data).split(b"\n")[:count]
+
+
+async def test_concurrent_lines_never_interleave_and_closing_stops_only_the_server() -> None:
+    lines = [bytes([ord("a") + n]) * 200_000 + b"\n" for n in range(6)]
+    with pipe() as (read_end, write_end), anyio.fail_after(30):
+        sink = _Descriptor(write_end, writing=True)
+        writer = LineWriter(sink.write)
+        got: list[bytes] = []
+
+        async def drain() -> None:
+            got.extend(await anyio.to_thread.run_sync(drain_lines, read_end, len(lines) + 1))
+
+        try:
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(drain)
+                async with anyio.create_task_group() as senders:
+                    for line in lines:
+                        senders.start_soon(writer.send, line)
+                await writer.aclose()
+                with pytest.raises(anyio.ClosedResourceError):
+                    await writer.send(b"late\n")
+                await writer.write_line(b"answer\n")  # the reader's answers still go out
+        finally:
+            sink.close()
+        assert sorted(got[:-1]) == sorted(line[:-1] for line in lines)
+        assert got[-1] == b"answer"
+
+
+async def test_a_line_once_begun_is_written_whole_when_its_sender_is_cancelled() -> None:
+    line = b"x" * 1_000_000 + b"\n"  # far more than a pipe holds: the sender must wait
+    with pipe() as (read_end, write_end), anyio.fail_after(30):
+        sink = _Descriptor(write_end, writing=True)
+        writer = LineWriter(sink.write)
+        got: list[bytes] = []
+
+        async def drain_later() -> None:
+            await anyio.sleep(0.2)  # after the sender was cancelled
+            got.extend(await anyio.to_thread.run_sync(drain_lines, read_end, 2))
+
+        try:
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(drain_later)
+                with anyio.move_on_after(0.05) as scope:
+                    await writer.send(line)
+                assert scope.cancel_called
+                await writer.send(b"next\n")
+        finally:
+            sink.close()
+        assert got == [line[:-1], b"next"]

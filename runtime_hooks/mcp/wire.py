@@ -25,12 +25,13 @@ import json
 import os
 import re
 import stat
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import anyio.lowlevel
+import attrs
 import mcp_types as types
 import pydantic
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -151,10 +152,15 @@ def read_message(line: bytes, *, max_depth: int = MAX_DEPTH) -> SessionMessage |
     return SessionMessage(message)
 
 
+class Answers(Protocol):
+    """Where the lines that never reach the server are answered."""
+
+    async def send(self, item: bytes, /) -> None: ...
+
+
 async def read_lines(
     read: Any, send: MemoryObjectSendStream[SessionMessage | Exception],
-    answer: MemoryObjectSendStream[Outgoing], *, max_line_bytes: int = MAX_LINE_BYTES,
-    max_depth: int = MAX_DEPTH,
+    answer: Answers, *, max_line_bytes: int = MAX_LINE_BYTES, max_depth: int = MAX_DEPTH,
 ) -> None:
     """Frame ``read()`` chunks into lines; hand each to the server or answer it."""
     pending = bytearray()
@@ -188,7 +194,10 @@ async def read_lines(
                     else:
                         result = read_message(bytes(pending), max_depth=max_depth)
                         if isinstance(result, SessionMessage):
-                            await send.send(result)
+                            try:  # the server is waiting for it (the usual case): no yield
+                                send.send_nowait(result)
+                            except anyio.WouldBlock:
+                                await send.send(result)
                         elif result is not None:
                             await answer.send(result)
                     pending.clear()
@@ -202,11 +211,58 @@ def _encode(item: Outgoing) -> bytes:
     return text.encode("utf-8", "backslashreplace") + b"\n"
 
 
-async def write_lines(write: Any, out: MemoryObjectReceiveStream[Outgoing]) -> None:
-    """Write each outgoing message as one line, in order."""
-    async with out:
-        async for item in out:
-            await write(_encode(item))
+class LineWriter:
+    """The server's write stream: each message one line, written by the task that sends it.
+
+    No writer task stands between the server and the output. One line is written at a time
+    (a sender waits while another's line is still going out, so lines never interleave), and a
+    line once begun is written whole, even if its sender is cancelled meanwhile.
+    """
+
+    def __init__(self, write: Callable[[bytes], Awaitable[None]]) -> None:
+        self._write = write
+        self._busy = False
+        self._idle: anyio.Event | None = None
+        self._closed = False
+
+    async def send(self, item: Outgoing, /) -> None:
+        """Write ``item`` as one line (``ClosedResourceError`` once closed)."""
+        if self._closed:
+            raise anyio.ClosedResourceError
+        await self.write_line(_encode(item))
+
+    async def write_line(self, line: bytes) -> None:
+        """Write ``line`` (open or closed: the reader's answers go out until it stops)."""
+        while self._busy:
+            if self._idle is None:
+                self._idle = anyio.Event()
+            await self._idle.wait()
+        self._busy = True
+        try:
+            with anyio.CancelScope(shield=True):
+                await self._write(line)
+        finally:
+            self._busy = False
+            idle, self._idle = self._idle, None
+            if idle is not None:
+                idle.set()
+
+    async def aclose(self) -> None:
+        self._closed = True
+
+    async def __aenter__(self) -> LineWriter:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+@attrs.frozen
+class _Answers:
+    writer: LineWriter
+
+    async def send(self, item: bytes, /) -> None:
+        await self.writer.write_line(item)
 
 
 class _Descriptor:
@@ -276,8 +332,7 @@ def _write_all(fd: int, data: bytes) -> None:
 @asynccontextmanager
 async def stdio_streams(
     *, max_line_bytes: int = MAX_LINE_BYTES, max_depth: int = MAX_DEPTH,
-) -> AsyncIterator[tuple[MemoryObjectReceiveStream[SessionMessage | Exception],
-                         MemoryObjectSendStream[Outgoing]]]:
+) -> AsyncIterator[tuple[MemoryObjectReceiveStream[SessionMessage | Exception], LineWriter]]:
     """The server's read and write streams over this process's standard input and output."""
     wire_in, wire_out = os.dup(0), os.dup(1)
     saved_in, saved_out = os.dup(0), os.dup(1)
@@ -287,25 +342,18 @@ async def stdio_streams(
     os.dup2(2, 1)
     source = _Descriptor(wire_in, writing=False)
     sink = _Descriptor(wire_out, writing=True)
-
     to_server, from_wire = anyio.create_memory_object_stream[SessionMessage | Exception](0)
-    to_wire, outgoing = anyio.create_memory_object_stream[Outgoing](16)
-    answers = to_wire.clone()
+    writer = LineWriter(sink.write)
 
     async def reader() -> None:
-        async with answers:
-            await read_lines(source.read, to_server, answers, max_line_bytes=max_line_bytes,
-                             max_depth=max_depth)
+        await read_lines(source.read, to_server, _Answers(writer),
+                         max_line_bytes=max_line_bytes, max_depth=max_depth)
 
     try:
-        async with anyio.create_task_group() as tasks:
-            tasks.start_soon(write_lines, sink.write, outgoing)
-            async with anyio.create_task_group() as readers:
-                readers.start_soon(reader)
-                async with to_wire:
-                    yield from_wire, to_wire
-                readers.cancel_scope.cancel()
-            # the writer ends once every answer is written (its senders are closed)
+        async with anyio.create_task_group() as readers:
+            readers.start_soon(reader)
+            yield from_wire, writer  # every line is written by the time its send returns
+            readers.cancel_scope.cancel()
     finally:
         os.dup2(saved_in, 0)
         os.dup2(saved_out, 1)
