@@ -119,6 +119,11 @@ def pooled_dsn() -> str:
         f"listen_addr = 127.0.0.1\nlisten_port = {port}\nauth_type = any\n"
         f"pool_mode = transaction\ndefault_pool_size = {PGBOUNCER_POOL}\n"
         "max_client_conn = 500\nunix_socket_dir =\n"
+        # A server connection PgBouncer fails to open is retried after 1 s, not 15 s, so a
+        # moment of refusal from the server never parks every client for its whole wait.
+        "server_connect_timeout = 5\nserver_login_retry = 1\n"
+        # The admin console, for the state dump a failing PgBouncer test carries.
+        f"admin_users = {target.username}\n"
         f"logfile = {folder}/pgbouncer.log\npidfile = {folder}/pgbouncer.pid\n"
     )
     config.chmod(0o644)
@@ -137,9 +142,36 @@ def pooled_dsn() -> str:
             time.sleep(0.05)
             continue
         atexit.register(os.kill, pid, signal.SIGTERM)
+        _PGBOUNCER_LOG.append(folder / "pgbouncer.log")
         return dsn
     raise AssertionError(f"PgBouncer did not answer on port {port}: "
                          f"{(folder / 'pgbouncer.log').read_text()}")
+
+
+_PGBOUNCER_LOG: list[Path] = []
+"""The running PgBouncer's log file, once :func:`pooled_dsn` has started it."""
+
+
+def pgbouncer_state() -> str | None:
+    """What PgBouncer says about its pools, servers and clients, and the end of its log: the
+    evidence a failing test through PgBouncer carries (``None`` if PgBouncer never started)."""
+    if not _PGBOUNCER_LOG:
+        return None
+    admin = urllib.parse.urlsplit(pooled_dsn())._replace(path="/pgbouncer").geturl()
+    lines = []
+    try:
+        with psycopg.connect(admin, autocommit=True, connect_timeout=5) as conn:
+            for command in ("SHOW POOLS", "SHOW SERVERS", "SHOW CLIENTS"):
+                cur = conn.execute(command, prepare=False)
+                names = [column.name for column in cur.description or ()]
+                lines.append(f"== {command}")
+                lines.extend(str(dict(zip(names, row, strict=True))) for row in cur.fetchall())
+    except psycopg.Error as exc:
+        lines.append(f"the admin console did not answer: {exc}")
+    log = _PGBOUNCER_LOG[0].read_text(errors="replace").splitlines()
+    lines.append("== the end of pgbouncer.log")
+    lines.extend(log[-60:])
+    return "\n".join(lines)
 
 
 SERVER_CLOCK_SHIFT = 2.0**28

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, settings
 from plugin import ManualClock
 
 from ._loops import LOOPS
+from ._pg import pgbouncer_state
 
 CLOCK_WALL = 1_800_000_000.0
 """Where the shared ``clock`` fixture's wall clock starts."""
@@ -44,6 +45,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.postgres)
         if item.path.name in PROCESS_MODULES:
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> object:
+    """A failing test that went through PgBouncer carries PgBouncer's own account of its pools
+    and the end of its log, so a failure seen once on CI can be read afterwards."""
+    report = yield
+    if report.failed and "pgbouncer" in item.nodeid:
+        state = pgbouncer_state()
+        if state is not None:
+            report.sections.append(("pgbouncer state", state))
+    return report
 
 
 @pytest.fixture(params=LOOPS)

@@ -230,6 +230,21 @@ async def test_an_unknown_tool_is_a_typed_error_and_the_server_keeps_serving(
         assert (await search(client, "cutover date", run_id="run-u"))["status"] == "ok"
 
 
+@pytest.mark.parametrize("writes", [True, False])
+async def test_a_call_may_name_exactly_the_tools_listed(tmp_path: Path, writes: bool) -> None:
+    async with recall_server(tmp_path) as server:
+        if not writes:
+            server.store = None
+        async with Client(server.server) as client:
+            listed = [tool.name for tool in (await client.list_tools()).tools]
+            assert ("remember" in listed) is writes
+            unknown = structured(await client.call_tool("delete_memory", {}))
+            assert unknown["content"].endswith(f"{', '.join(map(repr, listed))}.")
+            for name in ("search_memory", "recall_context", "remember", "forget"):
+                answer = structured(await client.call_tool(name, {}))
+                assert (answer.get("error") == "UnknownTool") is (name not in listed)
+
+
 @attrs.define
 class _Gate:
     """A retriever whose searches wait until released (to disconnect in the middle)."""

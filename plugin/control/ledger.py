@@ -356,8 +356,11 @@ class Ledger(Protocol):
 
         ``OPENED`` when the run is counted now, ``KNOWN`` when it was before; ``REFUSED``
         (false), storing nothing, when the pair already opened ``per_hour`` other runs in the
-        :data:`RUN_RATE_WINDOW_S` before ``now``. Atomic and durable across every process that
-        shares the ledger, so a fleet of servers keeps one count per pair.
+        :data:`RUN_RATE_WINDOW_S` before ``now``. Atomic and shared at once by every process
+        that shares the ledger, so a fleet of servers keeps one count per pair; durable at the
+        latest with the run's first reservation, which is synced before anything of the run is
+        searched (a ledger may leave the opening's own commit unsynced: the next synced commit
+        makes it durable, in order, so a reservation never outlives its run's opening).
         """
         ...
 

@@ -115,6 +115,10 @@ class SqlLedger(abc.ABC):
         ``read_only``: one consistent snapshot that writes nothing (admin reads).
         """
 
+    async def _transact_unsynced(self, fn: Callable[[Session], Awaitable[T]], where: str) -> T:
+        """As :meth:`_transact`; durable by the next synced commit, where the database can."""
+        return await self._transact(fn, where)
+
     @property
     @abc.abstractmethod
     def location(self) -> str:
@@ -322,7 +326,7 @@ class SqlLedger(abc.ABC):
             await s.fetchall(self._sql(_OPEN), {**cell, "run_id": run_id, "now": at})
             return RunOpening.OPENED
 
-        return await self._transact(write, f"opening run {run_id!r}")
+        return await self._transact_unsynced(write, f"opening run {run_id!r}")
 
     async def take_validations(
         self, run_id: str, evidence_ids: Sequence[str], *, limit: int

@@ -298,13 +298,19 @@ class SqliteLedger(SqlLedger):
     async def _transact(
         self, fn: Callable[[Session], Awaitable[T]], where: str, *, read_only: bool = False
     ) -> T:
-        """One shielded ``BEGIN IMMEDIATE`` transaction (``BEGIN`` when ``read_only``)."""
+        """One shielded ``BEGIN IMMEDIATE`` transaction (``BEGIN`` when ``read_only``), in
+        one hop to the connection's thread."""
         conn = self._connection()
         try:
-            async with _sqlite.immediate(
-                conn, self._lock, begin="BEGIN" if read_only else "BEGIN IMMEDIATE"
-            ) as active:
-                return await fn(active)
+            return await _sqlite.transaction(
+                conn, self._lock, fn, begin="BEGIN" if read_only else "BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise _translate(exc, self._path) from exc
+
+    async def _transact_unsynced(self, fn: Callable[[Session], Awaitable[T]], where: str) -> T:
+        """One ``BEGIN IMMEDIATE`` transaction committed without a sync of its own."""
+        try:
+            return await _sqlite.transaction(self._connection(), self._lock, fn, synced=False)
         except sqlite3.Error as exc:
             raise _translate(exc, self._path) from exc
 

@@ -167,6 +167,11 @@ class RecallServer:
     ) -> types.ListToolsResult:
         return types.ListToolsResult(tools=self._tools())
 
+    def _tool_names(self) -> list[str]:
+        """The names :meth:`_tools` lists (without building the tools: checked on each call)."""
+        names = [tools.SEARCH_MEMORY, tools.RECALL_CONTEXT]
+        return [*names, tools.REMEMBER, tools.FORGET] if self.store is not None else names
+
     def _tools(self) -> list[types.Tool]:
         offered = tools.tools(self.hooks.allowance.policy)
         if self.store is not None:
@@ -272,9 +277,8 @@ class RecallServer:
         self, ctx: ServerRequestContext[Session], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
         name = params.name
-        offered = [tool.name for tool in self._tools()]
-        if name not in offered:
-            return tools.unknown_tool(name, offered)
+        if name not in self._tool_names():
+            return tools.unknown_tool(name, self._tool_names())
         arguments: Mapping[str, Any] = params.arguments or {}
         try:
             caller, current = self._trusted(ctx)

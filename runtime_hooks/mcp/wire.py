@@ -14,7 +14,9 @@ chunks and frames lines itself:
   itself. The server keeps serving after each of these.
 
 While serving, file descriptor 0 reads the null device and descriptor 1 writes to standard
-error, so a stray ``print`` in a retriever cannot corrupt the protocol stream.
+error, so a stray ``print`` in a retriever cannot corrupt the protocol stream. A pipe (what a
+client gives its server) is read and written from the event loop, with no thread per message;
+anything else through a worker thread.
 """
 
 from __future__ import annotations
@@ -22,11 +24,14 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import AsyncIterator
+import stat
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
+import anyio.lowlevel
+import attrs
 import mcp_types as types
 import pydantic
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -147,10 +152,15 @@ def read_message(line: bytes, *, max_depth: int = MAX_DEPTH) -> SessionMessage |
     return SessionMessage(message)
 
 
+class Answers(Protocol):
+    """Where the lines that never reach the server are answered."""
+
+    async def send(self, item: bytes, /) -> None: ...
+
+
 async def read_lines(
     read: Any, send: MemoryObjectSendStream[SessionMessage | Exception],
-    answer: MemoryObjectSendStream[Outgoing], *, max_line_bytes: int = MAX_LINE_BYTES,
-    max_depth: int = MAX_DEPTH,
+    answer: Answers, *, max_line_bytes: int = MAX_LINE_BYTES, max_depth: int = MAX_DEPTH,
 ) -> None:
     """Frame ``read()`` chunks into lines; hand each to the server or answer it."""
     pending = bytearray()
@@ -184,7 +194,10 @@ async def read_lines(
                     else:
                         result = read_message(bytes(pending), max_depth=max_depth)
                         if isinstance(result, SessionMessage):
-                            await send.send(result)
+                            try:  # the server is waiting for it (the usual case): no yield
+                                send.send_nowait(result)
+                            except anyio.WouldBlock:
+                                await send.send(result)
                         elif result is not None:
                             await answer.send(result)
                     pending.clear()
@@ -198,18 +211,128 @@ def _encode(item: Outgoing) -> bytes:
     return text.encode("utf-8", "backslashreplace") + b"\n"
 
 
-async def write_lines(write: Any, out: MemoryObjectReceiveStream[Outgoing]) -> None:
-    """Write each outgoing message as one line, in order."""
-    async with out:
-        async for item in out:
-            await write(_encode(item))
+class LineWriter:
+    """The server's write stream: each message one line, written by the task that sends it.
+
+    No writer task stands between the server and the output. One line is written at a time
+    (a sender waits while another's line is still going out, so lines never interleave), and a
+    line once begun is written whole, even if its sender is cancelled meanwhile.
+    """
+
+    def __init__(self, write: Callable[[bytes], Awaitable[None]]) -> None:
+        self._write = write
+        self._busy = False
+        self._idle: anyio.Event | None = None
+        self._closed = False
+
+    async def send(self, item: Outgoing, /) -> None:
+        """Write ``item`` as one line (``ClosedResourceError`` once closed)."""
+        if self._closed:
+            raise anyio.ClosedResourceError
+        await self.write_line(_encode(item))
+
+    async def write_line(self, line: bytes) -> None:
+        """Write ``line`` (open or closed: the reader's answers go out until it stops)."""
+        while self._busy:
+            if self._idle is None:
+                self._idle = anyio.Event()
+            await self._idle.wait()
+        self._busy = True
+        try:
+            with anyio.CancelScope(shield=True):
+                await self._write(line)
+        finally:
+            self._busy = False
+            idle, self._idle = self._idle, None
+            if idle is not None:
+                idle.set()
+
+    async def aclose(self) -> None:
+        self._closed = True
+
+    async def __aenter__(self) -> LineWriter:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+@attrs.frozen
+class _Answers:
+    writer: LineWriter
+
+    async def send(self, item: bytes, /) -> None:
+        await self.writer.write_line(item)
+
+
+class _Descriptor:
+    """Reads or writes one file descriptor from the event loop.
+
+    A pipe (what MCP clients give a server) is reopened as a descriptor of its own,
+    non-blocking, and waited on with the loop's own readiness (no thread per message; the
+    flag is on the new descriptor only, never on one the process shares with its parent).
+    Anything else, or where that cannot be done, is read and written in a worker thread.
+    """
+
+    def __init__(self, fd: int, *, writing: bool) -> None:
+        self.fd, self.polled = fd, _reopen_pipe(fd, os.O_WRONLY if writing else os.O_RDONLY)
+
+    async def read(self) -> bytes:
+        """Up to :data:`CHUNK` bytes; ``b""`` at the end of the input."""
+        if self.polled is None:
+            return await anyio.to_thread.run_sync(os.read, self.fd, CHUNK,
+                                                  abandon_on_cancel=True)
+        try:
+            data = os.read(self.polled, CHUNK)
+        except BlockingIOError:
+            while True:
+                await anyio.wait_readable(self.polled)
+                try:
+                    return os.read(self.polled, CHUNK)
+                except BlockingIOError:
+                    continue
+        await anyio.lowlevel.checkpoint()  # read without waiting: let the others run too
+        return data
+
+    async def write(self, data: bytes) -> None:
+        """All of ``data``."""
+        if self.polled is None:
+            await anyio.to_thread.run_sync(_write_all, self.fd, data)
+            return
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[os.write(self.polled, view):]
+            except BlockingIOError:
+                await anyio.wait_writable(self.polled)
+
+    def close(self) -> None:
+        """Close the descriptor of its own, if any (the one it was made from stays open)."""
+        polled, self.polled = self.polled, None
+        if polled is not None:
+            os.close(polled)
+
+
+def _reopen_pipe(fd: int, mode: int) -> int | None:
+    """A non-blocking descriptor of its own onto the pipe ``fd``, or None."""
+    if not hasattr(os, "O_NONBLOCK") or not stat.S_ISFIFO(os.fstat(fd).st_mode):
+        return None
+    try:  # a new open file description (Linux): the shared one stays as it was
+        return os.open(f"/proc/self/fd/{fd}", mode | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 @asynccontextmanager
 async def stdio_streams(
     *, max_line_bytes: int = MAX_LINE_BYTES, max_depth: int = MAX_DEPTH,
-) -> AsyncIterator[tuple[MemoryObjectReceiveStream[SessionMessage | Exception],
-                         MemoryObjectSendStream[Outgoing]]]:
+) -> AsyncIterator[tuple[MemoryObjectReceiveStream[SessionMessage | Exception], LineWriter]]:
     """The server's read and write streams over this process's standard input and output."""
     wire_in, wire_out = os.dup(0), os.dup(1)
     saved_in, saved_out = os.dup(0), os.dup(1)
@@ -217,39 +340,27 @@ async def stdio_streams(
     os.dup2(null, 0)
     os.close(null)
     os.dup2(2, 1)
-
-    async def read() -> bytes:
-        return await anyio.to_thread.run_sync(os.read, wire_in, CHUNK, abandon_on_cancel=True)
-
-    def write_all(data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(wire_out, view):]
-
-    async def write(data: bytes) -> None:
-        await anyio.to_thread.run_sync(write_all, data)
-
+    source = _Descriptor(wire_in, writing=False)
+    sink = _Descriptor(wire_out, writing=True)
     to_server, from_wire = anyio.create_memory_object_stream[SessionMessage | Exception](0)
-    to_wire, outgoing = anyio.create_memory_object_stream[Outgoing](16)
-    answers = to_wire.clone()
+    writer = LineWriter(sink.write)
 
     async def reader() -> None:
-        async with answers:
-            await read_lines(read, to_server, answers, max_line_bytes=max_line_bytes,
-                             max_depth=max_depth)
+        await read_lines(source.read, to_server, _Answers(writer),
+                         max_line_bytes=max_line_bytes, max_depth=max_depth)
 
     try:
-        async with anyio.create_task_group() as tasks:
-            tasks.start_soon(write_lines, write, outgoing)
-            async with anyio.create_task_group() as readers:
-                readers.start_soon(reader)
-                async with to_wire:
-                    yield from_wire, to_wire
-                readers.cancel_scope.cancel()
-            # the writer ends once every answer is written (its senders are closed)
+        async with anyio.create_task_group() as readers:
+            readers.start_soon(reader)
+            yield from_wire, writer  # every line is written by the time its send returns
+            readers.cancel_scope.cancel()
     finally:
         os.dup2(saved_in, 0)
         os.dup2(saved_out, 1)
         for fd in (saved_in, saved_out, wire_out):
             os.close(fd)
-        # wire_in stays open: a worker thread may still be blocked reading it.
+        sink.close()
+        if source.polled is not None:
+            source.close()
+            os.close(wire_in)
+        # else wire_in stays open: a worker thread may still be blocked reading it.

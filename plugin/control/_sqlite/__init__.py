@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeAlias, TypeVar
 
@@ -170,3 +170,71 @@ async def immediate(
                 with contextlib.suppress(sqlite3.Error):
                     await conn.fetchall("ROLLBACK")
                 raise
+
+
+class ThreadSession:
+    """A transaction's statements, run at once on the connection's own thread.
+
+    Its methods are coroutines that never suspend, so a transaction written against the async
+    session runs unchanged inside :func:`transaction`, in one hop to that thread.
+    """
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    async def fetchall(self, sql: str, params: Params = ()) -> list[Row]:
+        return [tuple(row) for row in self._conn.execute(sql, params).fetchall()]
+
+    async def executemany(self, sql: str, rows: Iterable[Params]) -> None:
+        self._conn.executemany(sql, rows)
+
+
+def _complete(awaitable: Awaitable[T]) -> T:
+    """The result of ``awaitable``, which must finish without suspending."""
+    steps = awaitable.__await__()
+    try:
+        steps.send(None)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    steps.close()
+    raise RuntimeError("a one-hop transaction awaited something other than its session")
+
+
+async def transaction(
+    conn: Connection, lock: anyio.Lock, fn: Callable[[ThreadSession], Awaitable[T]], *,
+    begin: str = "BEGIN IMMEDIATE", synced: bool = True,
+) -> T:
+    """``fn`` between ``begin`` and ``COMMIT``, all in one hop to the connection's thread.
+
+    As :func:`immediate` (one task at a time under ``lock``, shielded, any error rolls back and
+    propagates unchanged), but a transaction of many statements costs one thread hop, not one
+    per statement. ``fn`` may await only the session it is given.
+
+    ``synced=False`` commits without syncing the file (``synchronous=NORMAL`` for this one
+    transaction, the connection's own level before and after): in WAL mode the commit is
+    visible to every connection at once and survives the process, and the next synced commit
+    on the file makes it durable too (the log is synced as a whole, in order).
+    """
+
+    def run(raw: sqlite3.Connection) -> T:
+        level = None if synced else int(raw.execute("PRAGMA synchronous").fetchone()[0])
+        if level is not None:
+            raw.execute("PRAGMA synchronous=NORMAL")
+        try:
+            raw.execute(begin)
+            try:
+                result = _complete(fn(ThreadSession(raw)))
+                raw.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    raw.execute("ROLLBACK")
+                raise
+        finally:
+            if level is not None:
+                raw.execute(f"PRAGMA synchronous={level}")
+        return result
+
+    async with lock:
+        with anyio.CancelScope(shield=True):
+            result = await conn.run(run)
+    return result
