@@ -3,7 +3,6 @@ no semantic floor, beliefs by relevance, no lost terms."""
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
@@ -13,20 +12,14 @@ import numpy.typing as npt
 import pytest
 
 from plugin import (
-    AttemptKind,
-    ManualClock,
     QueryPlanner,
     QueryPreparation,
     QueryStrategy,
-    RecallAllowance,
-    RoundKind,
-    SqliteLedger,
     Task,
     WorkingState,
     compose_task_context,
 )
-from plugin.memory import ContextCaps, MemoryRecord, MemoryRetriever, MemoryStore
-from plugin.memory.enforce import search_attempt
+from plugin.memory import MemoryRecord, MemoryStore
 from plugin.memory.hashing import HashingEmbedding
 from plugin.memory.planning import FragmentRole
 from plugin.memory.preparation import PreparedRecall
@@ -46,41 +39,27 @@ from plugin.memory.ranking import (
 )
 from plugin.memory.store import Evidence
 
+from ._ranking_env import RankingEnv, admit, prepare, ranking_env, search
+
 pytestmark = pytest.mark.anyio
 
 P, S = "ana", "atlas"
-_RUNS = itertools.count()
-
-
-async def _admit(experiment: str) -> bool:
-    return True
 
 
 @pytest.fixture
-async def env(tmp_path: Path) -> AsyncIterator[tuple[MemoryStore, RecallAllowance]]:
-    clock = ManualClock()
-    async with SqliteLedger(tmp_path / "l.db") as ledger, MemoryStore(
-        tmp_path / "m.db", embedding=HashingEmbedding(dimensions=512, token_limit=256),
-        clock=clock,
-    ) as store:
-        yield store, RecallAllowance(ledger, clock=clock)
+async def env(tmp_path: Path) -> AsyncIterator[RankingEnv]:
+    async with ranking_env(tmp_path) as opened:
+        yield opened
 
 
 async def _prepare(store: MemoryStore, state: WorkingState,
                    strategy: QueryStrategy = QueryStrategy.TASK_CONTEXT) -> PreparedRecall:
-    preparation = QueryPreparation(QueryPlanner(strategy, admission=_admit), store.embedding)
-    return await preparation.prepare(state, scope=S, principal=P)
+    return await prepare(store, state, principal=P, scope=S, strategy=strategy)
 
 
-async def _ranked(env: tuple[MemoryStore, RecallAllowance], prepared: PreparedRecall,
-                  arms: set[str], **retriever: object) -> tuple[list[str], tuple[str, ...]]:
-    store, allowance = env
-    caps = ContextCaps(max_items=20, max_bytes=100_000)
-    async with allowance.round(f"r{next(_RUNS)}", RoundKind.DELIBERATE, slots=1) as permit:
-        attempted = await search_attempt(
-            permit, MemoryRetriever(store, arms=arms, **retriever),  # type: ignore[arg-type]
-            prepared, kind=AttemptKind.BASE, caps=caps, nested_beliefs=False)
-    return [item.id for item in attempted.found.evidence], attempted.found.notes
+async def _ranked(env: RankingEnv, prepared: PreparedRecall, arms: set[str],
+                  **retriever: object) -> tuple[list[str], tuple[str, ...]]:
+    return await search(env, prepared, arms, **retriever)
 
 
 async def _add(store: MemoryStore, memories: dict[str, str]) -> None:
@@ -106,7 +85,7 @@ _WORK = {
     "dale", "jatka", "  OK  ", "sounds good, go ahead",
 ])
 async def test_a_go_on_request_in_any_language_weighs_nothing(
-    env: tuple[MemoryStore, RecallAllowance], request_text: str,
+    env: RankingEnv, request_text: str,
 ) -> None:
     # None of the request's words occurs in the scope's memories: it carries no content, so
     # the ranking is exactly the one without a request, on every arm.
@@ -122,7 +101,7 @@ async def test_a_go_on_request_in_any_language_weighs_nothing(
 
 
 async def test_a_short_request_the_scope_knows_leads(
-    env: tuple[MemoryStore, RecallAllowance],
+    env: RankingEnv,
 ) -> None:
     store, _ = env
     await _add(store, {**_WORK, "vault": "Vault audit: the quarterly vault report is due."})
@@ -204,7 +183,7 @@ _IN_FLIGHT = WorkingState(
 async def test_fragment_vectors_are_prepared_once_with_the_query() -> None:
     spy = _Spy(HashingEmbedding(dimensions=256, token_limit=256))
     prepared = await QueryPreparation(
-        QueryPlanner(QueryStrategy.TASK_CONTEXT, admission=_admit), spy
+        QueryPlanner(QueryStrategy.TASK_CONTEXT, admission=admit), spy
     ).prepare(_IN_FLIGHT, scope=S, principal=P)
     query = prepared.query
     assert spy.calls == [[query.text, *query.fragments]]  # one call, one query
@@ -213,7 +192,7 @@ async def test_fragment_vectors_are_prepared_once_with_the_query() -> None:
     # Over the token limit: no vector, no fragment vectors (the fragments are in the text).
     tight = _Spy(HashingEmbedding(dimensions=256, token_limit=5))
     withheld = await QueryPreparation(
-        QueryPlanner(QueryStrategy.TASK_CONTEXT, admission=_admit), tight
+        QueryPlanner(QueryStrategy.TASK_CONTEXT, admission=admit), tight
     ).prepare(_IN_FLIGHT, scope=S, principal=P)
     assert withheld.semantic.vector is None and withheld.semantic.fragment_vectors == ()
     assert tight.calls == []
@@ -226,7 +205,7 @@ async def test_fragment_vectors_are_prepared_once_with_the_query() -> None:
 
 
 async def test_a_self_contained_request_leads_the_semantic_arm_despite_work_in_flight(
-    env: tuple[MemoryStore, RecallAllowance],
+    env: RankingEnv,
 ) -> None:
     store, _ = env
     await _add(store, {
@@ -292,7 +271,7 @@ def test_terms_are_split_into_fts_sized_chunks() -> None:
 
 
 async def test_a_late_fragment_is_searched_even_after_32_terms(
-    env: tuple[MemoryStore, RecallAllowance],
+    env: RankingEnv,
 ) -> None:
     store, _ = env
     await _add(store, {"gold": "Zorblax owns the quarterly audit.",
@@ -308,7 +287,7 @@ async def test_a_late_fragment_is_searched_even_after_32_terms(
 
 
 async def test_terms_beyond_the_chunks_are_reported_not_lost_silently(
-    env: tuple[MemoryStore, RecallAllowance],
+    env: RankingEnv,
 ) -> None:
     store, _ = env
     await _add(store, {"gold": "w140 is the word."})
@@ -323,7 +302,7 @@ async def test_terms_beyond_the_chunks_are_reported_not_lost_silently(
 
 
 async def test_the_semantic_arm_keeps_its_candidates_for_a_composed_query(
-    env: tuple[MemoryStore, RecallAllowance],
+    env: RankingEnv,
 ) -> None:
     store, _ = env
     await _add(store, {

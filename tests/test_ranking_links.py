@@ -4,29 +4,19 @@ ranking is not below its best arm on the repository's hand-written scenarios."""
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from plugin import (
-    AttemptKind,
     Fact,
-    ManualClock,
-    QueryPlanner,
-    QueryPreparation,
-    QueryStrategy,
-    RecallAllowance,
-    RoundKind,
-    SqliteLedger,
     WorkingState,
     compose_task_context,
 )
 from plugin.evaluation import Evaluator, stream_scenarios
 from plugin.evaluation.analysis import score_row, summarise
-from plugin.memory import ContextCaps, MemoryRecord, MemoryRetriever, MemoryStore
-from plugin.memory.enforce import search_attempt
+from plugin.memory import MemoryRecord
 from plugin.memory.hashing import HashingEmbedding
 from plugin.memory.ranking import (
     RankingPolicy,
@@ -36,39 +26,23 @@ from plugin.memory.ranking import (
 )
 from plugin.memory.store import Evidence
 
+from ._ranking_env import RankingEnv, ranked, ranking_env
+
 pytestmark = pytest.mark.anyio
 
 P, S = "noor", "flat"
-_RUNS = itertools.count()
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
-async def _admit(experiment: str) -> bool:
-    return True
-
-
 @pytest.fixture
-async def env(tmp_path: Path) -> AsyncIterator[tuple[MemoryStore, RecallAllowance]]:
-    clock = ManualClock()
-    async with SqliteLedger(tmp_path / "l.db") as ledger, MemoryStore(
-        tmp_path / "m.db", embedding=HashingEmbedding(dimensions=512, token_limit=256),
-        clock=clock,
-    ) as store:
-        yield store, RecallAllowance(ledger, clock=clock)
+async def env(tmp_path: Path) -> AsyncIterator[RankingEnv]:
+    async with ranking_env(tmp_path) as opened:
+        yield opened
 
 
-async def _ranked(env: tuple[MemoryStore, RecallAllowance], state: WorkingState,
-                  arms: set[str], policy: RankingPolicy | None = None) -> list[str]:
-    store, allowance = env
-    preparation = QueryPreparation(
-        QueryPlanner(QueryStrategy.TASK_CONTEXT, admission=_admit), store.embedding)
-    prepared = await preparation.prepare(state, scope=S, principal=P)
-    retriever = MemoryRetriever(store, arms=arms, ranking=policy or RankingPolicy())
-    caps = ContextCaps(max_items=20, max_bytes=100_000)
-    async with allowance.round(f"r{next(_RUNS)}", RoundKind.DELIBERATE, slots=1) as permit:
-        attempted = await search_attempt(permit, retriever, prepared, kind=AttemptKind.BASE,
-                                         caps=caps, nested_beliefs=False)
-    return [item.id for item in attempted.found.evidence]
+async def _ranked(env: RankingEnv, state: WorkingState, arms: set[str],
+                  policy: RankingPolicy | None = None) -> list[str]:
+    return await ranked(env, state, arms, policy, principal=P, scope=S)
 
 
 # Six notes share the next action's common words ("draft", "booking", "home visit"); the two
@@ -94,7 +68,7 @@ _STATE = WorkingState(
 
 @pytest.mark.parametrize("arms", [{"sparse"}, {"sparse", "semantic"}])
 async def test_names_and_ids_outrank_the_next_actions_common_words(
-    env: tuple[MemoryStore, RecallAllowance], arms: set[str],
+    env: RankingEnv, arms: set[str],
 ) -> None:
     store, _ = env
     await store.add_memories([

@@ -6,7 +6,6 @@ opt-in (``RankingPolicy(adjacent=...)``); off by default."""
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -14,25 +13,16 @@ import attrs
 import pytest
 
 from plugin import (
-    AttemptKind,
-    ManualClock,
-    QueryPlanner,
-    QueryPreparation,
-    QueryStrategy,
-    RecallAllowance,
-    RoundKind,
-    SqliteLedger,
     WorkingState,
 )
-from plugin.memory import ContextCaps, MemoryRecord, MemoryRetriever, MemoryStore
-from plugin.memory.enforce import search_attempt
-from plugin.memory.hashing import HashingEmbedding
+from plugin.memory import MemoryRecord, MemoryStore
 from plugin.memory.ranking import RankingPolicy
+
+from ._ranking_env import RankingEnv, ranked, ranking_env
 
 pytestmark = pytest.mark.anyio
 
 P, S = "ada", "chat"
-_RUNS = itertools.count()
 
 # The question's words are in the turn that asks about the trip, not in the answer after it;
 # five other turns share one of the question's words each and outrank the answer on bm25.
@@ -53,18 +43,10 @@ TURNS = RankingPolicy(adjacent=0.8)
 OFF = RankingPolicy()
 
 
-async def _admit(experiment: str) -> bool:
-    return True
-
-
 @pytest.fixture
-async def env(tmp_path: Path) -> AsyncIterator[tuple[MemoryStore, RecallAllowance]]:
-    clock = ManualClock()
-    async with SqliteLedger(tmp_path / "l.db") as ledger, MemoryStore(
-        tmp_path / "m.db", embedding=HashingEmbedding(dimensions=512, token_limit=256),
-        clock=clock,
-    ) as store:
-        yield store, RecallAllowance(ledger, clock=clock)
+async def env(tmp_path: Path) -> AsyncIterator[RankingEnv]:
+    async with ranking_env(tmp_path) as opened:
+        yield opened
 
 
 async def _seed(store: MemoryStore, *, apart: float, principal: str = P) -> None:
@@ -75,24 +57,14 @@ async def _seed(store: MemoryStore, *, apart: float, principal: str = P) -> None
     ])
 
 
-async def _ranked(env: tuple[MemoryStore, RecallAllowance],
-                  policy: RankingPolicy | None = None,
+async def _ranked(env: RankingEnv, policy: RankingPolicy = TURNS,
                   arms: frozenset[str] = frozenset({"sparse"})) -> list[str]:
-    store, allowance = env
-    preparation = QueryPreparation(
-        QueryPlanner(QueryStrategy.TASK_CONTEXT, admission=_admit), store.embedding)
-    prepared = await preparation.prepare(_STATE, scope=S, principal=P)
-    retriever = MemoryRetriever(store, arms=arms, ranking=policy or TURNS)
-    caps = ContextCaps(max_items=20, max_bytes=100_000)
-    async with allowance.round(f"r{next(_RUNS)}", RoundKind.DELIBERATE, slots=1) as permit:
-        attempted = await search_attempt(permit, retriever, prepared, kind=AttemptKind.BASE,
-                                         caps=caps, nested_beliefs=False)
-    return [item.id for item in attempted.found.evidence]
+    return await ranked(env, _STATE, arms, policy, principal=P, scope=S)
 
 
 @pytest.mark.parametrize("arms", [frozenset({"sparse"}), frozenset({"sparse", "semantic"})])
 async def test_the_answer_after_the_matching_turn_is_lifted_into_the_top(
-    env: tuple[MemoryStore, RecallAllowance], arms: frozenset[str],
+    env: RankingEnv, arms: frozenset[str],
 ) -> None:
     await _seed(env[0], apart=1.0)
     off = await _ranked(env, OFF, arms)
@@ -103,7 +75,7 @@ async def test_the_answer_after_the_matching_turn_is_lifted_into_the_top(
 
 
 async def test_the_answer_joins_even_when_no_arm_found_it(
-    env: tuple[MemoryStore, RecallAllowance],
+    env: RankingEnv,
 ) -> None:
     store = env[0]
     await store.add_memories([
@@ -119,21 +91,21 @@ async def test_the_answer_joins_even_when_no_arm_found_it(
 
 
 async def test_notes_a_minute_apart_are_not_turns(
-    env: tuple[MemoryStore, RecallAllowance],
+    env: RankingEnv,
 ) -> None:
     await _seed(env[0], apart=60.0)
     assert await _ranked(env) == await _ranked(env, OFF)
 
 
 async def test_a_batch_written_at_one_instant_is_not_a_conversation(
-    env: tuple[MemoryStore, RecallAllowance],
+    env: RankingEnv,
 ) -> None:
     await _seed(env[0], apart=0.0)
     assert await _ranked(env) == await _ranked(env, OFF)
 
 
 async def test_adjacent_memories_are_the_nearest_of_the_cell_within_the_window(
-    env: tuple[MemoryStore, RecallAllowance],
+    env: RankingEnv,
 ) -> None:
     store = env[0]
     await _seed(store, apart=1.0)
