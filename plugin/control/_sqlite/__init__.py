@@ -200,15 +200,16 @@ def _complete(awaitable: Awaitable[T]) -> T:
     raise RuntimeError("a one-hop transaction awaited something other than its session")
 
 
-async def transaction(
-    conn: Connection, lock: anyio.Lock, fn: Callable[[ThreadSession], Awaitable[T]], *,
+async def run_transaction(
+    conn: Connection, lock: anyio.Lock, body: Callable[[sqlite3.Connection], T], *,
     begin: str = "BEGIN IMMEDIATE", synced: bool = True,
 ) -> T:
-    """``fn`` between ``begin`` and ``COMMIT``, all in one hop to the connection's thread.
+    """``body(raw)`` between ``begin`` and ``COMMIT``, all in one hop to the connection's thread.
 
     As :func:`immediate` (one task at a time under ``lock``, shielded, any error rolls back and
     propagates unchanged), but a transaction of many statements costs one thread hop, not one
-    per statement. ``fn`` may await only the session it is given.
+    per statement. ``body`` runs on that thread with the raw connection and must not block on
+    the loop.
 
     ``synced=False`` commits without syncing the file (``synchronous=NORMAL`` for this one
     transaction, the connection's own level before and after): in WAL mode the commit is
@@ -223,7 +224,7 @@ async def transaction(
         try:
             raw.execute(begin)
             try:
-                result = _complete(fn(ThreadSession(raw)))
+                result = body(raw)
                 raw.execute("COMMIT")
             except BaseException:
                 with contextlib.suppress(sqlite3.Error):
@@ -238,3 +239,13 @@ async def transaction(
         with anyio.CancelScope(shield=True):
             result = await conn.run(run)
     return result
+
+
+async def transaction(
+    conn: Connection, lock: anyio.Lock, fn: Callable[[ThreadSession], Awaitable[T]], *,
+    begin: str = "BEGIN IMMEDIATE", synced: bool = True,
+) -> T:
+    """:func:`run_transaction` for a transaction written against the async session: ``fn``
+    may await only the session it is given."""
+    return await run_transaction(conn, lock, lambda raw: _complete(fn(ThreadSession(raw))),
+                                 begin=begin, synced=synced)

@@ -23,8 +23,8 @@ from ...control._sqlite import (
     Params,
     Row,
     connect,
-    immediate,
     path_problem,
+    run_transaction,
     switch_to_wal,
 )
 from ...errors import MemoryStoreError
@@ -143,16 +143,15 @@ class Database:
             raise self._error(exc) from exc
 
     async def write(self, statements: Sequence[Statement]) -> None:
-        """Run ``statements`` (each with its parameter sets) in one shielded transaction."""
-        conn = self.connection()
-        assert self._write_lock is not None
-        try:
-            async with immediate(conn, self._write_lock):
-                for sql, rows in statements:
-                    if rows:
-                        await conn.executemany(sql, rows)
-        except sqlite3.Error as exc:
-            raise self._error(exc) from exc
+        """Run ``statements`` (each with its parameter sets) in one shielded transaction, in
+        one hop to the connection's thread."""
+
+        def body(raw: sqlite3.Connection) -> None:
+            for sql, rows in statements:
+                if rows:
+                    raw.executemany(sql, rows)
+
+        await self.transact(body)
 
     async def transact(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn`` on the raw connection inside one shielded ``BEGIN IMMEDIATE``
@@ -164,7 +163,6 @@ class Database:
         conn = self.connection()
         assert self._write_lock is not None
         try:
-            async with immediate(conn, self._write_lock):
-                return await conn.run(fn)
+            return await run_transaction(conn, self._write_lock, fn)
         except sqlite3.Error as exc:
             raise self._error(exc) from exc
