@@ -15,34 +15,15 @@ from typing import Any
 
 import anyio
 
-from plugin import (
-    AllowancePolicy,
-    Evidence,
-    ManualClock,
-    QueryPlanner,
-    QueryPreparation,
-    RecallAllowance,
-    SimpleRetriever,
-)
+from plugin import ManualClock
 from plugin.control import PostgresLedger, SqliteLedger
 from runtime_hooks import RecallHooks
 from runtime_hooks.adapters import SEARCH_TOOL
 
-P, S, RUN = "u1", "proj", "replayed-run"
+from ._calls_env import WALL, Counting, P, S, recall_hooks
+
+RUN = "replayed-run"
 CALLS = (("c0", "cutover date"), ("c1", "deploy window"))
-MEMORIES = {f"m{i}": Evidence(id=f"m{i}", text=f"cutover note {i}", principal=P, scope=S)
-            for i in range(2)}
-searches = 0
-
-
-async def search(request: Any) -> list[Evidence]:
-    global searches
-    searches += 1
-    return list(MEMORIES.values())
-
-
-async def get(evidence_id: str, *, principal: str, scope: str) -> Evidence | None:
-    return MEMORIES.get(evidence_id)
 
 
 async def pydantic_ai_run(hooks: RecallHooks) -> dict[str, Any]:
@@ -90,17 +71,14 @@ async def openai_agents_run(hooks: RecallHooks) -> dict[str, Any]:
 async def main(framework: str, kind: str, location: str, schema: str = "") -> None:
     ledger: Any = (SqliteLedger(location) if kind == "sqlite" else
                    PostgresLedger(location, schema=schema, time_source="caller"))
-    clock = ManualClock(wall=1_800_000_000.0, monotonic=10.0)
+    retriever = Counting()
     async with ledger:
-        hooks = RecallHooks(
-            allowance=RecallAllowance(ledger, policy=AllowancePolicy(), clock=clock),
-            preparer=QueryPreparation(QueryPlanner()),
-            retriever=SimpleRetriever(search, get=get))
+        hooks = recall_hooks(ledger, ManualClock(wall=WALL, monotonic=10.0), retriever)
         run = pydantic_ai_run if framework == "pydantic_ai" else openai_agents_run
         returns = await run(hooks)
         usage = await ledger.usage(RUN)
     print(json.dumps({
-        "searches": searches, "usage": [usage.rounds, usage.reserved, usage.executed],
+        "searches": retriever.searches, "usage": [usage.rounds, usage.reserved, usage.executed],
         "calls": {call_id: [r["status"], r.get("evidence_ids", [])]
                   for call_id, r in sorted(returns.items())},
     }))
