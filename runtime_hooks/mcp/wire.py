@@ -221,8 +221,8 @@ class LineWriter:
 
     def __init__(self, write: Callable[[bytes], Awaitable[None]]) -> None:
         self._write = write
-        self._busy = False
-        self._idle: anyio.Event | None = None
+        # One line at a time; taken without a yield when no other line is going out.
+        self._lock = anyio.Lock(fast_acquire=True)
         self._closed = False
 
     async def send(self, item: Outgoing, /) -> None:
@@ -233,19 +233,9 @@ class LineWriter:
 
     async def write_line(self, line: bytes) -> None:
         """Write ``line`` (open or closed: the reader's answers go out until it stops)."""
-        while self._busy:
-            if self._idle is None:
-                self._idle = anyio.Event()
-            await self._idle.wait()
-        self._busy = True
-        try:
+        async with self._lock:
             with anyio.CancelScope(shield=True):
                 await self._write(line)
-        finally:
-            self._busy = False
-            idle, self._idle = self._idle, None
-            if idle is not None:
-                idle.set()
 
     async def aclose(self) -> None:
         self._closed = True
