@@ -222,11 +222,7 @@ async def serve(args: argparse.Namespace, chosen: McpSettings, env: Mapping[str,
                            "mcp.scope in the configuration file)")
     caller = Caller(principal=chosen.principal, scope=chosen.scope)
     async with open_hooks(config) as hooks:
-        from .wire import stdio_streams
-
-        server = RecallServer(hooks, caller=caller, **options).server
-        async with stdio_streams() as (read, write):
-            await server.run(read, write, server.create_initialization_options())
+        await RecallServer(hooks, caller=caller, **options).serve_stdio()
 
 
 def _authority(host: str) -> str:

@@ -21,15 +21,18 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, nullcontext
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import anyio
 import attrs
 import mcp_types as types
+from anyio.streams.memory import MemoryObjectReceiveStream
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server
+from mcp.server.runner import serve_dual_era_loop
+from mcp.shared.message import SessionMessage
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from plugin.control.ledger import RunOpening
@@ -41,8 +44,10 @@ from runtime_hooks.results import rejected_call
 from . import tools
 from .errors import McpAuthError
 from .identity import CurrentRun, client_call_id, client_run_id, ledger_run_id
+from .lane import FastLane
 from .trust import Caller, caller_of_token
 from .window import DEFAULT_WINDOW_S, BatchWindow, check_window
+from .wire import LineWriter, stdio_streams
 
 _log = logging.getLogger("recallbound.mcp")
 
@@ -110,6 +115,20 @@ class Session:
     current: CurrentRun
 
 
+@attrs.frozen
+class ToolRequest:
+    """One ``tools/call``, as the server answers it on any transport."""
+
+    name: str
+    arguments: Mapping[str, Any]
+    meta: Mapping[str, Any] | None
+    """The request's ``_meta`` (run and call ids)."""
+    session: Session
+    protocol_version: str | None = None
+    request: Any = None
+    """The HTTP request (its bearer token, its session id); None on stdio and in process."""
+
+
 def _check_positive(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{attribute.name} must be an int, got {type(value).__name__}")
@@ -156,6 +175,26 @@ class RecallServer:
             on_call_tool=self._call_tool,
         )
 
+    async def serve_stdio(self) -> None:
+        """Serve one client over this process's standard input and output until it leaves.
+
+        Every line gets an answer (:mod:`.wire`); on a connection that opens in the 2026-07-28
+        era, tool calls take the short path of :mod:`.lane`.
+        """
+        lane = FastLane(self)
+        async with stdio_streams(intercept=lane.take) as (read, write):
+            await self.serve(read, write, lane=lane)
+
+    async def serve(self, read: MemoryObjectReceiveStream[SessionMessage | Exception],
+                    write: LineWriter, *,
+                    lane: FastLane | None = None) -> None:
+        """Serve one connection over ``read`` and ``write`` until ``read`` ends; ``lane``
+        answers the tool calls it takes from the reader (see :mod:`.lane`)."""
+        async with self.server.lifespan(self.server) as session, \
+                (lane.running(session, write) if lane is not None else nullcontext()):
+            await serve_dual_era_loop(self.server, read, write, lifespan_state=session,
+                                      init_options=self.server.create_initialization_options())
+
     @asynccontextmanager
     async def _lifespan(self, _server: Server[Session]) -> AsyncIterator[Session]:
         window = BatchWindow(self.hooks, self.window_s)
@@ -192,13 +231,13 @@ class RecallServer:
                                             scope=caller.scope)
         return tools.forgot_result(memory_id, forgotten)
 
-    def _trusted(self, ctx: ServerRequestContext[Session]) -> tuple[Caller, CurrentRun]:
+    def _trusted(self, call: ToolRequest) -> tuple[Caller, CurrentRun]:
         """The caller of a request (HTTP: from its token) and its current run."""
-        request: Any = ctx.request
+        request: Any = call.request
         if request is None:  # stdio, in process: one user per server, one session
             if self.caller is None:
                 raise McpAuthError("this server has no principal and scope configured")
-            return self.caller, ctx.lifespan_context.current
+            return self.caller, call.session.current
         user = request.scope.get("user")
         if not isinstance(user, AuthenticatedUser):
             raise McpAuthError("the request carries no valid bearer token")
@@ -208,7 +247,7 @@ class RecallServer:
         # where an unknown id, or one opened with another token, is answered 404 before any
         # tool runs. Elsewhere (stateless HTTP) the header is ignored: the caller's current
         # run is its (principal, scope)'s.
-        if session_id and ctx.protocol_version in HANDSHAKE_PROTOCOL_VERSIONS:
+        if session_id and call.protocol_version in HANDSHAKE_PROTOCOL_VERSIONS:
             key: tuple[str, ...] = ("session", session_id, caller.principal, caller.scope)
             kind = "http-session"
         else:
@@ -276,27 +315,34 @@ class RecallServer:
     async def _call_tool(
         self, ctx: ServerRequestContext[Session], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
-        name = params.name
+        return await self.call_tool(ToolRequest(
+            name=params.name, arguments=params.arguments or {}, meta=ctx.meta,
+            session=ctx.lifespan_context, protocol_version=ctx.protocol_version,
+            request=ctx.request))
+
+    async def call_tool(self, call: ToolRequest) -> types.CallToolResult:
+        """Answer one ``tools/call``; whatever goes wrong is the call's own error result."""
+        name = call.name
         if name not in self._tool_names():
             return tools.unknown_tool(name, self._tool_names())
-        arguments: Mapping[str, Any] = params.arguments or {}
+        arguments = call.arguments
         try:
-            caller, current = self._trusted(ctx)
+            caller, current = self._trusted(call)
             if name in (tools.REMEMBER, tools.FORGET):
                 return await self._write(name, arguments, caller)
             # Everything the request says is checked before anything durable happens: a call
             # the server will not run binds no run and opens none.
-            named = client_run_id(ctx.meta)
-            call: ToolCall | None = None
+            named = client_run_id(call.meta)
+            search: ToolCall | None = None
             state = None
             if name == tools.RECALL_CONTEXT:
                 state = tools.working_state(arguments)
             else:
-                call = ToolCall(call_id=client_call_id(ctx.meta), arguments=dict(arguments))
+                search = ToolCall(call_id=client_call_id(call.meta), arguments=dict(arguments))
                 try:
-                    SearchCall.validate(call, scope=caller.scope)
+                    SearchCall.validate(search, scope=caller.scope)
                 except InvalidSearchCallError as exc:
-                    return tools.search_result(rejected_call(call.call_id, exc))
+                    return tools.search_result(rejected_call(search.call_id, exc))
             if named is not None:
                 run_id = ledger_run_id(named, principal=caller.principal, scope=caller.scope)
             else:
@@ -305,11 +351,11 @@ class RecallServer:
                 refusal = BudgetRefusal(reason=RefusalReason.RUN_RATE, run_id=run_id,
                                         reserved=0, executed=0)
                 return tools.refused_result(name, refusal)
-            window = ctx.lifespan_context.window
+            window = call.session.window
             try:
-                if call is not None:
+                if search is not None:
                     result = await window.search(
-                        call, run_id=run_id, principal=caller.principal, scope=caller.scope
+                        search, run_id=run_id, principal=caller.principal, scope=caller.scope
                     )
                     return tools.search_result(result)
                 assert state is not None

@@ -158,11 +158,21 @@ class Answers(Protocol):
     async def send(self, item: bytes, /) -> None: ...
 
 
+Intercept = Callable[[SessionMessage], bool]
+"""Sees each message before the server does; True when it took the message (to answer it)."""
+
+
+def _leave(message: SessionMessage) -> bool:
+    return False
+
+
 async def read_lines(
     read: Any, send: MemoryObjectSendStream[SessionMessage | Exception],
     answer: Answers, *, max_line_bytes: int = MAX_LINE_BYTES, max_depth: int = MAX_DEPTH,
+    intercept: Intercept = _leave,
 ) -> None:
-    """Frame ``read()`` chunks into lines; hand each to the server or answer it."""
+    """Frame ``read()`` chunks into lines; hand each to ``intercept``, then to the server, or
+    answer it."""
     pending = bytearray()
     skipping = False
     async with send:
@@ -194,17 +204,19 @@ async def read_lines(
                     else:
                         result = read_message(bytes(pending), max_depth=max_depth)
                         if isinstance(result, SessionMessage):
-                            try:  # the server is waiting for it (the usual case): no yield
-                                send.send_nowait(result)
-                            except anyio.WouldBlock:
-                                await send.send(result)
+                            if not intercept(result):
+                                try:  # the server is waiting for it (the usual case): no yield
+                                    send.send_nowait(result)
+                                except anyio.WouldBlock:
+                                    await send.send(result)
                         elif result is not None:
                             await answer.send(result)
                     pending.clear()
                 start = end + 1
 
 
-def _encode(item: Outgoing) -> bytes:
+def encode(item: Outgoing) -> bytes:
+    """``item`` as one line."""
     if isinstance(item, bytes):
         return item
     text = item.message.model_dump_json(by_alias=True, exclude_unset=True)
@@ -229,7 +241,7 @@ class LineWriter:
         """Write ``item`` as one line (``ClosedResourceError`` once closed)."""
         if self._closed:
             raise anyio.ClosedResourceError
-        await self.write_line(_encode(item))
+        await self.write_line(encode(item))
 
     async def write_line(self, line: bytes) -> None:
         """Write ``line`` (open or closed: the reader's answers go out until it stops)."""
@@ -322,8 +334,10 @@ def _write_all(fd: int, data: bytes) -> None:
 @asynccontextmanager
 async def stdio_streams(
     *, max_line_bytes: int = MAX_LINE_BYTES, max_depth: int = MAX_DEPTH,
+    intercept: Intercept = _leave,
 ) -> AsyncIterator[tuple[MemoryObjectReceiveStream[SessionMessage | Exception], LineWriter]]:
-    """The server's read and write streams over this process's standard input and output."""
+    """The server's read and write streams over this process's standard input and output
+    (``intercept`` sees each message first, as in :func:`read_lines`)."""
     wire_in, wire_out = os.dup(0), os.dup(1)
     saved_in, saved_out = os.dup(0), os.dup(1)
     null = os.open(os.devnull, os.O_RDONLY)
@@ -337,7 +351,7 @@ async def stdio_streams(
 
     async def reader() -> None:
         await read_lines(source.read, to_server, _Answers(writer),
-                         max_line_bytes=max_line_bytes, max_depth=max_depth)
+                         max_line_bytes=max_line_bytes, max_depth=max_depth, intercept=intercept)
 
     try:
         async with anyio.create_task_group() as readers:
