@@ -179,6 +179,9 @@ class SqliteLedger(SqlLedger):
             raise LedgerPathError(f"invalid ledger path {self._path!r}")
         self._timeout = _busy_timeout(timeout)
         self._conn: _sqlite.Connection | None = None
+        self._now: sqlite3.Connection | None = None
+        """A second connection for short unsynced transactions run on the loop itself (a file
+        on disk only: a second connection to an in-memory database is another database)."""
         super().__init__()
         # One connection, many tasks: a transaction must never interleave with another task's
         # statements on the same connection ("cannot start a transaction within a transaction").
@@ -221,6 +224,9 @@ class SqliteLedger(SqlLedger):
                 raise _translate(exc, self._path) from exc
             raise
         self._conn = conn
+        if self._path != ":memory:" and not self._path.startswith("file:"):
+            with contextlib.suppress(sqlite3.Error):  # without it, the ordinary path serves
+                self._now = await anyio.to_thread.run_sync(_sqlite.open_now, self._path)
 
     async def _check_identity(self, conn: _sqlite.Connection) -> bool:
         """Whether the file is already our ledger (False: empty, to be created).
@@ -278,6 +284,9 @@ class SqliteLedger(SqlLedger):
     async def aclose(self) -> None:
         """Close the connection; idempotent."""
         conn, self._conn = self._conn, None
+        now, self._now = self._now, None
+        if now is not None:
+            now.close()
         if conn is not None:
             with anyio.CancelScope(shield=True):
                 await conn.close()
@@ -308,9 +317,15 @@ class SqliteLedger(SqlLedger):
             raise _translate(exc, self._path) from exc
 
     async def _transact_unsynced(self, fn: Callable[[Session], Awaitable[T]], where: str) -> T:
-        """One ``BEGIN IMMEDIATE`` transaction committed without a sync of its own."""
+        """One ``BEGIN IMMEDIATE`` transaction committed without a sync of its own: on the
+        loop at once while no connection holds the write lock, else in its turn on the
+        connection's thread."""
+        conn = self._connection()
         try:
-            return await _sqlite.transaction(self._connection(), self._lock, fn, synced=False)
+            if self._now is not None:
+                with contextlib.suppress(_sqlite.Busy):
+                    return _sqlite.transaction_now(self._now, fn)
+            return await _sqlite.transaction(conn, self._lock, fn, synced=False)
         except sqlite3.Error as exc:
             raise _translate(exc, self._path) from exc
 

@@ -37,7 +37,6 @@ from mcp.shared.message import SessionMessage
 from mcp_types import methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from opentelemetry import trace
-from pydantic import ValidationError
 
 from .wire import LineWriter, encode
 
@@ -143,7 +142,7 @@ class FastLane:
         try:
             methods.validate_client_request(TOOLS_CALL, route.protocol_version, params)
             typed = types.CallToolRequestParams.model_validate(params or {}, by_name=False)
-        except (ValidationError, KeyError):
+        except (ValueError, KeyError):  # a pydantic ValidationError is a ValueError
             return None
         return route.protocol_version, typed
 
