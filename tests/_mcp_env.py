@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
 import mcp_types as types
+from anyio.abc import Process
 from mcp import Client
 
 from plugin import AllowancePolicy, Clock
@@ -41,6 +45,28 @@ async def recall_server(
         if seeded and fresh:
             await seed(store_of(hooks))
         yield RecallServer(hooks, caller=caller, window_s=window_s)
+
+
+@asynccontextmanager
+async def server_process(folder: Path, backend: str) -> AsyncIterator[Process]:
+    """``recallbound mcp`` on stdio, in a process of its own on ``backend``, over a ledger and
+    the seeded store in ``folder``; its input is closed and it is waited for on the way out."""
+    async with recall_server(folder):
+        pass  # seeded
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RECALLBOUND_")}
+    env.update(RECALLBOUND_LEDGER=str(folder / "ledger.db"),
+               RECALLBOUND_STORE=str(folder / "store.db"))
+    process = await anyio.open_process(
+        [sys.executable, "-m", "runtime_hooks", "mcp", "--principal", ANA.principal,
+         "--scope", ANA.scope, "--backend", backend], env=env, cwd=str(folder))
+    try:
+        yield process
+    finally:
+        if process.stdin is not None:
+            await process.stdin.aclose()
+        with anyio.fail_after(30):
+            await process.wait()
+        await process.aclose()
 
 
 def ledger_id(run_id: str, caller: Caller = ANA) -> str:

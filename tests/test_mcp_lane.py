@@ -10,8 +10,6 @@ on trio is driven the same way at the end."""
 from __future__ import annotations
 
 import json
-import os
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -32,7 +30,7 @@ from runtime_hooks.mcp.lane import FastLane
 from runtime_hooks.mcp.wire import LineWriter, read_lines
 
 from ._calls_env import WALL, Counting, P, S, recall_hooks
-from ._mcp_env import recall_server
+from ._mcp_env import recall_server, server_process
 
 pytestmark = pytest.mark.anyio
 
@@ -276,31 +274,18 @@ async def test_a_tracer_provider_gets_its_span(tmp_path: Path,
 async def test_a_server_process_answers_modern_calls_and_cancellations(
     tmp_path: Path, server_backend: str,
 ) -> None:
-    async with recall_server(tmp_path):
-        pass  # seeded
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RECALLBOUND_")}
-    env.update(RECALLBOUND_LEDGER=str(tmp_path / "ledger.db"),
-               RECALLBOUND_STORE=str(tmp_path / "store.db"))
-    process = await anyio.open_process(
-        [sys.executable, "-m", "runtime_hooks", "mcp", "--principal", "ana", "--scope", "atlas",
-         "--backend", server_backend], env=env, cwd=str(tmp_path))
-    assert process.stdin is not None and process.stdout is not None
     lines = [tool_call(i, "search_memory", {"query": "invoice backfill dry-run"},
                        run_id="burst", call_id=f"c{i}") for i in range(1, 4)]
     lines.append(json.dumps({"jsonrpc": "2.0", "method": "notifications/cancelled",
                              "params": {"requestId": 99}}).encode())  # not in flight
     lines.append(request(5, "tools/list"))
-    try:
+    async with server_process(tmp_path, server_backend) as process:
+        assert process.stdin is not None and process.stdout is not None
         await process.stdin.send(b"\n".join(lines) + b"\n")
         buffer = b""
         with anyio.fail_after(30):
             while buffer.count(b"\n") < 4:
                 buffer += await process.stdout.receive()
-    finally:
-        await process.stdin.aclose()
-        with anyio.fail_after(30):
-            await process.wait()
-        await process.aclose()
     answers = {answer["id"]: answer for answer in map(json.loads, buffer.splitlines())}
     assert sorted(answers) == [1, 2, 3, 5]
     statuses = [answers[i]["result"]["structuredContent"]["status"] for i in (1, 2, 3)]

@@ -5,8 +5,6 @@ line past the size cap is answered without being read whole."""
 from __future__ import annotations
 
 import json
-import os
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -18,7 +16,7 @@ from anyio.abc import Process
 
 from runtime_hooks.mcp.wire import MAX_LINE_BYTES, read_message, scan
 
-from ._mcp_env import recall_server
+from ._mcp_env import server_process
 
 pytestmark = pytest.mark.anyio
 
@@ -49,26 +47,12 @@ class Raw:
 
 @asynccontextmanager
 async def raw_server(folder: Path, backend: str) -> AsyncIterator[Raw]:
-    async with recall_server(folder):
-        pass  # seeded
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RECALLBOUND_")}
-    env.update(RECALLBOUND_LEDGER=str(folder / "ledger.db"),
-               RECALLBOUND_STORE=str(folder / "store.db"))
-    process = await anyio.open_process(
-        [sys.executable, "-m", "runtime_hooks", "mcp", "--principal", "ana", "--scope", "atlas",
-         "--backend", backend], env=env, cwd=str(folder))
-    try:
+    async with server_process(folder, backend) as process:
         raw = Raw(process)
         await raw.send(json.dumps(INITIALIZE).encode())
         assert (await raw.answer())["id"] == 0
         await raw.send(b'{"jsonrpc":"2.0","method":"notifications/initialized"}')
         yield raw
-    finally:
-        if process.stdin is not None:
-            await process.stdin.aclose()
-        with anyio.fail_after(30):
-            await process.wait()
-        await process.aclose()
 
 
 MALFORMED = [

@@ -15,6 +15,7 @@ import math
 import os
 import sqlite3
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from functools import partial
 from typing import Any, TypeVar
 
 import anyio
@@ -370,35 +371,30 @@ class SqliteLedger(SqlLedger):
         """One durable transaction for ``batch`` on the connection's thread (one hop)."""
         path = self._path
 
-        def commit(conn: sqlite3.Connection) -> list[Reservation | BudgetRefusal | BaseException]:
-            outcomes: list[Reservation | BudgetRefusal | BaseException] = []
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                for request in batch:
-                    # Each request in its own savepoint: one that fails fails alone, whatever
-                    # it raises (a failing statement, or a caller's clock raising even a
-                    # BaseException: it reaches that caller, and only that caller).
-                    conn.execute("SAVEPOINT reserve")
-                    try:
-                        outcomes.append(_reserve_one(conn, request))
-                    except BaseException as exc:
-                        conn.execute("ROLLBACK TO reserve")
-                        outcomes.append(
-                            _translate(exc, path) if isinstance(exc, sqlite3.Error) else exc
-                        )
-                    conn.execute("RELEASE reserve")
-                conn.execute("COMMIT")
-            except BaseException:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")
-                raise
+        Outcomes = list[Reservation | BudgetRefusal | BaseException]
+
+        def reserve_each(conn: sqlite3.Connection) -> Outcomes:
+            outcomes: Outcomes = []
+            for request in batch:
+                # Each request in its own savepoint: one that fails fails alone, whatever it
+                # raises (a failing statement, or a caller's clock raising even a
+                # BaseException: it reaches that caller, and only that caller).
+                conn.execute("SAVEPOINT reserve")
+                try:
+                    outcomes.append(_reserve_one(conn, request))
+                except BaseException as exc:
+                    conn.execute("ROLLBACK TO reserve")
+                    outcomes.append(
+                        _translate(exc, path) if isinstance(exc, sqlite3.Error) else exc
+                    )
+                conn.execute("RELEASE reserve")
             return outcomes
 
         conn = self._connection()
-        outcomes: list[Reservation | BudgetRefusal | BaseException] = []
+        outcomes: Outcomes = []
         try:
             with anyio.CancelScope(shield=True):
-                outcomes = await conn.run(commit)
+                outcomes = await conn.run(partial(_sqlite.within, body=reserve_each))
         except sqlite3.Error as exc:
             raise _translate(exc, path) from exc
         return outcomes

@@ -222,18 +222,10 @@ async def run_transaction(
         if level is not None:
             raw.execute("PRAGMA synchronous=NORMAL")
         try:
-            raw.execute(begin)
-            try:
-                result = body(raw)
-                raw.execute("COMMIT")
-            except BaseException:
-                with contextlib.suppress(sqlite3.Error):
-                    raw.execute("ROLLBACK")
-                raise
+            return within(raw, body, begin=begin)
         finally:
             if level is not None:
                 raw.execute(f"PRAGMA synchronous={level}")
-        return result
 
     async with lock:
         with anyio.CancelScope(shield=True):
@@ -271,13 +263,20 @@ def transaction_now(raw: sqlite3.Connection, fn: Callable[[ThreadSession], Await
     suspends, so a call runs whole between two awaits of the loop).
     """
     try:
-        raw.execute("BEGIN IMMEDIATE")
+        return within(raw, lambda held: _complete(fn(ThreadSession(held))))
     except sqlite3.OperationalError as exc:
-        if is_locked(exc):
+        if is_locked(exc):  # only BEGIN can be: the write lock, once held, is ours
             raise Busy from exc
         raise
+
+
+def within(raw: sqlite3.Connection, body: Callable[[sqlite3.Connection], T], *,
+           begin: str = "BEGIN IMMEDIATE") -> T:
+    """``body(raw)`` between ``begin`` and ``COMMIT`` on the calling thread; any error rolls
+    back and propagates unchanged."""
+    raw.execute(begin)
     try:
-        result = _complete(fn(ThreadSession(raw)))
+        result = body(raw)
         raw.execute("COMMIT")
     except BaseException:
         with contextlib.suppress(sqlite3.Error):
