@@ -182,7 +182,7 @@ class SqliteLedger(SqlLedger):
         self._conn: _sqlite.Connection | None = None
         self._now: sqlite3.Connection | None = None
         """A second connection for short unsynced transactions run on the loop itself (a file
-        on disk only: a second connection to an in-memory database is another database)."""
+        on disk only; without it, or while the file is locked, the thread path serves)."""
         super().__init__()
         # One connection, many tasks: a transaction must never interleave with another task's
         # statements on the same connection ("cannot start a transaction within a transaction").
@@ -226,7 +226,7 @@ class SqliteLedger(SqlLedger):
             raise
         self._conn = conn
         if self._path != ":memory:" and not self._path.startswith("file:"):
-            with contextlib.suppress(sqlite3.Error):  # without it, the ordinary path serves
+            with contextlib.suppress(sqlite3.Error), anyio.CancelScope(shield=True):
                 self._now = await anyio.to_thread.run_sync(_sqlite.open_now, self._path)
 
     async def _check_identity(self, conn: _sqlite.Connection) -> bool:
