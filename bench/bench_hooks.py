@@ -61,14 +61,15 @@ QUERIES = ["invoice backfill dry-run", "currency rounding", "cutover date"]
 
 
 async def _median_pair(
-    enforced: Callable[[], Awaitable[Any]], legacy: Callable[[], Awaitable[Any]]
+    enforced: Callable[[], Awaitable[Any]], legacy: Callable[[], Awaitable[Any]],
+    rounds: int = ROUNDS,
 ) -> tuple[float, float]:
     """Median microseconds of each, timed one call at a time, alternating (fsync drifts)."""
     times: tuple[list[float], list[float]] = ([], [])
     for _ in range(5):  # warm-up
         await enforced()
         await legacy()
-    for _ in range(ROUNDS):
+    for _ in range(rounds):
         for side, call in enumerate((enforced, legacy)):
             start = time.perf_counter_ns()
             await call()

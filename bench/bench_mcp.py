@@ -2,7 +2,9 @@
 
 Each figure is the median round trip of one deliberate search in a fresh run (one round, one
 slot, a durable reservation), through the MCP server, beside the same search made through the
-hooks directly (``RecallHooks.dispatch``), timed alternately in the same run. The in-memory
+hooks directly (``RecallHooks.dispatch``), timed alternately in the same run, 300 times each
+(the difference of two medians of a few milliseconds that an fsync spreads: fewer rounds leave
+it a tenth of a millisecond either way from one run to the next). The in-memory
 transport is the SDK's in-process client; stdio is ``recallbound mcp`` in a subprocess on the
 same store and a ledger file of its own. Every call opens a run, so both servers allow more
 runs an hour than a bench makes. Targets at the median: the in-memory transport adds at most
@@ -23,7 +25,7 @@ from pathlib import Path
 import anyio
 from mcp import Client, StdioServerParameters
 
-from bench.bench_hooks import ROUNDS, _median_pair
+from bench.bench_hooks import _median_pair
 from runtime_hooks.bootstrap import RecallConfig, open_hooks
 from runtime_hooks.demo import PRINCIPAL, SCOPE, seed_store
 from runtime_hooks.hooks import ToolCall
@@ -31,6 +33,7 @@ from runtime_hooks.mcp import RecallServer
 from runtime_hooks.mcp.trust import Caller
 
 QUERY = "invoice backfill dry-run"
+ROUNDS = 300
 RUNS_PER_HOUR = 1_000_000
 
 
@@ -68,7 +71,7 @@ async def main() -> None:
 
             print(f"   one search_memory call in a fresh run, median of {ROUNDS}, alternating")
             async with Client(server.server) as client:
-                _report("in-memory", *await _median_pair(through(client), direct))
+                _report("in-memory", *await _median_pair(through(client), direct, ROUNDS))
             settings = Path(folder, "recallbound.toml")
             settings.write_text(f"allow_looser_policy = true\n\n[mcp]\n"
                                 f"max_runs_per_hour = {RUNS_PER_HOUR}\n")
@@ -80,7 +83,7 @@ async def main() -> None:
                      "RECALLBOUND_STORE": str(store), "RECALLBOUND_CONFIG": str(settings)},
             )
             async with Client(stdio) as client:
-                _report("stdio", *await _median_pair(through(client), direct))
+                _report("stdio", *await _median_pair(through(client), direct, ROUNDS))
 
 
 if __name__ == "__main__":
