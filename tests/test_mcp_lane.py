@@ -59,7 +59,12 @@ class Lines:
         self.lines: list[bytes] = []
         self._grew = anyio.Event()
 
+    broken = False
+    """Set: every write fails as a pipe whose reader is gone does."""
+
     async def write(self, data: bytes) -> None:
+        if self.broken:
+            raise BrokenPipeError("the client is gone")
         self.lines.append(data)
         self._grew.set()
         self._grew = anyio.Event()
@@ -222,6 +227,24 @@ async def test_a_call_cut_short_by_shutdown_is_answered_connection_closed(
             await retriever.entered.wait()
             await conn.close()  # the client goes away mid-search
         assert conn.out.answers()[1]["error"]["message"] == "Connection closed"
+
+
+async def test_a_client_gone_before_its_answer_leaves_the_server_serving(
+    tmp_path: Path,
+) -> None:
+    async with waiting_server(tmp_path) as (server, retriever):
+        async with connection(server) as conn:
+            await conn.send(tool_call(1, "search_memory", {"query": "cutover"}, run_id="r"))
+            await retriever.entered.wait()
+            conn.out.broken = True  # the reader of the server's output went away
+            retriever.release.set()
+            with anyio.fail_after(10):
+                while not retriever.finished:
+                    await anyio.sleep(0.01)
+            await anyio.sleep(0.05)  # the answer's write failed by now
+            conn.out.broken = False
+            assert "result" in await conn.ask(request(2, "tools/list"))
+        assert 1 not in conn.out.answers()
 
 
 async def test_a_handshake_connection_is_served_by_the_sdk(tmp_path: Path) -> None:

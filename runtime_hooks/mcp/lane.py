@@ -163,9 +163,11 @@ class FastLane:
                 return
             answer = self._result(call.protocol_version, result)
             answering = True
-            # Written while the output is open, even after the SDK has closed its side.
-            await writer.write_line(encode(SessionMessage(
-                types.JSONRPCResponse(jsonrpc="2.0", id=request_id, result=answer))))
+            # Written while the output is open, even after the SDK has closed its side; a
+            # client that is gone (a broken pipe) is not the server's failure.
+            with suppress(OSError):
+                await writer.write_line(encode(SessionMessage(
+                    types.JSONRPCResponse(jsonrpc="2.0", id=request_id, result=answer))))
         except anyio.get_cancelled_exc_class():
             if answering:
                 raise
