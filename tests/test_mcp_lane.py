@@ -229,11 +229,12 @@ async def test_a_call_cut_short_by_shutdown_is_answered_connection_closed(
         assert conn.out.answers()[1]["error"]["message"] == "Connection closed"
 
 
+@pytest.mark.parametrize("lane", [True, False], ids=["lane", "sdk"])
 async def test_a_client_gone_before_its_answer_leaves_the_server_serving(
-    tmp_path: Path,
+    tmp_path: Path, lane: bool,
 ) -> None:
     async with waiting_server(tmp_path) as (server, retriever):
-        async with connection(server) as conn:
+        async with connection(server, lane=lane) as conn:
             await conn.send(tool_call(1, "search_memory", {"query": "cutover"}, run_id="r"))
             await retriever.entered.wait()
             conn.out.broken = True  # the reader of the server's output went away

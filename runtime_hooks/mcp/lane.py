@@ -165,13 +165,14 @@ class FastLane:
             answering = True
             # Written while the output is open, even after the SDK has closed its side; a
             # client that is gone (a broken pipe) is not the server's failure.
-            with suppress(OSError):
+            with suppress(anyio.BrokenResourceError):
                 await writer.write_line(encode(SessionMessage(
                     types.JSONRPCResponse(jsonrpc="2.0", id=request_id, result=answer))))
         except anyio.get_cancelled_exc_class():
             if answering:
                 raise
-            with anyio.move_on_after(SHUTDOWN_WRITE_S, shield=True), suppress(OSError):
+            with anyio.move_on_after(SHUTDOWN_WRITE_S, shield=True), \
+                    suppress(anyio.BrokenResourceError):
                 error = types.ErrorData(code=types.CONNECTION_CLOSED, message="Connection closed")
                 await writer.write_line(encode(SessionMessage(
                     types.JSONRPCError(jsonrpc="2.0", id=request_id, error=error))))

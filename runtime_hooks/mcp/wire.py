@@ -21,6 +21,7 @@ anything else through a worker thread.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -244,10 +245,17 @@ class LineWriter:
         await self.write_line(encode(item))
 
     async def write_line(self, line: bytes) -> None:
-        """Write ``line`` (open or closed: the reader's answers go out until it stops)."""
+        """Write ``line`` (open or closed: the reader's answers go out until it stops).
+
+        Raises :class:`anyio.BrokenResourceError` when the output cannot be written (its
+        reader is gone): the SDK then drops that answer and keeps serving.
+        """
         async with self._lock:
             with anyio.CancelScope(shield=True):
-                await self._write(line)
+                try:
+                    await self._write(line)
+                except OSError as exc:
+                    raise anyio.BrokenResourceError from exc
 
     async def aclose(self) -> None:
         self._closed = True
@@ -264,7 +272,8 @@ class _Answers:
     writer: LineWriter
 
     async def send(self, item: bytes, /) -> None:
-        await self.writer.write_line(item)
+        with contextlib.suppress(anyio.BrokenResourceError):  # no client left to tell
+            await self.writer.write_line(item)
 
 
 class _Descriptor:
