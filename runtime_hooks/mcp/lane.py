@@ -38,10 +38,11 @@ from mcp_types import methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from opentelemetry import trace
 
+from .session import Session, ToolRequest
 from .wire import LineWriter, encode
 
 if TYPE_CHECKING:
-    from .server import RecallServer, Session
+    from .server import RecallServer
 
 TOOLS_CALL = "tools/call"
 PROTOCOL_VERSION_KEY = "io.modelcontextprotocol/protocolVersion"
@@ -121,12 +122,11 @@ class FastLane:
         if checked is None:
             return False
         version, params = checked
-        from .server import ToolRequest
-
         call = ToolRequest(name=params.name, arguments=params.arguments or {}, meta=params.meta,
                            session=serving.session, protocol_version=version)
         scope = self._in_flight[key] = anyio.CancelScope()
-        serving.tasks.start_soon(self._answer, sent.id, key, call, scope, serving.writer)
+        serving.tasks.start_soon(self._answer, sent.id, key, call, version, scope,
+                                 serving.writer)
         return True
 
     @staticmethod
@@ -153,15 +153,15 @@ class FastLane:
             if scope is not None:
                 scope.cancel()
 
-    async def _answer(self, request_id: types.RequestId, key: object,
-                      call: Any, scope: anyio.CancelScope, writer: LineWriter) -> None:
+    async def _answer(self, request_id: types.RequestId, key: object, call: ToolRequest,
+                      version: str, scope: anyio.CancelScope, writer: LineWriter) -> None:
         answering = False  # once an answer is begun, it is the only one
         try:
             with scope:
                 result = await self.server.call_tool(call)
             if scope.cancel_called:  # the peer cancelled it: never answered
                 return
-            answer = self._result(call.protocol_version, result)
+            answer = self._result(version, result)
             answering = True
             # Written while the output is open, even after the SDK has closed its side; a
             # client that is gone (a broken pipe) is not the server's failure.

@@ -13,7 +13,9 @@ the automatic round. Whatever goes wrong in one call is that call's typed error 
 
 The SDK's lifespan is entered once per connection on stdio and in process (one client
 session) and once per application over HTTP; each entry gets its own batch window and, on
-stdio and in process, the session's current run.
+stdio and in process, the session's current run. Every transport's tool calls reach one
+method, :meth:`RecallServer.call_tool`: through the SDK's request path, or on stdio through
+the short path of :mod:`.lane`.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from . import tools
 from .errors import McpAuthError
 from .identity import CurrentRun, client_call_id, client_run_id, ledger_run_id
 from .lane import FastLane
+from .session import Session, ToolRequest
 from .trust import Caller, caller_of_token
 from .window import DEFAULT_WINDOW_S, BatchWindow, check_window
 from .wire import LineWriter, stdio_streams
@@ -105,28 +108,6 @@ class _Admission:
     done: anyio.Event = attrs.field(factory=anyio.Event)
     opened: bool = False
     error: Exception | None = None
-
-
-@attrs.frozen
-class Session:
-    """What one lifespan entry (a client session, or an HTTP application) holds."""
-
-    window: BatchWindow
-    current: CurrentRun
-
-
-@attrs.frozen
-class ToolRequest:
-    """One ``tools/call``, as the server answers it on any transport."""
-
-    name: str
-    arguments: Mapping[str, Any]
-    meta: Mapping[str, Any] | None
-    """The request's ``_meta`` (run and call ids)."""
-    session: Session
-    protocol_version: str | None = None
-    request: Any = None
-    """The HTTP request (its bearer token, its session id); None on stdio and in process."""
 
 
 def _check_positive(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
