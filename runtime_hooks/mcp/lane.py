@@ -22,7 +22,7 @@ in flight is answered "Connection closed", as the SDK answers its own.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -163,18 +163,15 @@ class FastLane:
                 return
             answer = self._result(version, result)
             answering = True
-            # Written while the output is open, even after the SDK has closed its side; a
-            # client that is gone (a broken pipe) is not the server's failure.
-            with suppress(anyio.BrokenResourceError):
-                await writer.write_line(encode(SessionMessage(
-                    types.JSONRPCResponse(jsonrpc="2.0", id=request_id, result=answer))))
+            # Written while the output is open, even after the SDK has closed its side.
+            await writer.answer(encode(SessionMessage(
+                types.JSONRPCResponse(jsonrpc="2.0", id=request_id, result=answer))))
         except anyio.get_cancelled_exc_class():
             if answering:
                 raise
-            with anyio.move_on_after(SHUTDOWN_WRITE_S, shield=True), \
-                    suppress(anyio.BrokenResourceError):
+            with anyio.move_on_after(SHUTDOWN_WRITE_S, shield=True):
                 error = types.ErrorData(code=types.CONNECTION_CLOSED, message="Connection closed")
-                await writer.write_line(encode(SessionMessage(
+                await writer.answer(encode(SessionMessage(
                     types.JSONRPCError(jsonrpc="2.0", id=request_id, error=error))))
             raise
         finally:

@@ -257,6 +257,12 @@ class LineWriter:
                 except OSError as exc:
                     raise anyio.BrokenResourceError from exc
 
+    async def answer(self, line: bytes) -> None:
+        """Write ``line`` as :meth:`write_line` does, or drop it when the output cannot be
+        written (no client is left to read it)."""
+        with contextlib.suppress(anyio.BrokenResourceError):
+            await self.write_line(line)
+
     async def aclose(self) -> None:
         self._closed = True
 
@@ -272,8 +278,7 @@ class _Answers:
     writer: LineWriter
 
     async def send(self, item: bytes, /) -> None:
-        with contextlib.suppress(anyio.BrokenResourceError):  # no client left to tell
-            await self.writer.write_line(item)
+        await self.writer.answer(item)
 
 
 class _Descriptor:
