@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import uuid
 from collections.abc import Mapping
 
 import attrs
@@ -76,6 +77,30 @@ class ToolCall:
     call_id: str = attrs.field(validator=_call_id)
     arguments: Mapping[str, object] | str
     """The arguments as a mapping, or as the JSON text many model APIs deliver."""
+
+    @classmethod
+    def with_new_id(cls, arguments: Mapping[str, object] | str, *,
+                    prefix: str = "call-") -> ToolCall:
+        """A call whose id is made up here: ``prefix`` and a random UUID.
+
+        For a host whose model API gives its calls no id. No ledger can hold a record of an
+        id made up this instant, so :meth:`RecallHooks.dispatch
+        <runtime_hooks.hooks.RecallHooks.dispatch>` looks none up for it (one ledger read
+        fewer); its outcome is recorded like any call's, under that id.
+        """
+        if not isinstance(prefix, str):
+            raise InvalidArgumentTypeError(f"prefix must be a str, got {type(prefix).__name__}")
+        return _NewToolCall(call_id=f"{prefix}{uuid.uuid4().hex}", arguments=arguments)
+
+
+@attrs.frozen(kw_only=True)
+class _NewToolCall(ToolCall):
+    """A :class:`ToolCall` whose id :meth:`ToolCall.with_new_id` made up."""
+
+
+def has_new_id(call: ToolCall) -> bool:
+    """Whether ``call``'s id was made up by :meth:`ToolCall.with_new_id` (it has no record)."""
+    return isinstance(call, _NewToolCall)
 
 
 def _json_depth(text: str, limit: int) -> int:

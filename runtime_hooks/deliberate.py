@@ -9,7 +9,7 @@ call came to (:func:`call_records`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from plugin.control.ledger import CallRecord, bound_evidence
@@ -62,13 +62,17 @@ async def replay_recorded(
     run_id: str,
     scope: str,
     principal: str,
+    new: Container[int] = (),
 ) -> list[tuple[int, SearchCall]]:
     """Answer each call the ledger already recorded (same id, same arguments) from its
-    record; return the calls left to run."""
+    record; return the calls left to run. The calls at the positions in ``new`` have ids made
+    up this instant (:meth:`ToolCall.with_new_id`): none is looked up."""
+    asked = [call.call_id for index, call in valid if index not in new]
+    if not asked:
+        return valid
     recorded = {
         (record.call_id, record.digest): record
-        for record in await hooks.allowance.ledger.recorded_calls(
-            run_id, [call.call_id for _, call in valid])
+        for record in await hooks.allowance.ledger.recorded_calls(run_id, asked)
     }
     if not recorded:
         return valid

@@ -20,7 +20,8 @@ in order; its failure is its own ``failed`` result; a search that outlived the d
 
 **Preparation comes first, under its own bound** (:class:`~plugin.memory.PreparationBound`): a
 turn's queries are formed and embedded before the round is reserved; only the calls that can
-still get a slot (:meth:`~plugin.RecallAllowance.headroom`) are embedded.
+still get a slot (:meth:`~plugin.RecallAllowance.slots_estimate`: an estimate that is never
+too low; the reservation decides) are embedded.
 
 What the model reads is built in :mod:`runtime_hooks.results`; a turn's valid search calls
 are replayed, run and recorded in :mod:`runtime_hooks.deliberate`. Bind the run at the run
@@ -65,7 +66,7 @@ from .calls import MAX_QUERY_BYTES as MAX_QUERY_BYTES
 from .calls import InvalidSearchCallError as InvalidSearchCallError
 from .calls import SearchCall as SearchCall
 from .calls import ToolCall as ToolCall
-from .calls import arguments_digest
+from .calls import arguments_digest, has_new_id
 from .deliberate import call_records as call_records
 from .deliberate import replay_recorded, run_calls
 from .results import NOTHING_FOUND as NOTHING_FOUND
@@ -245,8 +246,9 @@ class RecallHooks:
             await self._bind(run_id, scope, principal)
             digests = {index: arguments_digest(calls[index].arguments) for index, _ in valid}
             if not self.legacy:
+                new = {index for index, _ in valid if has_new_id(calls[index])}
                 valid = await replay_recorded(self, valid, digests, results, run_id, scope,
-                                                principal)
+                                              principal, new)
             if valid:
                 await run_calls(self, valid, results, run_id, scope, principal, digests)
         assert all(result is not None for result in results)

@@ -228,3 +228,74 @@ def test_an_adapter_replay_in_a_fresh_process_never_searches_again(
         second = one_process()
         assert second["searches"] == 0 and second["usage"] == first["usage"]
         assert second["calls"] == first["calls"]
+
+
+def _count_reads(monkeypatch: pytest.MonkeyPatch, ledger: Any) -> list[str]:
+    """Every ``usage`` and ``recorded_calls`` read of ``ledger``, by name, from now on."""
+    reads: list[str] = []
+    for name in ("usage", "recorded_calls"):
+        real = getattr(ledger, name)
+
+        async def counted(*args: Any, _real: Any = real, _name: str = name, **kw: Any) -> Any:
+            reads.append(_name)
+            return await _real(*args, **kw)
+
+        monkeypatch.setattr(ledger, name, counted)
+    return reads
+
+
+async def test_a_call_with_a_made_up_id_looks_up_no_record(
+    opener: Callable[[], Any], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An id made up by :meth:`ToolCall.with_new_id` cannot be in the ledger: dispatch looks
+    none up. A named id is looked up (it may have been sent before)."""
+    clock = ManualClock(wall=WALL, monotonic=1.0)
+    retriever = Counting()
+    async with _hooks(opener, clock, retriever) as hooks:
+        made_up = [ToolCall.with_new_id({"query": "cutover"}, prefix="mcp-") for _ in range(2)]
+        assert made_up[0].call_id.startswith("mcp-")
+        assert made_up[0].call_id != made_up[1].call_id
+        reads = _count_reads(monkeypatch, hooks.allowance.ledger)
+        results = await hooks.dispatch(made_up, run_id="r", scope=S, principal=P)
+        assert [r.status for r in results] == ["ok", "ok"] and retriever.searches == 2
+        assert "recorded_calls" not in reads
+        # Recorded as any call is: a replay of the same id and arguments answers from it.
+        again = ToolCall(call_id=made_up[0].call_id, arguments={"query": "cutover"})
+        (replayed,) = await hooks.dispatch([again], run_id="r", scope=S, principal=P)
+        assert replayed.status == "ok" and retriever.searches == 2
+        assert reads.count("recorded_calls") == 1
+
+
+async def test_a_later_round_of_a_run_reads_no_usage_before_its_reservation(
+    opener: Callable[[], Any], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What this process learned at its last reservation is what the turn plans with; only
+    the reservation reads the ledger."""
+    clock = ManualClock(wall=WALL, monotonic=1.0)
+    retriever = Counting()
+    async with _hooks(opener, clock, retriever) as hooks:
+        (first,) = await hooks.dispatch([_call("c1")], run_id="r", scope=S, principal=P)
+        reads = _count_reads(monkeypatch, hooks.allowance.ledger)
+        (second,) = await hooks.dispatch([_call("c2", "deploy")], run_id="r", scope=S,
+                                         principal=P)
+        assert (first.status, second.status) == ("ok", "ok") and retriever.searches == 2
+        assert "usage" not in reads
+
+
+async def test_a_stale_estimate_never_searches_past_the_allowance(
+    opener: Callable[[], Any],
+) -> None:
+    """Another process spends the run after this one last reserved for it: this process's
+    estimate is stale (too high, never too low: a run's use only grows), its turn prepares the
+    call, and the reservation refuses it. Nothing is searched."""
+    clock = ManualClock(wall=WALL, monotonic=1.0)
+    here, there = Counting(), Counting()
+    async with _hooks(opener, clock, here) as this, _hooks(opener, clock, there) as other:
+        (ran,) = await this.dispatch([_call("c1")], run_id="r", scope=S, principal=P)
+        assert ran.status == "ok"
+        spent = await other.dispatch([_call(f"o{i}") for i in range(3)], run_id="r", scope=S,
+                                     principal=P)
+        assert [r.status for r in spent] == ["ok", "ok", "ok"]  # the last round, all slots
+        (late,) = await this.dispatch([_call("c2", "deploy")], run_id="r", scope=S, principal=P)
+        assert late.status == "refused" and here.searches == 1 and there.searches == 3
+        assert await _counts(this, "r") == (2, 4, 4)

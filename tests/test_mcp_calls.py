@@ -205,3 +205,30 @@ async def test_the_same_call_sent_twice_at_once_searches_once(opener: Callable[[
         assert [f["status"] for f in found] == ["ok"] * 3, found
         assert all(f["evidence_ids"] == ["m0", "m1", "m2"] for f in found)
         assert retriever.searches == 1 and (await _reserved(server, "r4"))[1:] == (1, 1)
+
+
+async def test_a_call_in_a_run_the_server_just_opened_reads_nothing_before_its_reservation(
+    opener: Callable[[], Any], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A run the server has just opened has used nothing, and a call that names no call id
+    has an id the server made up: neither its usage nor a record is read (its reservation
+    decides). A named call id is looked up, since it may have been sent before."""
+    retriever = Counting()
+    async with _server(opener, retriever) as server, Client(server.server) as client:
+        ledger = server.hooks.allowance.ledger
+        reads: list[str] = []
+        for name in ("usage", "recorded_calls"):
+            real = getattr(ledger, name)
+
+            async def counted(*args: Any, _real: Any = real, _name: str = name,
+                              **kw: Any) -> Any:
+                reads.append(_name)
+                return await _real(*args, **kw)
+
+            monkeypatch.setattr(ledger, name, counted)
+        found = await _search(client, {"query": "cutover"}, run_id="fresh")
+        assert found["status"] == "ok" and retriever.searches == 1
+        assert reads == []
+        named = await _search(client, {"query": "cutover"}, run_id="fresh2", call_id="c9")
+        assert named["status"] == "ok" and retriever.searches == 2
+        assert reads == ["recorded_calls"]

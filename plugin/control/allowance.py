@@ -207,6 +207,26 @@ class RecallAllowance:
         self._learn(run_id, room)
         return room
 
+    async def slots_estimate(self, run_id: str) -> int:
+        """:meth:`headroom` from what this allowance last learned of the run
+        (:meth:`known_room`); read from the ledger only when it has learned nothing.
+
+        Never below what the ledger would say: a run's use only grows, so what this process
+        learned can only be too high (another process used the run since), and the
+        reservation refuses what is not there.
+        """
+        known = self.known_room(validate_run_id(run_id))
+        if known is None:
+            return await self.headroom(run_id)
+        return known.slots_at(self.clock.wall())
+
+    def learn_opened(self, run_id: str) -> None:
+        """Note that this process has just opened ``run_id`` (``Ledger.open_run`` said it was
+        new): until it reserves, it is taken to have the whole policy, an estimate as
+        :meth:`known_room` is."""
+        if self.known_room(validate_run_id(run_id)) is None:
+            self._learn(run_id, self.fresh_room())
+
     def known_room(self, run_id: str) -> Room | None:
         """What this allowance last learned of ``run_id`` (from a round it reserved or was
         refused, or from :meth:`room`), without reading the ledger; None if nothing. An

@@ -16,7 +16,7 @@ evaluator measures is what the model would see.
 **The deliberate turn** (:func:`deliberate_turn`, one turn's search calls, already validated):
 
 1. Each call's query is formed under the same preparation bound; only the calls that can still
-   get a slot (:meth:`~plugin.RecallAllowance.headroom`) are embedded, and only those look up
+   get a slot (:meth:`~plugin.RecallAllowance.slots_estimate`) are embedded, and only those look up
    the People their query names (once: the search reuses the names,
    :attr:`~plugin.memory.preparation.PreparedRecall.people`). A call that names People gets a
    second slot for its nested belief read.
@@ -149,7 +149,7 @@ async def prepare_turn(
     values; ``on_corrections`` sees the corrections' share before the round runs (logging).
     """
     bound = PreparationBound(budget_s, allowance.clock)
-    withhold = None if await allowance.headroom(run_id) > 0 else WithheldReason.NO_SLOT
+    withhold = None if await allowance.slots_estimate(run_id) > 0 else WithheldReason.NO_SLOT
 
     async def plan(reason: WithheldReason | None) -> PreparedRecall:
         return await preparer.prepare(state, scope=scope, principal=principal, withhold=reason)
@@ -204,7 +204,7 @@ async def deliberate_turn(
     calls' outcomes recorded in the round's own commit).
     """
     bound = PreparationBound(budget_s, allowance.clock)
-    left = await allowance.headroom(run_id)
+    left = await allowance.slots_estimate(run_id)
     prepared: list[PreparedRecall] = []
     naming = 0
     for position, text in enumerate(queries):

@@ -17,7 +17,7 @@ each new run counts against the caller's runs per hour there (see
 :meth:`~plugin.control.ledger.Ledger.open_run`).
 
 A call is named by the client too: ``_meta`` key ``recallbound/call_id``
-(:func:`client_call_id`). A call's identity is (run, call id, canonical arguments), so a client
+(:func:`client_call`). A call's identity is (run, call id, canonical arguments), so a client
 that sends the same call again (after a reconnect, or to another server process over the same
 ledger) gets the outcome the ledger recorded, and nothing is searched or reserved again.
 Without a call id, each request is a new call with a fresh, server-made id (a JSON-RPC request
@@ -38,7 +38,7 @@ from plugin.control import validate_run_id
 from plugin.control.allowance import MAX_RUN_ID_BYTES
 from plugin.control.validate import identifier
 from plugin.errors import InvalidArgumentError
-from runtime_hooks.calls import MAX_CALL_ID_BYTES
+from runtime_hooks.calls import MAX_CALL_ID_BYTES, ToolCall
 
 RUN_ID_META_KEY = "recallbound/run_id"
 """The ``_meta`` key a client's runtime sets to name the run a tool call belongs to."""
@@ -82,8 +82,10 @@ def client_run_id(meta: Mapping[str, object] | None) -> str | None:
     return validate_run_id(given)
 
 
-def client_call_id(meta: Mapping[str, object] | None) -> str:
-    """The call id the request names in ``_meta``, or a fresh one for a request that names none.
+def client_call(meta: Mapping[str, object] | None, arguments: Mapping[str, object]) -> ToolCall:
+    """The request's call: under the call id it names in ``_meta``, or, for a request that
+    names none, under a fresh id the server makes up (:meth:`ToolCall.with_new_id`, so no
+    record of it is looked up).
 
     Raises :class:`~plugin.errors.InvalidArgumentError` (or its type-error sibling) for a call
     id that is not a usable id: blank, longer than
@@ -91,8 +93,10 @@ def client_call_id(meta: Mapping[str, object] | None) -> str:
     """
     given = None if meta is None else meta.get(CALL_ID_META_KEY)
     if given is None:
-        return f"mcp-{uuid.uuid4().hex}"
-    return identifier(given, field=f"_meta[{CALL_ID_META_KEY!r}]", max_bytes=MAX_CALL_ID_BYTES)
+        return ToolCall.with_new_id(arguments, prefix="mcp-")
+    call_id = identifier(given, field=f"_meta[{CALL_ID_META_KEY!r}]",
+                         max_bytes=MAX_CALL_ID_BYTES)
+    return ToolCall(call_id=call_id, arguments=arguments)
 
 
 @attrs.define(eq=False)

@@ -45,7 +45,7 @@ from runtime_hooks.results import rejected_call
 
 from . import tools
 from .errors import McpAuthError
-from .identity import CurrentRun, client_call_id, client_run_id, ledger_run_id
+from .identity import CurrentRun, client_call, client_run_id, ledger_run_id
 from .lane import FastLane
 from .session import Session, ToolRequest
 from .trust import Caller, caller_of_token
@@ -276,6 +276,8 @@ class RecallServer:
                             run_id, principal=caller.principal, scope=caller.scope,
                             now=allowance.clock.wall(), per_hour=self.max_runs_per_hour)
                         admission.opened = bool(opening)
+                        if opening is RunOpening.OPENED:
+                            allowance.learn_opened(run_id)  # nothing to read before it reserves
                         if opening is RunOpening.KNOWN and allowance.known_room(run_id) is None:
                             # Used elsewhere first: learn what it has left now, once, before
                             # any of its calls joins a batch (a new run has all of it).
@@ -319,7 +321,7 @@ class RecallServer:
             if name == tools.RECALL_CONTEXT:
                 state = tools.working_state(arguments)
             else:
-                search = ToolCall(call_id=client_call_id(call.meta), arguments=dict(arguments))
+                search = client_call(call.meta, dict(arguments))
                 try:
                     SearchCall.validate(search, scope=caller.scope)
                 except InvalidSearchCallError as exc:
