@@ -168,6 +168,23 @@ def pgbouncer_state() -> str | None:
                 lines.extend(str(dict(zip(names, row, strict=True))) for row in cur.fetchall())
     except psycopg.Error as exc:
         lines.append(f"the admin console did not answer: {exc}")
+    # What the server's own sessions are doing (straight to the server, not through PgBouncer):
+    # a server connection PgBouncer shows as active is one of these.
+    lines.append("== pg_stat_activity")
+    try:
+        with psycopg.connect(DSN, autocommit=True, connect_timeout=5) as conn:
+            cur = conn.execute(
+                "SELECT pid, state, wait_event_type, wait_event, backend_xid IS NOT NULL,"
+                " now() - xact_start, now() - state_change, left(query, 300)"
+                " FROM pg_stat_activity WHERE datname = current_database()"
+                " AND pid <> pg_backend_pid()", prepare=False)
+            lines.extend(str(row) for row in cur.fetchall())
+            cur = conn.execute(
+                "SELECT l.pid, l.locktype, l.classid, l.objid, l.mode, l.granted"
+                " FROM pg_locks l WHERE l.locktype = 'advisory'", prepare=False)
+            lines.extend(f"lock {row}" for row in cur.fetchall())
+    except psycopg.Error as exc:
+        lines.append(f"the server did not answer: {exc}")
     log = _PGBOUNCER_LOG[0].read_text(errors="replace").splitlines()
     lines.append("== the end of pgbouncer.log")
     lines.extend(log[-60:])
