@@ -90,17 +90,21 @@ class ToolCall:
         """
         if not isinstance(prefix, str):
             raise InvalidArgumentTypeError(f"prefix must be a str, got {type(prefix).__name__}")
-        return _NewToolCall(call_id=f"{prefix}{uuid.uuid4().hex}", arguments=arguments)
+        call_id = f"{prefix}{uuid.uuid4().hex}"
+        return _NewToolCall(call_id=call_id, arguments=arguments, made_up=call_id)
 
 
 @attrs.frozen(kw_only=True)
 class _NewToolCall(ToolCall):
-    """A :class:`ToolCall` whose id :meth:`ToolCall.with_new_id` made up."""
+    """A :class:`ToolCall` made by :meth:`ToolCall.with_new_id`, with the id it made up (a copy
+    under another id, ``attrs.evolve(call, call_id=...)``, keeps the old one here)."""
+
+    _made_up: str = attrs.field(alias="made_up", eq=False, repr=False)
 
 
 def has_new_id(call: ToolCall) -> bool:
-    """Whether ``call``'s id was made up by :meth:`ToolCall.with_new_id` (it has no record)."""
-    return isinstance(call, _NewToolCall)
+    """Whether ``call``'s id is one :meth:`ToolCall.with_new_id` made up (it has no record)."""
+    return isinstance(call, _NewToolCall) and call.call_id == call._made_up
 
 
 def _json_depth(text: str, limit: int) -> int:

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from plugin import (
@@ -264,6 +265,22 @@ async def test_a_call_with_a_made_up_id_looks_up_no_record(
         (replayed,) = await hooks.dispatch([again], run_id="r", scope=S, principal=P)
         assert replayed.status == "ok" and retriever.searches == 2
         assert reads.count("recorded_calls") == 1
+
+
+async def test_a_made_up_call_given_another_id_is_looked_up_again(
+    opener: Callable[[], Any],
+) -> None:
+    """A made-up call copied under another id (``attrs.evolve``) names that id, which may have
+    been sent before: its record is looked up and answers, nothing is searched again."""
+    clock = ManualClock(wall=WALL, monotonic=1.0)
+    retriever = Counting()
+    async with _hooks(opener, clock, retriever) as hooks:
+        (ran,) = await hooks.dispatch([_call("c1")], run_id="r", scope=S, principal=P)
+        assert ran.status == "ok" and retriever.searches == 1
+        copied = attrs.evolve(ToolCall.with_new_id({"query": "cutover"}), call_id="c1")
+        (replayed,) = await hooks.dispatch([copied], run_id="r", scope=S, principal=P)
+        assert replayed.status == "ok" and retriever.searches == 1
+        assert await _counts(hooks, "r") == (1, 1, 1)
 
 
 async def test_a_later_round_of_a_run_reads_no_usage_before_its_reservation(
