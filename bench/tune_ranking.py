@@ -34,7 +34,7 @@ DEVSET = Path(__file__).resolve().parents[1] / "examples" / "devset.jsonl"
 
 ROUND_ONE: dict[str, object] = {
     "question": 1.0, "constraint": 0.6, "entity": 0.6, "request_terms": 6,
-    "request_power": 1.0, "semantic": 0.5,
+    "request_power": 1.0, "semantic": 0.5, "words": 0.0,
 }
 """The previous defaults (role weights, a linear request share, semantic weight 0.5)."""
 
@@ -47,6 +47,11 @@ def _policy(base: dict[str, object], **changes: object) -> RankingPolicy:
     return RankingPolicy(**{**base, **changes})  # type: ignore[arg-type]
 
 
+def _round_three(**changes: object) -> RankingPolicy:
+    """Rounds two and three: the semantic arm by sentence vectors alone."""
+    return _policy({"words": 0.0}, **changes)
+
+
 def _first(**changes: object) -> RankingPolicy:
     return _policy(FIRST, **changes)
 
@@ -57,11 +62,28 @@ def _round_one(**changes: object) -> RankingPolicy:
 
 VARIANTS: dict[str, tuple[RankingPolicy, float | None]] = {
     "default": (RankingPolicy(), None),
+    # Round four: the semantic arm's word-level match (its share), and the semantic arm's
+    # fusion weight when it matches words.
+    "words0": (RankingPolicy(words=0.0), None),
+    "words0.3": (RankingPolicy(words=0.3, semantic_words=0.5), None),
+    "words0.5-semantic0.5": (RankingPolicy(semantic_words=0.5), None),
+    "words0.7": (RankingPolicy(words=0.7, semantic_words=0.5), None),
+    "words-semantic1": (RankingPolicy(semantic_words=1.0), None),
+    "words-semantic1.5": (RankingPolicy(semantic_words=1.5), None),
+    "words-semantic2": (RankingPolicy(semantic_words=2.0), None),
+    "words-semantic3": (RankingPolicy(semantic_words=3.0), None),
+    "words-semantic6": (RankingPolicy(semantic_words=6.0), None),
+    "words-semantic4-k30": (RankingPolicy(rrf_k=30), None),
+    "words-score1": (RankingPolicy(semantic_words=1.0, fusion="score"), None),
+    "words-score2": (RankingPolicy(semantic_words=2.0, fusion="score"), None),
+    "words-equal": (RankingPolicy(semantic_words=1.0, confidence=False), None),
+    "words-semantic1.5-equal": (RankingPolicy(semantic_words=1.5, confidence=False), None),
     # Round three: the turns around the best memories of a conversation (opt-in).
-    "turns": (RankingPolicy(adjacent=0.8), None),
-    "turns-0.9": (RankingPolicy(adjacent=0.9), None),
-    "turns-one-source": (RankingPolicy(adjacent=0.8, adjacent_sources=1), None),
-    "turns-three-sources": (RankingPolicy(adjacent=0.9, adjacent_sources=3), None),
+    "turns": (_round_three(adjacent=0.8), None),
+    "turns-0.9": (_round_three(adjacent=0.9), None),
+    "turns-one-source": (_round_three(adjacent=0.8, adjacent_sources=1), None),
+    "turns-three-sources": (_round_three(adjacent=0.9, adjacent_sources=3), None),
+    "turns-words": (RankingPolicy(adjacent=0.8), None),
     # Round two: names, ids and questions over the next action's common words; "Continue"
     # that the scope knows keeps a small share; no fixed lower weight for one arm.
     "round-one": (_round_one(), None),
@@ -86,10 +108,11 @@ VARIANTS: dict[str, tuple[RankingPolicy, float | None]] = {
     "r1-entity2-q1.5-rrf-k20": (_round_one(entity=2.0, constraint=1.0, question=1.5,
                                            request_terms=12, confidence=False, semantic=0.6,
                                            rrf_k=20), None),
-    "default-semantic1": (RankingPolicy(semantic=1.0), None),
-    "default-semantic0.75": (RankingPolicy(semantic=0.75), None),
-    "default-rrf-k5": (RankingPolicy(semantic=1.0, rrf_k=5), None),
-    "default-rrf-k20": (RankingPolicy(semantic=1.0, rrf_k=20), None),
+    "round-three": (_round_three(), None),
+    "default-semantic1": (_round_three(semantic=1.0), None),
+    "default-semantic0.75": (_round_three(semantic=0.75), None),
+    "default-rrf-k5": (_round_three(semantic=1.0, rrf_k=5), None),
+    "default-rrf-k20": (_round_three(semantic=1.0, rrf_k=20), None),
     # Round one.
     "first": (_first(), None),
     "equal-rrf": (_first(confidence=False, rrf_k=60, semantic=1.0), None),

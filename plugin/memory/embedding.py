@@ -4,6 +4,12 @@ An adapter turns query and memory texts into L2-normalised float32 vectors. It s
 token limit and counts tokens with its own tokenizer: a query over the limit is not embedded
 (semantic preparation is withheld, with the reason recorded) while the sparse arm still runs.
 The planner's 512-byte bound is not a claim about tokenizer equivalence.
+
+An adapter may also say ``word_level = True`` (a class attribute): its vector of a single word
+means something on its own, as with a model that averages static token vectors (the packaged
+WordLlama). The semantic arm then also matches each query word against the nearest word of
+each memory (:mod:`plugin.memory.store.words`); without it, the arm ranks by sentence vectors
+alone.
 """
 
 from __future__ import annotations

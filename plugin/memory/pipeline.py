@@ -40,7 +40,8 @@ from .ranking import (
 from .rendering import Rendered as Rendered
 from .rendering import fit
 from .rendering import render as render
-from .store import Evidence, MemoryStore
+from .store import Evidence, MemoryStore, WordQuery
+from .store.words import word_level
 from .terms import STOPWORDS as STOPWORDS
 from .terms import content_terms as content_terms
 from .terms import query_terms as query_terms
@@ -155,7 +156,8 @@ class MemoryRetriever:
         if "semantic" in self.arms:
             semantic = await self._semantic(prepared, weights, principal, scope, caps)
             if semantic is not None:
-                lists.append((self._confidence(policy.semantic, semantic), semantic))
+                weight = policy.semantic_words if self._matches_words() else policy.semantic
+                lists.append((self._confidence(weight, semantic), semantic))
                 arms.append("semantic")
             elif prepared.semantic.withheld_reason is not None:
                 notes.append(
@@ -207,6 +209,13 @@ class MemoryRetriever:
         place = {key: index for index, key in enumerate(scores)}
         order = sorted(lifted, key=lambda key: (-lifted[key], place.get(key, len(place)), key))
         return [attrs.evolve(items[key], score=lifted[key]) for key in order]
+
+    def _matches_words(self) -> bool:
+        """Whether the semantic arm also matches words (``RankingPolicy.words``): with an
+        adapter whose single words can be compared, and no similarity floor (a floor is on
+        cosines)."""
+        return self.ranking.words > 0 and self.min_similarity is None \
+            and word_level(self.store.embedding)
 
     def _confidence(self, weight: float, ranked: Sequence[Evidence]) -> float:
         """An arm's fusion weight: its policy weight, times how peaked its scores are."""
@@ -270,10 +279,12 @@ class MemoryRetriever:
         self, prepared: PreparedRecall, weights: Sequence[float], principal: str, scope: str,
         caps: ContextCaps,
     ) -> list[Evidence] | None:
-        """Cosine candidates for the query's vector, or for its fragments' weighted vector.
+        """Cosine candidates for the query's vector, or for its fragments' weighted vector,
+        mixed with the word-level match (``RankingPolicy.words``) where the store's adapter
+        allows it.
 
-        No floor unless ``min_similarity`` is set: the arm ranks, fusion decides. None when the
-        query has no vector.
+        No floor unless ``min_similarity`` is set (a floor is on cosines: the arm then ranks by
+        the cosine alone): the arm ranks, fusion decides. None when the query has no vector.
         """
         semantic = prepared.semantic
         vector = semantic.vector
@@ -281,8 +292,15 @@ class MemoryRetriever:
             vector = combined_vector(semantic.fragment_vectors, weights)
         if vector is None:
             return None
+        words = None
+        if self._matches_words():
+            query = prepared.query
+            fragments = tuple(zip(query.fragments, weights, strict=True)) \
+                if weights and len(weights) == len(query.fragments) else ((query.text, 1.0),)
+            words = WordQuery(fragments, self.ranking.words)
         similar = await self.store.semantic_candidates(
-            vector, principal=principal, scope=scope, limit=caps.candidates_per_arm
+            vector, principal=principal, scope=scope, limit=caps.candidates_per_arm,
+            words=words,
         )
         floor = self.min_similarity
         if floor is None:

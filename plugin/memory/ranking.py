@@ -27,10 +27,19 @@ arms keep that structure instead of flattening it:
   unit length, the weighted sum of a memory's cosines to the fragments is its dot product with
   the weighted sum of the fragment vectors, so the arm is one scan with one combined vector. No
   cosine floor: the arm ranks its candidates and fusion decides.
+- **Semantic, word by word** (``words``, with the packaged WordLlama). A sentence vector
+  averages its words, so a rare name in a long note weighs little and a paraphrase is lost in
+  the average. The arm also matches every content word of each fragment against the nearest
+  word of each memory in the model's word space (1 for the same word, a high cosine for a
+  close one), weighted by the word's rarity in the cell and by the fragment's role weight
+  (:mod:`plugin.memory.store.words`), and ranks by half the cosine and half that match, each
+  relative to its best in the cell.
 - **Fusion by confidence.** The arms' lists are fused in :mod:`plugin.memory.fusion`, each arm
-  weighted by its policy weight here. The semantic arm's policy weight is half the sparse
-  arm's: measured on long conversations, where the packaged embedding knows much less than
-  bm25 (at equal weights fused fell below bm25 there), and no worse on the hand-written data.
+  weighted by its policy weight here, times how peaked its scores are. The word-level match
+  made the semantic arm the stronger one on both the hand-written notes and long
+  conversations, while its scores (half of them cosines) look less peaked than bm25's; its
+  policy weight then (``semantic_words``, 4) was measured on both; ranking by sentence
+  vectors alone it keeps ``semantic`` (0.5).
 - **Turns of one conversation (opt-in).** In a chat the turn that matches a need is often
   the question, and the answer is the turn after it (or the one before), sharing no word with
   it. With ``adjacent`` above 0, each of the best ``adjacent_sources`` memories of the fused
@@ -104,6 +113,12 @@ def _unit(instance: object, attribute: attrs.Attribute[float], value: float) -> 
                          f"got {value!r}")
 
 
+def _share(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
+    _unit(instance, attribute, value)
+    if value > 1:
+        raise ValueError(f"RankingPolicy.{attribute.name} must be at most 1, got {value!r}")
+
+
 def _rrf_k(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"RankingPolicy.{attribute.name} must be an int >= 0, got {value!r}")
@@ -148,7 +163,16 @@ class RankingPolicy:
     sparse: float = attrs.field(default=1.0, validator=_unit)
     """Fusion weight of the sparse arm (times its peakedness when ``confidence``)."""
     semantic: float = attrs.field(default=0.5, validator=_unit)
-    """Fusion weight of the semantic arm (times its peakedness when ``confidence``)."""
+    """Fusion weight of the semantic arm ranking by sentence vectors alone (times its
+    peakedness when ``confidence``)."""
+    semantic_words: float = attrs.field(default=4.0, validator=_unit)
+    """Fusion weight of the semantic arm when it also matches words (``words`` above 0, with
+    the packaged WordLlama), times its peakedness when ``confidence``."""
+    words: float = attrs.field(default=0.5, validator=_share)
+    """Semantic: the share of the word-level match in the arm's score, in [0, 1] (each query
+    word against the nearest word of a memory, :mod:`plugin.memory.store.words`); the rest
+    is the sentence vectors' cosine. 0: the cosine alone. Used with adapters whose single words
+    can be compared (the packaged WordLlama)."""
     fusion: str = attrs.field(default="rrf", validator=attrs.validators.in_(("score", "rrf")))
     """How arms are fused: ``score`` (:func:`score_fuse`, each arm by its own score shares)
     or ``rrf`` (weighted reciprocal rank, :func:`weighted_fuse`)."""

@@ -13,7 +13,7 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 import numpy as np
@@ -67,8 +67,13 @@ class WordLlamaAdapter:
     gives the same vector. A text with no token (the empty string) embeds as the zero vector.
     Lone surrogates are replaced by U+FFFD before tokenizing (the tokenizer rejects them).
     Build it with :meth:`load`.
+
+    ``word_level``: a word's vector is the average of its static token vectors, so single
+    words can be compared with each other (the semantic arm's word-level match,
+    :mod:`plugin.memory.store.words`).
     """
 
+    word_level: ClassVar[bool] = True
     _model: Any = attrs.field(alias="model", repr=False)
     dimensions: int = _NATIVE_DIMENSIONS
     token_limit: int = WORDLLAMA_TOKEN_LIMIT

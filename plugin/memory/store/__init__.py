@@ -24,6 +24,7 @@ from .values import EvidenceKind as EvidenceKind
 from .values import MemoryRecord as MemoryRecord
 from .values import MemoryWrite as MemoryWrite
 from .values import Person as Person
+from .words import WordQuery as WordQuery
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -41,4 +42,5 @@ __all__ = [
     "MemoryStorePathError",
     "MemoryWrite",
     "Person",
+    "WordQuery",
 ]

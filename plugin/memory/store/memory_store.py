@@ -21,6 +21,7 @@ from .lookups import Lookups
 from .search import Search
 from .values import Evidence, MemoryRecord, MemoryWrite, Person, check_key
 from .vectors import DEFAULT_CACHE_BYTES, VectorCache
+from .words import WordQuery
 from .writes import Writer
 
 __all__ = ["MemoryStore"]
@@ -285,15 +286,19 @@ class MemoryStore:
         )
 
     async def semantic_candidates(
-        self, vector: npt.ArrayLike, *, principal: str, scope: str, limit: int
+        self, vector: npt.ArrayLike, *, principal: str, scope: str, limit: int,
+        words: WordQuery | None = None,
     ) -> list[Evidence]:
         """Memories by cosine similarity to ``vector`` (best first, ties by id).
 
         ``vector`` is a query embedding from this store's adapter (L2-normalised, of its
-        dimensions; else ``ValueError``). Without an adapter the result is empty.
+        dimensions; else ``ValueError``). Without an adapter the result is empty. With
+        ``words`` and an adapter whose single words can be compared (``word_level``), by the
+        mix of the cosine and the query words' best matches in each memory
+        (:mod:`plugin.memory.store.words`).
         """
         return await self._search.semantic_candidates(
-            vector, principal=principal, scope=scope, limit=limit
+            vector, principal=principal, scope=scope, limit=limit, words=words
         )
 
     # -- lookups --------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from .schema import MEMORY_COLUMNS, memory_evidence
 from .sparse_index import index_logged, ranked_seqs
 from .values import Evidence, check_limit, visible
 from .vectors import VectorCache
+from .words import WordQuery, WordVectors, word_level
 
 __all__ = ["MAX_QUERY_TERMS", "Search"]
 
@@ -65,6 +66,13 @@ class Search:
     db: Database
     embedding: EmbeddingAdapter | None
     vectors: VectorCache
+    word_vectors: WordVectors | None = attrs.field(init=False)
+    """Word vectors by the adapter, when its words mean something alone (:mod:`.words`)."""
+
+    def __attrs_post_init__(self) -> None:
+        adapter = self.embedding
+        self.word_vectors = WordVectors(adapter.embed) \
+            if adapter is not None and word_level(adapter) else None
 
     async def sparse_candidates(
         self, query: str, *, principal: str, scope: str, limit: int
@@ -92,7 +100,8 @@ class Search:
             raise translate(exc, path=self.db.path, timeout=self.db.timeout) from exc
 
     async def semantic_candidates(
-        self, vector: npt.ArrayLike, *, principal: str, scope: str, limit: int
+        self, vector: npt.ArrayLike, *, principal: str, scope: str, limit: int,
+        words: WordQuery | None = None,
     ) -> list[Evidence]:
         limit = check_limit(limit)
         adapter = self.embedding
@@ -112,4 +121,6 @@ class Search:
             model=adapter.name,
             dimensions=adapter.dimensions,
             limit=limit,
+            words=None if words is None or self.word_vectors is None
+            else (words, self.word_vectors),
         )

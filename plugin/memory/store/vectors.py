@@ -21,6 +21,7 @@ big for the budget is scored from a fresh load on every query (today's cost), ne
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Any
 
 import anyio.to_thread
 import attrs
@@ -31,13 +32,18 @@ from ...control._sqlite import Row
 from .database import Database
 from .schema import MEMORY_COLUMNS, memory_evidence
 from .values import Evidence
+from .words import MAX_WORD_MEMORIES, WordIndex, WordQuery, WordVectors, mixed
 
-__all__ = ["DEFAULT_CACHE_BYTES", "Matrix", "VectorCache"]
+__all__ = ["DEFAULT_CACHE_BYTES", "WORD_CACHE_BYTES", "Matrix", "VectorCache"]
 
 #: Default memory budget of the cache: 100,000 vectors of 256 dimensions take about 100 MiB.
 DEFAULT_CACHE_BYTES = 512 * 1024 * 1024
 
 _Key = tuple[str, str, str]
+
+#: Memory budget of the word indexes kept (each for the current matrix of its cell): a cell
+#: of 600 chat turns holds about 3,000 distinct words, 3 MiB.
+WORD_CACHE_BYTES = 64 * 1024 * 1024
 
 #: Matrices of more floats than this are decoded and scored in a worker thread, so a large
 #: cell does not hold the event loop (a million floats score in well under a millisecond).
@@ -156,15 +162,21 @@ class Matrix:
         rows.filled = need
         return Matrix(generation, resets, need, rows)
 
-    def top(self, query: npt.NDArray[np.float32], limit: int) -> list[tuple[int, float]]:
-        """The ``limit`` best rows as ``(row, score)``: by score, ties by id (exact)."""
-        count = self.count
-        if count == 0:
-            return []
+    def scores(self, query: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        """Every row's cosine with ``query``."""
         # einsum, not ``@``: BLAS would score this on all its threads, and their spin-waiting
         # starves the SQLite worker thread the same query needs next (measured: a 10,000-row
         # cell took 46 ms through the store with two BLAS threads, 2 ms with einsum).
-        scores = np.einsum("ij,j->i", self.vectors, query)
+        scores: npt.NDArray[np.float32] = np.einsum("ij,j->i", self.vectors, query)
+        return scores
+
+    def top(self, query: npt.NDArray[np.float32], limit: int) -> list[tuple[int, float]]:
+        """The ``limit`` best rows as ``(row, score)``: by score, ties by id (exact)."""
+        return self.best(self.scores(query), limit) if self.count else []
+
+    def best(self, scores: npt.NDArray[Any], limit: int) -> list[tuple[int, float]]:
+        """The ``limit`` rows of the best ``scores`` (one per row), ties by id (exact)."""
+        count = self.count
         if count > limit:
             kth = np.partition(scores, count - limit)[count - limit]
             # Everything strictly better is in; rows tied with the k-th compete by id, so the
@@ -185,6 +197,9 @@ class VectorCache:
     # Each matrix with the bytes it was charged when kept (storage may grow under it later).
     _matrices: OrderedDict[_Key, tuple[Matrix, int]] = attrs.field(factory=OrderedDict, init=False)
     _held: int = attrs.field(default=0, init=False)
+    _words: OrderedDict[_Key, tuple[Matrix, WordIndex]] = attrs.field(
+        factory=OrderedDict, init=False
+    )
 
     @property
     def held_bytes(self) -> int:
@@ -194,6 +209,7 @@ class VectorCache:
     def clear(self) -> None:
         """Forget every matrix (on close)."""
         self._matrices.clear()
+        self._words.clear()
         self._held = 0
 
     async def generation(self, principal: str, scope: str) -> tuple[int, int]:
@@ -260,6 +276,7 @@ class VectorCache:
 
     def _drop(self, key: _Key) -> None:
         _, charged = self._matrices.pop(key)
+        self._words.pop(key, None)
         self._held -= charged
 
     async def search(
@@ -271,10 +288,27 @@ class VectorCache:
         model: str,
         dimensions: int,
         limit: int,
+        words: tuple[WordQuery, WordVectors] | None = None,
     ) -> list[Evidence]:
-        """The ``limit`` memories of the cell closest to ``query`` (best first, ties by id)."""
+        """The ``limit`` memories of the cell closest to ``query`` (best first, ties by id);
+        with ``words``, by the mix of cosine and word score (:mod:`.words`)."""
         matrix = await self.matrix(principal, scope, model, dimensions)
-        if matrix.count * dimensions < _OFF_LOOP_FLOATS:
+        index = None
+        if words is not None and 0 < matrix.count <= MAX_WORD_MEMORIES:
+            index = await self._word_index((principal, scope, model), matrix, words[1])
+        if index is not None and words is not None:
+            asked, vectors = words
+            table, coefficients = index.asked(asked, vectors)  # on the loop: it embeds
+
+            def scored() -> list[tuple[int, float]]:
+                mix = mixed(matrix.scores(query), index.scored(table, coefficients), asked.share)
+                return matrix.best(mix, limit)
+
+            if index.gathered * len(table) < _OFF_LOOP_FLOATS:
+                best = scored()
+            else:  # safe off the loop: the index and the matrix's rows never change
+                best = await anyio.to_thread.run_sync(scored)
+        elif matrix.count * dimensions < _OFF_LOOP_FLOATS:
             best = matrix.top(query, limit)
         else:  # safe off the loop: appends only ever write past this matrix's rows
             best = await anyio.to_thread.run_sync(matrix.top, query, limit)
@@ -297,3 +331,27 @@ class VectorCache:
             for seq, (_, score) in zip(wanted, best, strict=True)
             if seq in by_seq
         ]
+
+    async def _word_index(self, key: _Key, matrix: Matrix, vectors: WordVectors) -> WordIndex:
+        """The word index of ``matrix``'s rows, built from their texts once per matrix."""
+        entry = self._words.get(key)
+        if entry is not None and entry[0] is matrix:
+            self._words.move_to_end(key)
+            return entry[1]
+        seqs = [int(seq) for seq in matrix.seqs]
+        rows = await self.db.fetch(
+            "SELECT m.seq, m.text FROM json_each(?) AS wanted "
+            "CROSS JOIN memories AS m ON m.seq = wanted.value "
+            "WHERE m.principal = ? AND m.scope = ?",
+            ("[" + ",".join(map(str, seqs)) + "]", key[0], key[1]),
+        )
+        texts = {int(row[0]): str(row[1]) for row in rows}
+        # In a worker thread: it embeds the words of the cell that were never seen.
+        index = await anyio.to_thread.run_sync(
+            WordIndex.build, [texts.get(seq, "") for seq in seqs], vectors)
+        kept = self._matrices.get(key)
+        if kept is not None and kept[0] is matrix:  # a matrix too big to keep keeps no index
+            self._words[key] = (matrix, index)
+            while sum(held.nbytes for _, held in self._words.values()) > WORD_CACHE_BYTES:
+                self._words.popitem(last=False)
+        return index

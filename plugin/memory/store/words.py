@@ -1,0 +1,251 @@
+"""Word-level matching for the semantic arm: every query word against the nearest word of a
+memory, in the embedding model's own word space.
+
+A sentence vector averages its words, so in a note of twenty words a rare name or id weighs a
+twentieth, and a paraphrase ("dietary requirements" for "19 vegetarian, 7 vegan") is lost in
+the average. Here each content word of a query fragment is compared with each word of a memory
+(both embedded as words by the same model), and keeps its best match: 1 for the same word, a
+high cosine for a close one ("dietary", "vegetarian"), little for the rest. A fragment's match
+with a memory is the mean of its words' best matches, weighted by each word's rarity in the
+cell (``idf``), so a name or an id the cell uses twice counts more than a word every note has;
+a memory's word score is the fragments' matches summed by their role weights, like the
+sentence vectors' cosines (:func:`~plugin.memory.ranking.combined_vector`).
+
+The arm's score mixes both: ``(1 - share) * cosine / best cosine + share * words / best
+words`` over the cell, with ``share`` :attr:`RankingPolicy.words
+<plugin.memory.ranking.RankingPolicy.words>`. Only adapters whose word vectors mean something
+on their own take part (``word_level = True``: the packaged WordLlama, whose vectors are
+averages of static token vectors, and the hashing adapter); any other adapter is ranked by its
+sentence vectors alone.
+
+The index of a cell (its vocabulary, the words of each memory, the words' vectors) is built
+from the same rows as the cell's vector matrix and kept while that matrix is current; a cell of
+more than :data:`MAX_WORD_MEMORIES` memories is ranked by its sentence vectors alone.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Sequence
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+
+from ..terms import STOPWORDS, remove_lone_surrogates
+
+__all__ = [
+    "MAX_WORD_MEMORIES",
+    "WordIndex",
+    "WordQuery",
+    "WordVectors",
+    "match_words",
+    "mixed",
+    "word_level",
+]
+
+MAX_WORD_MEMORIES = 5_000
+"""A cell with more memories is ranked by its sentence vectors alone."""
+
+MAX_WORDS = 64
+"""The most distinct words taken from one text (a fragment or a memory)."""
+
+MAX_WORD_CHARS = 100
+"""Longer words are left out (a blob, not a word: the sparse arm still matches it)."""
+
+_SCAN_CHARS = 16 * 1024
+_WORD = re.compile(r"\w+", re.UNICODE)
+
+Embed = Callable[[Sequence[str]], npt.NDArray[np.float32]]
+
+
+def word_level(adapter: object) -> bool:
+    """Whether ``adapter``'s vectors of single words can be compared (``word_level = True``)."""
+    return getattr(adapter, "word_level", False) is True
+
+
+def match_words(text: str) -> tuple[str, ...]:
+    """The distinct content words of ``text`` (lower-cased, no function words, no single
+    letters, none over :data:`MAX_WORD_CHARS`), in order, at most :data:`MAX_WORDS`; its first
+    16 KiB are read."""
+    seen: dict[str, None] = {}
+    for match in _WORD.finditer(remove_lone_surrogates(text[:_SCAN_CHARS])):
+        word = match.group().lower()
+        if 1 < len(word) <= MAX_WORD_CHARS and word not in STOPWORDS:
+            seen.setdefault(word, None)
+            if len(seen) == MAX_WORDS:
+                break
+    return tuple(seen)
+
+
+@attrs.frozen
+class WordQuery:
+    """The fragments of one query, each with its role weight, and the share of the word
+    score in the arm's score (in (0, 1])."""
+
+    fragments: tuple[tuple[str, float], ...]
+    share: float
+
+    def __attrs_post_init__(self) -> None:
+        if not (0.0 < self.share <= 1.0):
+            raise ValueError(f"WordQuery.share must be in (0, 1], got {self.share!r}")
+
+
+@attrs.define(eq=False)
+class WordVectors:
+    """Unit vectors of single words by one adapter, the most recently used ``capacity`` kept.
+
+    Safe from several threads at once (a cell's index is built in a worker thread while the
+    loop embeds a query's words): the table is locked, the model is not (its ``embed`` runs
+    unlocked, so a word two callers miss together is embedded twice, to the same vector).
+    """
+
+    embed: Embed
+    capacity: int = 20_000
+    _known: OrderedDict[str, npt.NDArray[np.float32]] = attrs.field(
+        factory=OrderedDict, init=False
+    )
+    _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
+
+    def of(self, words: Sequence[str]) -> npt.NDArray[np.float32]:
+        """The vectors of ``words`` (one row each), the missing ones embedded in one batch."""
+        while True:
+            with self._lock:
+                missing = []
+                for word in dict.fromkeys(words):
+                    if word in self._known:
+                        self._known.move_to_end(word)  # kept while the others are embedded
+                    else:
+                        missing.append(word)
+            embedded = self.embed(missing) if missing else ()
+            with self._lock:
+                for word, vector in zip(missing, embedded, strict=True):
+                    norm = float(np.linalg.norm(vector))
+                    self._known[word] = (vector / norm).astype(np.float32) \
+                        if norm > 0 and math.isfinite(norm) else np.zeros_like(vector)
+                if all(word in self._known for word in words):  # none evicted meanwhile
+                    rows = [self._known[word] for word in words]
+                    for word in words:
+                        self._known.move_to_end(word)
+                    while len(self._known) > self.capacity:
+                        self._known.popitem(last=False)
+                    break
+        if not rows:
+            return np.zeros((0, 0), dtype=np.float32)
+        return np.stack(rows)
+
+
+@attrs.frozen(eq=False)
+class WordIndex:
+    """The words of a cell's memories: row ``i`` is the matrix's memory ``i``.
+
+    ``flat[starts[i]:starts[i + 1]]`` are memory ``i``'s word ids (at least one: a memory
+    without words holds the padding id, whose vector is zero).
+    """
+
+    vocabulary: dict[str, int]
+    vectors: npt.NDArray[np.float32]
+    """One unit vector per word id, plus a zero row (the padding id) last."""
+    document_frequency: npt.NDArray[np.float64]
+    flat: npt.NDArray[np.intp]
+    starts: npt.NDArray[np.intp]
+
+    @property
+    def count(self) -> int:
+        return len(self.starts)
+
+    @classmethod
+    def build(cls, texts: Sequence[str], vectors: WordVectors) -> WordIndex:
+        """The index of ``texts`` (the memories, in the matrix's order)."""
+        vocabulary: dict[str, int] = {}
+        frequency: Counter[int] = Counter()
+        flat: list[int] = []
+        starts: list[int] = []
+        documents = [match_words(text) for text in texts]
+        for words in documents:
+            for word in words:
+                frequency[vocabulary.setdefault(word, len(vocabulary))] += 1
+        pad = len(vocabulary)
+        for words in documents:
+            starts.append(len(flat))
+            flat.extend([vocabulary[word] for word in words] or [pad])
+        table = vectors.of(list(vocabulary))
+        width = table.shape[1] if len(vocabulary) else 1
+        padded = np.zeros((pad + 1, width), dtype=np.float32)
+        if len(vocabulary):
+            padded[:pad] = table
+        return cls(
+            vocabulary,
+            padded,
+            np.array([frequency[i] for i in range(pad)], dtype=np.float64),
+            np.array(flat, dtype=np.intp),
+            np.array(starts, dtype=np.intp),
+        )
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.vectors.nbytes + self.flat.nbytes + self.starts.nbytes
+                   + self.document_frequency.nbytes + 80 * len(self.vocabulary))
+
+    def scores(self, query: WordQuery, vectors: WordVectors) -> npt.NDArray[np.float64]:
+        """Each memory's word score for ``query`` (0 for every memory when no fragment has a
+        word): :meth:`asked` (on the caller's thread: it embeds), then :meth:`scored`."""
+        return self.scored(*self.asked(query, vectors))
+
+    def asked(
+        self, query: WordQuery, vectors: WordVectors
+    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float64]]:
+        """The query's distinct words as vectors, and each word's coefficient: the sum, over
+        the fragments holding it, of the fragment's weight times the word's share of the
+        fragment's rarity (``idf`` in the cell)."""
+        fragments = [(match_words(text), weight) for text, weight in query.fragments
+                     if weight > 0]
+        asked = list(dict.fromkeys(word for words, _ in fragments for word in words))
+        coefficients = np.zeros(len(asked), dtype=np.float64)
+        if not asked or not self.count:
+            return np.zeros((0, self.vectors.shape[1]), dtype=np.float32), coefficients
+        row = {word: i for i, word in enumerate(asked)}
+        documents = float(self.count)
+        for words, weight in fragments:
+            if not words:
+                continue
+            frequency = np.array(
+                [self.document_frequency[self.vocabulary[w]] if w in self.vocabulary else 0.0
+                 for w in words])
+            rarity = np.log1p(documents / (1.0 + frequency))
+            np.add.at(coefficients, [row[w] for w in words], weight * rarity / rarity.sum())
+        return vectors.of(asked), coefficients
+
+    def scored(
+        self, table: npt.NDArray[np.float32], coefficients: npt.NDArray[np.float64]
+    ) -> npt.NDArray[np.float64]:
+        """Each memory's word score from the asked words' vectors and coefficients (a pure
+        function of this immutable index: safe in a worker thread)."""
+        if not self.count or not len(table) or table.shape[1] != self.vectors.shape[1]:
+            return np.zeros(self.count, dtype=np.float64)
+        # Each asked word's best match in each memory: cosines clipped to [0, 1], the max over
+        # the memory's words (one reduceat over the flat word list, a row per word).
+        # einsum, not ``@``: BLAS's threads spin-wait and starve the store's SQLite thread.
+        similar = np.clip(np.einsum("vd,qd->vq", self.vectors, table), 0.0, 1.0)
+        best = np.maximum.reduceat(similar[self.flat], self.starts, axis=0)
+        scores: npt.NDArray[np.float64] = np.einsum("nq,q->n", best, coefficients)
+        return scores
+
+    @property
+    def gathered(self) -> int:
+        """How many word matches :meth:`scored` reads per asked word."""
+        return len(self.flat)
+
+
+def mixed(
+    cosines: npt.NDArray[np.float32], words: npt.NDArray[np.float64], share: float
+) -> npt.NDArray[np.float64]:
+    """``(1 - share) * cosine / best cosine + share * words / best words`` (a best that is not
+    positive divides by 1)."""
+    top_cosine = float(cosines.max(initial=0.0))
+    top_words = float(words.max(initial=0.0))
+    return ((1.0 - share) * cosines.astype(np.float64) / (top_cosine if top_cosine > 0 else 1.0)
+            + share * words / (top_words if top_words > 0 else 1.0))
