@@ -159,6 +159,19 @@ def test_no_words_score_nothing() -> None:
                                                    vectors).any()
 
 
+@settings(max_examples=60, deadline=None)
+@given(first=st.lists(st.text(alphabet="abcd efgh", max_size=20), max_size=6),
+       then=st.lists(st.text(alphabet="abcd ijkl", max_size=20), max_size=6))
+def test_an_extended_index_is_the_index_of_all_the_texts(first: list[str],
+                                                         then: list[str]) -> None:
+    vectors = WordVectors(StaticWords().embed)
+    grown = WordIndex.build(first, vectors).extended(then, vectors)
+    whole = WordIndex.build(first + then, vectors)
+    assert grown.vocabulary == whole.vocabulary
+    for field in ("vectors", "document_frequency", "flat", "starts"):
+        np.testing.assert_array_equal(getattr(grown, field), getattr(whole, field))
+
+
 def test_word_vectors_keep_the_most_recent() -> None:
     calls: list[list[str]] = []
 
@@ -225,6 +238,23 @@ async def test_a_memory_written_or_forgotten_after_a_search_is_seen(
     assert (await found(flat_store, "zanzibar"))[0] == "m2"
     assert await flat_store.forget("m2", **ME)
     assert "m2" not in await found(flat_store, "zanzibar")
+
+
+async def test_a_warm_index_extended_by_writes_ranks_as_a_fresh_one(tmp_path: Path) -> None:
+    notes = [f"note {i} about {word}" for i, word in enumerate(
+        ["invoice", "zanzibar", "vegetarian", "pins", "invoice", "dam", "kate", "invoice"])]
+    path = tmp_path / "m.db"
+    async with MemoryStore(path, embedding=StaticWords(flat=True),
+                           clock=ManualClock(wall=1_000.0)) as warm:
+        await seed(warm, {"m0": notes[0]})
+        for i, text in enumerate(notes[1:], start=1):
+            await found(warm, "zanzibar dietary hardware")  # the index is kept, then extended
+            await warm.remember(text, id=f"m{i}", **ME)
+        after_writes = await found(warm, "zanzibar dietary hardware")
+    async with MemoryStore(path, embedding=StaticWords(flat=True),
+                           clock=ManualClock(wall=1_000.0)) as fresh:
+        assert await found(fresh, "zanzibar dietary hardware") == after_writes
+    assert set(after_writes[:3]) == {"m1", "m2", "m3"}
 
 
 async def test_another_cell_is_never_matched(flat_store: MemoryStore) -> None:

@@ -272,11 +272,14 @@ class VectorCache:
         self._held += charged
         while self._held > self.budget_bytes:
             oldest = next(iter(self._matrices))
-            self._drop(oldest)
+            self._drop(oldest, words=True)
 
-    def _drop(self, key: _Key) -> None:
+    def _drop(self, key: _Key, *, words: bool = False) -> None:
+        """Forget the cell's matrix; with ``words`` its word index too (a matrix refreshed
+        keeps it: the next word search extends it by the appended rows)."""
         _, charged = self._matrices.pop(key)
-        self._words.pop(key, None)
+        if words:
+            self._words.pop(key, None)
         self._held -= charged
 
     async def search(
@@ -333,12 +336,19 @@ class VectorCache:
         ]
 
     async def _word_index(self, key: _Key, matrix: Matrix, vectors: WordVectors) -> WordIndex:
-        """The word index of ``matrix``'s rows, built from their texts once per matrix."""
+        """The word index of ``matrix``'s rows: the kept one, that one extended by the rows
+        appended since, or one built from their texts."""
         entry = self._words.get(key)
         if entry is not None and entry[0] is matrix:
             self._words.move_to_end(key)
             return entry[1]
-        seqs = [int(seq) for seq in matrix.seqs]
+        base: WordIndex | None = None
+        if entry is not None:
+            older, index = entry
+            if older.resets == matrix.resets and older.count <= matrix.count \
+                    and np.array_equal(matrix.seqs[: older.count], older.seqs):
+                base = index  # the matrix only grew: index the new rows alone
+        seqs = [int(seq) for seq in matrix.seqs[0 if base is None else base.count:]]
         rows = await self.db.fetch(
             "SELECT m.seq, m.text FROM json_each(?) AS wanted "
             "CROSS JOIN memories AS m ON m.seq = wanted.value "
@@ -346,12 +356,16 @@ class VectorCache:
             ("[" + ",".join(map(str, seqs)) + "]", key[0], key[1]),
         )
         texts = {int(row[0]): str(row[1]) for row in rows}
+        ordered = [texts.get(seq, "") for seq in seqs]
         # In a worker thread: it embeds the words of the cell that were never seen.
-        index = await anyio.to_thread.run_sync(
-            WordIndex.build, [texts.get(seq, "") for seq in seqs], vectors)
+        if base is None:
+            index = await anyio.to_thread.run_sync(WordIndex.build, ordered, vectors)
+        else:
+            index = await anyio.to_thread.run_sync(base.extended, ordered, vectors)
         kept = self._matrices.get(key)
         if kept is not None and kept[0] is matrix:  # a matrix too big to keep keeps no index
             self._words[key] = (matrix, index)
+            self._words.move_to_end(key)
             while sum(held.nbytes for _, held in self._words.values()) > WORD_CACHE_BYTES:
                 self._words.popitem(last=False)
         return index

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import re
 import threading
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 import attrs
@@ -160,30 +160,37 @@ class WordIndex:
     @classmethod
     def build(cls, texts: Sequence[str], vectors: WordVectors) -> WordIndex:
         """The index of ``texts`` (the memories, in the matrix's order)."""
-        vocabulary: dict[str, int] = {}
-        frequency: Counter[int] = Counter()
-        flat: list[int] = []
+        empty = np.zeros(0, dtype=np.intp)
+        return cls({}, np.zeros((1, 1), dtype=np.float32), np.zeros(0), empty, empty) \
+            .extended(texts, vectors)
+
+    def extended(self, texts: Sequence[str], vectors: WordVectors) -> WordIndex:
+        """This index with the memories ``texts`` appended (a new index: this one is left as
+        it is). Only the words the index did not hold yet are looked up in ``vectors``."""
+        vocabulary = dict(self.vocabulary)
+        added: list[int] = []
         starts: list[int] = []
-        documents = [match_words(text) for text in texts]
-        for words in documents:
-            for word in words:
-                frequency[vocabulary.setdefault(word, len(vocabulary))] += 1
+        held = len(self.vocabulary)
+        documents = [[vocabulary.setdefault(word, len(vocabulary)) for word in match_words(text)]
+                     for text in texts]
         pad = len(vocabulary)
         for words in documents:
-            starts.append(len(flat))
-            flat.extend([vocabulary[word] for word in words] or [pad])
-        table = vectors.of(list(vocabulary))
-        width = table.shape[1] if len(vocabulary) else 1
+            starts.append(len(self.flat) + len(added))
+            added.extend(words or [pad])
+        flat = np.concatenate([self.flat, np.array(added, dtype=np.intp)])
+        flat[: len(self.flat)][self.flat == held] = pad  # the padding id moves past new words
+        frequency = np.zeros(pad, dtype=np.float64)
+        frequency[:held] = self.document_frequency
+        np.add.at(frequency, np.array([word for words in documents for word in words],
+                                      dtype=np.intp), 1.0)
+        table = vectors.of(list(vocabulary)[held:])
+        width = table.shape[1] if pad > held else self.vectors.shape[1]
         padded = np.zeros((pad + 1, width), dtype=np.float32)
-        if len(vocabulary):
-            padded[:pad] = table
-        return cls(
-            vocabulary,
-            padded,
-            np.array([frequency[i] for i in range(pad)], dtype=np.float64),
-            np.array(flat, dtype=np.intp),
-            np.array(starts, dtype=np.intp),
-        )
+        padded[:held] = self.vectors[:held]
+        if pad > held:
+            padded[held:pad] = table
+        return WordIndex(vocabulary, padded, frequency, flat,
+                         np.concatenate([self.starts, np.array(starts, dtype=np.intp)]))
 
     @property
     def nbytes(self) -> int:
