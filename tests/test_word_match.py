@@ -128,8 +128,16 @@ def test_policy_share_of_words_is_checked() -> None:
     for bad in (-0.1, 1.5, float("nan"), True):
         with pytest.raises(ValueError, match="words"):
             RankingPolicy(words=bad)
-    with pytest.raises(ValueError, match="share"):
-        WordQuery((("x", 1.0),), 0.0)
+    for share in (0.0, 1.5, float("nan"), True):
+        with pytest.raises(ValueError, match="share"):
+            WordQuery((("x", 1.0),), share)
+    for weight in (-1.0, float("inf"), float("nan"), False):
+        with pytest.raises(ValueError, match="weight"):
+            WordQuery((("x", weight),), 0.5)
+    with pytest.raises(TypeError, match="str"):
+        WordQuery(((b"x", 1.0),), 0.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="at most 64 fragments"):
+        WordQuery((("x", 1.0),) * 65, 0.5)
 
 
 def test_a_rare_word_outweighs_a_common_one() -> None:
@@ -347,3 +355,4 @@ async def test_the_semantic_arm_weighs_semantic_words_when_it_matches_words(
         # Without the word match, semantic is its weight again.
         assert (await _words_ranked(env, both, ranking=RankingPolicy(
             words=0.0, semantic=0.0, semantic_words=100.0))) == sparse
+

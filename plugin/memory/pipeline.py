@@ -41,7 +41,7 @@ from .rendering import Rendered as Rendered
 from .rendering import fit
 from .rendering import render as render
 from .store import Evidence, MemoryStore, WordQuery
-from .store.words import word_level
+from .store.words import MAX_FRAGMENTS, word_level
 from .terms import STOPWORDS as STOPWORDS
 from .terms import content_terms as content_terms
 from .terms import query_terms as query_terms
@@ -295,7 +295,9 @@ class MemoryRetriever:
         words = None
         if self._matches_words():
             query = prepared.query
-            fragments = tuple(zip(query.fragments, weights, strict=True)) \
+            # A planned query holds far fewer fragments than a word query may (MAX_FRAGMENTS).
+            fragments = tuple(pair for pair in zip(query.fragments, weights, strict=True)
+                              if pair[1] > 0)[:MAX_FRAGMENTS] \
                 if weights and len(weights) == len(query.fragments) else ((query.text, 1.0),)
             words = WordQuery(fragments, self.ranking.words)
         similar = await self.store.semantic_candidates(

@@ -38,6 +38,7 @@ import numpy.typing as npt
 from ..terms import STOPWORDS, remove_lone_surrogates
 
 __all__ = [
+    "MAX_FRAGMENTS",
     "MAX_WORD_MEMORIES",
     "WordIndex",
     "WordQuery",
@@ -81,17 +82,35 @@ def match_words(text: str) -> tuple[str, ...]:
     return tuple(seen)
 
 
+MAX_FRAGMENTS = 64
+"""The most fragments one word query holds (a planned query has far fewer)."""
+
+
 @attrs.frozen
 class WordQuery:
-    """The fragments of one query, each with its role weight, and the share of the word
-    score in the arm's score (in (0, 1])."""
+    """The fragments of one query, each with its role weight (finite, at least 0), and the
+    share of the word score in the arm's score (in (0, 1]); at most :data:`MAX_FRAGMENTS`
+    fragments. Anything else is a ``ValueError`` (a ``TypeError`` for a text that is not a
+    ``str``)."""
 
     fragments: tuple[tuple[str, float], ...]
     share: float
 
     def __attrs_post_init__(self) -> None:
-        if not (0.0 < self.share <= 1.0):
-            raise ValueError(f"WordQuery.share must be in (0, 1], got {self.share!r}")
+        share = self.share
+        if isinstance(share, bool) or not isinstance(share, (int, float)) \
+                or not 0.0 < share <= 1.0:
+            raise ValueError(f"WordQuery.share must be in (0, 1], got {share!r}")
+        if len(self.fragments) > MAX_FRAGMENTS:
+            raise ValueError(f"WordQuery holds at most {MAX_FRAGMENTS} fragments, "
+                             f"got {len(self.fragments)}")
+        for text, weight in self.fragments:
+            if not isinstance(text, str):
+                raise TypeError(f"a WordQuery fragment must be a str, got {type(text).__name__}")
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)) \
+                    or not math.isfinite(weight) or weight < 0:
+                raise ValueError(f"a WordQuery weight must be a finite number >= 0, "
+                                 f"got {weight!r}")
 
 
 @attrs.define(eq=False)
