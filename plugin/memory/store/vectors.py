@@ -318,22 +318,26 @@ class VectorCache:
         if not best:
             return []
         wanted = [int(matrix.seqs[i]) for i, _ in best]
-        # The rows are read back under the same principal and scope filter: a matrix can never
-        # lend a row of another cell, even if a row moved since the matrix was built.
-        # CROSS JOIN keeps the plan on the primary key: driven by the cell's index instead,
-        # SQLite would walk every row of the cell to find these few.
-        rows = await self.db.fetch(
-            f"SELECT {MEMORY_COLUMNS}, m.seq FROM json_each(?) AS wanted "
-            "CROSS JOIN memories AS m ON m.seq = wanted.value "
-            "WHERE m.principal = ? AND m.scope = ?",
-            ("[" + ",".join(map(str, wanted)) + "]", principal, scope),
-        )
+        rows = await self._rows(f"{MEMORY_COLUMNS}, m.seq", wanted, principal, scope)
         by_seq = {int(row[6]): row for row in rows}
         return [
             memory_evidence(by_seq[seq], score=score, arm="semantic")
             for seq, (_, score) in zip(wanted, best, strict=True)
             if seq in by_seq
         ]
+
+    async def _rows(self, columns: str, seqs: list[int], principal: str, scope: str) -> list[Row]:
+        """``columns`` of the memories ``seqs`` (any order), read back under the cell's
+        principal and scope filter: a matrix can never lend a row of another cell, even if a
+        row moved since the matrix was built."""
+        # CROSS JOIN keeps the plan on the primary key: driven by the cell's index instead,
+        # SQLite would walk every row of the cell to find these few.
+        return await self.db.fetch(
+            f"SELECT {columns} FROM json_each(?) AS wanted "
+            "CROSS JOIN memories AS m ON m.seq = wanted.value "
+            "WHERE m.principal = ? AND m.scope = ?",
+            ("[" + ",".join(map(str, seqs)) + "]", principal, scope),
+        )
 
     async def _word_index(self, key: _Key, matrix: Matrix, vectors: WordVectors) -> WordIndex:
         """The word index of ``matrix``'s rows: the kept one, that one extended by the rows
@@ -349,12 +353,7 @@ class VectorCache:
                     and np.array_equal(matrix.seqs[: older.count], older.seqs):
                 base = index  # the matrix only grew: index the new rows alone
         seqs = [int(seq) for seq in matrix.seqs[0 if base is None else base.count:]]
-        rows = await self.db.fetch(
-            "SELECT m.seq, m.text FROM json_each(?) AS wanted "
-            "CROSS JOIN memories AS m ON m.seq = wanted.value "
-            "WHERE m.principal = ? AND m.scope = ?",
-            ("[" + ",".join(map(str, seqs)) + "]", key[0], key[1]),
-        )
+        rows = await self._rows("m.seq, m.text", seqs, key[0], key[1])
         texts = {int(row[0]): str(row[1]) for row in rows}
         ordered = [texts.get(seq, "") for seq in seqs]
         # In a worker thread: it embeds the words of the cell that were never seen.

@@ -15,8 +15,8 @@ The arm's score mixes both: ``(1 - share) * cosine / best cosine + share * words
 words`` over the cell, with ``share`` :attr:`RankingPolicy.words
 <plugin.memory.ranking.RankingPolicy.words>`. Only adapters whose word vectors mean something
 on their own take part (``word_level = True``: the packaged WordLlama, whose vectors are
-averages of static token vectors, and the hashing adapter); any other adapter is ranked by its
-sentence vectors alone.
+averages of static token vectors); any other adapter (the hashing adapter, whose single-word
+vectors are one-hot, MiniLM, a custom one) is ranked by its sentence vectors alone.
 
 The index of a cell (its vocabulary, the words of each memory, the words' vectors) is built
 from the same rows as the cell's vector matrix and kept while that matrix is current; a cell of
