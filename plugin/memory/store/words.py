@@ -25,8 +25,8 @@ more than :data:`MAX_WORD_MEMORIES` memories is ranked by its sentence vectors a
 
 from __future__ import annotations
 
+import itertools
 import math
-import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -35,7 +35,7 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
-from ..terms import STOPWORDS, remove_lone_surrogates
+from ..terms import STOPWORDS, word_terms
 
 __all__ = [
     "MAX_FRAGMENTS",
@@ -58,7 +58,6 @@ MAX_WORD_CHARS = 100
 """Longer words are left out (a blob, not a word: the sparse arm still matches it)."""
 
 _SCAN_CHARS = 16 * 1024
-_WORD = re.compile(r"\w+", re.UNICODE)
 
 Embed = Callable[[Sequence[str]], npt.NDArray[np.float32]]
 
@@ -69,17 +68,13 @@ def word_level(adapter: object) -> bool:
 
 
 def match_words(text: str) -> tuple[str, ...]:
-    """The distinct content words of ``text`` (lower-cased, no function words, no single
-    letters, none over :data:`MAX_WORD_CHARS`), in order, at most :data:`MAX_WORDS`; its first
-    16 KiB are read."""
-    seen: dict[str, None] = {}
-    for match in _WORD.finditer(remove_lone_surrogates(text[:_SCAN_CHARS])):
-        word = match.group().lower()
-        if 1 < len(word) <= MAX_WORD_CHARS and word not in STOPWORDS:
-            seen.setdefault(word, None)
-            if len(seen) == MAX_WORDS:
-                break
-    return tuple(seen)
+    """The distinct content words of ``text`` (the project's terms, :func:`~..terms.word_terms`:
+    case-folded, NFKC; no function words, no single letters, none over
+    :data:`MAX_WORD_CHARS`), in order, at most :data:`MAX_WORDS`; its first 16 KiB are read."""
+    terms = word_terms(text, limit=None, scan=_SCAN_CHARS)
+    return tuple(itertools.islice(
+        (term for term in terms if 1 < len(term) <= MAX_WORD_CHARS and term not in STOPWORDS),
+        MAX_WORDS))
 
 
 MAX_FRAGMENTS = 64
