@@ -301,16 +301,15 @@ class VectorCache:
             index = await self._word_index((principal, scope, model), matrix, words[1])
         if index is not None and words is not None:
             asked, vectors = words
-            table, coefficients = index.asked(asked, vectors)  # on the loop: it embeds
+            word_index = index
 
             def scored() -> list[tuple[int, float]]:
-                mix = mixed(matrix.scores(query), index.scored(table, coefficients), asked.share)
+                # It embeds the query's new words, so it runs off the loop, like every embedding;
+                # safe there: the index and the matrix's rows never change.
+                mix = mixed(matrix.scores(query), word_index.scores(asked, vectors), asked.share)
                 return matrix.best(mix, limit)
 
-            if index.gathered * len(table) < _OFF_LOOP_FLOATS:
-                best = scored()
-            else:  # safe off the loop: the index and the matrix's rows never change
-                best = await anyio.to_thread.run_sync(scored)
+            best = await anyio.to_thread.run_sync(scored)
         elif matrix.count * dimensions < _OFF_LOOP_FLOATS:
             best = matrix.top(query, limit)
         else:  # safe off the loop: appends only ever write past this matrix's rows

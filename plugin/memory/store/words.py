@@ -213,7 +213,7 @@ class WordIndex:
 
     def scores(self, query: WordQuery, vectors: WordVectors) -> npt.NDArray[np.float64]:
         """Each memory's word score for ``query`` (0 for every memory when no fragment has a
-        word): :meth:`asked` (on the caller's thread: it embeds), then :meth:`scored`."""
+        word): :meth:`asked` (it embeds the query's new words), then :meth:`scored`."""
         return self.scored(*self.asked(query, vectors))
 
     def asked(
@@ -244,7 +244,7 @@ class WordIndex:
         self, table: npt.NDArray[np.float32], coefficients: npt.NDArray[np.float64]
     ) -> npt.NDArray[np.float64]:
         """Each memory's word score from the asked words' vectors and coefficients (a pure
-        function of this immutable index: safe in a worker thread)."""
+        function of this immutable index)."""
         if not self.count or not len(table) or table.shape[1] != self.vectors.shape[1]:
             return np.zeros(self.count, dtype=np.float64)
         # Each asked word's best match in each memory: cosines clipped to [0, 1], the max over
@@ -254,11 +254,6 @@ class WordIndex:
         best = np.maximum.reduceat(similar[self.flat], self.starts, axis=0)
         scores: npt.NDArray[np.float64] = np.einsum("nq,q->n", best, coefficients)
         return scores
-
-    @property
-    def gathered(self) -> int:
-        """How many word matches :meth:`scored` reads per asked word."""
-        return len(self.flat)
 
 
 def mixed(
