@@ -112,8 +112,8 @@ class WordQuery:
 class WordVectors:
     """Unit vectors of single words by one adapter, the most recently used ``capacity`` kept.
 
-    Safe from several threads at once (a cell's index is built in a worker thread while the
-    loop embeds a query's words): the table is locked, the model is not (its ``embed`` runs
+    Safe from several threads at once (one search's worker thread builds a cell's index while
+    another's embeds a query's words): the table is locked, the model is not (its ``embed`` runs
     unlocked, so a word two callers miss together is embedded twice, to the same vector).
     """
 
