@@ -356,3 +356,25 @@ async def test_the_semantic_arm_weighs_semantic_words_when_it_matches_words(
         assert (await _words_ranked(env, both, ranking=RankingPolicy(
             words=0.0, semantic=0.0, semantic_words=100.0))) == sparse
 
+
+
+@attrs.frozen
+class JunkWords(StaticWords):
+    """Sentence vectors as StaticWords gives them; single words come back NaN or infinite."""
+
+    def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        out = super().embed(texts)
+        for row, text in enumerate(texts):
+            if len(text.split()) == 1:
+                out[row] = np.nan if row % 2 else np.inf
+        return out
+
+
+async def test_junk_word_vectors_match_nothing(tmp_path: Path) -> None:
+    async with MemoryStore(tmp_path / "m.db", embedding=JunkWords(flat=True),
+                           clock=ManualClock(wall=1_000.0)) as store:
+        await seed(store, {"m1": "Invoice paid", "m2": "Trip to Zanzibar booked"})
+        assert await found(store, "zanzibar invoice") == await found(store, "zanzibar invoice",
+                                                                    share=None)
+        vectors = WordVectors(JunkWords().embed)
+        assert np.isfinite(vectors.of(["alpha", "beta"])).all()
