@@ -52,6 +52,11 @@ def _round_three(**changes: object) -> RankingPolicy:
     return _policy({"words": 0.0}, **changes)
 
 
+def _round_four(**changes: object) -> RankingPolicy:
+    """Round four: the word match, fused with the rank constant 10 and weight 4."""
+    return _policy({"rrf_k_words": 10, "semantic_words": 4.0}, **changes)
+
+
 def _first(**changes: object) -> RankingPolicy:
     return _policy(FIRST, **changes)
 
@@ -62,28 +67,36 @@ def _round_one(**changes: object) -> RankingPolicy:
 
 VARIANTS: dict[str, tuple[RankingPolicy, float | None]] = {
     "default": (RankingPolicy(), None),
+    # Round five: the fusion's rank constant when the semantic arm matches words.
+    "words-k0-semantic4": (RankingPolicy(semantic_words=4.0), None),
+    "words-k0-semantic5": (RankingPolicy(semantic_words=5.0), None),
+    "words-k0-semantic8": (RankingPolicy(semantic_words=8.0), None),
+    "words-k1": (RankingPolicy(rrf_k_words=1), None),
+    "words-k2": (RankingPolicy(rrf_k_words=2), None),
     # Round four: the semantic arm's word-level match (its share), and the semantic arm's
-    # fusion weight when it matches words.
+    # fusion weight when it matches words, with round four's rank constant (10).
+    "words-k10": (_round_four(), None),
     "words0": (RankingPolicy(words=0.0), None),
-    "words0.3": (RankingPolicy(words=0.3, semantic_words=0.5), None),
-    "words0.5-semantic0.5": (RankingPolicy(semantic_words=0.5), None),
-    "words0.7": (RankingPolicy(words=0.7, semantic_words=0.5), None),
-    "words-semantic1": (RankingPolicy(semantic_words=1.0), None),
-    "words-semantic1.5": (RankingPolicy(semantic_words=1.5), None),
-    "words-semantic2": (RankingPolicy(semantic_words=2.0), None),
-    "words-semantic3": (RankingPolicy(semantic_words=3.0), None),
-    "words-semantic6": (RankingPolicy(semantic_words=6.0), None),
-    "words-semantic4-k30": (RankingPolicy(rrf_k=30), None),
-    "words-score1": (RankingPolicy(semantic_words=1.0, fusion="score"), None),
-    "words-score2": (RankingPolicy(semantic_words=2.0, fusion="score"), None),
-    "words-equal": (RankingPolicy(semantic_words=1.0, confidence=False), None),
-    "words-semantic1.5-equal": (RankingPolicy(semantic_words=1.5, confidence=False), None),
+    "words0.3": (_round_four(words=0.3, semantic_words=0.5), None),
+    "words0.5-semantic0.5": (_round_four(semantic_words=0.5), None),
+    "words0.7": (_round_four(words=0.7, semantic_words=0.5), None),
+    "words-semantic1": (_round_four(semantic_words=1.0), None),
+    "words-semantic1.5": (_round_four(semantic_words=1.5), None),
+    "words-semantic2": (_round_four(semantic_words=2.0), None),
+    "words-semantic3": (_round_four(semantic_words=3.0), None),
+    "words-semantic6": (_round_four(semantic_words=6.0), None),
+    "words-semantic4-k30": (_round_four(rrf_k_words=30), None),
+    "words-score1": (_round_four(semantic_words=1.0, fusion="score"), None),
+    "words-score2": (_round_four(semantic_words=2.0, fusion="score"), None),
+    "words-equal": (_round_four(semantic_words=1.0, confidence=False), None),
+    "words-semantic1.5-equal": (_round_four(semantic_words=1.5, confidence=False), None),
     # Round three: the turns around the best memories of a conversation (opt-in).
     "turns": (_round_three(adjacent=0.8), None),
     "turns-0.9": (_round_three(adjacent=0.9), None),
     "turns-one-source": (_round_three(adjacent=0.8, adjacent_sources=1), None),
     "turns-three-sources": (_round_three(adjacent=0.9, adjacent_sources=3), None),
     "turns-words": (RankingPolicy(adjacent=0.8), None),
+    "turns-words-k10": (_round_four(adjacent=0.8), None),
     # Round two: names, ids and questions over the next action's common words; "Continue"
     # that the scope knows keeps a small share; no fixed lower weight for one arm.
     "round-one": (_round_one(), None),

@@ -19,8 +19,10 @@ from hypothesis import strategies as st
 
 from plugin import Fact, RecallAllowance, SqliteLedger, WorkingState
 from plugin.control.clock import ManualClock
+from plugin.memory import pipeline as pipeline_module
+from plugin.memory.fusion import weighted_fuse
 from plugin.memory.ranking import RankingPolicy
-from plugin.memory.store import MemoryStore, WordQuery
+from plugin.memory.store import Evidence, MemoryStore, WordQuery
 from plugin.memory.store import vectors as vectors_module
 from plugin.memory.store.words import (
     MAX_WORDS,
@@ -355,6 +357,40 @@ async def test_the_semantic_arm_weighs_semantic_words_when_it_matches_words(
         # Without the word match, semantic is its weight again.
         assert (await _words_ranked(env, both, ranking=RankingPolicy(
             words=0.0, semantic=0.0, semantic_words=100.0))) == sparse
+
+
+async def test_an_arm_that_matches_words_is_fused_with_its_own_rank_constant(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    constants: list[int] = []
+    fuse = pipeline_module.weighted_fuse
+
+    def recording(*args: object, k: int, **kwargs: object) -> object:
+        constants.append(k)
+        return fuse(*args, k=k, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(pipeline_module, "weighted_fuse", recording)
+    both = {"sparse", "semantic"}
+    async with words_env(tmp_path) as env:
+        await _words_ranked(env, both)
+        await _words_ranked(env, both, ranking=RankingPolicy(rrf_k_words=7, rrf_k=3))
+        # Without the word match (share 0, or a similarity floor), rrf_k again.
+        await _words_ranked(env, both, ranking=RankingPolicy(words=0.0, rrf_k=3))
+        await _words_ranked(env, both, ranking=RankingPolicy(rrf_k=3), min_similarity=-1.0)
+    assert constants == [0, 7, 3, 3]
+
+
+def test_rank_constant_zero_ranks_by_weight_over_rank() -> None:
+    a, b, c = (Evidence(id=i, text=i, score=1.0, arm="x") for i in "abc")
+    # k = 0: a list's first place counts its whole weight, its second half of it, its third a
+    # third, so the strong list's second place (2/2 + 1/3) still beats the weak list's first.
+    fused = weighted_fuse([(2.0, [a, b]), (1.0, [c, a, b])], k=0)
+    assert [item.id for item in fused] == ["a", "b", "c"]
+    assert fused[0].score == pytest.approx(2.0 + 0.5)
+    assert fused[1].score == pytest.approx(1.0 + 1 / 3)
+    assert fused[2].score == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="rrf_k_words"):
+        RankingPolicy(rrf_k_words=-1)
 
 
 

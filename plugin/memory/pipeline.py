@@ -172,7 +172,8 @@ class MemoryRetriever:
         if policy.fusion == "score" and len(lists) > 1:
             fused = score_fuse(lists, tie_breaker=recent)
         else:
-            fused = weighted_fuse(lists, tie_breaker=recent, k=policy.rrf_k)
+            k = policy.rrf_k_words if self._matches_words() else policy.rrf_k
+            fused = weighted_fuse(lists, tie_breaker=recent, k=k)
         if not {"sparse", "semantic"} & set(arms):
             return fused  # the recent arm alone keeps the frozen control's order
         return await self._with_adjacent(fused, principal, scope)

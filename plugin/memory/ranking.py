@@ -38,8 +38,10 @@ arms keep that structure instead of flattening it:
   weighted by its policy weight here, times how peaked its scores are. The word-level match
   made the semantic arm the stronger one on both the hand-written notes and long
   conversations, while its scores (half of them cosines) look less peaked than bm25's; its
-  policy weight then (``semantic_words``, 4) was measured on both; ranking by sentence
-  vectors alone it keeps ``semantic`` (0.5).
+  policy weight then (``semantic_words``, 6) and the fusion's rank constant
+  (``rrf_k_words``, 0: each list counts ``weight / rank``, so the middle ranks both arms
+  share do not outvote the stronger arm's first places) were measured on both; ranking by
+  sentence vectors alone it keeps ``semantic`` (0.5) and ``rrf_k`` (10).
 - **Turns of one conversation (opt-in).** In a chat the turn that matches a need is often
   the question, and the answer is the turn after it (or the one before), sharing no word with
   it. With ``adjacent`` above 0, each of the best ``adjacent_sources`` memories of the fused
@@ -165,7 +167,7 @@ class RankingPolicy:
     semantic: float = attrs.field(default=0.5, validator=_unit)
     """Fusion weight of the semantic arm ranking by sentence vectors alone (times its
     peakedness when ``confidence``)."""
-    semantic_words: float = attrs.field(default=4.0, validator=_unit)
+    semantic_words: float = attrs.field(default=6.0, validator=_unit)
     """Fusion weight of the semantic arm when it also matches words (``words`` above 0, with
     the packaged WordLlama), times its peakedness when ``confidence``."""
     words: float = attrs.field(default=0.5, validator=_share)
@@ -180,7 +182,13 @@ class RankingPolicy:
     """With ``rrf``: weight each arm by how peaked its own scores are (:func:`peakedness`)."""
     rrf_k: int = attrs.field(default=10, validator=_rrf_k)
     """The fusion's reciprocal-rank constant (10: an arm's first places count more than the
-    items both arms rank in the middle; :data:`RRF_K` is the textbook 60)."""
+    items both arms rank in the middle; :data:`RRF_K` is the textbook 60). Used when the
+    semantic arm ranks by sentence vectors alone."""
+    rrf_k_words: int = attrs.field(default=0, validator=_rrf_k)
+    """The fusion's reciprocal-rank constant when the semantic arm also matches words (the
+    packaged WordLlama). 0: an arm's list counts ``weight / rank``, so each arm's first places
+    lead and the stronger arm's order holds unless the other arm is as sure of its own first
+    place; measured on both the hand-written notes and the long conversations."""
     fragment_scores: str = attrs.field(
         default="share", validator=attrs.validators.in_(("share", "bm25"))
     )
