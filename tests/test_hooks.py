@@ -414,10 +414,12 @@ async def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     text = "\n".join(lines)
     # Sparse arm only: the baseline query ("Continue" and the objective) misses the next
     # action's memory; the task-context query brings it into the context, within the first
-    # three (the open question's answer and the named person's belief weigh more).
+    # four (the open question's answer and the named person's belief weigh more, and the
+    # kickoff note matches the objective and a task's "new schema": "backfill", which the next
+    # action and that task share, counts once).
     assert "-> next-action memory (m-backfill): NOT retrieved" in text
     placed = [line for line in lines if "-> next-action memory (m-backfill): retrieved" in line]
-    assert placed and any(f"retrieved, item {n} of" in placed[-1] for n in (1, 2, 3))
+    assert placed and any(f"retrieved, item {n} of" in placed[-1] for n in (1, 2, 3, 4))
     assert text.count("refused (slots)") >= 2
     assert "not evidence" in text
 

@@ -12,6 +12,7 @@ import numpy.typing as npt
 import pytest
 
 from plugin import (
+    Fact,
     QueryPlanner,
     QueryPreparation,
     QueryStrategy,
@@ -28,6 +29,7 @@ from plugin.memory.ranking import (
     MAX_TERM_CHUNKS,
     RankingPolicy,
     combined_vector,
+    fragment_terms,
     fragment_weights,
     peakedness,
     request_share,
@@ -259,6 +261,42 @@ def test_weighted_fusion_and_the_recent_tie_breaker() -> None:
 
 
 # -- 4. no silent loss under the FTS term cap --------------------------------------------------
+
+
+async def test_a_word_the_fields_repeat_counts_once_in_the_sparse_arm(
+    env: RankingEnv,
+) -> None:
+    # "pump" is in the objective, the next action, a task and the question; the note that
+    # names the serviceman's firm shares only the name with the state. Counted once per
+    # fragment, the common word lifted the heat pump at home above the firm.
+    store, _ = env
+    await _add(store, {
+        "gold": "Pumppuhuolto: Reijo books Saturdays if you call a week ahead.",
+        "home": "The heat pump at home was serviced in September.",
+        "warranty": "Pump receipt: three-year warranty, ran out in June.",
+        "f1": "Birch pollen allergy, so May is rough.",
+        "f2": "Firewood delivered on 12 May.",
+        "f3": "Midsummer guests: Mikko's sister and kids.",
+    })
+    state = WorkingState(
+        "jatka", objective="Get the cottage pump ready for the season",
+        next_action="Call the pump serviceman before the water goes back on",
+        tasks=(Task("Pump service"), Task("Launch the rowing boat")),
+        open_questions=("Is the pump still under warranty?",),
+        facts=(Fact("Pump maintenance: Pumppuhuolto", ("Pumppuhuolto",)),
+               Fact("Cottage at Längelmävesi, Kangasala", ("Längelmävesi", "Kangasala"))),
+    )
+    ranked, _ = await _ranked(env, await _prepare(store, state), {"sparse"})
+    assert ranked.index("gold") < ranked.index("home")
+
+
+def test_fragment_terms_give_each_term_to_its_heaviest_fragment() -> None:
+    parts = fragment_terms(["pump service", "call the pump man", "Pump warranty?", "Reijo"],
+                           [1.0, 1.0, 2.0, 1.0])
+    assert parts == [(2.0, ("pump", "warranty")), (1.0, ("service",)),
+                     (1.0, ("call", "man")), (1.0, ("reijo",))]
+    # A fragment whose every term a heavier one holds is left out; weight 0 is never searched.
+    assert fragment_terms(["pump", "the pump", "x y"], [1.0, 2.0, 0.0]) == [(2.0, ("pump",))]
 
 
 def test_terms_are_split_into_fts_sized_chunks() -> None:

@@ -289,6 +289,19 @@ async def test_hostile_query_words_rank_without_error(flat_store: MemoryStore) -
         assert set(await found(flat_store, text)) == {"m1", "m2"}
 
 
+def test_a_word_several_fragments_hold_counts_once_at_its_largest() -> None:
+    # "pump" in the next action, a task and the question must not outweigh the one name the
+    # facts give: a word counts once, at its largest weighted share.
+    vectors = WordVectors(StaticWords().embed)
+    index = WordIndex.build(["pump receipt", "reijo books"], vectors)
+    once = index.scores(WordQuery((("pump", 2.0), ("reijo", 2.0)), 0.5), vectors)
+    repeated = index.scores(WordQuery((("pump", 1.0), ("pump", 2.0), ("pump", 1.5),
+                                       ("reijo", 2.0)), 0.5), vectors)
+    np.testing.assert_allclose(repeated, once)
+    lighter = index.scores(WordQuery((("pump", 1.0), ("reijo", 2.0)), 0.5), vectors)
+    assert lighter[0] < once[0]
+
+
 @settings(max_examples=50, deadline=None)
 @given(texts=st.lists(st.text(max_size=40), max_size=8), query=st.text(max_size=40),
        share=st.floats(min_value=0.01, max_value=1.0))

@@ -29,6 +29,7 @@ from .query import FragmentRole, RecallQuery
 from .ranking import (
     RankingPolicy,
     combined_vector,
+    fragment_terms,
     fragment_weights,
     request_share,
     search_terms,
@@ -245,22 +246,20 @@ class MemoryRetriever:
         self, text: str, fragments: Sequence[str], weights: Sequence[float], principal: str,
         scope: str, caps: ContextCaps, notes: list[str],
     ) -> list[Evidence] | None:
-        """bm25 candidates: the whole query's terms, or each weighted fragment's on its own.
+        """bm25 candidates: the whole query's terms, or each weighted fragment's on its own
+        (a term several fragments hold in the heaviest of them only, :func:`fragment_terms`).
 
         Terms are split into FTS-sized expressions, so no fragment's terms fall silently
         under the FTS term cap. None when there is no term to search.
         """
-        parts = [(1.0, text)] if not weights else [
-            (weight, fragment) for weight, fragment in zip(weights, fragments, strict=True)
-            if weight > 0
-        ]
+        parts = ([(1.0, search_terms(text))] if not weights
+                 else fragment_terms(fragments, weights))
         if weights and self.ranking.whole_query > 0:
             searched = [f for w, f in zip(weights, fragments, strict=True) if w > 0]
-            parts.append((self.ranking.whole_query, "\n".join(searched)))
+            parts.append((self.ranking.whole_query, search_terms("\n".join(searched))))
         lists: list[tuple[float, Sequence[Evidence]]] = []
         dropped = 0
-        for weight, part in parts:
-            terms = search_terms(part)
+        for weight, terms in parts:
             chunks, lost = term_chunks(terms)
             dropped += lost
             for chunk in chunks:

@@ -22,7 +22,11 @@ arms keep that structure instead of flattening it:
 - **Sparse.** Each weighted fragment is searched on its own (its terms never crowd out another
   fragment's under the FTS term cap), and the lists are fused by their normalised scores
   (``fragment_scores="share"``; ``"bm25"`` sums the bm25 scores themselves, measured and not
-  chosen: a long fragment's many matched words then outvote a short one's name).
+  chosen: a long fragment's many matched words then outvote a short one's name). A term
+  several fragments hold is searched in the heaviest of them only (:func:`fragment_terms`):
+  agreement between fields counts, but a common word the fields repeat ("pump" in the next
+  action, a task and the question) is not summed once per field over the name one field
+  gives.
 - **Semantic.** The fragment vectors were prepared once, with the query. Since every vector is
   unit length, the weighted sum of a memory's cosines to the fragments is its dot product with
   the weighted sum of the fragment vectors, so the arm is one scan with one combined vector. No
@@ -32,25 +36,23 @@ arms keep that structure instead of flattening it:
   the average. The arm also matches every content word of each fragment against the nearest
   word of each memory in the model's word space (1 for the same word, a high cosine for a
   close one), weighted by the word's rarity in the cell and by the fragment's role weight
-  (:mod:`plugin.memory.store.words`), and ranks by half the cosine and half that match, each
+  (a word several fragments hold counts once, at its largest;
+  :mod:`plugin.memory.store.words`), and ranks by half the cosine and half that match, each
   relative to its best in the cell.
-- **Fusion by confidence.** The arms' lists are fused in :mod:`plugin.memory.fusion`, each arm
-  weighted by its policy weight here, times how peaked its scores are. The word-level match
-  made the semantic arm the stronger one on both the hand-written notes and long
-  conversations, while its scores (half of them cosines) look less peaked than bm25's; its
-  policy weight then (``semantic_words``, 6) and the fusion's rank constant
-  (``rrf_k_words``, 0: each list counts ``weight / rank``, so the middle ranks both arms
-  share do not outvote the stronger arm's first places) were measured on both; ranking by
-  sentence vectors alone it keeps ``semantic`` (0.5) and ``rrf_k`` (10).
+- **Fusion by confidence.** The arms' lists are fused in :mod:`plugin.memory.fusion`, each
+  arm weighted by its policy weight here times how peaked its scores are. With the word match
+  the semantic arm is the stronger one on both the hand-written notes and long conversations,
+  while its scores look less peaked than bm25's: its weight is then ``semantic_words`` (6) and
+  the rank constant ``rrf_k_words`` (0: a list counts ``weight / rank``, so the middle ranks
+  both arms share do not outvote the stronger arm's first places), both measured on both;
+  ranking by sentence vectors alone it keeps ``semantic`` (0.5) and ``rrf_k`` (10).
 - **Turns of one conversation (opt-in).** In a chat the turn that matches a need is often
   the question, and the answer is the turn after it (or the one before), sharing no word with
   it. With ``adjacent`` above 0, each of the best ``adjacent_sources`` memories of the fused
   ranking lends ``adjacent`` times its score to the memories written just before and just
   after it, within ``adjacent_window_s``, which join the ranking if no arm found them. Notes
   written a minute or more apart, and a batch written at one instant, are not turns. Off by
-  default: measured on the LoCoMo dev split only (the hand-written sets' notes are a minute
-  apart, so they never use it), where it lifts fused recall@5 by about 0.04 but leaves fused
-  within noise of bm25 alone; the figures are in the evaluation documentation.
+  default: it can be measured on conversations only (see the evaluation documentation).
 - **Beliefs by relevance.** Beliefs read for the people a query names take their place among the
   evidence by their overlap with the query (:func:`with_beliefs`), not after a fixed rank.
 
@@ -82,6 +84,7 @@ __all__ = [
     "SHORT_REQUEST_TERMS",
     "RankingPolicy",
     "combined_vector",
+    "fragment_terms",
     "fragment_weights",
     "peakedness",
     "query_coverage",
@@ -187,8 +190,7 @@ class RankingPolicy:
     rrf_k_words: int = attrs.field(default=0, validator=_rrf_k)
     """The fusion's reciprocal-rank constant when the semantic arm also matches words (the
     packaged WordLlama). 0: an arm's list counts ``weight / rank``, so each arm's first places
-    lead and the stronger arm's order holds unless the other arm is as sure of its own first
-    place; measured on both the hand-written notes and the long conversations."""
+    lead; measured on both the hand-written notes and the long conversations."""
     fragment_scores: str = attrs.field(
         default="share", validator=attrs.validators.in_(("share", "bm25"))
     )
@@ -264,6 +266,25 @@ def search_terms(text: str) -> tuple[str, ...]:
     terms = word_terms(text, limit=None)
     content = tuple(term for term in terms if term not in STOPWORDS)
     return content or terms
+
+
+def fragment_terms(
+    fragments: Sequence[str], weights: Sequence[float]
+) -> list[tuple[float, tuple[str, ...]]]:
+    """Each fragment's :func:`search_terms` with its weight, heaviest first, every term once:
+    in the heaviest fragment that holds it (the earlier on a tie). Fragments of weight 0, and
+    those left with no term, are left out."""
+    order = sorted(range(len(fragments)), key=lambda i: -weights[i])
+    seen: set[str] = set()
+    parts: list[tuple[float, tuple[str, ...]]] = []
+    for i in order:
+        if weights[i] <= 0:
+            continue
+        terms = tuple(term for term in search_terms(fragments[i]) if term not in seen)
+        seen.update(terms)
+        if terms:
+            parts.append((weights[i], terms))
+    return parts
 
 
 def term_chunks(terms: Sequence[str]) -> tuple[list[str], int]:

@@ -219,9 +219,10 @@ class WordIndex:
     def asked(
         self, query: WordQuery, vectors: WordVectors
     ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float64]]:
-        """The query's distinct words as vectors, and each word's coefficient: the sum, over
-        the fragments holding it, of the fragment's weight times the word's share of the
-        fragment's rarity (``idf`` in the cell)."""
+        """The query's distinct words as vectors, and each word's coefficient: the largest,
+        over the fragments holding it, of the fragment's weight times the word's share of the
+        fragment's rarity (``idf`` in the cell). A word counts once, so a common word the
+        fields repeat is not summed over a name one field gives."""
         fragments = [(match_words(text), weight) for text, weight in query.fragments
                      if weight > 0]
         asked = list(dict.fromkeys(word for words, _ in fragments for word in words))
@@ -237,7 +238,8 @@ class WordIndex:
                 [self.document_frequency[self.vocabulary[w]] if w in self.vocabulary else 0.0
                  for w in words])
             rarity = np.log1p(documents / (1.0 + frequency))
-            np.add.at(coefficients, [row[w] for w in words], weight * rarity / rarity.sum())
+            np.maximum.at(coefficients, [row[w] for w in words],
+                          weight * rarity / rarity.sum())
         return vectors.of(asked), coefficients
 
     def scored(
