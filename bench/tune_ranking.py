@@ -96,6 +96,8 @@ VARIANTS: dict[str, tuple[RankingPolicy, float | None]] = {
     "turns-one-source": (_round_three(adjacent=0.8, adjacent_sources=1), None),
     "turns-three-sources": (_round_three(adjacent=0.9, adjacent_sources=3), None),
     "turns-words": (RankingPolicy(adjacent=0.8), None),
+    "turns-words-0.3": (RankingPolicy(adjacent=0.3), None),
+    "turns-words-0.5": (RankingPolicy(adjacent=0.5), None),
     "turns-words-k10": (_round_four(adjacent=0.8), None),
     # Round two: names, ids and questions over the next action's common words; "Continue"
     # that the scope knows keeps a small share; no fixed lower weight for one arm.
