@@ -10,6 +10,8 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from plugin import (
     Fact,
@@ -34,6 +36,7 @@ from plugin.memory.ranking import (
     peakedness,
     request_share,
     score_fuse,
+    search_terms,
     short_request_terms,
     term_chunks,
     weighted_fuse,
@@ -297,6 +300,25 @@ def test_fragment_terms_give_each_term_to_its_heaviest_fragment() -> None:
                      (1.0, ("call", "man")), (1.0, ("reijo",))]
     # A fragment whose every term a heavier one holds is left out; weight 0 is never searched.
     assert fragment_terms(["pump", "the pump", "x y"], [1.0, 2.0, 0.0]) == [(2.0, ("pump",))]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.text(alphabet="abc dé,Ω", max_size=12),
+                          st.sampled_from([0.0, 0.5, 1.0, 2.0])), max_size=6))
+def test_fragment_terms_searches_every_term_once_in_a_heaviest_fragment(
+    pairs: list[tuple[str, float]],
+) -> None:
+    fragments = [text for text, _ in pairs]
+    weights = [weight for _, weight in pairs]
+    parts = fragment_terms(fragments, weights)
+    searched = [term for _, terms in parts for term in terms]
+    assert len(searched) == len(set(searched))
+    assert [w for w, _ in parts] == sorted((w for w, _ in parts), reverse=True)
+    held = {term for text, weight in pairs if weight > 0 for term in search_terms(text)}
+    assert set(searched) == held
+    for weight, terms in parts:
+        for term in terms:
+            assert weight == max(w for text, w in pairs if term in search_terms(text))
 
 
 def test_terms_are_split_into_fts_sized_chunks() -> None:
