@@ -4,10 +4,10 @@ Fusion by confidence. Arms are fused by weighted reciprocal rank with a small co
 10, or 0 when the semantic arm matches words: :class:`~plugin.memory.ranking.RankingPolicy`),
 each arm weighted by its policy weight times how peaked its own scores are
 (:func:`peakedness`): an arm whose best candidate stands out votes louder than one whose
-scores are compressed. Fusion by score shares (:func:`score_fuse`)
-is the other option. The recent arm (the frozen control) only breaks ties, it never outvotes
-an arm that found something. Within the sparse arm, the fragments' lists are summed by their
-scores (:func:`weighted_score_fuse`).
+scores are compressed. Fusion by score shares (:func:`score_fuse`) is the other option. The
+recent arm (the frozen control) only breaks ties, it never outvotes an arm that found
+something. Within the sparse arm, the fragments' lists are summed by their scores
+(:func:`weighted_score_fuse`).
 
 Every function here is a pure function of its lists: deterministic, ties broken by rank in the
 tie-breaker, then by kind and id. The weights come from :mod:`plugin.memory.ranking`.

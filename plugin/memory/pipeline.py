@@ -139,6 +139,8 @@ class MemoryRetriever:
     ) -> list[Evidence]:
         """Every arm's candidates, fused: weighted arms, recency as the tie-breaker."""
         query, policy = prepared.query, self.ranking
+        # The semantic arm's fusion weight and the rank constant follow whether it matches words.
+        words = self._matches_words()
         weights: tuple[float, ...] = ()
         if uses_fragments(query):
             share = await self._request_share(query, principal, scope)
@@ -157,7 +159,7 @@ class MemoryRetriever:
         if "semantic" in self.arms:
             semantic = await self._semantic(prepared, weights, principal, scope, caps)
             if semantic is not None:
-                weight = policy.semantic_words if self._matches_words() else policy.semantic
+                weight = policy.semantic_words if words else policy.semantic
                 lists.append((self._confidence(weight, semantic), semantic))
                 arms.append("semantic")
             elif prepared.semantic.withheld_reason is not None:
@@ -173,8 +175,8 @@ class MemoryRetriever:
         if policy.fusion == "score" and len(lists) > 1:
             fused = score_fuse(lists, tie_breaker=recent)
         else:
-            k = policy.rrf_k_words if self._matches_words() else policy.rrf_k
-            fused = weighted_fuse(lists, tie_breaker=recent, k=k)
+            fused = weighted_fuse(lists, tie_breaker=recent,
+                                  k=policy.rrf_k_words if words else policy.rrf_k)
         if not {"sparse", "semantic"} & set(arms):
             return fused  # the recent arm alone keeps the frozen control's order
         return await self._with_adjacent(fused, principal, scope)

@@ -274,16 +274,16 @@ def fragment_terms(
     """Each fragment's :func:`search_terms` with its weight, heaviest first, every term once:
     in the heaviest fragment that holds it (the earlier on a tie). Fragments of weight 0, and
     those left with no term, are left out."""
-    order = sorted(range(len(fragments)), key=lambda i: -weights[i])
+    weighted = sorted(zip(weights, fragments, strict=True), key=lambda pair: -pair[0])
     seen: set[str] = set()
     parts: list[tuple[float, tuple[str, ...]]] = []
-    for i in order:
-        if weights[i] <= 0:
+    for weight, fragment in weighted:
+        if weight <= 0:
             continue
-        terms = tuple(term for term in search_terms(fragments[i]) if term not in seen)
+        terms = tuple(term for term in search_terms(fragment) if term not in seen)
         seen.update(terms)
         if terms:
-            parts.append((weights[i], terms))
+            parts.append((weight, terms))
     return parts
 
 
