@@ -1,0 +1,232 @@
+"""Retrieval variants that were measured and not kept, kept runnable.
+
+Each variant changes how the task-context query's fragments are weighed (most of them in the
+semantic arm), patched over the shipped code for one run (nothing here is reachable from the
+library), and prints the same table as :mod:`bench.tune_ranking`:
+
+    python -m bench.retrieval_variants --variant fragment-cosines --scenarios FILE
+
+- ``default``: the shipped arm, for the same run's reference.
+- ``fragment-cosines``: each fragment's cosines divided by the best in the cell, then summed
+  by the fragments' weights (the sparse arm's "share"), instead of one combined vector.
+- ``fragment-words``: the word match summed per fragment the same way: each word in its
+  heaviest fragment, each fragment's match divided by its best in the cell.
+- ``entities-fourth-root``: the entities share their role weight as ``weight / n ** 0.25``
+  instead of ``weight / sqrt(n)`` (more weight on names).
+- ``whole-query``: the whole query's sentence vector joins the combined vector with a quarter
+  of the fragments' total weight.
+- ``feedback``: pseudo-relevance feedback for notes linked through another note (the editor
+  a note names, the form another note asks for): the rare words (in at most two memories of
+  the cell, at most eight) of the arm's first two memories join the word match as fragments
+  worth a tenth of the query's weight each.
+- ``beliefs-words-once``: the beliefs' placement (:func:`~plugin.memory.ranking.query_coverage`)
+  counts a word several fragments hold once, in the heaviest of them, as the sparse arm does.
+
+The figures are in the evaluation documentation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import contextvars
+import math
+import sys
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import numpy as np
+
+from plugin.memory import pipeline, ranking
+from plugin.memory.query import FragmentRole
+from plugin.memory.ranking import RankingPolicy, combined_vector
+from plugin.memory.store import vectors, words
+
+from .tune_ranking import DEVSET, run
+
+_FRAGMENTS: dict[bytes, tuple[Any, Any]] = {}
+_WHOLE: contextvars.ContextVar[Any] = contextvars.ContextVar("whole", default=None)
+
+
+@contextlib.contextmanager
+def _fragment_cosines() -> Iterator[None]:
+    def combined(vecs: Sequence[Any], weights: Sequence[float]) -> Any:
+        result = combined_vector(vecs, weights)
+        if result is not None and len(vecs) > 1:
+            _FRAGMENTS[result.tobytes()] = (np.stack(vecs), np.asarray(weights))
+        return result
+
+    shipped = vectors.Matrix.scores
+
+    def scores(self: vectors.Matrix, query: Any) -> Any:
+        held = _FRAGMENTS.get(np.asarray(query, dtype=np.float32).tobytes())
+        if held is None:
+            return shipped(self, query)
+        cosines = np.einsum("ij,fj->if", self.vectors, held[0]).astype(np.float64)
+        best = cosines.max(axis=0)
+        return (np.clip(cosines, 0, None) / np.where(best > 0, best, 1.0)) @ held[1]
+
+    try:
+        with mock.patch.object(pipeline, "combined_vector", combined), \
+                mock.patch.object(vectors.Matrix, "scores", scores):
+            yield
+    finally:
+        _FRAGMENTS.clear()
+
+
+@contextlib.contextmanager
+def _fragment_words() -> Iterator[None]:
+    def scores(self: words.WordIndex, query: words.WordQuery, table: words.WordVectors) -> Any:
+        parts = sorted(((words.match_words(text), weight) for text, weight in query.fragments
+                        if weight > 0), key=lambda part: -part[1])
+        asked = list(dict.fromkeys(word for found, _ in parts for word in found))
+        total = np.zeros(self.count)
+        if not asked or not self.count:
+            return total
+        similar = np.clip(np.einsum("vd,qd->vq", self.vectors, table.of(asked)), 0.0, 1.0)
+        best = np.maximum.reduceat(similar[self.flat], self.starts, axis=0)
+        row = {word: i for i, word in enumerate(asked)}
+        seen: set[str] = set()
+        for found, weight in parts:
+            fresh = [word for word in found if word not in seen]
+            seen.update(fresh)
+            if not fresh:
+                continue
+            frequency = np.array([self.document_frequency[self.vocabulary[word]]
+                                  if word in self.vocabulary else 0.0 for word in fresh])
+            rarity = np.log1p(self.count / (1.0 + frequency))
+            match = best[:, [row[word] for word in fresh]] @ (rarity / rarity.sum())
+            top = float(match.max())
+            total += weight * (match / top if top > 0 else match)
+        return total
+
+    with mock.patch.object(words.WordIndex, "scores", scores):
+        yield
+
+
+@contextlib.contextmanager
+def _entities_fourth_root() -> Iterator[None]:
+    shipped = pipeline.fragment_weights
+
+    def weights(query: Any, policy: RankingPolicy, *, request_share: float = 1.0) -> Any:
+        found = shipped(query, policy, request_share=request_share)
+        entities = sum(role is FragmentRole.ENTITY for role in query.roles)
+        scale = math.sqrt(entities) / entities ** 0.25 if entities else 1.0
+        return tuple(weight * scale if role is FragmentRole.ENTITY else weight
+                     for weight, role in zip(found, query.roles, strict=True))
+
+    with mock.patch.object(pipeline, "fragment_weights", weights):
+        yield
+
+
+@contextlib.contextmanager
+def _whole_query() -> Iterator[None]:
+    shipped = pipeline.MemoryRetriever._semantic
+
+    async def semantic(self: Any, prepared: Any, *args: Any) -> Any:
+        token = _WHOLE.set(prepared.semantic.vector)
+        try:
+            return await shipped(self, prepared, *args)
+        finally:
+            _WHOLE.reset(token)
+
+    def combined(vecs: Sequence[Any], weights: Sequence[float]) -> Any:
+        whole = _WHOLE.get()
+        if whole is None:
+            return combined_vector(vecs, weights)
+        return combined_vector([*vecs, whole], [*weights, 0.25 * math.fsum(weights)])
+
+    with mock.patch.object(pipeline.MemoryRetriever, "_semantic", semantic), \
+            mock.patch.object(pipeline, "combined_vector", combined):
+        yield
+
+
+@contextlib.contextmanager
+def _feedback(
+    first: int = 2, rare: float = 2.0, most: int = 8, share: float = 0.1
+) -> Iterator[None]:
+    asked = threading.local()  # scores() and mixed() run in one worker thread, in this order
+    shipped_scores, shipped_mixed = words.WordIndex.scores, words.mixed
+
+    def scores(self: words.WordIndex, query: words.WordQuery, table: words.WordVectors) -> Any:
+        asked.last = (self, query, table)
+        return shipped_scores(self, query, table)
+
+    def mixed(cosines: Any, matched: Any, word_share: float) -> Any:
+        ranked = shipped_mixed(cosines, matched, word_share)
+        last, asked.last = getattr(asked, "last", None), None
+        if last is None or len(last[1].fragments) < 2:
+            return ranked  # the baseline's one whole query is left as it is
+        index, query, table = last
+        names = {i: word for word, i in index.vocabulary.items()}
+        known = {word for text, _ in query.fragments for word in words.match_words(text)}
+        ends = [*index.starts[1:].tolist(), len(index.flat)]
+        weight = share * math.fsum(weight for _, weight in query.fragments)
+        fragments = []
+        for row in np.argsort(-ranked, kind="stable")[:first].tolist():
+            found = sorted((index.document_frequency[i], names[i])
+                           for i in index.flat[index.starts[row]:ends[row]].tolist()
+                           if i in names and names[i] not in known
+                           and index.document_frequency[i] <= rare)[:most]
+            if found:
+                fragments.append((" ".join(word for _, word in found), weight))
+        if not fragments:
+            return ranked
+        extra = shipped_scores(index, words.WordQuery(tuple(fragments), query.share), table)
+        return shipped_mixed(cosines, matched + extra, word_share)
+
+    with mock.patch.object(words.WordIndex, "scores", scores), \
+            mock.patch.object(vectors, "mixed", mixed):
+        yield
+
+
+@contextlib.contextmanager
+def _beliefs_words_once() -> Iterator[None]:
+    def coverage(query: Any, policy: RankingPolicy) -> Callable[[str], float]:
+        if ranking.uses_fragments(query):
+            weights = ranking.fragment_weights(query, policy)
+            parts = [(weight, frozenset(terms))
+                     for weight, terms in ranking.fragment_terms(query.fragments, weights)]
+        else:
+            parts = [(1.0, ranking._content(query.text))]
+        total = math.fsum(weight for weight, terms in parts if terms)
+
+        def covered(text: str) -> float:
+            found = ranking._content(text)
+            return math.fsum(weight * len(terms & found) / len(terms)
+                             for weight, terms in parts if terms) / total if total > 0 else 0.0
+
+        return covered
+
+    with mock.patch.object(ranking, "query_coverage", coverage):
+        yield
+
+
+VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
+    "default": contextlib.nullcontext,
+    "fragment-cosines": _fragment_cosines,
+    "fragment-words": _fragment_words,
+    "entities-fourth-root": _entities_fourth_root,
+    "whole-query": _whole_query,
+    "feedback": _feedback,
+    "beliefs-words-once": _beliefs_words_once,
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--variant", choices=sorted(VARIANTS), action="append")
+    parser.add_argument("--scenarios", type=Path, default=DEVSET)
+    args = parser.parse_args()
+    for name in args.variant or list(VARIANTS):
+        with VARIANTS[name]():
+            for line in run(name, RankingPolicy(), None, None, args.scenarios, None):
+                print(f"fused below an arm: {line}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
