@@ -43,6 +43,7 @@ from plugin.memory.ranking import (
     with_beliefs,
 )
 from plugin.memory.store import Evidence
+from plugin.memory.terms import ACKNOWLEDGEMENTS, STOPWORDS, request_content, word_terms
 
 from ._ranking_env import RankingEnv, admit, prepare, ranking_env, search
 
@@ -117,9 +118,73 @@ async def test_a_short_request_the_scope_knows_leads(
         assert ranked[0] == "vault", arms
 
 
+# Notes that hold the words people say when they only mean "go on".
+_CHATTY = {
+    **_WORK,
+    "gym": "Keep going to the gym next week; it looks good and works great, thanks.",
+    "move": "Carry on with the move on Friday; sure, sounds fine.",
+}
+
+
+@pytest.mark.parametrize("request_text", [
+    "ok next", "sounds good, go ahead", "yeah that works, next",  # short
+    "ok so, um, keep going I guess",  # long: filler the scope's notes hold
+    "alright, that all looks good to me, please carry on",
+    "d'accord, on y va, continue comme prévu",
+    "fnord wibble blorp quux zarg",  # long: not one word the scope holds
+])
+async def test_a_go_on_request_weighs_nothing_whatever_its_length_and_the_scope_holds(
+    env: RankingEnv, request_text: str,
+) -> None:
+    # Acknowledgements and go-on words carry no content even where the notes use them, and a
+    # request of any length none of whose other words occurs in the scope carries none either:
+    # the ranking is exactly the one without a request, on every arm.
+    store, _ = env
+    await _add(store, _CHATTY)
+    state = WorkingState(request_text, next_action="Run the invoice backfill on staging",
+                         tasks=(Task("Rotate the keys"),))
+    silent = attrs.evolve(state, current_request="")
+    for arms in ({"sparse"}, {"semantic"}, {"sparse", "semantic"}):
+        ranked, _ = await _ranked(env, await _prepare(store, state), arms)
+        assert ranked[0] == "gold", arms
+        assert ranked == (await _ranked(env, await _prepare(store, silent), arms))[0], arms
+
+
+@pytest.mark.parametrize("request_text", [
+    "ok great, next: when is the quarterly vault audit due?",
+    "Totally unrelated, sorry: who signs the vault audit report this quarter?",
+])
+async def test_a_long_request_with_a_word_the_scope_knows_leads(
+    env: RankingEnv, request_text: str,
+) -> None:
+    store, _ = env
+    await _add(store, {**_CHATTY, "vault": "Vault audit: the quarterly vault report is due."})
+    state = WorkingState(request_text, next_action="Run the invoice backfill on staging",
+                         tasks=(Task("Write the runbook"),))
+    for arms in ({"sparse"}, {"semantic"}, {"sparse", "semantic"}):
+        ranked, _ = await _ranked(env, await _prepare(store, state), arms)
+        assert ranked[0] == "vault", arms
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(sorted(ACKNOWLEDGEMENTS | STOPWORDS)),
+                          st.sampled_from(["", ",", "!", " -", "..."]), st.booleans()),
+                min_size=1, max_size=12))
+def test_acknowledgements_and_function_words_are_never_content(
+    words: list[tuple[str, str, bool]],
+) -> None:
+    request = " ".join((word.upper() if loud else word) + mark for word, mark, loud in words)
+    assert request_content(word_terms(request, limit=64)) == ()
+    assert short_request_terms(request) in ((), None)
+
+
 def test_short_request_terms() -> None:
-    assert short_request_terms("Weiter, bitte!") == ("weiter", "bitte")
-    assert short_request_terms("ok, go on") is not None
+    assert short_request_terms("Vault audit, bitte!") == ("vault", "audit")
+    # Acknowledgements, go-on words and single letters are not content, in any language.
+    assert short_request_terms("Weiter, bitte!") == ()
+    assert short_request_terms("ok, go on") == ()
+    assert short_request_terms("let's go") == ()
+    assert short_request_terms("kyllä, jatka") == ()
     assert short_request_terms("please rotate the billing keys before the audit") is None
     policy = RankingPolicy(request_terms=2)
     assert [request_share(n, policy) for n in (0, 1, 2, 5)] == [0.0, 0.25, 1.0, 1.0]

@@ -46,6 +46,7 @@ from .store.words import MAX_FRAGMENTS, word_level
 from .terms import STOPWORDS as STOPWORDS
 from .terms import content_terms as content_terms
 from .terms import query_terms as query_terms
+from .terms import request_content, word_terms
 
 ARMS = frozenset({"sparse", "semantic", "recent"})
 """The candidate arms of an attempt."""
@@ -228,15 +229,18 @@ class MemoryRetriever:
         return weight * max(peakedness(ranked), 1e-3)
 
     async def _request_share(self, query: RecallQuery, principal: str, scope: str) -> float:
-        """How much of its weight the request keeps: a short request is measured on the scope's
-        own vocabulary (how many of its terms occur in the scope's memories), so a request
-        that says only "go on", in any language, weighs 0."""
+        """How much of its weight the request keeps, measured on the scope's own vocabulary:
+        a short request by how many of its content terms occur in the scope's memories, a
+        longer one fully when any of them does. So a request that says only "go on", in any
+        language and at any length, weighs 0."""
         if FragmentRole.REQUEST not in query.roles:
             return 1.0
         request = query.fragments[query.roles.index(FragmentRole.REQUEST)]
         terms = short_request_terms(request, short=self.ranking.short_words)
-        if terms is None:
-            return 1.0
+        if terms is None:  # one search: the terms are OR-ed
+            content = request_content(word_terms(request, limit=64))
+            return 1.0 if content and await self.store.sparse_candidates(
+                " ".join(content), principal=principal, scope=scope, limit=1) else 0.0
         found = 0
         for term in terms:
             if await self.store.sparse_candidates(term, principal=principal, scope=scope,

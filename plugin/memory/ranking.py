@@ -14,11 +14,10 @@ arms keep that structure instead of flattening it:
   (``context``), so a task in flight does not dilute a question asked now.
 - **A content-free request** ("Continue", "weiter", "ok, next step please") weighs 0, and the
   other fields then carry the query together: a memory that several fields point at sums
-  their weights (agreement counts). Which requests carry no content is not read from a word
-  list: a short request carries content in proportion to how many of its terms occur in the
-  scope's memories (:func:`request_share`, measured by the retriever on the store's own
-  vocabulary); one none of whose terms occurs there carries none, and one whose single known
-  word is "Continue" keeps a sixteenth (the share grows with the square of the words found).
+  their weights (agreement counts). Content is measured on the store's own vocabulary, with
+  acknowledgements set aside (:func:`~plugin.memory.terms.request_content`): a short request
+  by how many of its terms occur in the scope's memories (:func:`request_share`), a longer one
+  fully when any does; a request none of whose terms occurs carries none, in any language.
 - **Sparse.** Each weighted fragment is searched on its own (its terms never crowd out another
   fragment's under the FTS term cap), and the lists are fused by their normalised scores
   (``fragment_scores="share"``; ``"bm25"`` sums the bm25 scores themselves, measured and not
@@ -73,7 +72,7 @@ from .embedding import Vector
 from .fusion import PEAK_DEPTH, RRF_K, peakedness, score_fuse, weighted_fuse, weighted_score_fuse
 from .query import FragmentRole, QueryStrategy, RecallQuery
 from .store import Evidence
-from .terms import STOPWORDS, word_terms
+from .terms import STOPWORDS, request_content, word_terms
 
 __all__ = [
     "BELIEFS_AFTER",
@@ -155,7 +154,8 @@ class RankingPolicy:
     none (``share`` 0) and this share when it carries all of it."""
     short_words: int = attrs.field(default=SHORT_REQUEST_TERMS, validator=_rrf_k)
     """A request of at most this many words is short: how much content it carries is measured
-    on the scope's vocabulary (:func:`request_share`); a longer one carries all of it."""
+    on the scope's vocabulary (:func:`request_share`); a longer one carries all of it when any
+    of its content terms occurs in the scope's memories, none otherwise."""
     request_terms: int = attrs.field(default=4, validator=_rrf_k)
     """A short request with this many terms found in the scope carries its full weight; one
     with fewer carries ``(found / request_terms) ** request_power`` of it."""
@@ -216,13 +216,12 @@ class RankingPolicy:
 def short_request_terms(
     request: str, *, short: int = SHORT_REQUEST_TERMS
 ) -> tuple[str, ...] | None:
-    """The terms whose presence in the scope decides whether a short ``request`` carries
-    content (its words without function words); None when the request is not short (it
-    carries content whatever the scope holds)."""
+    """The terms whose presence in the scope decides how much content a short ``request``
+    carries (:func:`~plugin.memory.terms.request_content`: no function word, acknowledgement
+    or single letter); None when it is longer than ``short`` words (it then carries content
+    when any of those terms occurs in the scope)."""
     terms = word_terms(request, limit=64)
-    if len(terms) > short:
-        return None
-    return tuple(term for term in terms if term not in STOPWORDS)
+    return None if len(terms) > short else request_content(terms)
 
 
 def request_share(found: int, policy: RankingPolicy) -> float:

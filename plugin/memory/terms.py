@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Iterable
 
 __all__ = [
+    "ACKNOWLEDGEMENTS",
     "MAX_SCAN_CHARS",
     "STOPWORDS",
     "content_terms",
     "query_terms",
     "remove_lone_surrogates",
+    "request_content",
     "word_terms",
 ]
 
@@ -41,6 +44,34 @@ STOPWORDS = frozenset(
 )
 """English function words left out of the sparse and recent arms' terms (unless a query has
 nothing else): they match nearly every memory and drown the words that carry the need."""
+
+ACKNOWLEDGEMENTS = frozenset(
+    """ok okay okey kk yes yeah yep yup sure alright allright right fine good great cool nice
+    perfect awesome sounds looks works thanks thank thx please pls plz go going ahead continue
+    continuing carry keep proceed next step onward onwards resume um umm uh hmm mm mhm hm guess
+    whatever anyway let lets
+    ja jo jep passt gut weiter mach los bitte klar genau super prima
+    oui ouais continuez continuons vas allez allons va marche accord bien parfait ça
+    sí si vale sigue seguimos sigamos adelante venga dale perfecto bueno claro vamos por favor
+    sì bene avanti continua prosegui procedi certo perfetto
+    sim segue siga pode bora beleza
+    goed verder doorgaan
+    joo kyllä selvä jatka jatketaan vaan okei seuraava hyvä
+    okej fortsätt kör bra nästa
+    tak dalej dobrze""".split()  # noqa: SIM905
+)
+"""Words that, in a request to an agent, only acknowledge or say "go on" (case-folded, in the
+languages people most often write such requests in): they are not content, even in a scope
+whose notes use them ("next week", "looks good"). A request is otherwise measured on the
+scope's own vocabulary, so a go-on word of another language, absent from the notes, carries
+nothing either."""
+
+
+def request_content(terms: Iterable[str]) -> tuple[str, ...]:
+    """The ``terms`` of a request that may carry content: no function word, no acknowledgement
+    (:data:`ACKNOWLEDGEMENTS`), no single character."""
+    return tuple(term for term in terms
+                 if len(term) > 1 and term not in STOPWORDS and term not in ACKNOWLEDGEMENTS)
 
 
 def remove_lone_surrogates(text: str) -> str:
