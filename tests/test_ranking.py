@@ -86,17 +86,34 @@ _WORK = {
 }
 
 
-@pytest.mark.parametrize("request_text", [
-    "weiter", "Weiter bitte", "ok, next step please", "vas-y", "continúa, por favor",
-    "dale", "jatka", "  OK  ", "sounds good, go ahead",
+# Notes that hold the words people say when they only mean "go on".
+_CHATTY = {
+    **_WORK,
+    "gym": "Keep going to the gym next week; it looks good and works great, thanks.",
+    "move": "Carry on with the move on Friday; sure, sounds fine.",
+}
+
+
+@pytest.mark.parametrize(("notes", "request_text"), [
+    # None of the request's words occurs in the scope's memories, in any language.
+    *((_WORK, text) for text in ("weiter", "Weiter bitte", "ok, next step please", "vas-y",
+                                 "continúa, por favor", "dale", "jatka", "  OK  ",
+                                 "sounds good, go ahead")),
+    # Acknowledgements and go-on words the scope's notes do use, short and long.
+    *((_CHATTY, text) for text in ("ok next", "sounds good, go ahead", "yeah that works, next",
+                                   "ok so, um, keep going I guess",
+                                   "alright, that all looks good to me, please carry on",
+                                   "d'accord, on y va, continue comme prévu")),
+    (_CHATTY, "fnord wibble blorp quux zarg"),  # long, and not one word the scope holds
 ])
-async def test_a_go_on_request_in_any_language_weighs_nothing(
-    env: RankingEnv, request_text: str,
+async def test_a_go_on_request_weighs_nothing(
+    env: RankingEnv, notes: dict[str, str], request_text: str,
 ) -> None:
-    # None of the request's words occurs in the scope's memories: it carries no content, so
-    # the ranking is exactly the one without a request, on every arm.
+    # Acknowledgements carry no content even where the notes use them, and a request of any
+    # length none of whose other words occurs in the scope carries none either: the ranking
+    # is exactly the one without a request, on every arm.
     store, _ = env
-    await _add(store, _WORK)
+    await _add(store, notes)
     state = WorkingState(request_text, next_action="Run the invoice backfill on staging",
                          tasks=(Task("Rotate the keys"),))
     silent = attrs.evolve(state, current_request="")
@@ -116,38 +133,6 @@ async def test_a_short_request_the_scope_knows_leads(
     for arms in ({"sparse"}, {"sparse", "semantic"}):
         ranked, _ = await _ranked(env, await _prepare(store, state), arms)
         assert ranked[0] == "vault", arms
-
-
-# Notes that hold the words people say when they only mean "go on".
-_CHATTY = {
-    **_WORK,
-    "gym": "Keep going to the gym next week; it looks good and works great, thanks.",
-    "move": "Carry on with the move on Friday; sure, sounds fine.",
-}
-
-
-@pytest.mark.parametrize("request_text", [
-    "ok next", "sounds good, go ahead", "yeah that works, next",  # short
-    "ok so, um, keep going I guess",  # long: filler the scope's notes hold
-    "alright, that all looks good to me, please carry on",
-    "d'accord, on y va, continue comme prévu",
-    "fnord wibble blorp quux zarg",  # long: not one word the scope holds
-])
-async def test_a_go_on_request_weighs_nothing_whatever_its_length_and_the_scope_holds(
-    env: RankingEnv, request_text: str,
-) -> None:
-    # Acknowledgements and go-on words carry no content even where the notes use them, and a
-    # request of any length none of whose other words occurs in the scope carries none either:
-    # the ranking is exactly the one without a request, on every arm.
-    store, _ = env
-    await _add(store, _CHATTY)
-    state = WorkingState(request_text, next_action="Run the invoice backfill on staging",
-                         tasks=(Task("Rotate the keys"),))
-    silent = attrs.evolve(state, current_request="")
-    for arms in ({"sparse"}, {"semantic"}, {"sparse", "semantic"}):
-        ranked, _ = await _ranked(env, await _prepare(store, state), arms)
-        assert ranked[0] == "gold", arms
-        assert ranked == (await _ranked(env, await _prepare(store, silent), arms))[0], arms
 
 
 @pytest.mark.parametrize("request_text", [
