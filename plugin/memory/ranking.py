@@ -161,8 +161,8 @@ class RankingPolicy:
     with fewer carries ``(found / request_terms) ** request_power`` of it."""
     request_power: float = attrs.field(default=2.0, validator=_unit)
     """How fast a short request's share grows with the terms the scope knows (1: linearly). At
-    2 one known word ("Continue" in a chat where someone once wrote it) keeps a sixteenth and
-    does not dilute the need in the state, while two ("vault audit?") keep a quarter and lead."""
+    2 one known word (a go-on word the acknowledgements lack, where the notes use it) keeps a
+    sixteenth and does not dilute the need in the state; two ("vault audit?") keep a quarter."""
     whole_query: float = attrs.field(default=0.0, validator=_unit)
     """Sparse: weight of the whole task-context query's list beside the fragments' lists."""
     sparse: float = attrs.field(default=1.0, validator=_unit)
