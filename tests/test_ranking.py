@@ -105,6 +105,7 @@ _CHATTY = {
                                    "alright, that all looks good to me, please carry on",
                                    "d'accord, on y va, continue comme prévu")),
     (_CHATTY, "fnord wibble blorp quux zarg"),  # long, and not one word the scope holds
+    (_CHATTY, 'NEAR("zq" "xv") OR * AND NOT ^col: "fnord" -- \'; DROP TABLE memories'),
 ])
 async def test_a_go_on_request_weighs_nothing(
     env: RankingEnv, notes: dict[str, str], request_text: str,
