@@ -21,28 +21,16 @@ import argparse
 import sys
 from pathlib import Path
 
-import anyio
-
-from plugin.evaluation import Evaluator, stream_scenarios
-from plugin.evaluation.analysis import ScoredRow, score_row, summarise
-from plugin.evaluation.command import embedding_for
 from plugin.memory.ranking import RankingPolicy
 
-from .tune_ranking import DEVSET
+from .tune_ranking import DEVSET, summary_for
 
 ROLES = ("next_action", "task", "question", "objective", "constraint", "entity")
 
 
 def measure(path: Path, weights: dict[str, float], family: str) -> dict[str, float]:
     """Task-context recall@5: the arms' on ``family``, fused and the best arm's overall."""
-    evaluator = Evaluator(embedding=embedding_for(None), ranking=RankingPolicy(**weights))
-    scored: list[ScoredRow] = []
-
-    def collect(scenario, rows):  # type: ignore[no-untyped-def]
-        scored.extend(score_row(row, scenario, (5,)) for row in rows)
-
-    anyio.run(lambda: evaluator.evaluate(stream_scenarios(path), on_scenario=collect))
-    results = summarise(scored, (5,), resamples=10)["results"]
+    results = summary_for(RankingPolicy(**weights), path, ks=(5,), resamples=10)["results"]
 
     def recall(arm: str, cell: str) -> float:
         return float(results[arm]["task_context"][cell]["recall@5"])

@@ -19,9 +19,11 @@ each LoCoMo dev conversion, it exits 1 when fused recall@5 is below the best sin
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 
@@ -155,24 +157,33 @@ VARIANTS: dict[str, tuple[RankingPolicy, float | None]] = {
 }
 
 
-def run(name: str, policy: RankingPolicy, floor: float | None, semantic: str | None,
-        path: Path, limit: int | None) -> list[str]:
-    """Print the variant's table; return where fused recall@5 is below the best single arm
-    (over the whole file, per strategy)."""
+def summary_for(
+    policy: RankingPolicy, path: Path, *, floor: float | None = None,
+    semantic: str | None = None, limit: int | None = None, ks: tuple[int, ...] = (5, 10),
+    resamples: int = 1000,
+) -> dict[str, Any]:
+    """Evaluate ``path`` (its first ``limit`` scenarios) under ``policy``; the evaluator's
+    summary (``results`` and ``differences``) at the cut-offs ``ks``."""
     evaluator = Evaluator(embedding=embedding_for(semantic), ranking=policy,
                           min_similarity=floor)
     scored: list[ScoredRow] = []
 
     def collect(scenario, rows):  # type: ignore[no-untyped-def]
-        scored.extend(score_row(row, scenario, (5, 10)) for row in rows)
+        scored.extend(score_row(row, scenario, ks) for row in rows)
 
-    started = time.monotonic()
     scenarios = stream_scenarios(path)
     if limit:
-        import itertools
         scenarios = itertools.islice(scenarios, limit)  # type: ignore[assignment]
     anyio.run(lambda: evaluator.evaluate(scenarios, on_scenario=collect))
-    summary = summarise(scored, (5, 10), resamples=1000)
+    return summarise(scored, ks, resamples=resamples)
+
+
+def run(name: str, policy: RankingPolicy, floor: float | None, semantic: str | None,
+        path: Path, limit: int | None) -> list[str]:
+    """Print the variant's table; return where fused recall@5 is below the best single arm
+    (over the whole file, per strategy)."""
+    started = time.monotonic()
+    summary = summary_for(policy, path, floor=floor, semantic=semantic, limit=limit)
     results, diffs = summary["results"], summary["differences"]
     families = list(results["sparse"]["baseline"])
     print(f"== {name}: {policy}, floor {floor} ({time.monotonic() - started:.0f}s)")
