@@ -11,6 +11,10 @@ library), and prints the same table as :mod:`bench.tune_ranking`:
   by the fragments' weights (the sparse arm's "share"), instead of one combined vector.
 - ``fragment-words``: the word match summed per fragment the same way: each word in its
   heaviest fragment, each fragment's match divided by its best in the cell.
+- ``fragment-words-roots``: the same per fragment, without the division: each fragment's
+  match (in [0, 1]) enters as its square root, as the sparse arm's shares do (round seven).
+- ``word-squares``, ``word-floor``: a word's match with a memory's nearest word sharpened,
+  squared or as ``(cosine - 0.3) / 0.7``, so only close words count (round seven).
 - ``entities-fourth-root``: the entities share their role weight as ``weight / n ** 0.25``
   instead of ``weight / sqrt(n)`` (more weight on names).
 - ``whole-query``: the whole query's sentence vector joins the combined vector with a quarter
@@ -78,7 +82,7 @@ def _fragment_cosines() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _fragment_words() -> Iterator[None]:
+def _fragment_words(*, power: float | None = None) -> Iterator[None]:
     def scores(self: words.WordIndex, query: words.WordQuery, table: words.WordVectors) -> Any:
         parts = sorted(((words.match_words(text), weight) for text, weight in query.fragments
                         if weight > 0), key=lambda part: -part[1])
@@ -99,11 +103,27 @@ def _fragment_words() -> Iterator[None]:
                                   if word in self.vocabulary else 0.0 for word in fresh])
             rarity = np.log1p(self.count / (1.0 + frequency))
             match = best[:, [row[word] for word in fresh]] @ (rarity / rarity.sum())
+            if power is not None:
+                total += weight * match ** power
+                continue
             top = float(match.max())
             total += weight * (match / top if top > 0 else match)
         return total
 
     with mock.patch.object(words.WordIndex, "scores", scores):
+        yield
+
+
+@contextlib.contextmanager
+def _word_matches(transform: Callable[[Any], Any]) -> Iterator[None]:
+    def scored(self: words.WordIndex, table: Any, coefficients: Any) -> Any:
+        if not self.count or not len(table) or table.shape[1] != self.vectors.shape[1]:
+            return np.zeros(self.count, dtype=np.float64)
+        similar = transform(np.clip(np.einsum("vd,qd->vq", self.vectors, table), 0.0, 1.0))
+        best = np.maximum.reduceat(similar[self.flat], self.starts, axis=0)
+        return np.einsum("nq,q->n", best, coefficients)
+
+    with mock.patch.object(words.WordIndex, "scored", scored):
         yield
 
 
@@ -209,6 +229,9 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "default": contextlib.nullcontext,
     "fragment-cosines": _fragment_cosines,
     "fragment-words": _fragment_words,
+    "fragment-words-roots": lambda: _fragment_words(power=0.5),
+    "word-squares": lambda: _word_matches(lambda similar: similar ** 2),
+    "word-floor": lambda: _word_matches(lambda similar: np.clip((similar - 0.3) / 0.7, 0, 1)),
     "entities-fourth-root": _entities_fourth_root,
     "whole-query": _whole_query,
     "feedback": _feedback,

@@ -5,7 +5,8 @@ Runs a development file (default ``examples/devset.jsonl``; also the hand-writte
 converted under /tmp, never a test half or held-out data) once per named variant of
 :class:`~plugin.memory.ranking.RankingPolicy` and prints recall@5 per arm, strategy and
 family, plus task_context - baseline per family with the lower end of its 95 % interval.
-``--only NAME`` runs one variant (repeatable).
+``--only NAME`` runs one variant (repeatable); ``--set FIELD=VALUE`` (repeatable) runs the
+defaults with those fields changed instead, e.g. ``--set entity=1.5 --set fragment_power=1``.
 
 ``--check-fusion`` is the regression check on long conversations: with ``--only default`` and
 each LoCoMo dev conversion, it exits 1 when fused recall@5 is below the best single arm::
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import sys
 import time
 from pathlib import Path
@@ -206,6 +208,15 @@ def run(name: str, policy: RankingPolicy, floor: float | None, semantic: str | N
     return below
 
 
+def _setting(item: str) -> tuple[str, Any]:
+    """``FIELD=VALUE`` as a field name and a JSON value (a bare word stays a string)."""
+    name, _, value = item.partition("=")
+    try:
+        return name, json.loads(value)
+    except json.JSONDecodeError:
+        return name, value
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--semantic", default=None)
@@ -214,10 +225,19 @@ def main() -> int:
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--check-fusion", action="store_true",
                         help="exit 1 when fused recall@5 is below the best single arm")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="the defaults with these RankingPolicy fields changed")
     args = parser.parse_args()
     below: list[str] = []
+    if args.set:
+        try:
+            changed = RankingPolicy(**dict(_setting(item) for item in args.set))
+        except (TypeError, ValueError) as error:
+            parser.error(f"--set: {error}")
+        below += run(" ".join(args.set), changed, None, args.semantic, args.scenarios,
+                     args.limit)
     for name, (policy, floor) in VARIANTS.items():
-        if args.only and name not in args.only:
+        if (args.set and not args.only) or (args.only and name not in args.only):
             continue
         below += run(name, policy, floor, args.semantic, args.scenarios, args.limit)
     for line in below:

@@ -11,6 +11,7 @@ import pytest
 
 from plugin import (
     Fact,
+    Task,
     WorkingState,
     compose_task_context,
 )
@@ -129,6 +130,40 @@ async def test_fused_is_not_below_its_best_arm_on_the_hand_written_halves(half: 
         assert fused >= best - 1e-9, (strategy, fused, best)
 
 
+# One note repeats the next action's words; the one that matters shares a word with each of
+# three fields (the next action, a task, a constraint) and each field has a note of its own.
+_BREADTH = {
+    "echo": "Quartz worktop quote from Bauhaus, received and filed.",
+    "task": "Undermount sink model: choose the Blanco one.",
+    "rule": "Lead time three weeks at most, says the fitter.",
+    "needed": "Marek cuts the worktop once he has the sink; lead about ten days.",
+    "tiles": "Bathroom tiles arrived cracked.",
+    "hob": "Electrician for the hob circuit booked.",
+}
+_BREADTH_STATE = WorkingState(
+    "ok",
+    next_action="Get the quote for the quartz worktop",
+    tasks=(Task("Choose the undermount sink model"),),
+    constraints=("Lead time under three weeks",),
+)
+
+
+async def test_a_note_several_fields_match_in_part_outranks_one_field_repeated(
+    env: RankingEnv,
+) -> None:
+    store, _ = env
+    await store.add_memories([
+        MemoryRecord(id=key, text=text, principal=P, scope=S, created_at=float(i))
+        for i, (key, text) in enumerate(_BREADTH.items())
+    ])
+    found = await _ranked(env, _BREADTH_STATE, {"sparse"})
+    assert found[0] == "needed"
+    # Summing the fragments' shares as they are puts the next action's echo and each field's
+    # own note first, and the note the work needs last.
+    linear = await _ranked(env, _BREADTH_STATE, {"sparse"}, RankingPolicy(fragment_power=1.0))
+    assert linear.index("echo") < linear.index("needed")
+
+
 # -- the measured alternatives stay available and correct ----------------------------------------
 
 
@@ -146,6 +181,13 @@ def test_fragment_lists_summed_by_share_or_by_bm25() -> None:
     assert [e.id for e in shares] == ["x", "y", "z"]
     raw = weighted_score_fuse([(1.0, rare), (1.0, common)], normalise=False)
     assert [(e.id, e.score) for e in raw] == [("x", 10.0), ("z", 9.0), ("y", 2.0)]
+    # Raised to a power below 1, two partial matches outweigh one full match.
+    half = [_item("x", 10.0), _item("h", 4.0)]
+    other = [_item("y", 2.0), _item("h", 0.8)]
+    assert [e.id for e in weighted_score_fuse([(1.0, half), (1.0, other)])] == ["x", "y", "h"]
+    rooted = weighted_score_fuse([(1.0, half), (1.0, other)], power=0.5)
+    assert [e.id for e in rooted] == ["h", "x", "y"]
+    assert rooted[0].score == pytest.approx(2 * 0.4 ** 0.5)
     # Lists with no positive or no finite best contribute nothing.
     assert weighted_score_fuse([(1.0, [_item("n", float("inf"))]), (1.0, common)])[0].id == "y"
 
@@ -155,3 +197,6 @@ def test_policy_options_are_checked() -> None:
         RankingPolicy(fragment_scores="tf")
     with pytest.raises(ValueError):
         RankingPolicy(request_power=-1.0)
+    for power in (0.0, 1.5, float("nan")):
+        with pytest.raises(ValueError, match="fragment_power"):
+            RankingPolicy(fragment_power=power)

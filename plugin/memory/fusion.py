@@ -132,11 +132,15 @@ def peakedness(ranked: Sequence[Evidence], *, depth: int = PEAK_DEPTH) -> float:
 
 
 def weighted_score_fuse(
-    lists: Sequence[tuple[float, Sequence[Evidence]]], *, normalise: bool = True
+    lists: Sequence[tuple[float, Sequence[Evidence]]], *, normalise: bool = True,
+    power: float = 1.0,
 ) -> list[Evidence]:
     """Fuse lists of one arm by their scores: each list's scores are divided by its best (so
-    a fragment's strongest match counts 1) unless ``normalise`` is False, weighted, and
-    summed; ties by kind and id."""
+    a fragment's strongest match counts 1) unless ``normalise`` is False, raised to ``power``,
+    weighted, and summed; ties by kind and id.
+
+    A ``power`` below 1 favours breadth over depth: a memory that two lists match half-way
+    (``2 * 0.5 ** 0.5`` = 1.41 at 0.5) outranks one that a single list matches fully (1)."""
     scores: dict[tuple[str, str], float] = {}
     first: dict[tuple[str, str], Evidence] = {}
     for weight, ranked in lists:
@@ -146,7 +150,8 @@ def weighted_score_fuse(
         scale = top if normalise else 1.0
         for item in ranked:
             key = (item.kind, item.id)
-            scores[key] = scores.get(key, 0.0) + weight * max(item.score, 0.0) / scale
+            share = max(item.score, 0.0) / scale
+            scores[key] = scores.get(key, 0.0) + weight * share ** power
             first.setdefault(key, item)
     order = sorted(scores, key=lambda key: (-scores[key], key))
     return [attrs.evolve(first[key], score=scores[key]) for key in order]

@@ -279,7 +279,9 @@ class MemoryRetriever:
         if len(lists) == 1:
             return list(lists[0][1])
         normalise = self.ranking.fragment_scores == "share"
-        return weighted_score_fuse(lists, normalise=normalise)[: caps.candidates_per_arm * 2]
+        power = self.ranking.fragment_power if normalise else 1.0
+        fused = weighted_score_fuse(lists, normalise=normalise, power=power)
+        return fused[: caps.candidates_per_arm * 2]
 
     async def _semantic(
         self, prepared: PreparedRecall, weights: Sequence[float], principal: str, scope: str,

@@ -20,16 +20,14 @@ arms keep that structure instead of flattening it:
   fully when any does; a request none of whose terms occurs carries none, in any language.
 - **Sparse.** Each weighted fragment is searched on its own (its terms never crowd out another
   fragment's under the FTS term cap), and the lists are fused by their normalised scores
-  (``fragment_scores="share"``; ``"bm25"`` sums the bm25 scores themselves, measured and not
-  chosen: a long fragment's many matched words then outvote a short one's name). A term
-  several fragments hold is searched in the heaviest of them only (:func:`fragment_terms`):
-  agreement between fields counts, but a common word the fields repeat ("pump" in the next
-  action, a task and the question) is not summed once per field over the name one field
-  gives.
-- **Semantic.** The fragment vectors were prepared once, with the query. Since every vector is
-  unit length, the weighted sum of a memory's cosines to the fragments is its dot product with
-  the weighted sum of the fragment vectors, so the arm is one scan with one combined vector. No
-  cosine floor: the arm ranks its candidates and fusion decides.
+  (``fragment_scores="share"``, each share raised to ``fragment_power`` = 0.5, so a memory
+  several fields match in part outranks one a single field matches fully; ``"bm25"`` sums the
+  bm25 scores themselves, measured and not chosen). A term several fragments hold is searched
+  in the heaviest of them only (:func:`fragment_terms`): agreement between fields counts, but
+  a common word the fields repeat is not summed once per field over a name one field gives.
+- **Semantic.** Every vector is unit length, so the weighted sum of a memory's cosines to the
+  fragments is its dot product with the weighted sum of the fragment vectors: one scan with
+  one combined vector. No cosine floor: the arm ranks its candidates and fusion decides.
 - **Semantic, word by word** (``words``, with the packaged WordLlama). A sentence vector
   averages its words, so a rare name in a long note weighs little and a paraphrase is lost in
   the average. The arm also matches every content word of each fragment against the nearest
@@ -45,13 +43,9 @@ arms keep that structure instead of flattening it:
   the rank constant ``rrf_k_words`` (0: a list counts ``weight / rank``, so the middle ranks
   both arms share do not outvote the stronger arm's first places), both measured on both;
   ranking by sentence vectors alone it keeps ``semantic`` (0.5) and ``rrf_k`` (10).
-- **Turns of one conversation (opt-in).** In a chat the turn that matches a need is often
-  the question, and the answer is the turn after it (or the one before), sharing no word with
-  it. With ``adjacent`` above 0, each of the best ``adjacent_sources`` memories of the fused
-  ranking lends ``adjacent`` times its score to the memories written just before and just
-  after it, within ``adjacent_window_s``, which join the ranking if no arm found them. Notes
-  written a minute or more apart, and a batch written at one instant, are not turns. Off by
-  default: it can be measured on conversations only (see the evaluation documentation).
+- **Turns of one conversation (opt-in, ``adjacent``).** In a chat the answer to the turn that
+  matches a need is often the next turn, which shares no word with it: the best memories of
+  the fused ranking lend part of their score to the turns written just before and after them.
 - **Beliefs by relevance.** Beliefs read for the people a query names take their place among the
   evidence by their overlap with the query (:func:`with_beliefs`), not after a fixed rank.
 
@@ -121,6 +115,11 @@ def _share(instance: object, attribute: attrs.Attribute[float], value: float) ->
     _unit(instance, attribute, value)
     if value > 1:
         raise ValueError(f"RankingPolicy.{attribute.name} must be at most 1, got {value!r}")
+
+
+def _positive(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if value <= 0:
+        raise ValueError(f"RankingPolicy.{attribute.name} must be above 0, got {value!r}")
 
 
 def _rrf_k(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
@@ -196,12 +195,16 @@ class RankingPolicy:
     )
     """Sparse: how the fragments' lists are summed: ``share`` (each list's scores divided by
     its best) or ``bm25`` (the scores themselves, so a match on rare terms counts more)."""
+    fragment_power: float = attrs.field(default=0.5, validator=[_share, _positive])
+    """Sparse, by ``share``: each share is raised to this power, in (0, 1], before the sum. At
+    0.5 a memory several fields match in part outranks one a single field matches fully (a
+    distractor that repeats the next action's words); 1 sums the shares."""
 
     adjacent: float = attrs.field(default=0.0, validator=_unit)
     """The share of its score each of the best ``adjacent_sources`` memories of the fused
-    ranking lends to the memories written just before and just after it within
-    ``adjacent_window_s`` (the turns around a turn of a conversation); 0 (the default): off.
-    0.3 is what was measured on conversations (0.8 before the fusion by weight / rank)."""
+    ranking lends to the memories written just before and after it within
+    ``adjacent_window_s``; joined if no arm found them. 0 (default): off; 0.3 measured on
+    conversations. Notes a minute apart, or written at one instant, are not turns."""
     adjacent_sources: int = attrs.field(default=2, validator=_rrf_k)
     """How many of the best memories lend their score to the turns around them."""
     adjacent_window_s: float = attrs.field(default=30.0, validator=_unit)
@@ -380,11 +383,8 @@ def with_beliefs(
 
 
 def combined_vector(vectors: Sequence[Vector], weights: Sequence[float]) -> Vector | None:
-    """The unit vector along ``sum(weight * vector)``; None when it is zero or not finite.
-
-    A memory's dot product with it is proportional to its weighted sum of cosines to the
-    fragments, so ranking by it ranks by that sum.
-    """
+    """The unit vector along ``sum(weight * vector)`` (a memory's dot product with it ranks
+    by its weighted sum of cosines to the fragments); None when it is zero or not finite."""
     if not vectors or len(vectors) != len(weights):
         return None
     total = np.zeros_like(np.asarray(vectors[0], dtype=np.float32))
