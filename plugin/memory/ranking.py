@@ -131,8 +131,8 @@ def _rrf_k(instance: object, attribute: attrs.Attribute[int], value: object) -> 
 class RankingPolicy:
     """The ranking's tunables: one weight per fragment role, the arms' fusion.
 
-    Chosen on the development data only (the hand-written dev half and the LoCoMo dev split);
-    the figures are in the evaluation documentation.
+    Chosen on development data only (hand-written sets and the LoCoMo dev split, each choice on
+    at least two); the figures are in the evaluation documentation.
     """
 
     request: float = attrs.field(default=4.0, validator=_unit)
