@@ -32,8 +32,8 @@ from .ranking import (
     fragment_terms,
     fragment_weights,
     request_share,
+    request_terms,
     search_terms,
-    short_request_terms,
     term_chunks,
     uses_fragments,
     with_beliefs,
@@ -46,7 +46,6 @@ from .store.words import MAX_FRAGMENTS, word_level
 from .terms import STOPWORDS as STOPWORDS
 from .terms import content_terms as content_terms
 from .terms import query_terms as query_terms
-from .terms import request_content, word_terms
 
 ARMS = frozenset({"sparse", "semantic", "recent"})
 """The candidate arms of an attempt."""
@@ -236,13 +235,12 @@ class MemoryRetriever:
         if FragmentRole.REQUEST not in query.roles:
             return 1.0
         request = query.fragments[query.roles.index(FragmentRole.REQUEST)]
-        terms = short_request_terms(request, short=self.ranking.short_words)
-        if terms is None:  # one search: the terms are OR-ed
-            content = request_content(word_terms(request, limit=64))
+        content, short = request_terms(request, short=self.ranking.short_words)
+        if not short:  # one search: the terms are OR-ed
             return 1.0 if content and await self.store.sparse_candidates(
                 " ".join(content), principal=principal, scope=scope, limit=1) else 0.0
         found = 0
-        for term in terms:
+        for term in content:
             if await self.store.sparse_candidates(term, principal=principal, scope=scope,
                                                   limit=1):
                 found += 1

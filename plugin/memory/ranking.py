@@ -12,12 +12,9 @@ arms keep that structure instead of flattening it:
   answer to a question, while distractors share the next action's common words. A request
   that carries content leads (``request``) and the other fields keep a share of their weights
   (``context``), so a task in flight does not dilute a question asked now.
-- **A content-free request** ("Continue", "weiter", "ok, next step please") weighs 0, and the
-  other fields then carry the query together: a memory that several fields point at sums
-  their weights (agreement counts). Content is measured on the store's own vocabulary, with
-  acknowledgements set aside (:func:`~plugin.memory.terms.request_content`): a short request
-  by how many of its terms occur in the scope's memories (:func:`request_share`), a longer one
-  fully when any does; a request none of whose terms occurs carries none, in any language.
+- **A content-free request** ("Continue", "weiter", "ok, next step please") weighs 0 and the
+  other fields carry the query together. Content is measured on the store's own vocabulary,
+  acknowledgements set aside (:func:`request_terms`, :func:`request_share`).
 - **Sparse.** Each weighted fragment is searched on its own (its terms never crowd out another
   fragment's under the FTS term cap), and the lists are fused by their normalised scores
   (``fragment_scores="share"``, each share raised to ``fragment_power`` = 0.5, so a memory
@@ -29,20 +26,16 @@ arms keep that structure instead of flattening it:
   fragments is its dot product with the weighted sum of the fragment vectors: one scan with
   one combined vector. No cosine floor: the arm ranks its candidates and fusion decides.
 - **Semantic, word by word** (``words``, with the packaged WordLlama). A sentence vector
-  averages its words, so a rare name in a long note weighs little and a paraphrase is lost in
-  the average. The arm also matches every content word of each fragment against the nearest
-  word of each memory in the model's word space (1 for the same word, a high cosine for a
-  close one), weighted by the word's rarity in the cell and by the fragment's role weight
-  (a word several fragments hold counts once, at its largest;
-  :mod:`plugin.memory.store.words`), and ranks by half the cosine and half that match, each
-  relative to its best in the cell.
-- **Fusion by confidence.** The arms' lists are fused in :mod:`plugin.memory.fusion`, each
-  arm weighted by its policy weight here times how peaked its scores are. With the word match
-  the semantic arm is the stronger one on both the hand-written notes and long conversations,
-  while its scores look less peaked than bm25's: its weight is then ``semantic_words`` (6) and
-  the rank constant ``rrf_k_words`` (0: a list counts ``weight / rank``, so the middle ranks
-  both arms share do not outvote the stronger arm's first places), both measured on both;
-  ranking by sentence vectors alone it keeps ``semantic`` (0.5) and ``rrf_k`` (10).
+  averages its words, so a rare name in a long note weighs little. The arm also matches every
+  content word of each fragment against the nearest word of each memory (1 for the same word,
+  a high cosine for a close one), weighted by rarity in the cell and by role, each word once
+  (:mod:`plugin.memory.store.words`): half the cosine, half that match, each relative to its
+  best in the cell.
+- **Fusion by confidence** (:mod:`plugin.memory.fusion`): each arm weighted by its policy
+  weight times how peaked its scores are. With the word match the semantic arm is the
+  stronger one, and its scores look less peaked than bm25's: its weight is ``semantic_words``
+  (6) and each list counts ``weight / rank`` (``rrf_k_words`` 0), so the stronger arm's first
+  places lead; by sentence vectors alone, ``semantic`` (0.5) and ``rrf_k`` (10).
 - **Turns of one conversation (opt-in, ``adjacent``).** In a chat the answer to the turn that
   matches a need is often the next turn, which shares no word with it: the best memories of
   the fused ranking lend part of their score to the turns written just before and after them.
@@ -50,8 +43,7 @@ arms keep that structure instead of flattening it:
   evidence by their overlap with the query (:func:`with_beliefs`), not after a fixed rank.
 
 The baseline query (the frozen control, a search call) keeps its single whole-query search.
-:class:`RankingPolicy` holds the tunables. The fusion functions are importable from here as
-well.
+:class:`RankingPolicy` holds the tunables; the fusion functions are importable from here too.
 """
 
 from __future__ import annotations
@@ -84,6 +76,7 @@ __all__ = [
     "request_share",
     "score_fuse",
     "search_terms",
+    "request_terms",
     "short_request_terms",
     "term_chunks",
     "uses_fragments",
@@ -99,8 +92,8 @@ MAX_TERM_CHUNKS = 4
 silently."""
 
 SHORT_REQUEST_TERMS = 4
-"""A request of at most this many words is short: whether it carries content is measured on
-the scope's vocabulary. A longer one always carries content."""
+"""A request of at most this many words is short: how much content it carries is measured
+term by term on the scope's vocabulary; a longer one carries all or none (:func:`request_terms`)."""
 
 
 def _unit(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
@@ -216,15 +209,23 @@ class RankingPolicy:
         return float(getattr(self, role.value))
 
 
+def request_terms(
+    request: str, *, short: int = SHORT_REQUEST_TERMS
+) -> tuple[tuple[str, ...], bool]:
+    """The terms of ``request`` that may carry content (no function word, acknowledgement or
+    single letter: :func:`~plugin.memory.terms.request_content`), and whether it is short (at
+    most ``short`` words: its share then grows with each term the scope holds; a longer one
+    carries content when any of them occurs in the scope)."""
+    terms = word_terms(request, limit=64)
+    return request_content(terms), len(terms) <= short
+
+
 def short_request_terms(
     request: str, *, short: int = SHORT_REQUEST_TERMS
 ) -> tuple[str, ...] | None:
-    """The terms whose presence in the scope decides how much content a short ``request``
-    carries (:func:`~plugin.memory.terms.request_content`: no function word, acknowledgement
-    or single letter); None when it is longer than ``short`` words (it then carries content
-    when any of those terms occurs in the scope)."""
-    terms = word_terms(request, limit=64)
-    return None if len(terms) > short else request_content(terms)
+    """:func:`request_terms` of a short ``request``; None when it is longer than ``short``."""
+    content, is_short = request_terms(request, short=short)
+    return content if is_short else None
 
 
 def request_share(found: int, policy: RankingPolicy) -> float:
