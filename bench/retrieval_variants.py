@@ -90,8 +90,7 @@ def _fragment_words(*, power: float | None = None) -> Iterator[None]:
         total = np.zeros(self.count)
         if not asked or not self.count:
             return total
-        similar = np.clip(np.einsum("vd,qd->vq", self.vectors, table.of(asked)), 0.0, 1.0)
-        best = np.maximum.reduceat(similar[self.flat], self.starts, axis=0)
+        best = self.best_matches(table.of(asked))
         row = {word: i for i, word in enumerate(asked)}
         seen: set[str] = set()
         for found, weight in parts:
@@ -116,14 +115,14 @@ def _fragment_words(*, power: float | None = None) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _word_matches(transform: Callable[[Any], Any]) -> Iterator[None]:
-    def scored(self: words.WordIndex, table: Any, coefficients: Any) -> Any:
-        if not self.count or not len(table) or table.shape[1] != self.vectors.shape[1]:
-            return np.zeros(self.count, dtype=np.float64)
-        similar = transform(np.clip(np.einsum("vd,qd->vq", self.vectors, table), 0.0, 1.0))
-        best = np.maximum.reduceat(similar[self.flat], self.starts, axis=0)
-        return np.einsum("nq,q->n", best, coefficients)
+    """Each best match through ``transform``, non-decreasing on [0, 1], so transforming the
+    best match is transforming every match before the best is taken."""
+    shipped = words.WordIndex.best_matches
 
-    with mock.patch.object(words.WordIndex, "scored", scored):
+    def best_matches(self: words.WordIndex, table: Any) -> Any:
+        return transform(shipped(self, table))
+
+    with mock.patch.object(words.WordIndex, "best_matches", best_matches):
         yield
 
 

@@ -249,13 +249,19 @@ class WordIndex:
         function of this immutable index)."""
         if not self.count or not len(table) or table.shape[1] != self.vectors.shape[1]:
             return np.zeros(self.count, dtype=np.float64)
-        # Each asked word's best match in each memory: cosines clipped to [0, 1], the max over
-        # the memory's words (one reduceat over the flat word list, a row per word).
+        scores: npt.NDArray[np.float64] = np.einsum(
+            "nq,q->n", self.best_matches(table), coefficients)
+        return scores
+
+    def best_matches(self, table: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        """Each memory's best match for each word of ``table`` (a row per memory, a column per
+        word): the cosines clipped to [0, 1], the max over the memory's words (one reduceat
+        over the flat word list). ``table`` has the index's width and at least one row."""
         # einsum, not ``@``: BLAS's threads spin-wait and starve the store's SQLite thread.
         similar = np.clip(np.einsum("vd,qd->vq", self.vectors, table), 0.0, 1.0)
-        best = np.maximum.reduceat(similar[self.flat], self.starts, axis=0)
-        scores: npt.NDArray[np.float64] = np.einsum("nq,q->n", best, coefficients)
-        return scores
+        best: npt.NDArray[np.float32] = np.maximum.reduceat(
+            similar[self.flat], self.starts, axis=0)
+        return best
 
 
 def mixed(
