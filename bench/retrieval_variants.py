@@ -23,6 +23,14 @@ library), and prints the same table as :mod:`bench.tune_ranking`:
   a note names, the form another note asks for): the rare words (in at most two memories of
   the cell, at most eight) of the arm's first two memories join the word match as fragments
   worth a tenth of the query's weight each.
+- ``sparse-idf-mass``: each fragment's bm25 list divided by the larger of its best score and
+  the fragment's idf mass (the sum of its terms' idf in the cell, about what a memory holding
+  every term once scores), instead of by its best alone: a fragment whose best match holds only
+  its common words counts less than one whose best holds its rare ones (round eight).
+- ``aspect-diversity``: the first twenty of the ranking reordered greedily so the top covers
+  the state's fields (xQuAD, Santos et al.): each next memory by half its relevance (its score
+  over the best) and half the weighted share of each fragment's content words it holds, times
+  how little the memories already placed cover that fragment (round eight).
 - ``beliefs-words-once``: the beliefs' placement (:func:`~plugin.memory.ranking.query_coverage`)
   counts a word several fragments hold once, in the heaviest of them, as the sparse arm does.
 
@@ -37,6 +45,7 @@ import contextvars
 import math
 import sys
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -47,7 +56,9 @@ import numpy as np
 from plugin.memory import pipeline, ranking
 from plugin.memory.query import FragmentRole
 from plugin.memory.ranking import RankingPolicy, combined_vector
-from plugin.memory.store import vectors, words
+from plugin.memory.store import MemoryStore, sparse_index, vectors, words
+from plugin.memory.store.search import MAX_QUERY_TERMS
+from plugin.memory.terms import word_terms
 
 from .tune_ranking import DEVSET, run
 
@@ -224,6 +235,109 @@ def _beliefs_words_once() -> Iterator[None]:
         yield
 
 
+def _idf_mass(principal: str, scope: str, query: str) -> Callable[[Any], float]:
+    """The sum of ``query``'s terms' idf in the cell, as :func:`~plugin.memory.store.
+    sparse_index.ranked_seqs` weighs them (a term several words name counts once per word)."""
+    asked = list(word_terms(query, limit=MAX_QUERY_TERMS, fold=False))
+
+    def run(conn: Any) -> float:
+        cell = conn.execute("SELECT cell, docs FROM memory_cells WHERE principal = ? AND "
+                            "scope = ?", (principal, scope)).fetchone()
+        if cell is None or not asked:
+            return 0.0
+        weight: Counter[str] = Counter()
+        for terms in sparse_index.tokenize(conn, asked):
+            weight.update(terms.keys())
+        df = dict(conn.execute(
+            "SELECT term, df FROM cell_terms WHERE cell = ? AND term IN "
+            f"({', '.join('?' * len(weight))})", (cell[0], *weight)).fetchall())
+        return math.fsum(count * sparse_index.bm25_idf(int(cell[1]), int(df[term]))
+                         for term, count in weight.items() if term in df)
+
+    return run
+
+
+@contextlib.contextmanager
+def _sparse_idf_mass() -> Iterator[None]:
+    masses: dict[int, float] = {}  # by the id of the list the store returned, while it lives
+    shipped = MemoryStore.sparse_candidates
+
+    async def candidates(self: MemoryStore, query: str, *, principal: str, scope: str,
+                         limit: int) -> Any:
+        found = await shipped(self, query, principal=principal, scope=scope, limit=limit)
+        connection = self._search.db.connection()
+        masses[id(found)] = await connection.run(_idf_mass(principal, scope, query))
+        return found
+
+    def fuse(lists: Sequence[tuple[float, Sequence[Any]]], *, normalise: bool = True,
+             power: float = 1.0) -> Any:
+        scaled = []
+        for weight, ranked in lists:
+            top = max((item.score for item in ranked), default=0.0)
+            scale = max(top, masses.pop(id(ranked), 0.0))
+            scaled.append((weight * (top / scale) ** power if scale > 0 else weight, ranked))
+        return ranking.weighted_score_fuse(scaled, normalise=normalise, power=power)
+
+    try:
+        with mock.patch.object(MemoryStore, "sparse_candidates", candidates), \
+                mock.patch.object(pipeline, "weighted_score_fuse", fuse):
+            yield
+    finally:
+        masses.clear()
+
+
+def _aspect_terms(text: str) -> frozenset[str]:
+    """Content words, a plural's final ``s`` dropped (a crude stem: the arms' own stemming is
+    the index's)."""
+    return frozenset(term[:-1] if len(term) > 3 and term.endswith("s") else term
+                     for term in ranking._content(text) if len(term) > 1)
+
+
+def _diversified(ranked: Sequence[Any], aspects: Sequence[tuple[float, frozenset[str]]],
+                 *, share: float, top: int) -> list[Any]:
+    """xQuAD over the first ``top`` of ``ranked``; the rest keep their order after them."""
+    head, tail = list(ranked[:top]), list(ranked[top:])
+    best = max((item.score for item in head), default=0.0) or 1.0
+    covers = {id(item): [len(terms & _aspect_terms(item.text)) / len(terms)
+                         for _, terms in aspects] for item in head}
+    left = [1.0] * len(aspects)
+    placed = []
+    while head:
+        gains = [(1 - share) * item.score / best + share * math.fsum(
+            weight * cover * rest for (weight, _), cover, rest
+            in zip(aspects, covers[id(item)], left, strict=True)) for item in head]
+        chosen = head.pop(gains.index(max(gains)))  # the first of equals: the ranking's order
+        placed.append(chosen)
+        left = [rest * (1 - cover) for rest, cover in zip(left, covers[id(chosen)],
+                                                           strict=True)]
+    return placed + tail
+
+
+@contextlib.contextmanager
+def _aspect_diversity(share: float = 0.5, top: int = 20) -> Iterator[None]:
+    shipped = pipeline.MemoryRetriever._rank
+
+    async def rank(self: Any, prepared: Any, principal: str, scope: str, *args: Any) -> Any:
+        ranked = await shipped(self, prepared, principal, scope, *args)
+        query = prepared.query
+        if not ranking.uses_fragments(query) or len(ranked) < 2:
+            return ranked
+        weights = ranking.fragment_weights(
+            query, self.ranking,
+            request_share=await self._request_share(query, principal, scope))
+        parts = [(weight, _aspect_terms(fragment))
+                 for weight, fragment in zip(weights, query.fragments, strict=True)]
+        parts = [(weight, terms) for weight, terms in parts if weight > 0 and terms]
+        total = math.fsum(weight for weight, _ in parts)
+        if total <= 0:
+            return ranked
+        return _diversified(ranked, [(weight / total, terms) for weight, terms in parts],
+                            share=share, top=top)
+
+    with mock.patch.object(pipeline.MemoryRetriever, "_rank", rank):
+        yield
+
+
 VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "default": contextlib.nullcontext,
     "fragment-cosines": _fragment_cosines,
@@ -235,6 +349,8 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "whole-query": _whole_query,
     "feedback": _feedback,
     "beliefs-words-once": _beliefs_words_once,
+    "sparse-idf-mass": _sparse_idf_mass,
+    "aspect-diversity": _aspect_diversity,
 }
 
 
