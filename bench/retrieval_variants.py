@@ -31,6 +31,11 @@ library), and prints the same table as :mod:`bench.tune_ranking`:
   the state's fields (xQuAD, Santos et al.): each next memory by half its relevance (its score
   over the best) and half the weighted share of each fragment's content words it holds, times
   how little the memories already placed cover that fragment (round eight).
+- ``names-from-fields``: the names and ids of every field but the request (a capitalised word
+  that does not start a sentence, a word with a digit) also join the word match as one more
+  fragment, worth half the entities' weight (scaled as the other fields are beside a request
+  that carries content), so a name the objective or a task gives weighs at least as the next
+  action's words (round eight).
 - ``beliefs-words-once``: the beliefs' placement (:func:`~plugin.memory.ranking.query_coverage`)
   counts a word several fragments hold once, in the heaviest of them, as the sparse arm does.
 
@@ -43,6 +48,7 @@ import argparse
 import contextlib
 import contextvars
 import math
+import re
 import sys
 import threading
 from collections import Counter
@@ -338,6 +344,56 @@ def _aspect_diversity(share: float = 0.5, top: int = 20) -> Iterator[None]:
         yield
 
 
+_NAME = re.compile(r"[^\W_](?:[\w\-#./@']*[^\W_])?")
+_NAMES: contextvars.ContextVar[tuple[str, float] | None] = contextvars.ContextVar(
+    "names", default=None)
+
+
+def _names(texts: Sequence[str]) -> list[str]:
+    """Capitalised words that do not start a sentence, and words with a digit, in order."""
+    found: list[str] = []
+    for text in texts:
+        for match in _NAME.finditer(text):
+            word, before = match.group(0), text[:match.start()].rstrip()
+            capital = word[0].isupper() and len(word) > 1 and bool(before) \
+                and before[-1] not in ".!?:;" and word.casefold() not in ranking.STOPWORDS
+            if (capital or any(c.isdigit() for c in word)) and word not in found:
+                found.append(word)
+    return found
+
+
+@contextlib.contextmanager
+def _names_from_fields(share: float = 0.5) -> Iterator[None]:
+    shipped_semantic, shipped_query = pipeline.MemoryRetriever._semantic, pipeline.WordQuery
+
+    async def semantic(self: Any, prepared: Any, weights: Sequence[float], *args: Any) -> Any:
+        query, policy = prepared.query, self.ranking
+        fields = [(role, text, weight) for role, text, weight
+                  in zip(query.roles, query.fragments, weights, strict=False)
+                  if role is not FragmentRole.REQUEST and weight > 0]
+        counts = {role: query.roles.count(role) for role in query.roles}
+        # The other fields' scale beside the request (1 when it carries no content).
+        scale = next((weight * math.sqrt(counts[role]) / policy.role_weight(role)
+                      for role, _, weight in fields), None)
+        found = _names([text for _, text, _ in fields])
+        token = _NAMES.set((" ".join(found), share * policy.entity * scale)
+                           if found and scale is not None else None)
+        try:
+            return await shipped_semantic(self, prepared, weights, *args)
+        finally:
+            _NAMES.reset(token)
+
+    def word_query(fragments: tuple[tuple[str, float], ...], word_share: float) -> Any:
+        names = _NAMES.get()
+        if names is not None and len(fragments) < words.MAX_FRAGMENTS:
+            fragments = (*fragments, names)
+        return shipped_query(fragments, word_share)
+
+    with mock.patch.object(pipeline.MemoryRetriever, "_semantic", semantic), \
+            mock.patch.object(pipeline, "WordQuery", word_query):
+        yield
+
+
 VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "default": contextlib.nullcontext,
     "fragment-cosines": _fragment_cosines,
@@ -351,6 +407,7 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "beliefs-words-once": _beliefs_words_once,
     "sparse-idf-mass": _sparse_idf_mass,
     "aspect-diversity": _aspect_diversity,
+    "names-from-fields": _names_from_fields,
 }
 
 
