@@ -35,9 +35,9 @@ from plugin.memory.ranking import (
     fragment_weights,
     peakedness,
     request_share,
+    request_terms,
     score_fuse,
     search_terms,
-    short_request_terms,
     term_chunks,
     weighted_fuse,
     with_beliefs,
@@ -161,17 +161,18 @@ def test_acknowledgements_and_function_words_are_never_content(
 ) -> None:
     request = " ".join((word.upper() if loud else word) + mark for word, mark, loud in words)
     assert request_content(word_terms(request, limit=64)) == ()
-    assert short_request_terms(request) in ((), None)
+    assert request_terms(request)[0] == ()
 
 
-def test_short_request_terms() -> None:
-    assert short_request_terms("Vault audit, bitte!") == ("vault", "audit")
+def test_request_terms() -> None:
+    assert request_terms("Vault audit, bitte!") == (("vault", "audit"), True)
     # Acknowledgements, go-on words and single letters are not content, in any language.
-    assert short_request_terms("Weiter, bitte!") == ()
-    assert short_request_terms("ok, go on") == ()
-    assert short_request_terms("let's go") == ()
-    assert short_request_terms("kyllä, jatka") == ()
-    assert short_request_terms("please rotate the billing keys before the audit") is None
+    assert request_terms("Weiter, bitte!") == ((), True)
+    assert request_terms("ok, go on") == ((), True)
+    assert request_terms("let's go") == ((), True)
+    assert request_terms("kyllä, jatka") == ((), True)
+    assert request_terms("please rotate the billing keys before the audit") == (
+        ("rotate", "billing", "keys", "audit"), False)
     policy = RankingPolicy(request_terms=2)
     assert [request_share(n, policy) for n in (0, 1, 2, 5)] == [0.0, 0.25, 1.0, 1.0]
 

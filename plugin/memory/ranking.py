@@ -74,10 +74,9 @@ __all__ = [
     "peakedness",
     "query_coverage",
     "request_share",
+    "request_terms",
     "score_fuse",
     "search_terms",
-    "request_terms",
-    "short_request_terms",
     "term_chunks",
     "uses_fragments",
     "weighted_fuse",
@@ -218,14 +217,6 @@ def request_terms(
     carries content when any of them occurs in the scope)."""
     terms = word_terms(request, limit=64)
     return request_content(terms), len(terms) <= short
-
-
-def short_request_terms(
-    request: str, *, short: int = SHORT_REQUEST_TERMS
-) -> tuple[str, ...] | None:
-    """:func:`request_terms` of a short ``request``; None when it is longer than ``short``."""
-    content, is_short = request_terms(request, short=short)
-    return content if is_short else None
 
 
 def request_share(found: int, policy: RankingPolicy) -> float:
