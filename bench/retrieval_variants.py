@@ -51,7 +51,6 @@ import math
 import re
 import sys
 import threading
-from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -242,23 +241,13 @@ def _beliefs_words_once() -> Iterator[None]:
 
 
 def _idf_mass(principal: str, scope: str, query: str) -> Callable[[Any], float]:
-    """The sum of ``query``'s terms' idf in the cell, as :func:`~plugin.memory.store.
-    sparse_index.ranked_seqs` weighs them (a term several words name counts once per word)."""
+    """The sum of ``query``'s terms' weights in the cell, as the sparse arm's bm25 weighs them
+    (:func:`~plugin.memory.store.sparse_index.cell_query`)."""
     asked = list(word_terms(query, limit=MAX_QUERY_TERMS, fold=False))
 
     def run(conn: Any) -> float:
-        cell = conn.execute("SELECT cell, docs FROM memory_cells WHERE principal = ? AND "
-                            "scope = ?", (principal, scope)).fetchone()
-        if cell is None or not asked:
-            return 0.0
-        weight: Counter[str] = Counter()
-        for terms in sparse_index.tokenize(conn, asked):
-            weight.update(terms.keys())
-        df = dict(conn.execute(
-            "SELECT term, df FROM cell_terms WHERE cell = ? AND term IN "
-            f"({', '.join('?' * len(weight))})", (cell[0], *weight)).fetchall())
-        return math.fsum(count * sparse_index.bm25_idf(int(cell[1]), int(df[term]))
-                         for term, count in weight.items() if term in df)
+        terms = sparse_index.cell_query(conn, principal, scope, asked)
+        return math.fsum(weight for _, weight in terms.terms) if terms is not None else 0.0
 
     return run
 

@@ -42,10 +42,12 @@ from ..fts import TOKENIZER
 __all__ = [
     "B",
     "INDEX_TABLES",
+    "CellQuery",
     "K1",
     "REPLAY_BATCH",
     "bm25_idf",
     "cell_of",
+    "cell_query",
     "index_logged",
     "ranked_seqs",
     "tokenize",
@@ -192,23 +194,37 @@ def bm25_idf(docs: int, df: int) -> float:
     return idf if idf > 0.0 else 1e-6
 
 
-def ranked_seqs(
-    conn: sqlite3.Connection, principal: str, scope: str, words: Sequence[str], limit: int
-) -> list[tuple[int, float]]:
-    """The cell's best ``limit`` memories for ``words`` as ``(seq, bm25)``, best first (ties:
-    the older row first). Runs on the raw connection; reads only this cell's rows."""
+@attrs.frozen
+class CellQuery:
+    """A query's words as bm25 weighs them in one cell (:func:`cell_query`)."""
+
+    cell: int
+    avgdl: float
+    """The cell's mean memory length, in terms."""
+    terms: list[tuple[str, float]]
+    """Each term the cell holds, in the query's order, with its weight: its count among the
+    query's words times its idf in the cell."""
+    df: dict[str, int]
+    """Each of those terms' document frequency in the cell."""
+
+
+def cell_query(
+    conn: sqlite3.Connection, principal: str, scope: str, words: Sequence[str]
+) -> CellQuery | None:
+    """``words``' terms weighed by the cell's own statistics; None when the cell holds no
+    memory or none of the terms. Runs on the raw connection; reads only this cell's rows."""
     cell = conn.execute(
         "SELECT cell, docs, tokens FROM memory_cells WHERE principal = ? AND scope = ?",
         (principal, scope),
     ).fetchone()
-    if cell is None or cell[1] <= 0 or not words or limit <= 0:
-        return []
+    if cell is None or cell[1] <= 0 or not words:
+        return None
     cell_id, docs, tokens = int(cell[0]), int(cell[1]), int(cell[2])
     weight: Counter[str] = Counter()
     for terms in tokenize(conn, list(words)):
         weight.update(terms.keys())
     if not weight:
-        return []
+        return None
     names = list(weight)
     found = dict(
         conn.execute(
@@ -220,9 +236,21 @@ def ranked_seqs(
     query = [(term, weight[term] * bm25_idf(docs, int(found[term]))) for term in names
              if term in found]
     if not query:
+        return None
+    return CellQuery(cell_id, tokens / docs, query,
+                     {term: int(found[term]) for term, _ in query})
+
+
+def ranked_seqs(
+    conn: sqlite3.Connection, principal: str, scope: str, words: Sequence[str], limit: int
+) -> list[tuple[int, float]]:
+    """The cell's best ``limit`` memories for ``words`` as ``(seq, bm25)``, best first (ties:
+    the older row first). Runs on the raw connection; reads only this cell's rows."""
+    asked = cell_query(conn, principal, scope, words) if limit > 0 else None
+    if asked is None:
         return []
-    scorer = _Scorer(conn, cell_id, query, tokens / docs, limit)
-    df = {term: int(found[term]) for term, _ in query}
+    query, df = asked.terms, asked.df
+    scorer = _Scorer(conn, asked.cell, query, asked.avgdl, limit)
     # Pass 1: the rarest terms until they hold ``limit`` memories, scored in full: their
     # k-th score is a lower bound of the true k-th score.
     rarest: list[str] = []
