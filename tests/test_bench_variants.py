@@ -20,11 +20,15 @@ from plugin.memory.store import MemoryStore, vectors, words
 
 pytest.importorskip("wordllama")
 
-HARDER_B = Path(__file__).resolve().parents[1] / "examples" / "harder_b.jsonl"
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+HARDER_B = EXAMPLES / "harder_b.jsonl"
 
 #: Variants whose change reaches the first scenarios of harder B's task-context rankings.
-#: ``beliefs-words-once`` places beliefs, which these scenarios do not read.
-CHANGES_RANKINGS = sorted(set(retrieval_variants.VARIANTS) - {"default", "beliefs-words-once"})
+#: ``beliefs-words-once`` places beliefs, which these scenarios do not read;
+#: ``request-new-words`` weighs a short request that holds a word the state lacks, which none
+#: of them has (a test below runs it on a request that has one).
+CHANGES_RANKINGS = sorted(set(retrieval_variants.VARIANTS)
+                          - {"default", "beliefs-words-once", "request-new-words"})
 
 
 def _shipped() -> list[object]:
@@ -35,8 +39,10 @@ def _shipped() -> list[object]:
             vectors.mixed, ranking.query_coverage]
 
 
-def _rankings(count: int = 6) -> dict[tuple[str, str, str], tuple[str, ...]]:
-    """Each task-context row's ranked ids, by scenario and arm, for the first ``count``."""
+def _rankings(count: int = 6, path: Path = HARDER_B,
+              only: str | None = None) -> dict[tuple[str, str, str], tuple[str, ...]]:
+    """Each task-context row's ranked ids, by scenario and arm, for the first ``count`` of
+    ``path`` (or for the scenario ``only`` alone)."""
     evaluator = Evaluator(embedding=embedding_for(None), ranking=RankingPolicy())
     found: dict[tuple[str, str, str], tuple[str, ...]] = {}
 
@@ -45,7 +51,8 @@ def _rankings(count: int = 6) -> dict[tuple[str, str, str], tuple[str, ...]]:
             if row.strategy == "task_context":
                 found[(row.scenario_id, str(row.arm), row.strategy)] = tuple(row.ranked)
 
-    scenarios = itertools.islice(stream_scenarios(HARDER_B), count)
+    scenarios = (itertools.islice(stream_scenarios(path), count) if only is None
+                 else (s for s in stream_scenarios(path) if s.id == only))
     anyio.run(lambda: evaluator.evaluate(scenarios, on_scenario=collect))
     return found
 
@@ -69,3 +76,14 @@ def test_a_variant_evaluates_and_leaves_the_shipped_code_as_it_was(
         assert changed, f"{name} changed no ranking: its patch no longer reaches the arms"
     else:
         assert not changed
+
+
+def test_request_new_words_weighs_a_short_request_that_names_what_the_state_does_not() -> None:
+    # "honeymoon flights next" while the state plans the seating: "honeymoon" is in the notes,
+    # not in the state, so the request keeps its whole weight instead of a sixteenth.
+    shipped = _rankings(path=EXAMPLES / "harder_a.jsonl", only="a039")
+    with retrieval_variants.VARIANTS["request-new-words"]():
+        patched = _rankings(path=EXAMPLES / "harder_a.jsonl", only="a039")
+    assert patched.keys() == shipped.keys() and len(shipped) == 3
+    assert patched[("a039", "semantic", "task_context")] != shipped[
+        ("a039", "semantic", "task_context")]
