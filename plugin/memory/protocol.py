@@ -20,7 +20,7 @@ from __future__ import annotations
 import inspect
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Literal, NoReturn, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, NoReturn, Protocol, cast, runtime_checkable
 
 import attrs
 
@@ -360,5 +360,7 @@ def check_retriever(retriever: object) -> Retriever:
             raise RetrieverProtocolError(
                 f"{name}.{method} must be an async method (async def); the hooks await it"
             )
-    assert isinstance(retriever, Retriever)
-    return retriever
+    # Not isinstance(): since Python 3.12 a runtime protocol check reads attributes statically,
+    # so a proxy that forwards its methods through __getattr__ would fail it after passing
+    # every check above.
+    return cast(Retriever, retriever)
