@@ -11,6 +11,7 @@ tests/test_postgres_admin.py has the PostgreSQL-only admin tests (the server's c
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -69,7 +70,7 @@ class Pair:
 
 def _raw_sqlite(path: Path) -> Callable[[str], None]:
     def run(statement: str) -> None:
-        with sqlite3.connect(path) as conn:
+        with contextlib.closing(sqlite3.connect(path)) as conn, conn:
             conn.execute(statement)
         conn.close()
 

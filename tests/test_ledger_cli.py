@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import sqlite3
@@ -200,7 +201,7 @@ def test_check_ok(ledger_file: Path) -> None:
 
 
 def test_check_reports_broken_invariants(ledger_file: Path) -> None:
-    with sqlite3.connect(ledger_file) as raw:
+    with contextlib.closing(sqlite3.connect(ledger_file)) as raw, raw:
         raw.execute("UPDATE runs SET reserved = 9 WHERE run_id = 'old'")
         raw.execute("DELETE FROM runs WHERE run_id = 'live'")
     code, out, _ = cli("ledger", "--ledger", str(ledger_file), "check", "--json")
@@ -227,7 +228,7 @@ def test_missing_file_is_not_created(tmp_path: Path) -> None:
 
 def test_foreign_sqlite_database(tmp_path: Path) -> None:
     foreign = tmp_path / "app.db"
-    with sqlite3.connect(foreign) as raw:
+    with contextlib.closing(sqlite3.connect(foreign)) as raw, raw:
         raw.execute("CREATE TABLE users (id INTEGER)")
     code, _, err = cli("ledger", "--ledger", str(foreign), "check")
     assert code == 1
@@ -317,7 +318,7 @@ def test_an_error_naming_a_run_is_escaped(ledger_file: Path) -> None:
 
 
 def test_show_on_an_outcome_it_does_not_know_is_one_line(ledger_file: Path) -> None:
-    with sqlite3.connect(ledger_file) as raw:
+    with contextlib.closing(sqlite3.connect(ledger_file)) as raw, raw:
         raw.execute("UPDATE attempts SET outcome = 'teleported' WHERE run_id = 'old'")
     code, out, err = cli("ledger", "--ledger", str(ledger_file), "show", "old")
     assert (code, out) == (1, "")
@@ -392,7 +393,7 @@ def test_the_installed_command_never_prints_a_traceback(
     ledger_file: Path, tmp_path: Path, argv: list[str]
 ) -> None:
     foreign = tmp_path / "foreign.db"
-    with sqlite3.connect(foreign) as raw:
+    with contextlib.closing(sqlite3.connect(foreign)) as raw, raw:
         raw.execute("CREATE TABLE t (x)")
     paths = {"missing": str(tmp_path / "missing.db"), "foreign": str(foreign),
              "ledger": str(ledger_file)}
@@ -428,7 +429,8 @@ def test_show_a_legacy_only_run(tmp_path: Path) -> None:
 @pytest.mark.parametrize("value", ["9e999", "-9e999", "1e300"])
 def test_a_stored_time_that_is_no_time_is_printed_not_a_traceback(ledger_file: Path,
                                                                   value: str) -> None:
-    with sqlite3.connect(ledger_file) as raw:  # as an older worker with a broken clock stored
+    # as an older worker with a broken clock stored
+    with contextlib.closing(sqlite3.connect(ledger_file)) as raw, raw:
         raw.execute(f"UPDATE runs SET deadline_wall = {value} WHERE run_id = 'old'")
     code, out, err = cli("ledger", "--ledger", str(ledger_file), "runs")
     assert (code, err) == (0, "")

@@ -586,7 +586,7 @@ async def test_a_foreign_sqlite_database_is_not_a_ledger(
     anyio_backend: object, tmp_path: Path
 ) -> None:
     path = tmp_path / "theirs.sqlite3"
-    with sqlite3.connect(path) as conn:
+    with contextlib.closing(sqlite3.connect(path)) as conn, conn:
         conn.execute("CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT)")
         conn.execute("INSERT INTO notes (body) VALUES ('keep me')")
     conn.close()

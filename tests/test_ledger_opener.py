@@ -9,6 +9,7 @@ soon as that attempt has failed (no sleep, no timing), and the open must succeed
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -56,7 +57,7 @@ def _patch(monkeypatch: pytest.MonkeyPatch, module: Any, reader: sqlite3.Connect
 
 
 def _journal_mode(path: Path) -> str:
-    with sqlite3.connect(path) as conn:
+    with contextlib.closing(sqlite3.connect(path)) as conn, conn:
         mode = str(conn.execute("PRAGMA journal_mode").fetchone()[0])
     conn.close()
     return mode

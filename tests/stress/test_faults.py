@@ -11,6 +11,7 @@ ledger, and a resumed run never exceeds the allowance.
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import random
@@ -88,7 +89,7 @@ async def test_sigkill_at_random_points_loses_no_reservation(tmp_path: Path) -> 
         phases = [e["where"] for e in events if e["event"] == "phase"]
         killed_in[phases[-1] if phases else "reserving"] += 1
 
-        with sqlite3.connect(path) as raw:
+        with contextlib.closing(sqlite3.connect(path)) as raw, raw:
             assert raw.execute("PRAGMA integrity_check").fetchone() == ("ok",)
             committed = {
                 (run_id, index): (first_slot, slots)
