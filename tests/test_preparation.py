@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from typing import Any
 
 import attrs
 import numpy as np
@@ -112,6 +113,29 @@ def test_adapter_satisfies_the_protocol() -> None:
     assert isinstance(HashingAdapter(), EmbeddingAdapter)
     preparer = QueryPreparation(QueryPlanner(), HashingAdapter())
     assert isinstance(preparer, RecallPreparer)
+
+
+class _Forwarding:
+    """A proxy that forwards every member to the adapter it wraps (caching, metrics)."""
+
+    def __init__(self, inner: object) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def test_a_forwarding_proxy_of_an_adapter_embeds_and_anything_else_is_refused() -> None:
+    # Since Python 3.12 isinstance() against a runtime protocol reads attributes statically,
+    # so it would refuse a proxy whose members all exist.
+    proxy = _Forwarding(HashingAdapter(token_limit=64))
+    preparer = QueryPreparation(QueryPlanner(), proxy)  # type: ignore[arg-type]
+    prepared = await preparer.prepare(STATE, scope="proj", principal="u1")
+    assert prepared.semantic.vector is not None and prepared.semantic.model == proxy.name
+    with pytest.raises(TypeError, match="must be an EmbeddingAdapter or None, got _Forwarding"):
+        QueryPreparation(QueryPlanner(), _Forwarding(object()))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="got str"):
+        QueryPreparation(QueryPlanner(), "wordllama")  # type: ignore[arg-type]
 
 
 async def test_prepare_plans_once_and_embeds_that_query() -> None:

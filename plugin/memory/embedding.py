@@ -49,3 +49,17 @@ class EmbeddingAdapter(Protocol):
     def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
         """Vectors for ``texts``: shape ``(len(texts), dimensions)``, float32, L2-normalised."""
         ...
+
+
+_EMBEDDING_METHODS = ("count_tokens", "embed")
+_EMBEDDING_PROPERTIES = ("name", "token_limit", "dimensions")
+
+
+def is_embedding_adapter(value: object) -> bool:
+    """Whether ``value`` has every member of :class:`EmbeddingAdapter`.
+
+    Unlike ``isinstance(value, EmbeddingAdapter)``, which since Python 3.12 reads attributes
+    statically, this also accepts a proxy that forwards them through ``__getattr__``.
+    """
+    return all(callable(getattr(value, m, None)) for m in _EMBEDDING_METHODS) and all(
+        hasattr(value, p) for p in _EMBEDDING_PROPERTIES)

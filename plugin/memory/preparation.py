@@ -19,7 +19,7 @@ import attrs
 import numpy as np
 
 from plugin.control.clock import Clock
-from plugin.memory.embedding import EmbeddingAdapter, Vector
+from plugin.memory.embedding import EmbeddingAdapter, Vector, is_embedding_adapter
 from plugin.memory.planning import QueryPlanner, QueryStrategy, RecallQuery, compose_search_call
 from plugin.memory.state import WorkingState
 
@@ -148,7 +148,7 @@ class RecallPreparer(Protocol):
 
 
 def _embedding(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if value is not None and not isinstance(value, EmbeddingAdapter):
+    if value is not None and not is_embedding_adapter(value):
         raise TypeError(
             f"QueryPreparation.embedding must be an EmbeddingAdapter or None, "
             f"got {type(value).__name__}"
