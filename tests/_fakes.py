@@ -1,4 +1,5 @@
-"""Test doubles: an in-memory ledger (no threads, so trio's MockClock can autojump).
+"""Test doubles: an in-memory ledger (no threads, so trio's MockClock can autojump), and a
+proxy that forwards every member to what it wraps.
 
 :class:`MemoryLedger` runs through the ledger contract suite (tests/test_ledger_contract.py)
 like the real ledgers: several ledgers may share one :class:`MemoryStore` (reopening, another
@@ -10,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from types import TracebackType
+from typing import Any
 
 import attrs
 
@@ -353,3 +355,14 @@ class MemoryAdmin:
                            checked=("the ledger's invariants (no run executed more attempts "
                                     "than it reserved slots, every attempt holds a slot its "
                                     "run reserved)",))
+
+
+class Forwarding:
+    """A proxy that forwards every member to the object it wraps through ``__getattr__``, as a
+    logging, caching or metrics wrapper of a retriever or an embedding adapter does."""
+
+    def __init__(self, inner: object) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import Any
 
 import attrs
 import numpy as np
@@ -28,6 +27,7 @@ from plugin.memory.preparation import (
 )
 from plugin.memory.state import Fact, Task, WorkingState
 
+from ._fakes import Forwarding
 from ._loops import VIRTUAL_TIME_LOOPS
 
 pytestmark = pytest.mark.anyio
@@ -115,25 +115,15 @@ def test_adapter_satisfies_the_protocol() -> None:
     assert isinstance(preparer, RecallPreparer)
 
 
-class _Forwarding:
-    """A proxy that forwards every member to the adapter it wraps (caching, metrics)."""
-
-    def __init__(self, inner: object) -> None:
-        self.inner = inner
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-
 async def test_a_forwarding_proxy_of_an_adapter_embeds_and_anything_else_is_refused() -> None:
     # Since Python 3.12 isinstance() against a runtime protocol reads attributes statically,
     # so it would refuse a proxy whose members all exist.
-    proxy = _Forwarding(HashingAdapter(token_limit=64))
+    proxy = Forwarding(HashingAdapter(token_limit=64))
     preparer = QueryPreparation(QueryPlanner(), proxy)  # type: ignore[arg-type]
     prepared = await preparer.prepare(STATE, scope="proj", principal="u1")
     assert prepared.semantic.vector is not None and prepared.semantic.model == proxy.name
-    with pytest.raises(TypeError, match="must be an EmbeddingAdapter or None, got _Forwarding"):
-        QueryPreparation(QueryPlanner(), _Forwarding(object()))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="must be an EmbeddingAdapter or None, got Forwarding"):
+        QueryPreparation(QueryPlanner(), Forwarding(object()))  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="got str"):
         QueryPreparation(QueryPlanner(), "wordllama")  # type: ignore[arg-type]
 

@@ -38,7 +38,7 @@ from plugin.memory.rendering import render
 from runtime_hooks import RecallHooks, ToolCall
 from runtime_hooks.bootstrap import RecallConfig, open_hooks
 
-from ._fakes import MemoryLedger
+from ._fakes import Forwarding, MemoryLedger
 
 pytestmark = pytest.mark.anyio
 
@@ -202,27 +202,16 @@ async def test_a_retriever_whose_async_methods_are_not_async_fails_at_constructi
         hooks.retriever = _SyncMethod(_async_search)  # swapped later: checked again
 
 
-
-class _Forwarding:
-    """A proxy that forwards every method to the retriever it wraps (logging, metrics)."""
-
-    def __init__(self, inner: object) -> None:
-        self.inner = inner
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-
 async def test_a_forwarding_proxy_is_a_retriever(clock: ManualClock) -> None:
     # Since Python 3.12 isinstance() against a runtime protocol reads attributes statically,
     # so it would refuse a proxy whose methods all pass the checks.
     allowance = RecallAllowance(MemoryLedger(), clock=clock)
-    proxy = _Forwarding(SimpleRetriever(_async_search))
+    proxy = Forwarding(SimpleRetriever(_async_search))
     hooks = RecallHooks(allowance=allowance, preparer=QueryPreparation(QueryPlanner()),
                         retriever=proxy)  # type: ignore[arg-type]
     assert hooks.retriever is proxy
     with pytest.raises(RetrieverProtocolError, match="has no named_people"):
-        hooks.retriever = _Forwarding(_Missing())  # type: ignore[assignment]
+        hooks.retriever = Forwarding(_Missing())  # type: ignore[assignment]
 
 
 # -- the allowance's headroom ----------------------------------------------------------------
