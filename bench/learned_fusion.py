@@ -43,7 +43,7 @@ import numpy.typing as npt
 
 from plugin.evaluation import Evaluator, stream_scenarios
 from plugin.evaluation.command import SEMANTIC_CHOICES, embedding_for
-from plugin.evaluation.results import Cell, ScenarioResult
+from plugin.evaluation.results import Cell, ScenarioResult, recall_at_k
 from plugin.evaluation.scenario_values import Scenario
 from plugin.memory.embedding import EmbeddingAdapter
 from plugin.memory.state import WorkingState
@@ -66,7 +66,9 @@ class Candidates:
     ranked: dict[str, tuple[str, ...]]
 
     def recall(self, ranking: Sequence[str], k: int = 5) -> float:
-        return len(self.needed.intersection(ranking[:k])) / len(self.needed)
+        found = recall_at_k(ranking, self.needed, k)
+        assert found is not None  # only scenarios with needed memories are candidates
+        return found
 
     def ceiling(self, k: int = 5) -> float:
         return min(k, len(self.needed.intersection(self.ids))) / len(self.needed)

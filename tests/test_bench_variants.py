@@ -33,7 +33,8 @@ CHANGES_RANKINGS = sorted(set(retrieval_variants.VARIANTS)
 
 def _shipped() -> list[object]:
     return [pipeline.MemoryRetriever._rank, pipeline.MemoryRetriever._sparse,
-            pipeline.MemoryRetriever._semantic, pipeline.WordQuery, pipeline.combined_vector,
+            pipeline.MemoryRetriever._semantic, pipeline.MemoryRetriever._request_share,
+            pipeline.WordQuery, pipeline.combined_vector,
             pipeline.weighted_score_fuse, pipeline.fragment_weights, MemoryStore.sparse_candidates,
             words.WordIndex.scores, words.WordIndex.best_matches, vectors.Matrix.scores,
             vectors.mixed, ranking.query_coverage]
