@@ -40,6 +40,10 @@ library), and prints the same table as :mod:`bench.tune_ranking`:
   occurs in the scope's notes and in no other field of the query (a topic the state does not
   name: "honeymoon flights next" while the seating plan is in flight), instead of
   ``(found / 4) ** 2`` of it (round nine).
+- ``word-precision``, ``word-precision-1``: the word score times the memory's precision to the
+  power 0.5 or 1: the rarity-weighted share of the memory's own words that some query word
+  matches (each at its best cosine), so a memory the state explains little counts less
+  (round ten).
 - ``beliefs-words-once``: the beliefs' placement (:func:`~plugin.memory.ranking.query_coverage`)
   counts a word several fragments hold once, in the heaviest of them, as the sparse arm does.
 
@@ -411,6 +415,28 @@ def _request_new_words() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def _word_precision(power: float = 0.5) -> Iterator[None]:
+    """The word score times the memory's precision to the ``power``: the rarity-weighted share
+    of the memory's own words that some query word matches (each at its best cosine)."""
+    shipped = words.WordIndex.scored
+
+    def scored(self: words.WordIndex, table: Any, coefficients: Any) -> Any:
+        found = shipped(self, table, coefficients)
+        if not self.count or not len(table) or table.shape[1] != self.vectors.shape[1]:
+            return found
+        similar = np.clip(np.einsum("vd,qd->vq", self.vectors, table), 0.0, 1.0).max(axis=1)
+        documents = float(self.count)
+        rarity = np.append(np.log1p(documents / (1.0 + self.document_frequency)), 0.0)
+        covered = np.add.reduceat((similar * rarity)[self.flat], self.starts)
+        mass = np.add.reduceat(rarity[self.flat], self.starts)
+        precision = np.divide(covered, mass, out=np.zeros_like(covered), where=mass > 0)
+        return found * precision ** power
+
+    with mock.patch.object(words.WordIndex, "scored", scored):
+        yield
+
+
 VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "default": contextlib.nullcontext,
     "fragment-cosines": _fragment_cosines,
@@ -426,6 +452,8 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "aspect-diversity": _aspect_diversity,
     "names-from-fields": _names_from_fields,
     "request-new-words": _request_new_words,
+    "word-precision": _word_precision,
+    "word-precision-1": lambda: _word_precision(1.0),
 }
 
 

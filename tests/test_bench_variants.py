@@ -36,8 +36,8 @@ def _shipped() -> list[object]:
             pipeline.MemoryRetriever._semantic, pipeline.MemoryRetriever._request_share,
             pipeline.WordQuery, pipeline.combined_vector,
             pipeline.weighted_score_fuse, pipeline.fragment_weights, MemoryStore.sparse_candidates,
-            words.WordIndex.scores, words.WordIndex.best_matches, vectors.Matrix.scores,
-            vectors.mixed, ranking.query_coverage]
+            words.WordIndex.scores, words.WordIndex.scored, words.WordIndex.best_matches,
+            vectors.Matrix.scores, vectors.mixed, ranking.query_coverage]
 
 
 def _rankings(count: int = 6, path: Path = HARDER_B,
