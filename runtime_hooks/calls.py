@@ -71,7 +71,8 @@ class ToolCall:
     """A tool call as the model emitted it: an id and its raw arguments.
 
     ``call_id`` must be a ``str`` (:class:`~plugin.errors.InvalidArgumentTypeError`); an empty,
-    over-long or non-UTF-8 id, and anything in ``arguments``, get an ``invalid`` result.
+    over-long or non-UTF-8 id, one with a NUL character, and anything in ``arguments``, get an
+    ``invalid`` result.
     """
 
     call_id: str = attrs.field(validator=_call_id)
@@ -139,6 +140,8 @@ def _json_depth(text: str, limit: int) -> int:
 def _check_call_id(call_id: str) -> None:
     if not call_id.strip():
         raise InvalidSearchCallError("the call id is empty")
+    if "\x00" in call_id:  # no ledger can keep it whole (PostgreSQL refuses it in text)
+        raise InvalidSearchCallError("the call id contains a NUL character")
     try:
         size = len(call_id.encode("utf-8"))
     except UnicodeEncodeError:

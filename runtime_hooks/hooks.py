@@ -286,7 +286,7 @@ class RecallHooks:
         spent; it has its own bound (``validation_limit`` ids per run), kept with the run in
         the ledger, so a resume or another hooks object cannot reset it. An id the run never
         retained is ``not_retained``; one no longer visible is ``gone``; when the retriever
-        fails the re-read, ``failed``.
+        fails the re-read, or it outlives the policy's ``deadline_s``, ``failed``.
         """
         scope, principal = self._check(run_id, scope, principal)
         given: object = evidence_ids
@@ -300,4 +300,5 @@ class RecallHooks:
         return await revalidate_retained(
             self.allowance.ledger, self.retriever, evidence_ids, run_id=run_id, scope=scope,
             principal=principal, limit=self.validation_limit,
+            within_s=self.allowance.policy.deadline_s,
         )

@@ -61,6 +61,11 @@ async def replay_call(
             message=wording.bounded(f"{unchecked} item(s) this search found before could not "
                                     f"be re-checked (the run's re-check bound is spent)")),)
     notes = [f"Note: {part.message}" for part in bounded]
+    unread = sum(1 for c in checks if c.status == "failed")
+    if unread:
+        notes.append(f"Note: {unread} item(s) this search found before could not be re-read "
+                     f"(the memory backend failed or did not answer in time). "
+                     f"{wording.NOT_EVIDENCE}")
     text = "\n".join([rendered.text or (PARTLY_FOUND if notes else NOTHING_FOUND), *notes])
     return ToolResult(call_id=record.call_id, status="ok", content=text, slot=record.slot,
                       evidence=tuple(rendered.items), bounded=bounded,

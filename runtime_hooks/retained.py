@@ -1,7 +1,9 @@
 """The re-check of evidence a run retained from its deliberate searches.
 
 Not a search: it takes no slot, so it stays available when the allowance is spent. It has its
-own bound, kept with the run in the ledger (a resume or another hooks object cannot reset it).
+own bound, kept with the run in the ledger (a resume or another hooks object cannot reset it),
+and a round's length in time: a re-read that never returns is cancelled at the policy's
+``deadline_s`` and its ids are ``failed``.
 The retriever's re-read runs contained (:func:`plugin.memory.enforce.contained`) and is admitted
 like a search's evidence: another principal's or scope's item is not ``valid``.
 """
@@ -10,6 +12,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+
+import anyio
 
 from plugin.control import Ledger, Validity, validate
 from plugin.control.logs import log_event
@@ -32,10 +36,12 @@ async def revalidate_retained(
     scope: str,
     principal: str,
     limit: int,
+    within_s: float,
 ) -> list[Validation]:
     """One :class:`Validation` per distinct id, in order (see the module docstring). An id that
     is not a valid id was never retained (only valid ids are): ``not_retained``, without asking
-    the ledger."""
+    the ledger. A re-read still running after ``within_s`` seconds is cancelled: its ids are
+    ``failed``, as when the retriever fails."""
     ids = list(dict.fromkeys(evidence_ids))
     storable = [i for i in ids if validate.is_identifier(i)]
     verdicts = await ledger.take_validations(run_id, storable, limit=limit) if storable else {}
@@ -43,8 +49,11 @@ async def revalidate_retained(
     found: dict[str, Evidence] | None = {}
     if to_read:
         try:
-            read = await contained(
-                lambda: retriever.revalidate(to_read, principal=principal, scope=scope))
+            with anyio.move_on_after(within_s) as bound:
+                read = await contained(
+                    lambda: retriever.revalidate(to_read, principal=principal, scope=scope))
+            if bound.cancelled_caught:
+                raise RetrieverFailedError("deadline")
             admitted, _ = admit(read, principal=principal, scope=scope, run_id=run_id,
                                 what="revalidate")
             found = {item.id: item for item in admitted}

@@ -212,14 +212,22 @@ def admit(
     return tuple(kept), dropped + invalid
 
 
-def _found(value: object) -> Found:
-    """A search's return value, checked: a :class:`Found` whose names are strings."""
+def _found(value: object, caps: ContextCaps) -> Found:
+    """A search's return value, checked: a :class:`Found` whose names are strings. Only the
+    first :attr:`ContextCaps.examined` names of each kind are read (the rest are never looked
+    at, so a million names cost what eighty do); the result holds those alone."""
     if type(value) is not Found:
         raise RetrieverFailedError("bad_result")
+    kept = []
     for names in (value.people, value.arms, value.notes):
-        if type(names) is not tuple or not all(type(name) is str for name in names):
+        if type(names) is not tuple:
             raise RetrieverFailedError("bad_result")
-    return value
+        examined = names[:caps.examined]
+        if not all(type(name) is str for name in examined):
+            raise RetrieverFailedError("bad_result")
+        kept.append(examined)
+    people, arms, notes = kept
+    return Found(evidence=value.evidence, people=people, arms=arms, notes=notes)
 
 
 @attrs.frozen(kw_only=True)
@@ -291,17 +299,15 @@ async def search_attempt(
                                read_source)
         try:
             found = _found(await contained(lambda: retriever.search(
-                prepared, handle, caps=caps, nested_beliefs=nested_beliefs)))
+                prepared, handle, caps=caps, nested_beliefs=nested_beliefs)), caps)
         finally:
             bounded = handle._end()
         unread = unexamined(found.evidence, caps)
         evidence, foreign = admit(found.evidence, principal=principal, scope=scope,
                                   run_id=permit.run_id, caps=caps)
         permit.note_dropped(slot, foreign)
-        found = Found(evidence=evidence, people=found.people[:caps.examined],
-                      arms=found.arms[:caps.examined],
-                      notes=tuple(one_line(note, limit=200)
-                                  for note in found.notes[:caps.examined]))
+        found = Found(evidence=evidence, people=found.people, arms=found.arms,
+                      notes=tuple(one_line(note, limit=200) for note in found.notes))
     return Attempted(slot=slot, found=found, bounded=bounded,
                      belief_slot=belief_slot[0] if belief_slot else None,
                      dropped=dropped + foreign, unexamined=unread)

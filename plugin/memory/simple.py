@@ -4,7 +4,9 @@
 call ``search`` inside a slot they took, with a :class:`SearchRequest`: the planned query text,
 its embedding when the semantic arm prepared one, the trusted principal and scope, the result
 limit and the seconds left. It returns an iterable of :class:`~plugin.memory.store.Evidence`
-(``Evidence(id=..., text=...)`` is enough), best first. Beliefs and People have honest defaults
+(``Evidence(id=..., text=...)`` is enough), best first: a list, a tuple, or a lazy iterable,
+which is read only up to the context caps (a lazy iterable of corrections, up to its first
+:data:`LAZY_CORRECTIONS`). Beliefs and People have honest defaults
 (none: no People are known, so no belief read is reserved); corrections come from the optional
 ``corrections`` function; retained evidence is re-read by id through the optional ``get``,
 and without it reads as gone.
@@ -12,6 +14,7 @@ and without it reads as gone.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
@@ -69,11 +72,21 @@ def _async(name: str) -> Callable[[object, attrs.Attribute[Any], object], None]:
     return check
 
 
-def _items(value: object) -> tuple[Evidence, ...]:
-    """A function's iterable of evidence, as a tuple (the hooks check every item)."""
+LAZY_CORRECTIONS = 1024
+"""The most items read from a lazy iterable of corrections (a list or a tuple is kept whole)."""
+
+
+def _items(value: object, *, limit: int) -> tuple[Evidence, ...]:
+    """A function's iterable of evidence, as a tuple (the hooks check every item they examine).
+
+    A list or a tuple is kept whole (it is already in memory, and its length is what the caps
+    count as left out). Anything else is read lazily, at most ``limit`` items, so a generator
+    with no end costs what its first ``limit`` items do."""
     if value is None or isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
         raise RetrieverFailedError("bad_result")
-    return tuple(value)
+    if type(value) in (list, tuple):
+        return tuple(value)
+    return tuple(itertools.islice(value, limit))
 
 
 @attrs.define(eq=False)
@@ -113,7 +126,9 @@ class SimpleRetriever:
             scope=query.scope, limit=caps.max_items, query=query,
             seconds_left=handle.seconds_left,
         )
-        return Found(evidence=_items(await self.search_fn(request)), arms=("retriever",))
+        # One item past the examined ones tells the caps that more were left out.
+        found = _items(await self.search_fn(request), limit=caps.examined + 1)
+        return Found(evidence=found, arms=("retriever",))
 
     async def read_beliefs(
         self,
@@ -129,7 +144,8 @@ class SimpleRetriever:
     async def corrections(self, *, principal: str, scope: str) -> tuple[Evidence, ...]:
         if self.corrections_fn is None:
             return ()
-        return _items(await self.corrections_fn(principal=principal, scope=scope))
+        return _items(await self.corrections_fn(principal=principal, scope=scope),
+                      limit=LAZY_CORRECTIONS)
 
     async def revalidate(
         self, ids: Sequence[str], *, principal: str, scope: str

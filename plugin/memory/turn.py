@@ -9,7 +9,8 @@ evaluator measures is what the model would see.
    slot left, its semantic arm is withheld (``no_slot``) instead of embedded.
 2. Current corrections are read and take at most half of the context caps
    (:func:`corrections_share`); corrections and evidence share one cap, so the round's
-   evidence gets what is left.
+   evidence gets what is left. The read has the preparation budget's length of its own: one
+   that never returns is cancelled then, and the round runs without corrections.
 3. The automatic round runs (:func:`~plugin.memory.recall.automatic_round`: the base search,
    and the People-to-belief delta when the base discovered people).
 
@@ -28,6 +29,7 @@ Binding the run's identity and turning the result into what the model reads are 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import anyio
@@ -94,17 +96,28 @@ class CorrectionsShare:
 
 
 async def corrections_share(
-    retriever: Retriever, caps: ContextCaps, *, principal: str, scope: str, run_id: str
+    retriever: Retriever,
+    caps: ContextCaps,
+    *,
+    principal: str,
+    scope: str,
+    run_id: str,
+    within_s: float | None = None,
 ) -> CorrectionsShare:
     """Current corrections within at most half the context caps, newest first, and the caps
     left for the round's evidence (corrections and evidence share one cap).
 
     The read is contained like every retriever call: corrections of another principal or
     scope are dropped, and a failing retriever gives no corrections, the whole caps, and its
-    ``failure`` reason (never raised).
+    ``failure`` reason (never raised). With ``within_s``, a read still running after that many
+    seconds is cancelled and fails the same way (reason ``deadline``).
     """
     try:
-        found = await contained(lambda: retriever.corrections(principal=principal, scope=scope))
+        with anyio.move_on_after(within_s if within_s is not None else math.inf) as bound:
+            found = await contained(
+                lambda: retriever.corrections(principal=principal, scope=scope))
+        if bound.cancelled_caught:
+            raise RetrieverFailedError("deadline")
         admitted, _ = admit(found, principal=principal, scope=scope, run_id=run_id,
                             what="corrections", caps=caps)
     except RetrieverFailedError as exc:
@@ -156,7 +169,7 @@ async def prepare_turn(
 
     prepared = await bound.prepare(plan, withhold)
     corrections = await corrections_share(retriever, caps, principal=principal, scope=scope,
-                                          run_id=run_id)
+                                          run_id=run_id, within_s=budget_s)
     if on_corrections is not None:
         on_corrections(corrections)
     recall = await automatic_round(allowance, retriever, prepared, run_id=run_id,

@@ -1,0 +1,204 @@
+"""A retriever's reads that never end: lazy results with no end, a corrections read or a
+re-read that never returns, names past the caps, a call id the ledger cannot keep.
+
+Each read is bounded before it starts: a lazy result is read up to the caps, a corrections read
+within the preparation budget, a re-read of retained evidence within the round's deadline.
+Every test runs on asyncio and trio; the exactly-once case on SQLite and PostgreSQL. Bounds are
+asserted as counts or as "it returned", never as wall time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from plugin import Evidence, ManualClock, SearchRequest, SimpleRetriever, WorkingState
+from plugin.control import PostgresLedger, SqliteLedger
+from plugin.memory.pipeline import ContextCaps
+from plugin.memory.protocol import Found
+from plugin.memory.simple import LAZY_CORRECTIONS
+from runtime_hooks import RecallHooks, ToolCall
+from runtime_hooks.bootstrap import RecallConfig, open_hooks
+
+from ._calls_env import WALL, Counting, recall_hooks
+from ._calls_env import P as CALL_P
+from ._calls_env import S as CALL_S
+from ._pg import DSN, fresh_schema
+
+pytestmark = pytest.mark.anyio
+
+P, S = "ana", "atlas"
+CAPS = ContextCaps(max_items=8, max_bytes=4096)
+
+
+class Endless:
+    """A lazy result too long to read (a million items: long enough to see, short enough not to
+    exhaust the test's memory before the bound holds), counting the items pulled from it."""
+
+    def __init__(self, text: str = "cutover") -> None:
+        self.pulled = 0
+        self.text = text
+
+    def __iter__(self) -> Iterator[Evidence]:
+        for i in range(1_000_000):
+            self.pulled += 1
+            yield Evidence(id=f"m{i}", text=f"{self.text} {i}", principal=P, scope=S)
+
+
+async def _hang(*args: Any, **kwargs: Any) -> Any:
+    await anyio.sleep_forever()
+
+
+@pytest.fixture
+async def hooks_for(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
+    """Opens hooks over a fresh SQLite ledger with a given retriever (closed after the test)."""
+    async with contextlib.AsyncExitStack() as stack:
+
+        async def open_with(retriever: Any, **config: Any) -> RecallHooks:
+            settings = RecallConfig(ledger_path=tmp_path / f"{uuid.uuid4()}.db",
+                                    store_path=tmp_path / "memory.db", caps=CAPS, **config)
+            hooks: RecallHooks = await stack.enter_async_context(open_hooks(
+                settings, retriever=retriever,
+                clock=ManualClock(wall=1_800_000_000.0, monotonic=10.0)))
+            return hooks
+
+        yield open_with
+
+
+def _run() -> str:
+    return f"run-{uuid.uuid4()}"
+
+
+async def test_a_lazy_result_is_read_only_up_to_the_caps(
+    anyio_backend: object, hooks_for: Callable[..., Any]
+) -> None:
+    endless = Endless()
+
+    async def search(request: SearchRequest) -> Endless:
+        return endless
+
+    hooks = await hooks_for(SimpleRetriever(search))
+    (result,) = await hooks.dispatch([ToolCall(call_id="c1", arguments={"query": "cutover"})],
+                                     run_id=_run(), scope=S, principal=P)
+    assert result.status == "ok" and result.evidence
+    assert endless.pulled <= CAPS.examined + 1
+    assert result.omitted >= 1  # more were left: the caps say so
+
+
+async def test_the_automatic_round_reads_a_lazy_result_up_to_the_caps(
+    anyio_backend: object, hooks_for: Callable[..., Any]
+) -> None:
+    endless, lazy_corrections = Endless(), Endless("correction")
+
+    async def search(request: SearchRequest) -> Endless:
+        return endless
+
+    async def corrections(*, principal: str, scope: str) -> Endless:
+        return lazy_corrections
+
+    hooks = await hooks_for(SimpleRetriever(search, corrections=corrections))
+    context = await hooks.prepare(WorkingState("cutover"), run_id=_run(), scope=S, principal=P)
+    assert context.evidence
+    assert endless.pulled <= CAPS.examined + 1
+    assert lazy_corrections.pulled <= LAZY_CORRECTIONS
+
+
+async def test_a_corrections_read_that_never_returns_ends_with_the_preparation_budget(
+    anyio_backend: object, hooks_for: Callable[..., Any]
+) -> None:
+    async def search(request: SearchRequest) -> list[Evidence]:
+        return [Evidence(id="m-1", text="cutover at noon", principal=P, scope=S)]
+
+    hooks = await hooks_for(SimpleRetriever(search, corrections=_hang),
+                            preparation_budget_s=0.05)
+    with anyio.fail_after(60):  # a hang fails the test instead of stalling the suite
+        context = await hooks.prepare(WorkingState("cutover"), run_id=_run(), scope=S,
+                                      principal=P)
+    assert context.corrections == ()
+    assert [e.id for e in context.evidence] == ["m-1"]  # the round still ran
+
+
+async def test_names_past_the_caps_are_never_read(
+    anyio_backend: object, hooks_for: Callable[..., Any]
+) -> None:
+    class Naming(SimpleRetriever):
+        async def search(self, *args: Any, **kwargs: Any) -> Found:
+            found = await super().search(*args, **kwargs)
+            junk_past_the_caps: tuple[Any, ...] = ("Ana",) * CAPS.examined + (1, None)
+            return Found(evidence=found.evidence, people=junk_past_the_caps,
+                         notes=junk_past_the_caps)
+
+    async def search(request: SearchRequest) -> list[Evidence]:
+        return [Evidence(id="m-1", text="cutover at noon", principal=P, scope=S)]
+
+    hooks = await hooks_for(Naming(search))
+    (result,) = await hooks.dispatch([ToolCall(call_id="c1", arguments={"query": "cutover"})],
+                                     run_id=_run(), scope=S, principal=P)
+    assert result.status == "ok" and [e.id for e in result.evidence] == ["m-1"]
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def opener(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[], Any]]:
+    """Unopened ledgers over one store: each one is what another process would open."""
+    if request.param == "sqlite":
+        yield lambda: SqliteLedger(tmp_path / "ledger.sqlite3")
+    else:
+        with fresh_schema("reads") as schema:
+            yield lambda: PostgresLedger(DSN, schema=schema, time_source="caller")
+
+
+class Hanging(Counting):
+    """A retriever whose re-read by id never returns."""
+
+    async def get(self, evidence_id: str, *, principal: str, scope: str) -> Evidence | None:
+        self.reads += 1
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+
+async def test_a_replay_whose_re_read_never_returns_ends_within_the_deadline(
+    opener: Callable[[], Any],
+) -> None:
+    clock = ManualClock(wall=WALL, monotonic=1.0)
+    call = ToolCall(call_id="c1", arguments={"query": "cutover"})
+    async with opener() as ledger:
+        hooks = recall_hooks(ledger, clock, Counting(), deadline_s=0.05)
+        (ran,) = await hooks.dispatch([call], run_id="r", scope=CALL_S, principal=CALL_P)
+        assert ran.status == "ok" and ran.evidence
+    hanging = Hanging()
+    async with opener() as ledger:
+        hooks = recall_hooks(ledger, clock, hanging, deadline_s=0.05)
+        with anyio.fail_after(60):
+            (replayed,) = await hooks.dispatch([call], run_id="r", scope=CALL_S,
+                                               principal=CALL_P)
+            checks = await hooks.validate_retained(["m0"], run_id="r", scope=CALL_S,
+                                                   principal=CALL_P)
+    assert replayed.status == "ok" and replayed.slot == ran.slot and replayed.evidence == ()
+    assert "could not be re-read" in replayed.content
+    assert [c.status for c in checks] == ["failed"]
+    assert hanging.searches == 0 and hanging.reads >= 1
+
+
+async def test_a_call_id_with_a_nul_is_invalid_and_the_others_keep_exactly_once(
+    opener: Callable[[], Any],
+) -> None:
+    clock = ManualClock(wall=WALL, monotonic=1.0)
+    calls = [ToolCall(call_id="call\x00A", arguments={"query": "cutover"}),
+             ToolCall(call_id="plain", arguments={"query": "cutover"})]
+    first = Counting()
+    async with opener() as ledger:
+        hooks = recall_hooks(ledger, clock, first)
+        bad, good = await hooks.dispatch(calls, run_id="r", scope=CALL_S, principal=CALL_P)
+    assert bad.status == "invalid" and "NUL" in bad.content and bad.slot is None
+    assert good.status == "ok" and first.searches == 1
+    again = Counting()
+    async with opener() as ledger:
+        hooks = recall_hooks(ledger, clock, again)
+        bad, good = await hooks.dispatch(calls, run_id="r", scope=CALL_S, principal=CALL_P)
+    assert bad.status == "invalid" and good.status == "ok" and again.searches == 0
