@@ -46,7 +46,7 @@ from plugin.memory.planning import Admission
 from .config_fields import _BY_ENV, _BY_KEY, _SECTIONS, FIELDS, _Bad, _Field, _shown, _unknown
 from .config_fields import settings_table as settings_table
 from .ledgers import is_postgres, redact_location
-from .settings import RecallConfig, is_ephemeral, loosened
+from .settings import RecallConfig, is_ephemeral, loosened, shown_location
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -81,12 +81,23 @@ class Source:
         return self.kind if not self.where else f"{self.kind} ({self.where})"
 
 
+_LOCATIONS = frozenset(f.key for f in FIELDS if f.kind == "path")
+"""The keys whose value may be a location holding a password (``ledger``, ``store``)."""
+
+
+def _shown_values(values: Mapping[str, Any]) -> str:
+    shown = ", ".join(f"{key!r}: {shown_location(value) if key in _LOCATIONS else repr(value)}"
+                      for key, value in values.items())
+    return "{" + shown + "}"
+
+
 @attrs.frozen(kw_only=True)
 class LoadedConfig:
     """The effective configuration: every key's value and where it came from."""
 
     file: Path | None
-    values: Mapping[str, Any]
+    values: Mapping[str, Any] = attrs.field(repr=_shown_values)
+    """Each key's value; its ``repr`` hides a location's password."""
     sources: Mapping[str, Source]
     admission: Admission | None = None
 
@@ -203,7 +214,7 @@ class LoadedConfig:
         looser = self.looser()
         for f in FIELDS:
             value = _shown(self.values[f.key])
-            if f.key == "ledger" and isinstance(value, str):
+            if f.key in _LOCATIONS and isinstance(value, str):
                 value = redact_location(value)
             source = self.sources[f.key]
             rows.append({"key": f.key, "value": value, "source": source.kind,

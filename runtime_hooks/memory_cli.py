@@ -8,8 +8,9 @@ With a configured ``semantic`` embedding, writes compute their vectors too.
 
 ``import FILE`` reads JSONL (``-`` is standard input): one ``{"text", "principal", "scope",
 "id"?}`` object a line, blank lines skipped. It is all or nothing: the first bad line (not
-UTF-8, not JSON, not an object, a bad or missing field, an id repeated in the file or held by
-another principal or scope) is named with its number and nothing is written.
+UTF-8, not JSON or nested too deeply, a key repeated, not an object, a bad or missing field,
+an id repeated in the file or held by another principal or scope) is named with its number
+and nothing is written.
 
 Bad input prints one ``recallbound: ...`` line on stderr and exits 2; ``forget`` of an id
 that is not there exits 1. Stored text is printed escaped (no control or bidi character
@@ -29,6 +30,7 @@ from typing import Any, BinaryIO, TextIO
 
 import anyio
 
+from plugin import strict_json
 from plugin.errors import RecallboundError
 from plugin.memory.embedding import EmbeddingAdapter
 from plugin.memory.store import (
@@ -128,9 +130,9 @@ def _read_lines(name: str) -> list[tuple[int, MemoryWrite]]:
         if not line.strip():
             continue
         try:
-            value = json.loads(line)
-        except ValueError as exc:
-            raise MemoryInputError(f"{where} line {number}: not valid JSON ({exc})") from None
+            value = strict_json.decode(line)
+        except strict_json.StrictJsonError as exc:  # not JSON, nested too deeply, a repeated key
+            raise MemoryInputError(f"{where} line {number}: {exc.reason}") from None
         try:
             found.append((number, MemoryWrite.from_dict(value)))
         except InvalidMemoryError as exc:

@@ -124,6 +124,14 @@ def _path(instance: object, attribute: attrs.Attribute[Any], value: object) -> N
         raise ConfigError(f"RecallConfig.{attribute.name} must not be empty")
 
 
+def shown_location(value: object) -> str:
+    """The ``repr`` of a location (a file path or a DSN) with its password hidden."""
+    if not isinstance(value, (str, os.PathLike)):
+        return repr(value)
+    text = repr(redact(value))
+    return text if isinstance(value, str) else f"{type(value).__name__}({text})"
+
+
 def _instance(kind: type) -> Any:
     def check(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
         if not isinstance(value, kind):
@@ -234,11 +242,13 @@ class RecallConfig:
     (``":memory:"``) needs ``allow_ephemeral_ledger=True`` wherever it comes from.
     """
 
-    ledger_path: str | os.PathLike[str] = attrs.field(validator=_path, metadata=_setting(
+    ledger_path: str | os.PathLike[str] = attrs.field(
+        validator=_path, repr=shown_location, metadata=_setting(
         "ledger", "path", "The durable ledger: a SQLite file, a postgresql:// DSN "
         "(?schema=NAME), or a libpq key=value connection string."))
     store_path: str | os.PathLike[str] | None = attrs.field(
-        default=None, validator=attrs.validators.optional(_path), metadata=_setting(
+        default=None, validator=attrs.validators.optional(_path), repr=shown_location,
+        metadata=_setting(
             "store", "path", "The reference memory store's SQLite file."))
     """Not needed when :func:`~runtime_hooks.bootstrap.open_hooks` is given a retriever."""
     policy: AllowancePolicy = attrs.field(

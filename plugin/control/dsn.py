@@ -42,11 +42,22 @@ _URI = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://")
 _KEYWORD = re.compile(r"\s*[A-Za-z_][A-Za-z0-9_]*\s*=")
 _POSTGRESISH = re.compile(r"(?i)\s*postgres(ql)?\b")
 
-# What a password looks like in a DSN or a message: a URI's userinfo (``//user:secret@``), a
-# ``password=`` keyword or query parameter (quoted or not).
-_URI_PASSWORD = re.compile(r"(://[^:/@?#\s]*:)[^\s]*@")
+# libpq's white space (C ``isspace``): a Unicode space is an ordinary character to it.
+_SPACE = " \t\n\r\f\v"
+_SECRET_KEYWORDS = frozenset({"password", "sslpassword"})
+"""The libpq keywords (and URI query parameters) whose value is a secret."""
+_URI_START = re.compile(r"(?i)[ \t\n\r\f\v]*postgres(?:ql)?://")
+_USERINFO = re.compile(r"[^@/]*@")
+"""A URI's userinfo, just past ``://``: libpq looks for an ``@`` before any ``/``."""
+
+# A password inside a longer text (a message that quotes a location): a URI's userinfo
+# (``//user:secret@``), a ``password=`` or ``sslpassword=`` keyword or query parameter, its value
+# quoted or not, read as libpq reads a key=value value (a backslash escapes the next character,
+# only white space ends it: ``#`` and ``&`` belong to the value).
+_URI_PASSWORD = re.compile(r"(://[^:/@ \t\n\r\f\v]*:)[^/ \t\n\r\f\v]*@")
 _KEYWORD_PASSWORD = re.compile(
-    r"(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'?|[^\s&#]*)")
+    r"(?is)(\b(?:ssl)?password[ \t\n\r\f\v]*=[ \t\n\r\f\v]*)"
+    r"('(?:[^'\\]|\\.)*'?|(?:\\.|[^ \t\n\r\f\v])*)")
 _QUOTED = re.compile(r'"[^"]*"')
 _SECRET_ENV = "PGPASSWORD"
 _HIDDEN = "***"
@@ -57,8 +68,9 @@ class LedgerLocation:
     """A parsed ledger location: a SQLite ``path``, or a PostgreSQL ``dsn`` (+ ``schema``)."""
 
     kind: Literal["sqlite", "postgres"]
-    target: str
-    """The SQLite path, or the DSN for libpq (the ``schema`` parameter taken out)."""
+    target: str = attrs.field(repr=lambda target: repr(redact(target)))
+    """The SQLite path, or the DSN for libpq (the ``schema`` parameter taken out); its
+    ``repr`` hides the password."""
     schema: str | None = None
 
 
@@ -88,11 +100,24 @@ def _conninfo_to_dict(dsn: str) -> dict[str, Any]:
             f"cannot be used as one: {redact(message)}") from None
 
 
+def _query_mark(dsn: str) -> int:
+    """Where a URI's query begins (its ``?``), or -1.
+
+    libpq reads the userinfo up to the first ``@`` before any ``/`` (a password may hold a raw
+    ``?`` or ``#``); the query is everything after the next ``?``. It knows no fragment: a
+    ``#`` is an ordinary character of the value it is in.
+    """
+    scheme = _URI_START.match(dsn)
+    start = scheme.end() if scheme is not None else 0
+    userinfo = _USERINFO.match(dsn, start)
+    return dsn.find("?", userinfo.end() if userinfo is not None else start)
+
+
 def _split_schema(dsn: str) -> tuple[str, str | None]:
-    base, mark, rest = dsn.partition("?")
-    if not mark:
+    mark = _query_mark(dsn)
+    if mark < 0:
         return dsn, None
-    query, hash_, fragment = rest.partition("#")
+    base, query = dsn[:mark], dsn[mark + 1:]
     kept: list[str] = []
     schemas: list[str] = []
     for item in query.split("&"):
@@ -107,7 +132,7 @@ def _split_schema(dsn: str) -> tuple[str, str | None]:
     if schemas and not schemas[0]:
         raise LedgerConfigError(f"the ledger DSN's {SCHEMA_PARAMETER!r} parameter is empty")
     query = "&".join(kept)
-    rebuilt = base + ("?" + query if query else "") + hash_ + fragment
+    rebuilt = base + ("?" + query if query else "")
     return rebuilt, schemas[0] if schemas else None
 
 
@@ -129,8 +154,10 @@ def parse_location(location: str | os.PathLike[str]) -> LedgerLocation:
             f"the ledger ({_form(text)}) is a URI recallbound cannot open: a ledger is a "
             f"postgresql:// or postgres:// DSN, a libpq key=value string, or a SQLite file path")
     if _KEYWORD.match(text):
-        _conninfo_to_dict(text)
-        return LedgerLocation(kind="postgres", target=text)
+        # Unstripped: libpq skips white space itself, and a final backslash-escaped space
+        # belongs to the last value.
+        _conninfo_to_dict(location)
+        return LedgerLocation(kind="postgres", target=location)
     if _POSTGRESISH.match(text) and _SCHEME.match(text):
         raise LedgerConfigError(
             f"the ledger ({_form(text)}) looks like a PostgreSQL DSN but is not one: write "
@@ -155,15 +182,158 @@ def _secrets(dsn: str | None = None) -> tuple[str, ...]:
     return tuple(found)
 
 
+def _is_secret(keyword: str) -> bool:
+    return keyword.strip(_SPACE).lower() in _SECRET_KEYWORDS
+
+
+def _uri_spans(dsn: str, start: int) -> list[tuple[int, int]]:
+    """Where a URI's passwords are, read as libpq reads them; ``start`` is just past ``://``.
+
+    The userinfo's password runs from its first ``:`` to the ``@``; a ``password`` query
+    parameter (its key percent-decoded) runs to the next ``&`` or the end.
+    """
+    spans: list[tuple[int, int]] = []
+    userinfo = _USERINFO.match(dsn, start)
+    if userinfo is not None:
+        at = userinfo.end() - 1
+        colon = dsn.find(":", start, at)
+        if colon >= 0:
+            spans.append((colon + 1, at))
+    mark = _query_mark(dsn)
+    if mark >= 0:
+        position = mark + 1
+        for item in dsn[mark + 1:].split("&"):
+            key, equals, _ = item.partition("=")
+            if equals and _is_secret(urllib.parse.unquote(key)):
+                spans.append((position + len(key) + 1, position + len(item)))
+            position += len(item) + 1
+    return spans
+
+
+def _keyword_spans(dsn: str) -> list[tuple[int, int]] | None:
+    """Where a key=value string's passwords are, read as libpq reads it; ``None`` when libpq
+    could not read it (a word with no ``=``, an unterminated quote).
+
+    A keyword runs to ``=`` or white space; white space around ``=`` is skipped. A value in
+    single quotes runs to the closing quote, a backslash escaping the next character; any other
+    value runs to white space, a backslash escaping the next character (``\\ `` is a space of
+    the value).
+    """
+    spans: list[tuple[int, int]] = []
+    index, end = 0, len(dsn)
+    while index < end:
+        if dsn[index] in _SPACE:
+            index += 1
+            continue
+        start = index
+        while index < end and dsn[index] != "=" and dsn[index] not in _SPACE:
+            index += 1
+        keyword = dsn[start:index]
+        while index < end and dsn[index] in _SPACE:
+            index += 1
+        if index >= end or dsn[index] != "=":
+            return None
+        index += 1
+        while index < end and dsn[index] in _SPACE:
+            index += 1
+        value = index
+        if index < end and dsn[index] == "'":
+            index += 1
+            while True:
+                if index >= end:
+                    return None
+                if dsn[index] == "\\":
+                    index += 2
+                    continue
+                index += 1
+                if dsn[index - 1] == "'":
+                    break
+        else:
+            while index < end and dsn[index] not in _SPACE:
+                index += 2 if dsn[index] == "\\" else 1
+            index = min(index, end)
+        if _is_secret(keyword):
+            spans.append((value, index))
+    return spans
+
+
+def _hide(text: str, spans: Iterable[tuple[int, int]]) -> str:
+    pieces: list[str] = []
+    last = 0
+    for start, end in sorted(spans):
+        if end > start >= last:
+            pieces += [text[last:start], _HIDDEN]
+            last = end
+    pieces.append(text[last:])
+    return "".join(pieces)
+
+
+def _hide_in_message(text: str) -> str:
+    text = _URI_PASSWORD.sub(rf"\1{_HIDDEN}@", text)
+    return _KEYWORD_PASSWORD.sub(rf"\1{_HIDDEN}", text)
+
+
+def _checked(location: str, shown: str) -> str:
+    """``shown``, if libpq reads it as ``location`` with every password ``***``; else libpq's
+    own rendering of ``location`` with its passwords hidden (key=value form).
+
+    Without psycopg, or for a text libpq cannot read, ``shown`` as it is.
+    """
+    try:
+        from psycopg.conninfo import conninfo_to_dict, make_conninfo
+    except ImportError:
+        return shown
+
+    def read(dsn: str) -> dict[str, Any] | None:
+        try:
+            if _URI_START.match(dsn):
+                dsn = _split_schema(dsn.strip())[0]
+            return conninfo_to_dict(dsn)
+        except Exception:  # libpq cannot read it (psycopg.ProgrammingError), a bad schema
+            return None
+
+    params = read(location)
+    if params is None:
+        return shown
+    hidden = {key: _HIDDEN if _is_secret(key) else value for key, value in params.items()}
+    if read(shown) == hidden:
+        return shown
+    return make_conninfo("", **hidden)
+
+
+def _redact_location(text: str) -> str | None:
+    """``text`` with its passwords hidden if the whole of it is a PostgreSQL location (the
+    rest of it unchanged), else ``None``."""
+    uri = _URI_START.match(text)
+    if uri is not None:
+        if any(char in _SPACE for char in text.strip(_SPACE)):
+            return None  # libpq refuses white space in a URI: a message that starts with one
+        shown = _URI_PASSWORD.sub(rf"\1{_HIDDEN}@", _hide(text, _uri_spans(text, uri.end())))
+    elif _KEYWORD.match(text):
+        spans = _keyword_spans(text)
+        if spans is None:
+            return None
+        shown = _hide_in_message(_hide(text, spans))
+    else:
+        return None
+    return _checked(text, shown)
+
+
 def redact(text: str | os.PathLike[str], *, secrets: Iterable[str | None] = ()) -> str:
     """``text`` (a DSN, or any message) with every password replaced by ``***``.
 
-    Hidden: a URI's userinfo password, a ``password=`` keyword or query parameter, each of
-    ``secrets`` and the value of ``PGPASSWORD`` wherever they appear (also percent-encoded).
+    A whole location is read as libpq reads it, so every character of its password is hidden,
+    in each form libpq accepts: a URI's userinfo password, a ``password`` (or ``sslpassword``)
+    query parameter, percent-encoded key included, and a key=value ``password`` quoted or with
+    backslash escapes; with psycopg installed, the result is checked with libpq's own parser.
+    In a longer text, a URI's userinfo password and a ``password=`` value (quoted, or up to
+    white space) are hidden. Each of ``secrets`` and the value of ``PGPASSWORD`` are hidden
+    wherever they appear (also percent-encoded).
     """
-    shown = os.fspath(text)
-    shown = _URI_PASSWORD.sub(rf"\1{_HIDDEN}@", shown)
-    shown = _KEYWORD_PASSWORD.sub(rf"\1{_HIDDEN}", shown)
+    original = os.fspath(text)
+    shown = _redact_location(original)
+    if shown is None:
+        shown = _hide_in_message(original)
     literal = {s for s in (*secrets, *_secrets()) if s}
     for secret in sorted(literal, key=len, reverse=True):
         for form in {secret, urllib.parse.quote(secret, safe=""),

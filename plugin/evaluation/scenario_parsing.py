@@ -8,6 +8,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from plugin import strict_json
 from plugin.control import validate
 from plugin.errors import InvalidArgumentError, InvalidArgumentTypeError
 from plugin.memory.state import WorkingState
@@ -39,35 +40,11 @@ _DATED_KEYS = ("id", "text")
 _DATED_OPTIONAL = ("created_at",)
 
 
-def _reject_constant(name: str) -> object:
-    raise InvalidScenarioError(f"{name} is not a JSON number")
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise InvalidScenarioError(f"duplicate key {key!r} in a JSON object")
-        result[key] = value
-    return result
-
-
 def _decode(raw: str | bytes | bytearray) -> object:
-    if isinstance(raw, (bytes, bytearray)):
-        try:
-            raw = bytes(raw).decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise InvalidScenarioError(
-                f"not UTF-8 text: byte 0x{raw[exc.start]:02x} at offset {exc.start}"
-            ) from None
     try:
-        return json.loads(
-            raw, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant
-        )
-    except json.JSONDecodeError as exc:
-        raise InvalidScenarioError(f"not valid JSON: {exc.msg} at column {exc.colno}") from None
-    except RecursionError:
-        raise InvalidScenarioError("not valid JSON: nested too deeply") from None
+        return strict_json.decode(raw)
+    except strict_json.StrictJsonError as exc:
+        raise InvalidScenarioError(exc.reason) from None
 
 
 def _object(

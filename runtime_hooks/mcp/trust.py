@@ -11,7 +11,6 @@ message, log line or ``repr`` carries one.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import sys
 from collections.abc import Iterable, Mapping
@@ -19,6 +18,8 @@ from pathlib import Path
 
 import attrs
 from mcp.server.auth.provider import AccessToken
+
+from plugin import strict_json
 
 from .errors import McpAuthError
 
@@ -110,9 +111,11 @@ class TokenTable:
         if text is None:
             raise McpAuthError(f"environment variable {name} is not set")
         try:
-            entries = json.loads(text)
-        except ValueError:
-            raise McpAuthError(f"environment variable {name}: not valid JSON") from None
+            entries = strict_json.decode(text)
+        except strict_json.StrictJsonError as exc:
+            reason = exc.reason if exc.reason.startswith("not valid JSON") else (
+                f"not valid JSON: {exc.reason}")
+            raise McpAuthError(f"environment variable {name}: {reason}") from None
         if not isinstance(entries, list):
             raise McpAuthError(f"environment variable {name}: expected a JSON list")
         return cls.from_entries(entries, source=f"environment variable {name}")
