@@ -31,6 +31,7 @@ from typing import Any, BinaryIO, TextIO
 import anyio
 
 from plugin import strict_json
+from plugin.control.dsn import is_connection_string, redact
 from plugin.errors import RecallboundError
 from plugin.memory.embedding import EmbeddingAdapter
 from plugin.memory.store import (
@@ -90,11 +91,14 @@ def add_commands(commands: Any) -> None:
 
 
 def _store_path(args: argparse.Namespace, values: dict[str, Any]) -> Path:
-    if args.store is not None:
-        return Path(args.store)
-    configured = values.get("store")
-    if configured is not None:
-        return Path(str(configured))
+    given = args.store if args.store is not None else values.get("store")
+    if given is not None:
+        # Checked before it becomes a Path, which would fold a URI's "//" and hide what it is.
+        if isinstance(given, str) and is_connection_string(given):
+            raise MemoryInputError(
+                f"the memory store {redact(given)!r} is a connection string; the store is a "
+                f"SQLite file: give its path")
+        return Path(str(given))
     path = default_store()
     path.parent.mkdir(parents=True, exist_ok=True)
     return path

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 import attrs
 
 from plugin.control import AllowancePolicy, validate
-from plugin.control.dsn import parse_location, redact
+from plugin.control.dsn import is_connection_string, parse_location, redact
 from plugin.errors import (
     ConfigError,
     InvalidConfigTypeError,
@@ -249,7 +249,8 @@ class RecallConfig:
     store_path: str | os.PathLike[str] | None = attrs.field(
         default=None, validator=attrs.validators.optional(_path), repr=shown_location,
         metadata=_setting(
-            "store", "path", "The reference memory store's SQLite file."))
+            "store", "path", "The reference memory store's SQLite file (a file path: a "
+            "connection string is an error)."))
     """Not needed when :func:`~runtime_hooks.bootstrap.open_hooks` is given a retriever."""
     policy: AllowancePolicy = attrs.field(
         factory=AllowancePolicy, validator=_instance(AllowancePolicy), metadata=_setting(
@@ -316,6 +317,11 @@ class RecallConfig:
             parse_location(self.ledger_path)
         except LedgerConfigError as exc:
             raise LedgerConfigError(f"RecallConfig.ledger_path: {exc}") from None
+        if self.store_path is not None and is_connection_string(self.store_path):
+            raise ConfigError(
+                f"RecallConfig.store_path {redact(self.store_path)!r} is a connection string, "
+                f"but the reference memory store is a SQLite file: give its path (only the "
+                f"ledger runs on PostgreSQL)")
         if is_ephemeral(self.ledger_path) and not self.allow_ephemeral_ledger:
             raise ConfigError(
                 f"RecallConfig.ledger_path {redact(self.ledger_path)!r} keeps nothing once "

@@ -30,8 +30,8 @@ import attrs
 
 from plugin.errors import LedgerConfigError
 
-__all__ = ["LedgerLocation", "POSTGRES_SCHEMES", "SCHEMA_PARAMETER", "parse_location",
-           "password_of", "redact"]
+__all__ = ["LedgerLocation", "POSTGRES_SCHEMES", "SCHEMA_PARAMETER", "is_connection_string",
+           "parse_location", "password_of", "redact"]
 
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 SCHEMA_PARAMETER = "schema"
@@ -180,6 +180,16 @@ def _secrets(dsn: str | None = None) -> tuple[str, ...]:
     if dsn is not None:
         found.append(password_of(dsn) or "")
     return tuple(found)
+
+
+def is_connection_string(location: str | os.PathLike[str]) -> bool:
+    """Whether ``location`` is, or looks like, a database connection string or URI: what
+    :func:`parse_location` does not read as a SQLite file path. A store that is a SQLite file
+    refuses it rather than create a file of that name."""
+    try:
+        return parse_location(location).kind != "sqlite"
+    except LedgerConfigError:
+        return True
 
 
 def _is_secret(keyword: str) -> bool:

@@ -14,9 +14,10 @@ from types import TracebackType
 import numpy.typing as npt
 
 from ...control.clock import Clock, SystemClock
+from ...control.dsn import is_connection_string
 from ..embedding import EmbeddingAdapter
 from .database import Database
-from .errors import InvalidMemoryError
+from .errors import InvalidMemoryError, MemoryStorePathError
 from .lookups import Lookups
 from .search import Search
 from .values import Evidence, MemoryRecord, MemoryWrite, Person, check_key
@@ -65,7 +66,13 @@ class MemoryStore:
             raise InvalidMemoryError(
                 f"vector_cache_bytes must be an int >= 0, got {vector_cache_bytes!r}"
             )
-        self._db = Database(os.fspath(path), timeout)
+        location = os.fspath(path)
+        if isinstance(location, str) and is_connection_string(location):
+            # Not echoed: a Path folds a URI's "//", which the redaction would not recognise.
+            raise MemoryStorePathError(
+                "the memory store's location is a connection string; the store is a SQLite "
+                "file: give its path")
+        self._db = Database(location, timeout)
         self._vectors = VectorCache(self._db, vector_cache_bytes)
         self._embedding = embedding
         self._writer = Writer(self._db, embedding, SystemClock() if clock is None else clock)

@@ -1,0 +1,57 @@
+"""The reference memory store is a SQLite file: a connection string given as its location is an
+error, never a file of that name (the password in it never shown)."""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+import pytest
+
+from plugin.errors import ConfigError
+from plugin.memory.store import MemoryStore
+from plugin.memory.store.errors import MemoryStorePathError
+from runtime_hooks.__main__ import main
+from runtime_hooks.bootstrap import RecallConfig
+
+CONNECTION_STRINGS = [
+    "host=127.0.0.1 dbname=test password=s3cr3t-pw",
+    " host=127.0.0.1 port=5432 user=postgres password='s3cr3t-pw'",
+    "postgresql://postgres:s3cr3t-pw@127.0.0.1:5432/test",
+    "postgres://127.0.0.1/test?password=s3cr3t-pw",
+]
+
+
+@pytest.mark.parametrize("location", CONNECTION_STRINGS)
+def test_the_store_refuses_a_connection_string_and_creates_no_file(
+    location: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(MemoryStorePathError, match="connection string") as raised:
+        MemoryStore(location)
+    assert "s3cr3t-pw" not in str(raised.value)
+    with pytest.raises(ConfigError, match="connection string") as config:
+        RecallConfig(ledger_path=tmp_path / "ledger.db", store_path=location)
+    assert "s3cr3t-pw" not in str(config.value)
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("location", CONNECTION_STRINGS)
+def test_the_memory_command_refuses_a_connection_string_as_its_store(
+    location: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    out, err_stream = io.StringIO(), io.StringIO()
+    code = main(["memory", "--store", location, "add", "--principal", "p", "--scope", "s",
+                 "hello"], stdout=out, stderr=err_stream)
+    err = err_stream.getvalue()
+    assert code == 2 and "connection string" in err and "s3cr3t-pw" not in err
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_file_path_is_still_a_store(tmp_path: Path) -> None:
+    config = RecallConfig(ledger_path=tmp_path / "ledger.db", store_path=tmp_path / "memory.db")
+    assert config.store_path == tmp_path / "memory.db"
+    MemoryStore(tmp_path / "memory.db")
+    MemoryStore(":memory:")
