@@ -145,8 +145,10 @@ class MemoryLedger:
         self._open()
         if self.fail_reserve is not None:
             raise self.fail_reserve
-        now_wall = max(read_time(now), read_time(floor))
         run = self.runs.get(run_id)
+        recorded = [r.reserved_wall for r in run.rounds] if run is not None else []
+        recorded += [r.at_wall for r in self.refused if r.run_id == run_id]
+        now_wall = max(read_time(now), read_time(floor), *recorded)
         if run is None:
             run = self.runs[run_id] = _Run(
                 now_wall, now_wall + policy.deadline_s, policy.max_searches, policy.max_rounds

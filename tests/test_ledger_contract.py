@@ -245,6 +245,20 @@ async def test_deadline_passed_refuses_the_round(ledger: Ledger) -> None:
     assert usage.deadline_wall == WALL + 10.0
 
 
+async def test_a_clock_behind_the_runs_record_never_reopens_its_deadline(ledger: Ledger) -> None:
+    # Another process (or this one after a restart) whose wall clock is behind the times the
+    # ledger already judged the run at: it is judged at the latest of them, never earlier.
+    policy = AllowancePolicy(max_searches=10, max_rounds=5)
+    _granted(await ledger.reserve("run", AUTO, 1, policy, WALL))
+    _refused(await ledger.reserve("run", AUTO, 1, policy, WALL + 15), RefusalReason.DEADLINE)
+    _refused(await ledger.reserve("run", AUTO, 1, policy, WALL + 5), RefusalReason.DEADLINE)
+    _granted(await ledger.reserve("other", AUTO, 1, policy, WALL))
+    _granted(await ledger.reserve("other", AUTO, 1, policy, WALL + 6))
+    behind = _granted(await ledger.reserve("other", AUTO, 1, policy, WALL + 2))
+    assert behind.reserved_wall >= WALL + 6  # 4 s left at most, never 8
+    assert behind.deadline_wall == WALL + 10
+
+
 async def test_refusals_are_recorded_as_rounds(ledger: Ledger) -> None:
     _granted(await ledger.reserve("run", AUTO, 4, POLICY, WALL))
     _refused(await ledger.reserve("run", DELIB, 1, POLICY, WALL + 1), RefusalReason.SLOTS)
@@ -416,12 +430,14 @@ async def test_everything_survives_reopening(open_ledger: Callable[..., Any]) ->
     async with open_ledger() as ledger:
         _granted(await ledger.reserve("run", AUTO, 2, POLICY, WALL))
         await ledger.record([_trace("a1", "run", 1)], [])
-        _refused(await ledger.reserve("run", DELIB, 9, POLICY, WALL + 11), RefusalReason.DEADLINE)
+        _granted(await ledger.reserve("late", AUTO, 2, POLICY, WALL))
+        _refused(await ledger.reserve("late", DELIB, 9, POLICY, WALL + 11),
+                 RefusalReason.DEADLINE)
         before = (await ledger.usage("run"), await ledger.reservations("run"),
-                  await ledger.attempts("run"), await ledger.refusals("run"))
+                  await ledger.attempts("run"), await ledger.refusals("late"))
     async with open_ledger() as ledger:
         after = (await ledger.usage("run"), await ledger.reservations("run"),
-                 await ledger.attempts("run"), await ledger.refusals("run"))
+                 await ledger.attempts("run"), await ledger.refusals("late"))
         assert after == before
         second = _granted(await ledger.reserve("run", DELIB, 9, POLICY, WALL + 5))
         assert (second.round_index, second.first_slot, second.slots) == (2, 3, 2)

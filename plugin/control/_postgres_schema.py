@@ -31,8 +31,13 @@ WITH req AS MATERIALIZED (
 ), p AS MATERIALIZED (
     SELECT req.ord, req.run_id, req.kind, req.requested, req.deadline_s, req.max_searches,
            req.max_rounds,
+           -- never before the latest time the run was judged at (greatest skips a NULL)
            greatest(CASE WHEN p_server THEN extract(epoch FROM clock_timestamp())::float8
-                         ELSE req.now END, req.floor) AS now
+                         ELSE req.now END, req.floor,
+                    (SELECT max(rd.reserved_wall) FROM {s}.rounds rd
+                     WHERE rd.run_id = req.run_id),
+                    (SELECT max(rf.at_wall) FROM {s}.refusals rf
+                     WHERE rf.run_id = req.run_id)) AS now
     FROM req
 ), cur AS MATERIALIZED (
     SELECT u.run_id, u.reserved, """ + REFUSAL_REASON + """ AS reason
@@ -125,6 +130,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE {s}.runs ADD COLUMN IF NOT EXISTS pruned boolean NOT NULL DEFAULT false",
         RESERVE_LONE,
     ),
+    # version 8: a round is judged never before the latest time its run was judged at
+    (RESERVE_WAVE.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1),),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 """The schema version this code writes; older versions are migrated in place at open."""

@@ -77,6 +77,14 @@ WHERE {admits("runs", ":now")}
 RETURNING rounds, reserved, last_grant, deadline_wall, opened_wall, {_EXECUTED}
 """
 
+_RECORDED = """
+SELECT max(at) FROM (
+    SELECT max(reserved_wall) AS at FROM rounds WHERE run_id = :run_id
+    UNION ALL SELECT max(at_wall) FROM refusals WHERE run_id = :run_id)
+"""
+"""The latest time the ledger judged the run at (a round or a refusal), or NULL: the earliest
+time any later round of the run may be judged at, whatever the caller's clock says."""
+
 _RUN_STATE = f"""
 SELECT reserved, {_EXECUTED} FROM runs WHERE run_id = ?
 """
@@ -118,12 +126,16 @@ def _reserve_one(conn: sqlite3.Connection, request: ReserveRequest) -> Reservati
     """The check-and-reserve of one round, inside the caller's write transaction.
 
     Judged under the write lock: a round that waited for another writer past the deadline is
-    refused, not born expired.
+    refused, not born expired. Judged never before the latest time the run was judged at, so a
+    process whose wall clock is behind another's (or stepped back across a restart) cannot
+    reopen a deadline that has passed.
     """
     run_id, kind, requested, policy = (
         request.run_id, request.kind, request.requested, request.policy
     )
-    now_wall = max(read_time(request.now), read_time(request.floor))
+    (recorded,) = conn.execute(_RECORDED, {"run_id": run_id}).fetchone()
+    now_wall = max(read_time(request.now), read_time(request.floor),
+                   -math.inf if recorded is None else float(recorded))
     params = {
         "run_id": run_id,
         "now": now_wall,
