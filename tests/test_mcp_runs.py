@@ -157,7 +157,7 @@ async def test_a_burst_of_a_new_run_is_one_round_however_slow_the_bookkeeping(
         slow = _SlowWrites(plain.hooks.allowance.ledger)
         hooks = attrs.evolve(plain.hooks, allowance=attrs.evolve(plain.hooks.allowance,
                                                                  ledger=slow))
-        server = RecallServer(hooks, caller=ANA)  # the default 5 ms window
+        server = RecallServer(hooks, caller=ANA)  # the default window
         async with Client(server.server) as client:
             run_id = "run-burst" if named else None
             assert await burst(client, QUERIES[:3], run_id=run_id) == ["ok"] * 3

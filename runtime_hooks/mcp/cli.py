@@ -65,7 +65,8 @@ def add_command(commands: Any) -> None:
     mcp.add_argument("--config", type=Path, default=None,
                      help="configuration file (default: $RECALLBOUND_CONFIG or ./recallbound.toml)")
     mcp.add_argument("--window-ms", type=float, default=None,
-                     help="how long a burst of parallel searches of one run is gathered (ms)")
+                     help="how long a burst of parallel searches of one run is gathered, "
+                          "and the most a lone search waits (ms; 0: never wait)")
     mcp.add_argument("--token-file", type=Path, default=None,
                      help="TOML file of [[token]] tables (token, principal, scope) for HTTP")
     mcp.add_argument("--allow-host", action="append", default=None, metavar="HOST[:PORT]",
@@ -258,17 +259,20 @@ async def _serve_http(server: Any, verifier: Any, chosen: McpSettings, err: Text
     from mcp.server.auth.settings import AuthSettings
     from pydantic import AnyHttpUrl
 
+    from .http_ids import RequestIdCheck, admitted_by
+
     assert chosen.http is not None
     host, port = chosen.http
     authority = _authority(host)
+    security = transport_security(host, port, chosen.allowed_hosts, chosen.allowed_origins)
     app = server.server.streamable_http_app(
         host=host,
         auth=AuthSettings(issuer_url=AnyHttpUrl(f"http://{authority}:{port}"),
                           resource_server_url=None),
         token_verifier=verifier,
-        transport_security=transport_security(host, port, chosen.allowed_hosts,
-                                              chosen.allowed_origins),
+        transport_security=security,
     )
+    app = RequestIdCheck(app, admitted_by(security, verifier))
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
     web = uvicorn.Server(config)
 

@@ -14,13 +14,20 @@ run it has reserved nothing for is taken as fresh): no ledger read or write stan
 burst's first call and the rest of it, so the server's own bookkeeping never splits a burst.
 Then
 
-* a batch of one call closes at once (a lone request never waits), unless the run has one
-  round left: spending the last round on one call would refuse every call that is a few
-  microseconds behind it, so the batch waits for them;
-* a batch that already holds several calls (they arrived together) stays open until
-  ``window_s`` after its first call arrived, to take the rest of the burst;
-* either way it closes as soon as it holds as many calls as the run has slots left, and at
-  once when the run has no slot or round left (every call is refused without waiting).
+* a batch stays open until ``window_s`` after its first call arrived, to take the rest of
+  the burst. This holds for a batch of one call too: the first call of a burst often arrives
+  alone (on stdio the client writes each request on its own, and the server may read the
+  first before the others are written), and closing its batch at once would spend a round on
+  it and send the rest of the burst to another. So a lone call waits the window (at most
+  ``window_s``; 20 ms by default) before its round opens; a window of 0 never waits, and then
+  only the calls that have already arrived share a round;
+* it closes as soon as it holds as many calls as the run has slots left (no later call could
+  get a slot in it), and at once when the run has no slot or round left (every call is refused
+  without waiting).
+
+The wait is bounded: a batch never stays open past ``window_s`` after its first call,
+however many calls trickle in meanwhile, and a round never takes more than the allowance
+grants (the ledger's reservation decides).
 
 What the allowance knows is an estimate: only the ledger's reservation decides what a round is
 granted, so a stale estimate can cost a burst its shared round, never an extra slot.
@@ -46,8 +53,8 @@ from anyio.abc import TaskGroup
 
 from runtime_hooks.hooks import RecallHooks, ToolCall, ToolResult
 
-DEFAULT_WINDOW_S = 0.005
-"""How long a batch that holds several calls stays open for the rest of its burst."""
+DEFAULT_WINDOW_S = 0.02
+"""How long a batch stays open for the rest of its burst (the most a lone call waits)."""
 
 
 
@@ -188,8 +195,6 @@ class BatchWindow:
         slots_left = room.slots_at(allowance.clock.wall())
         if slots_left <= 0 or room.rounds <= 0:
             return
-        if len(batch.calls) == 1 and room.rounds > 1:
-            return  # a lone request never waits
         closes = batch.opened + self.window_s
         while len(batch.calls) < slots_left:
             left = closes - anyio.current_time()

@@ -10,6 +10,8 @@ chunks and frames lines itself:
   lone surrogate (``"\\ud800"``), that is not one JSON-RPC message (a batch, ``params`` that is
   not an object, no ``method``) is answered with a JSON-RPC error carrying the request's id
   when it can be read (null otherwise);
+* a request whose ``id`` is not a string or an integer (see :func:`invalid_request_id`) is
+  answered with an Invalid Request error with id null, and never reaches the server;
 * everything else goes to the server, which answers unknown methods and bad tool arguments
   itself. The server keeps serving after each of these.
 
@@ -77,6 +79,24 @@ def _encodes(text: str) -> bool:
     return True
 
 
+def invalid_request_id(document: object) -> bool:
+    """Whether ``document`` is a request (it has a ``method``) with an ``id`` member that MCP
+    does not allow.
+
+    MCP narrows JSON-RPC 2.0: a request's id is a string or an integer, and never null. So
+    null, booleans, numbers with a fraction or an exponent (``1.5``, ``1.0``, ``1e3``),
+    objects and arrays are invalid. Such a request is not a notification (a notification has
+    no ``id`` member at all), so it is answered with an Invalid Request error whose id is null
+    (the id could not be read) and its method is never run. The SDK's message parser instead
+    drops an id it does not accept and reads the rest as a notification, which would run the
+    method and answer nothing; every reader checks with this first.
+    """
+    if not isinstance(document, dict) or "id" not in document or "method" not in document:
+        return False
+    request_id = document["id"]
+    return isinstance(request_id, bool) or not isinstance(request_id, (str, int))
+
+
 def scan(line: bytes, max_depth: int) -> tuple[bool, str | int | None]:
     """Whether ``line`` nests at most ``max_depth`` deep, and the top-level ``"id"`` it names
     (read without parsing the line, so a line that does not parse is answered with its id)."""
@@ -111,6 +131,10 @@ def _has_lone_surrogate(value: object) -> bool:
     return False
 
 
+_BAD_ID = error_line(None, INVALID_REQUEST,
+                     "Invalid request: the id must be a string or an integer")
+
+
 def read_message(line: bytes, *, max_depth: int = MAX_DEPTH) -> SessionMessage | bytes | None:
     """One line as a message for the server, an error line to send back, or None (blank)."""
     if not line.strip():
@@ -118,9 +142,16 @@ def read_message(line: bytes, *, max_depth: int = MAX_DEPTH) -> SessionMessage |
     shallow = line.count(b"[") + line.count(b"{") <= max_depth
     if shallow and not _SURROGATE.search(line):
         try:  # the common case, in one pass: a well-formed message
-            return SessionMessage(types.jsonrpc_message_adapter.validate_json(line, by_name=False))
+            parsed = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
         except pydantic.ValidationError:
             pass  # told apart below, to answer with the right error
+        else:
+            # A notification is rare; one is parsed again to tell it from a request whose
+            # id the parser dropped (checked on the decoded keys, so an escaped "id" counts).
+            if not isinstance(parsed, types.JSONRPCNotification) \
+                    or not invalid_request_id(json.loads(line)):
+                return SessionMessage(parsed)
+            return _BAD_ID
     if not shallow:
         ok, salvaged = scan(line, max_depth)
         if not ok:
@@ -138,6 +169,8 @@ def read_message(line: bytes, *, max_depth: int = MAX_DEPTH) -> SessionMessage |
     if not isinstance(document, dict):
         return error_line(None, INVALID_REQUEST,
                           "Invalid request: expected one JSON-RPC message object")
+    if invalid_request_id(document):
+        return _BAD_ID
     if _SURROGATE.search(line) and _has_lone_surrogate(document):
         return error_line(request_id, INVALID_PARAMS,
                           "Invalid params: a string holds a lone surrogate (not Unicode text)")

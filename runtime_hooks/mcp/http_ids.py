@@ -1,0 +1,91 @@
+"""Streamable HTTP: a request whose id MCP does not allow is answered, never run.
+
+On a connection that opened with the ``initialize`` handshake, the SDK parses a POST body with
+a parser that drops an id it does not accept (``{"id": true, "method": ...}``) and takes the
+rest for a notification: it answers ``202`` and runs the method. :class:`RequestIdCheck` sits
+in front of the SDK's application and answers such a body itself, as the stdio reader does
+(:func:`~runtime_hooks.mcp.wire.invalid_request_id`): ``400`` with a JSON-RPC Invalid Request
+error whose id is null. It answers only a request the SDK would have read (Host and Origin
+allowed, a valid bearer token); any other request goes to the SDK unchanged, which refuses it
+as usual (``421``, ``403``, ``401``). A body is read at most up to the transport's size cap
+before it is looked at; a larger one goes to the SDK, which refuses it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+
+import attrs
+from mcp.server.auth.middleware.bearer_auth import BearerAuthBackend
+from mcp.server.auth.provider import TokenVerifier
+from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
+from starlette.requests import HTTPConnection, Request
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .wire import INVALID_REQUEST, MAX_LINE_BYTES, error_line, invalid_request_id
+
+Admitted = Callable[[Request], Awaitable[bool]]
+"""Whether the SDK would read a request's body (its Host, Origin and token are accepted)."""
+
+_MESSAGE = "Invalid request: the id must be a string or an integer"
+
+
+@attrs.frozen
+class RequestIdCheck:
+    """An ASGI application: ``app``, with POSTs to ``path`` checked for an invalid id first."""
+
+    app: ASGIApp
+    admitted: Admitted
+    path: str = "/mcp"
+    max_body_bytes: int = MAX_LINE_BYTES
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" \
+                or scope["path"].rstrip("/") != self.path.rstrip("/"):
+            await self.app(scope, receive, send)
+            return
+        read: list[Message] = []
+        size, whole = 0, False
+        while True:
+            message = await receive()
+            read.append(message)
+            if message["type"] != "http.request":
+                break
+            size += len(message.get("body", b""))
+            if not message.get("more_body", False):
+                whole = True
+                break
+            if size > self.max_body_bytes:
+                break
+        if whole and size <= self.max_body_bytes:
+            body = b"".join(message.get("body", b"") for message in read)
+            try:
+                document = json.loads(body)
+            except (ValueError, RecursionError):
+                document = None  # the SDK answers it
+            if invalid_request_id(document) and await self.admitted(Request(scope)):
+                answer = Response(error_line(None, INVALID_REQUEST, _MESSAGE), status_code=400,
+                                  media_type="application/json")
+                await answer(scope, receive, send)
+                return
+
+        async def replay() -> Message:
+            return read.pop(0) if read else await receive()
+
+        await self.app(scope, replay, send)
+
+
+def admitted_by(security: TransportSecuritySettings, verifier: TokenVerifier) -> Admitted:
+    """The SDK's own checks, as the request would meet them: ``security`` for Host and
+    Origin, then ``verifier`` for the bearer token."""
+    guard = TransportSecurityMiddleware(security)
+    backend = BearerAuthBackend(verifier)
+
+    async def admitted(request: Request) -> bool:
+        if await guard.validate_request(request, is_post=True) is not None:
+            return False
+        return await backend.authenticate(HTTPConnection(request.scope)) is not None
+
+    return admitted

@@ -1,0 +1,112 @@
+"""A request whose id MCP does not allow (null, a boolean, a number with a fraction, an object,
+an array) is answered with an Invalid Request error (id null) and never run: over stdio (a
+real server process on asyncio and on trio) and over streamable HTTP. The SDK's parser would
+drop such an id and take the request for a notification: no answer, and the method run."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import anyio
+import httpx2
+import mcp_types as types
+import pytest
+from mcp.shared.message import SessionMessage
+
+from runtime_hooks.mcp.wire import INVALID_REQUEST, invalid_request_id, read_message
+
+from ._mcp_env import search
+from .test_mcp_transports import TOKEN, _http_client, _http_server, _seeded
+from .test_mcp_wire import INITIALIZE, raw_server
+
+pytestmark = pytest.mark.anyio
+
+BAD_IDS = ['{"a":1}', "[1]", "null", "1.5", "1.0", "1e3", "true", "false"]
+SEARCH = '"method":"tools/call","params":{"name":"search_memory","arguments":{"query":"x"}}'
+
+
+def _runs(folder: Path) -> int:
+    """How many runs the ledger holds (a search that ran opened one)."""
+    with sqlite3.connect(folder / "ledger.db") as ledger:
+        found: int = ledger.execute("select count(*) from runs").fetchone()[0]
+    return found
+
+
+@pytest.mark.parametrize("bad", BAD_IDS)
+def test_a_request_with_an_invalid_id_is_answered_with_id_null(bad: str) -> None:
+    for line in (f'{{"jsonrpc":"2.0","id":{bad},"method":"tools/list"}}',
+                 f'{{"jsonrpc":"2.0","id":{bad},{SEARCH}}}',
+                 f'{{"jsonrpc":"2.0","\\u0069d":{bad},"method":"ping"}}',  # an escaped key
+                 f'{{"jsonrpc":"2.0","id":{bad},"method":"ping","params":{{"x":"\\ud800"}}}}'):
+        answer = read_message(line.encode())
+        assert isinstance(answer, bytes), line
+        error = json.loads(answer)
+        assert (error["id"], error["error"]["code"]) == (None, INVALID_REQUEST), line
+        assert invalid_request_id(json.loads(line))
+
+
+@pytest.mark.parametrize("good", ['"a"', "0", "-3", "99999999999999999999999"])
+def test_string_and_integer_ids_and_notifications_go_to_the_server(good: str) -> None:
+    request = read_message(f'{{"jsonrpc":"2.0","id":{good},"method":"ping"}}'.encode())
+    assert isinstance(request, SessionMessage)
+    assert isinstance(request.message, types.JSONRPCRequest)
+    assert request.message.id == json.loads(good)
+    notification = read_message(b'{"jsonrpc":"2.0","method":"notifications/initialized",'
+                                b'"params":{"id":true}}')
+    assert isinstance(notification, SessionMessage)
+    assert isinstance(notification.message, types.JSONRPCNotification)
+
+
+@pytest.mark.parametrize("server_backend", ["asyncio", "trio"])
+async def test_stdio_answers_every_invalid_id_and_runs_nothing(
+    tmp_path: Path, server_backend: str
+) -> None:
+    with anyio.fail_after(120):
+        async with raw_server(tmp_path, server_backend) as raw:
+            for number, bad in enumerate(BAD_IDS):
+                for line in (f'{{"jsonrpc":"2.0","id":{bad},"method":"tools/list"}}',
+                             f'{{"jsonrpc":"2.0","id":{bad},{SEARCH}}}'):
+                    await raw.send(line.encode())
+                    await raw.send(json.dumps({"jsonrpc": "2.0", "id": f"after-{number}",
+                                               "method": "ping"}).encode())
+                    answer = await raw.answer()  # the bad line's, before the ping's
+                    assert answer["id"] is None, line
+                    assert answer["error"]["code"] == INVALID_REQUEST, line
+                    assert (await raw.answer()) == {"jsonrpc": "2.0", "id": f"after-{number}",
+                                                    "result": {}}
+    assert _runs(tmp_path) == 0  # no search ran
+
+
+# The SDK's HTTP client (httpx2) under trio leaves its SSE async generators to the garbage
+# collector; that is the client library's own cleanup, not the server's.
+@pytest.mark.filterwarnings("ignore:Async generator .* was garbage collected:ResourceWarning")
+async def test_http_answers_every_invalid_id_and_runs_nothing(tmp_path: Path) -> None:
+    await _seeded(tmp_path)
+    async with _http_server(tmp_path) as (url, _):
+        headers = {"Accept": "application/json, text/event-stream",
+                   "Content-Type": "application/json"}
+        with anyio.fail_after(120):
+            async with httpx2.AsyncClient() as raw:
+                opened = await raw.post(url, json=INITIALIZE, headers={
+                    **headers, "Authorization": f"Bearer {TOKEN}"})
+                assert opened.status_code == 200
+                session = {"Mcp-Session-Id": opened.headers["mcp-session-id"]}
+                for version, more in (("2025-06-18", session), ("2026-07-28", {})):
+                    for bad in BAD_IDS:
+                        body = f'{{"jsonrpc":"2.0","id":{bad},{SEARCH}}}'.encode()
+                        sent = {**headers, "Mcp-Protocol-Version": version, **more}
+                        answer = await raw.post(url, content=body, headers=sent)
+                        assert answer.status_code == 401, (version, bad)  # no token: refused
+                        answer = await raw.post(
+                            url, content=body,
+                            headers={**sent, "Authorization": f"Bearer {TOKEN}"})
+                        assert 400 <= answer.status_code < 500, (version, bad)
+                        error = answer.json()
+                        assert error["id"] is None, (version, bad)
+                        assert error["error"]["code"] == INVALID_REQUEST, (version, bad)
+            assert _runs(tmp_path) == 0  # no search ran
+            async with _http_client(url, TOKEN) as client:  # and the server keeps serving
+                hit = await search(client, "invoice backfill dry-run", run_id="run-after")
+                assert hit["status"] == "ok"
