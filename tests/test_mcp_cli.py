@@ -163,3 +163,46 @@ def test_host_checks_accept_loopback_and_a_specific_bind_only(bind: str, hosts: 
     assert security.enable_dns_rebinding_protection
     assert {h for h in security.allowed_hosts if h.endswith(":*")} == hosts
     assert "0.0.0.0:*" not in security.allowed_hosts
+
+
+def test_every_mcp_key_can_come_from_the_environment_over_the_file(tmp_path: Path) -> None:
+    config = tmp_path / "recallbound.toml"
+    config.write_text('[mcp]\nprincipal = "ana"\nscope = "atlas"\nmax_runs_per_hour = 5\n')
+    env = {"RECALLBOUND_CONFIG": str(config), "RECALLBOUND_MCP_SCOPE": "beacon",
+           "RECALLBOUND_MCP_MAX_RUNS_PER_HOUR": "2", "RECALLBOUND_MCP_WINDOW_MS": "50",
+           "RECALLBOUND_MCP_MAX_MEMORY_BYTES": "100",
+           "RECALLBOUND_MCP_ALLOWED_HOSTS": "memory.example.org, proxy.local:*",
+           "RECALLBOUND_MCP_TOKENS": "[]"}
+    chosen = cli.settings(_parser().parse_args(["mcp"]), env)
+    assert (chosen.principal, chosen.scope, chosen.max_runs_per_hour) == ("ana", "beacon", 2)
+    assert (chosen.window_s, chosen.max_memory_bytes) == (0.05, 100)
+    assert chosen.allowed_hosts == ("memory.example.org", "proxy.local:*")
+    chosen = cli.settings(_parser().parse_args(["mcp", "--scope", "cli"]), env)
+    assert chosen.scope == "cli"  # the command line over the environment
+
+
+def test_the_default_window_is_the_servers(tmp_path: Path) -> None:
+    from runtime_hooks.mcp.window import DEFAULT_WINDOW_S
+
+    assert cli.settings(_parser().parse_args(["mcp"]), {}).window_s == DEFAULT_WINDOW_S
+
+
+@pytest.mark.parametrize(("name", "value", "words"), [
+    ("RECALLBOUND_MCP_MAX_RUNS_PER_HUOR", "2", "unknown environment variable"),
+    ("RECALLBOUND_MCP_MAX_RUNS_PER_HOUR", "two", "must be an integer"),
+    ("RECALLBOUND_MCP_MAX_RUNS_PER_HOUR", "0", "must be an integer >= 1"),
+    ("RECALLBOUND_MCP_WINDOW_MS", "soon", "milliseconds"),
+    ("RECALLBOUND_MCP_WINDOW_MS", "-1", "milliseconds"),
+    ("RECALLBOUND_MCP_ALLOWED_ORIGINS", "https://a.example,,", "non-empty strings"),
+])
+def test_a_bad_or_unknown_mcp_variable_is_an_error(name: str, value: str, words: str) -> None:
+    with pytest.raises(ConfigError, match=words):
+        cli.settings(_parser().parse_args(["mcp"]), {name: value})
+
+
+def test_more_runs_per_hour_from_the_environment_needs_allow_looser_policy(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("RECALLBOUND_MCP_MAX_RUNS_PER_HOUR", "61")
+    status, err = _run(["mcp", "--principal", "ana", "--scope", "atlas"], monkeypatch, tmp_path)
+    assert status == 1 and "mcp.max_runs_per_hour" in err and "allow_looser_policy" in err

@@ -1,6 +1,8 @@
 """``recallbound mcp``: serve the tools over stdio (default) or streamable HTTP.
 
-Settings, highest precedence first: the command line, the ``[mcp]`` table of the
+Settings, highest precedence first: the command line, the environment
+(``RECALLBOUND_MCP_<KEY>`` for each ``[mcp]`` key; lists comma-separated; any other
+``RECALLBOUND_MCP_`` variable but the tokens' is an error), the ``[mcp]`` table of the
 configuration file (``--config``, else ``$RECALLBOUND_CONFIG``, else ``recallbound.toml`` in
 the working folder), defaults. The ledger, the store and the policy come from the same
 configuration as the hooks (:meth:`RecallConfig.from_sources
@@ -28,7 +30,7 @@ import argparse
 import math
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
@@ -106,6 +108,22 @@ def _config_file(given: Path | None, env: Mapping[str, str]) -> Path | None:
     return default if default.is_file() else None
 
 
+def _check_table(table: Mapping[str, Any], where: Callable[[str], str]) -> None:
+    """Each known key's type and range; ``where(key)`` names the key in an error."""
+    for key in ("principal", "scope", "token_file"):
+        if key in table and not isinstance(table[key], str):
+            raise ConfigError(f"{where(key)} must be a string")
+    for key in ("max_runs_per_hour", "max_memory_bytes"):
+        value = table.get(key)
+        if key in table and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ConfigError(f"{where(key)} must be an integer >= 1")
+    for key in ("allowed_hosts", "allowed_origins"):
+        value = table.get(key)
+        if key in table and not (isinstance(value, list)
+                                 and all(isinstance(v, str) and v.strip() for v in value)):
+            raise ConfigError(f"{where(key)} must be a list of non-empty strings")
+
+
 def _mcp_table(path: Path | None) -> dict[str, Any]:
     if path is None or not path.is_file():
         return {}  # the hooks' configuration reader reports a missing named file
@@ -120,20 +138,49 @@ def _mcp_table(path: Path | None) -> dict[str, Any]:
     if unknown:
         raise ConfigError(f"{path}: unknown key mcp.{unknown[0]} "
                                  f"(known: {', '.join(sorted(_KEYS))})")
-    for key in ("principal", "scope", "token_file"):
-        if key in table and not isinstance(table[key], str):
-            raise ConfigError(f"{path}: mcp.{key} must be a string")
-    for key in ("max_runs_per_hour", "max_memory_bytes"):
-        value = table.get(key)
-        if key in table and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ConfigError(f"{path}: mcp.{key} must be an integer >= 1")
-    for key in ("allowed_hosts", "allowed_origins"):
-        value = table.get(key)
-        if key in table and not (isinstance(value, list)
-                                 and all(isinstance(v, str) and v.strip() for v in value)):
-            raise ConfigError(f"{path}: mcp.{key} must be a list of non-empty strings")
+    _check_table(table, lambda key: f"{path}: mcp.{key}")
     if "token_file" in table:
         table["token_file"] = path.parent / table["token_file"]
+    return table
+
+
+ENV_PREFIX = "RECALLBOUND_MCP_"
+_ENV_KEYS = {f"{ENV_PREFIX}{key.upper()}": key for key in _KEYS}
+"""``RECALLBOUND_MCP_<KEY>`` for each ``[mcp]`` key (a desktop client configures its server
+through the environment it starts it with)."""
+
+
+def _mcp_env(env: Mapping[str, str], tokens_env: str) -> dict[str, Any]:
+    """The ``[mcp]`` keys the environment sets: numbers parsed, lists comma-separated, a token
+    file relative to the working folder. Any other ``RECALLBOUND_MCP_`` variable than these
+    and the tokens' is an error (a misspelt setting is never silently ignored)."""
+    table: dict[str, Any] = {}
+    for name, text in env.items():
+        if not name.startswith(ENV_PREFIX) or name in (TOKENS_ENV, tokens_env):
+            continue
+        key = _ENV_KEYS.get(name)
+        if key is None:
+            raise ConfigError(f"unknown environment variable {name} (known: "
+                              f"{', '.join(sorted([*_ENV_KEYS, TOKENS_ENV]))})")
+        if key in ("max_runs_per_hour", "max_memory_bytes"):
+            try:
+                table[key] = int(text.strip())
+            except ValueError:
+                raise ConfigError(f"environment variable {name} must be an integer >= 1, "
+                                  f"got {text!r}") from None
+        elif key == "window_ms":
+            try:
+                table[key] = float(text.strip())
+            except ValueError:
+                raise ConfigError(f"environment variable {name} must be a number of "
+                                  f"milliseconds, got {text!r}") from None
+        elif key in ("allowed_hosts", "allowed_origins"):
+            table[key] = [item.strip() for item in text.split(",")]
+        else:
+            table[key] = text
+    _check_table(table, lambda key: f"environment variable {ENV_PREFIX}{key.upper()}")
+    if "token_file" in table:
+        table["token_file"] = Path(table["token_file"])
     return table
 
 
@@ -154,10 +201,13 @@ def _http(text: str) -> tuple[str, int]:
 
 def settings(args: argparse.Namespace, env: Mapping[str, str]) -> McpSettings:
     """The server settings from the parsed command line and the ``[mcp]`` table."""
-    table = _mcp_table(_config_file(args.config, env))
+    from .window import DEFAULT_WINDOW_S
+
+    # The environment over the file (as for every other setting); the command line over both.
+    table = {**_mcp_table(_config_file(args.config, env)), **_mcp_env(env, args.tokens_env)}
     window = (_window_s(args.window_ms, "--window-ms") if args.window_ms is not None
               else _window_s(table["window_ms"], "mcp.window_ms") if "window_ms" in table
-              else 0.005)
+              else DEFAULT_WINDOW_S)
     runs = int(table.get("max_runs_per_hour", 60))
     return McpSettings(
         max_runs_per_hour=runs,
