@@ -68,6 +68,11 @@ MALFORMED = [
     (b"[1, 2]", None, -32600),
     (b'"just a string"', None, -32600),
     (b'{"jsonrpc":"1.0","id":6,"method":"tools/list"}', 6, -32600),
+    # an id MCP does not allow: answered with id null, the method never run (the SDK's parser
+    # would take the request for a notification)
+    *((b'{"jsonrpc":"2.0","id":' + bad + b',"method":"tools/call","params":{"name":'
+       b'"search_memory","arguments":{"query":"deploy"}}}', None, -32600)
+      for bad in (b'{"a":1}', b"[1]", b"null", b"1.5", b"true")),
     (b'{"jsonrpc":"2.0","id":7,"method":"no/such/method","params":{}}', 7, -32601),
     (b'{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"arguments":{}}}', 9, -32602),
 ]
