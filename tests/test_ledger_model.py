@@ -11,6 +11,7 @@ through an anyio blocking portal, on asyncio and on trio, for :class:`SqliteLedg
 from __future__ import annotations
 
 import contextlib
+import math
 import shutil
 import tempfile
 from pathlib import Path
@@ -70,6 +71,8 @@ class RunModel:
     spans: list[tuple[int, int]] = attrs.field(factory=list)
     """(first_slot, slots) of each granted round, oldest first."""
     refused: int = 0
+    judged: float = -math.inf
+    """The latest time the run was judged at: a later round is never judged before it."""
     attempts: dict[str, tuple[int, int, bool]] = attrs.field(factory=dict)
     """attempt_id -> (round_index, slot, legacy) as first recorded."""
 
@@ -131,9 +134,11 @@ class LedgerMachine(RuleBasedStateMachine):
     @rule(target=granted, run_id=st.sampled_from(RUNS), kind=st.sampled_from(RoundKind),
           requested=st.integers(1, 5))
     def reserve(self, run_id: str, kind: RoundKind, requested: int) -> Any:
-        now = self.clock.wall()
-        result = self.call(self.ledger.reserve, run_id, kind, requested, self.policy, now)
         run = self.model.get(run_id)
+        # a wall clock stepped back is judged at the run's latest judgement
+        now = max(self.clock.wall(), run.judged if run is not None else -math.inf)
+        result = self.call(self.ledger.reserve, run_id, kind, requested, self.policy,
+                           self.clock.wall())
         if run is None:
             run = RunModel(
                 opened_wall=now,
@@ -151,6 +156,7 @@ class LedgerMachine(RuleBasedStateMachine):
             reason = RefusalReason.DEADLINE
         else:
             reason = None
+        run.judged = now
         if reason is not None:
             run.refused += 1
             assert isinstance(result, BudgetRefusal), result

@@ -17,7 +17,8 @@ import mcp_types as types
 import pytest
 from mcp.shared.message import SessionMessage
 
-from runtime_hooks.mcp.wire import INVALID_REQUEST, invalid_request_id, read_message
+from runtime_hooks.mcp.request_id import invalid_request_id
+from runtime_hooks.mcp.wire import INVALID_REQUEST, read_message
 
 from ._mcp_env import search
 from .test_mcp_transports import TOKEN, _http_client, _http_server, _seeded

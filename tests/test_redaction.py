@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from psycopg.conninfo import conninfo_to_dict
 
 from plugin.control.dsn import LedgerLocation, parse_location, redact
+from plugin.errors import ConfigError
 from runtime_hooks.__main__ import main
 from runtime_hooks.bootstrap import RecallConfig
 from runtime_hooks.config import load_config
@@ -222,9 +223,13 @@ def test_a_recall_configs_repr_hides_the_password(ledger: str, tmp_path: Path) -
 
 
 @pytest.mark.parametrize("ledger", LOCATIONS, ids=["uri", "keyword"])
-def test_a_store_path_that_holds_a_password_is_hidden_too(ledger: str, tmp_path: Path) -> None:
-    config = RecallConfig(ledger_path=tmp_path / "l.db", store_path=ledger)
-    assert SECRET not in repr(config)
+def test_a_store_path_that_holds_a_password_is_refused_without_showing_it(
+    ledger: str, tmp_path: Path
+) -> None:
+    # The store is a SQLite file: a connection string there is an error, which hides it.
+    with pytest.raises(ConfigError, match="connection string") as refused:
+        RecallConfig(ledger_path=tmp_path / "l.db", store_path=ledger)
+    assert SECRET not in str(refused.value)
 
 
 @pytest.mark.parametrize("ledger", LOCATIONS, ids=["uri", "keyword"])

@@ -33,14 +33,13 @@ from plugin.errors import (
 
 from . import _sqlite, validate
 from ._group import GroupCommit
+from ._sqlite.reserve import reserve_one
 from ._sqlite.translate import Family
 from ._sqlite.translate import translate as translate_sqlite
-from .headroom import REFUSAL_REASON, admits, grant
-from .ledger import Reservation, WallTime, read_time
+from .ledger import Reservation, WallTime
 from .policy import AllowancePolicy, RoundKind
-from .refusal import BudgetRefusal, RefusalReason
+from .refusal import BudgetRefusal
 from .sql_ledger import SqlLedger
-from .sql_rows import reservation
 from .sql_schema import TABLES, Dialect, ReserveRequest, Row, Session, create_table
 
 T = TypeVar("T")
@@ -61,40 +60,6 @@ SELECT (SELECT application_id FROM pragma_application_id()),
        (SELECT user_version FROM pragma_user_version()),
        (SELECT count(*) FROM sqlite_schema WHERE type = 'table')
 """
-
-_EXECUTED = "(SELECT count(*) FROM attempts a WHERE a.run_id = runs.run_id AND a.legacy = 0)"
-
-_RESERVE = f"""
-INSERT INTO runs (run_id, opened_wall, deadline_wall, max_searches, max_rounds,
-                  rounds, reserved, last_grant)
-VALUES (:run_id, :now, :now + :deadline_s, :max_searches, :max_rounds,
-        1, min(:requested, :max_searches), min(:requested, :max_searches))
-ON CONFLICT (run_id) DO UPDATE SET
-    rounds = rounds + 1,
-    last_grant = {grant("runs", ":requested", "min")},
-    reserved = reserved + {grant("runs", ":requested", "min")}
-WHERE {admits("runs", ":now")}
-RETURNING rounds, reserved, last_grant, deadline_wall, opened_wall, {_EXECUTED}
-"""
-
-_RECORDED = """
-SELECT max(at) FROM (
-    SELECT max(reserved_wall) AS at FROM rounds WHERE run_id = :run_id
-    UNION ALL SELECT max(at_wall) FROM refusals WHERE run_id = :run_id)
-"""
-"""The latest time the ledger judged the run at (a round or a refusal), or NULL: the earliest
-time any later round of the run may be judged at, whatever the caller's clock says."""
-
-_RUN_STATE = f"""
-SELECT reserved, {_EXECUTED} FROM runs WHERE run_id = ?
-"""
-
-_REFUSE = f"""
-INSERT INTO refusals (run_id, round_index, what, kind, reason, at_wall)
-SELECT u.run_id, NULL, 'round', :kind, {REFUSAL_REASON}, :now FROM runs u WHERE u.run_id = :run_id
-RETURNING reason
-"""
-
 
 _FAMILY = Family("ledger", LedgerError, LedgerPathError, LedgerLockedError, LedgerFullError,
                  LedgerCorruptError)
@@ -120,45 +85,6 @@ def _busy_timeout(value: object) -> float:
             f"SqliteLedger timeout must be between 0 and {MAX_TIMEOUT_S:g} s, got {value!r}"
         )
     return float(value)
-
-
-def _reserve_one(conn: sqlite3.Connection, request: ReserveRequest) -> Reservation | BudgetRefusal:
-    """The check-and-reserve of one round, inside the caller's write transaction.
-
-    Judged under the write lock: a round that waited for another writer past the deadline is
-    refused, not born expired. Judged never before the latest time the run was judged at, so a
-    process whose wall clock is behind another's (or stepped back across a restart) cannot
-    reopen a deadline that has passed.
-    """
-    run_id, kind, requested, policy = (
-        request.run_id, request.kind, request.requested, request.policy
-    )
-    (recorded,) = conn.execute(_RECORDED, {"run_id": run_id}).fetchone()
-    now_wall = max(read_time(request.now), read_time(request.floor),
-                   -math.inf if recorded is None else float(recorded))
-    params = {
-        "run_id": run_id,
-        "now": now_wall,
-        "deadline_s": policy.deadline_s,
-        "max_searches": policy.max_searches,
-        "max_rounds": policy.max_rounds,
-        "requested": requested,
-    }
-    row = conn.execute(_RESERVE, params).fetchone()
-    if row is not None:
-        rounds, reserved, grant, deadline, opened, executed = row
-        conn.execute(
-            "INSERT INTO rounds VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (run_id, rounds, kind.value, requested, reserved - grant + 1, grant, executed,
-             now_wall),
-        )
-        return reservation(run_id, kind, requested, rounds=rounds, reserved=reserved,
-                           grant=grant, executed=executed, deadline=deadline, opened=opened,
-                           judged=now_wall)
-    ((reason,),) = conn.execute(_REFUSE, {"run_id": run_id, "kind": kind.value, "now": now_wall})
-    reserved, executed = conn.execute(_RUN_STATE, (run_id,)).fetchone()
-    return BudgetRefusal(reason=RefusalReason(reason), run_id=run_id, reserved=reserved,
-                         executed=executed)
 
 
 class SqliteLedger(SqlLedger):
@@ -393,7 +319,7 @@ class SqliteLedger(SqlLedger):
                 # BaseException: it reaches that caller, and only that caller).
                 conn.execute("SAVEPOINT reserve")
                 try:
-                    outcomes.append(_reserve_one(conn, request))
+                    outcomes.append(reserve_one(conn, request))
                 except BaseException as exc:
                     conn.execute("ROLLBACK TO reserve")
                     outcomes.append(

@@ -4,7 +4,7 @@ On a connection that opened with the ``initialize`` handshake, the SDK parses a 
 a parser that drops an id it does not accept (``{"id": true, "method": ...}``) and takes the
 rest for a notification: it answers ``202`` and runs the method. :class:`RequestIdCheck` sits
 in front of the SDK's application and answers such a body itself, as the stdio reader does
-(:func:`~runtime_hooks.mcp.wire.invalid_request_id`): ``400`` with a JSON-RPC Invalid Request
+(:func:`~runtime_hooks.mcp.request_id.invalid_request_id`): ``400`` with a JSON-RPC Invalid Request
 error whose id is null. It answers only a request the SDK would have read (Host and Origin
 allowed, a valid bearer token); any other request goes to the SDK unchanged, which refuses it
 as usual (``421``, ``403``, ``401``). A body is read at most up to the transport's size cap
@@ -24,13 +24,11 @@ from starlette.requests import HTTPConnection, Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .wire import INVALID_REQUEST, MAX_LINE_BYTES, error_line, invalid_request_id
+from .request_id import BAD_ID_MESSAGE, invalid_request_id
+from .wire import INVALID_REQUEST, MAX_LINE_BYTES, error_line
 
 Admitted = Callable[[Request], Awaitable[bool]]
 """Whether the SDK would read a request's body (its Host, Origin and token are accepted)."""
-
-_MESSAGE = "Invalid request: the id must be a string or an integer"
-
 
 @attrs.frozen
 class RequestIdCheck:
@@ -66,8 +64,8 @@ class RequestIdCheck:
             except (ValueError, RecursionError):
                 document = None  # the SDK answers it
             if invalid_request_id(document) and await self.admitted(Request(scope)):
-                answer = Response(error_line(None, INVALID_REQUEST, _MESSAGE), status_code=400,
-                                  media_type="application/json")
+                answer = Response(error_line(None, INVALID_REQUEST, BAD_ID_MESSAGE),
+                                  status_code=400, media_type="application/json")
                 await answer(scope, receive, send)
                 return
 

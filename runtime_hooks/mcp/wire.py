@@ -10,8 +10,8 @@ chunks and frames lines itself:
   lone surrogate (``"\\ud800"``), that is not one JSON-RPC message (a batch, ``params`` that is
   not an object, no ``method``) is answered with a JSON-RPC error carrying the request's id
   when it can be read (null otherwise);
-* a request whose ``id`` is not a string or an integer (see :func:`invalid_request_id`) is
-  answered with an Invalid Request error with id null, and never reaches the server;
+* a request whose ``id`` is not a string or an integer (:mod:`~runtime_hooks.mcp.request_id`)
+  is answered with an Invalid Request error with id null, and never reaches the server;
 * everything else goes to the server, which answers unknown methods and bad tool arguments
   itself. The server keeps serving after each of these.
 
@@ -39,6 +39,8 @@ import mcp_types as types
 import pydantic
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.shared.message import SessionMessage
+
+from .request_id import BAD_ID_MESSAGE, invalid_request_id
 
 MAX_LINE_BYTES = 4 * 1024 * 1024
 """The longest line read (a JSON-RPC message), in bytes: as the SDK's HTTP body limit."""
@@ -79,24 +81,6 @@ def _encodes(text: str) -> bool:
     return True
 
 
-def invalid_request_id(document: object) -> bool:
-    """Whether ``document`` is a request (it has a ``method``) with an ``id`` member that MCP
-    does not allow.
-
-    MCP narrows JSON-RPC 2.0: a request's id is a string or an integer, and never null. So
-    null, booleans, numbers with a fraction or an exponent (``1.5``, ``1.0``, ``1e3``),
-    objects and arrays are invalid. Such a request is not a notification (a notification has
-    no ``id`` member at all), so it is answered with an Invalid Request error whose id is null
-    (the id could not be read) and its method is never run. The SDK's message parser instead
-    drops an id it does not accept and reads the rest as a notification, which would run the
-    method and answer nothing; every reader checks with this first.
-    """
-    if not isinstance(document, dict) or "id" not in document or "method" not in document:
-        return False
-    request_id = document["id"]
-    return isinstance(request_id, bool) or not isinstance(request_id, (str, int))
-
-
 def scan(line: bytes, max_depth: int) -> tuple[bool, str | int | None]:
     """Whether ``line`` nests at most ``max_depth`` deep, and the top-level ``"id"`` it names
     (read without parsing the line, so a line that does not parse is answered with its id)."""
@@ -131,8 +115,7 @@ def _has_lone_surrogate(value: object) -> bool:
     return False
 
 
-_BAD_ID = error_line(None, INVALID_REQUEST,
-                     "Invalid request: the id must be a string or an integer")
+_BAD_ID = error_line(None, INVALID_REQUEST, BAD_ID_MESSAGE)
 
 
 def read_message(line: bytes, *, max_depth: int = MAX_DEPTH) -> SessionMessage | bytes | None:

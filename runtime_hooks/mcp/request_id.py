@@ -1,0 +1,24 @@
+"""Which request ids MCP allows: the one rule the stdio reader and the HTTP check share."""
+
+from __future__ import annotations
+
+BAD_ID_MESSAGE = "Invalid request: the id must be a string or an integer"
+"""The error message of a request whose id MCP does not allow."""
+
+
+def invalid_request_id(document: object) -> bool:
+    """Whether ``document`` is a request (it has a ``method``) with an ``id`` member that MCP
+    does not allow.
+
+    MCP narrows JSON-RPC 2.0: a request's id is a string or an integer, and never null. So
+    null, booleans, numbers with a fraction or an exponent (``1.5``, ``1.0``, ``1e3``),
+    objects and arrays are invalid. Such a request is not a notification (a notification has
+    no ``id`` member at all), so it is answered with an Invalid Request error whose id is null
+    (the id could not be read) and its method is never run. The SDK's message parser instead
+    drops an id it does not accept and reads the rest as a notification, which would run the
+    method and answer nothing; every reader checks with this first.
+    """
+    if not isinstance(document, dict) or "id" not in document or "method" not in document:
+        return False
+    request_id = document["id"]
+    return isinstance(request_id, bool) or not isinstance(request_id, (str, int))
