@@ -2,8 +2,8 @@
 
 :func:`decode` turns every way a text can fail into one :class:`StrictJsonError` (a
 ``ValueError``) with a short reason: not UTF-8, not JSON, nested too deeply for the parser, a
-key repeated in one object, or ``NaN`` / ``Infinity`` (not JSON numbers). It never raises a
-``RecursionError``.
+key repeated in one object, ``NaN`` / ``Infinity`` (not JSON numbers), or an integer too long
+to convert. It never raises a ``RecursionError`` or a bare ``ValueError``.
 """
 
 from __future__ import annotations
@@ -53,3 +53,7 @@ def decode(raw: str | bytes | bytearray) -> object:
         raise StrictJsonError(f"not valid JSON: {exc.msg} at column {exc.colno}") from None
     except RecursionError:
         raise StrictJsonError("not valid JSON: nested too deeply") from None
+    except StrictJsonError:
+        raise
+    except ValueError:  # an integer longer than Python converts (sys.get_int_max_str_digits)
+        raise StrictJsonError("not valid JSON: a number too long to read") from None

@@ -47,6 +47,22 @@ def test_a_family_that_could_forge_a_row_is_refused(family: str) -> None:
         parse_scenarios(json.dumps(_scenario(family)))
 
 
+def test_the_whole_files_family_name_is_refused_for_a_scenario() -> None:
+    # "all" is the reports' row of the whole file: a scenario in it would be counted twice.
+    with pytest.raises(InvalidScenarioError, match="family"):
+        parse_scenarios(json.dumps(_scenario("all")))
+
+
+def test_a_number_too_long_to_read_is_one_line_naming_its_line(tmp_path: Path) -> None:
+    scenarios = tmp_path / "big.jsonl"
+    line = json.dumps(_scenario("continuation"))
+    scenarios.write_text(line + "\n" + line.replace('"m1": 2', '"m1": ' + "9" * 5_000) + "\n")
+    code, err = _run_recallbound(["evaluate", "--scenarios", str(scenarios),
+                                  "--out", str(tmp_path / "out"), "--quiet"])
+    assert code == 1 and err.count("\n") == 1
+    assert "line 2" in err and "too long" in err and "Traceback" not in err
+
+
 def test_a_table_cell_cannot_open_a_row_of_its_own() -> None:
     rows = [{"scenario": "s", "family": "f|x\ny", "arm": "sparse", "strategy": strategy,
              "recall@5": 1.0, "hit@5": 1.0, "recall@10": 1.0, "hit@10": 1.0, "mrr": 1.0,

@@ -115,3 +115,13 @@ def test_recallbound_mcp_http_refuses_a_deep_token_table(
     assert (status, out) == (1, "")
     assert err == ("recallbound: environment variable RECALLBOUND_MCP_TOKENS: not valid JSON: "
                    "nested too deeply\n")
+
+
+def test_a_number_too_long_to_read_is_a_named_bad_line(tmp_path: Path) -> None:
+    lines = tmp_path / "big.jsonl"
+    lines.write_text('{"text": "a", "principal": "p", "scope": "s"}\n'
+                     '{"text": "b", "principal": "p", "scope": "s", "x": ' + "9" * 5_000 + "}\n")
+    out, err = io.StringIO(), io.StringIO()
+    code = main(["memory", "--store", str(tmp_path / "store.db"), "import", str(lines)],
+                stdout=out, stderr=err)
+    assert code == 2 and "line 2" in err.getvalue() and "too long" in err.getvalue()

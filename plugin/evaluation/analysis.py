@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from .evaluator import ScenarioResult, hit_at_k, ndcg_at_k, recall_at_k, reciprocal_rank
+from .scenario_parsing import ALL as ALL
 from .scenarios import Scenario
 
 __all__ = [
@@ -34,8 +35,6 @@ __all__ = [
     "summarise",
 ]
 
-ALL = "all"
-"""The family name of the whole file."""
 BOOTSTRAP_RESAMPLES = 10_000
 BOOTSTRAP_SEED = 20_261_130
 SHORT_RANKING = 8

@@ -28,6 +28,9 @@ __all__ = ["corpus_of", "decode", "scenario_of"]
 
 # -- parsing --------------------------------------------------------------------------------------
 
+ALL = "all"
+"""The family name of the whole file in the reports (no scenario may use it)."""
+
 _SCENARIO_KEYS = ("id", "family", "principal", "scope", "state", "relevant")
 _SCENARIO_OPTIONAL = ("memories", "people", "must_not", "corpus", "corrections")
 _CORPUS_KEYS = ("corpus", "memories")
@@ -215,6 +218,9 @@ def _scenario(data: object, corpora: Mapping[str, ScenarioCorpus]) -> Scenario:
     top = _object(data, "", _SCENARIO_KEYS, _SCENARIO_OPTIONAL)
     scenario_id = _text(top["id"], "id", key=True)
     family = _text(top["family"], "family", key=True)
+    if family == ALL:
+        raise InvalidScenarioError(f"{ALL!r} names the whole file in the reports; give the "
+                                   f"scenario's own family", field="family")
     principal = _text(top["principal"], "principal", key=True)
     scope = _text(top["scope"], "scope", key=True)
     corpus_id: str | None = None
