@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
 import sys
+from typing import Any
 
 from plugin import Evidence, SearchRequest, SimpleRetriever
 
@@ -73,3 +75,44 @@ async def junk_search(request: SearchRequest) -> list[Evidence]:
 
 def junk() -> SimpleRetriever:
     return SimpleRetriever(junk_search)
+
+
+def _protocol_pipe() -> object:
+    """The worker's protocol pipe, found by walking the gc (what a rogue retriever can do)."""
+    return next(o._out for o in gc.get_objects()
+                if type(o).__name__ == "Channel" and hasattr(o, "_out"))
+
+
+async def rogue_search(request: SearchRequest) -> list[Evidence]:
+    """Writes its own lines into the protocol: evidence that is not plain (a NaN score), or an
+    answer of its own before the real one."""
+    if "nan" in request.text:  # in turn: the number of the request it answers, found too
+        seq = max(o["seq"] for o in gc.get_objects()
+                  if type(o) is dict and "op" in o and type(o.get("seq")) is int)
+        pipe: Any = _protocol_pipe()
+        pipe.write(b'{"seq": %d, "result": {"evidence": [{"id": "a", "text": "t", "kind": '
+                   b'"memory", "score": NaN, "arm": "x", "principal": null, "scope": null, '
+                   b'"created_at": 0, "cites": []}], "people": [], "arms": [], "notes": []}}\n'
+                   % seq)
+        pipe.flush()
+        await asyncio.sleep(3600)
+    if "twice" in request.text:
+        pipe = _protocol_pipe()
+        pipe.write(b'{"result": {"evidence": [], "people": [], "arms": [], "notes": []}}\n')
+        pipe.flush()
+        return [Evidence(id="m-late", text="an answer for whoever asks next")]
+    return [Evidence(id="m-ok", text=f"fine: {request.text}")]
+
+
+def rogue() -> SimpleRetriever:
+    return SimpleRetriever(rogue_search)
+
+
+async def flood_search(request: SearchRequest) -> list[Evidence]:
+    """A million items, about 60 MB as JSON: far past the caps and the reply's size limit."""
+    item = Evidence(id="m-same", text="cutover " * 6)
+    return [item] * 1_000_000
+
+
+def flood() -> SimpleRetriever:
+    return SimpleRetriever(flood_search)

@@ -127,6 +127,40 @@ async def test_a_hung_worker_is_killed_at_the_deadline_and_replaced() -> None:
         assert fine.status == "ok" and retriever.started == 2
 
 
+async def test_a_worker_that_answers_junk_is_killed_and_the_next_call_gets_a_fresh_one() -> None:
+    async with ProcessRetriever(factories.rogue, idle_workers=1) as retriever:
+        hooks = hooks_over(retriever, SystemClock(), deadline_s=5.0)
+        (junk,) = await hooks.dispatch(search_calls("nan please"), run_id="r1", scope=S,
+                                       principal=P)
+        assert junk.status == "failed" and junk.failure == "bad_evidence"
+        (fine,) = await hooks.dispatch(search_calls("all fine"), run_id="r2", scope=S,
+                                       principal="bo")
+    assert fine.status == "ok" and [e.id for e in fine.evidence] == ["m-ok"]
+    assert retriever.started == 2  # the junk-answering worker was not kept
+
+
+async def test_a_line_a_worker_writes_out_of_turn_never_answers_another_call() -> None:
+    async with ProcessRetriever(factories.rogue, idle_workers=1) as retriever:
+        hooks = hooks_over(retriever, SystemClock(), deadline_s=5.0)
+        (first,) = await hooks.dispatch(search_calls("answer twice"), run_id="r1", scope=S,
+                                        principal=P)
+        (second,) = await hooks.dispatch(search_calls("all fine"), run_id="r2", scope=S,
+                                         principal="bo")
+    assert first.status == "failed"  # its first line answered no request of the parent's
+    assert second.status == "ok" and [e.id for e in second.evidence] == ["m-ok"]
+
+
+async def test_a_worker_cuts_a_huge_result_to_the_caps_before_sending_it(
+    clock: ManualClock,
+) -> None:
+    async with ProcessRetriever(factories.flood) as retriever:
+        hooks = hooks_over(retriever, clock)
+        (result,) = await hooks.dispatch(search_calls("cutover"), run_id="r", scope=S,
+                                         principal=P)
+    assert result.status == "ok" and {e.id for e in result.evidence} == {"m-same"}
+    assert result.omitted >= 1  # more were left out, and the result says so
+
+
 def _local_factory() -> SimpleRetriever:
     return factories.probing()
 

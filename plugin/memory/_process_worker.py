@@ -25,7 +25,7 @@ from plugin.control import AttemptKind, BudgetRefusal, RecallBudgetExceeded, Ref
 from plugin.errors import InvalidArgumentError
 
 from .preparation import PreparedRecall, SemanticPreparation, WithheldReason
-from .process import load
+from .process import load, read_limit
 from .protocol import ContextCaps, Found, NestedRead, Retriever, check_retriever
 from .query import BaselineReason, FragmentRole, QueryStrategy, RecallQuery
 from .store import Evidence
@@ -147,10 +147,11 @@ def evidence_to_json(item: object) -> dict[str, Any]:
             "created_at": created, "cites": list(item.cites)}
 
 
-def _items(values: object) -> list[dict[str, Any]]:
+def _items(values: object, limit: int) -> list[dict[str, Any]]:
+    """The first ``limit`` items as JSON values (the rest are never sent)."""
     if not isinstance(values, (tuple, list)):
         raise BadResult
-    return [evidence_to_json(item) for item in values]
+    return [evidence_to_json(item) for item in values[:limit]]
 
 
 def _caps(data: dict[str, Any]) -> ContextCaps:
@@ -159,6 +160,7 @@ def _caps(data: dict[str, Any]) -> ContextCaps:
 
 async def serve(retriever: Retriever, request: dict[str, Any], channel: Channel) -> Any:
     op = request["op"]
+    limit = read_limit(request)
     if op == "search":
         handle = WorkerHandle(request["slot"], AttemptKind(request["kind"]),
                               request["seconds_left"], channel)
@@ -170,8 +172,8 @@ async def serve(retriever: Retriever, request: dict[str, Any], channel: Channel)
             handle.ended = True
         if not isinstance(found, Found):
             raise BadResult
-        return {"evidence": _items(found.evidence), "people": list(found.people),
-                "arms": list(found.arms), "notes": list(found.notes)}
+        return {"evidence": _items(found.evidence, limit), "people": list(found.people[:limit]),
+                "arms": list(found.arms[:limit]), "notes": list(found.notes[:limit])}
     if op == "read_beliefs":
         handle = WorkerHandle(request["slot"], AttemptKind(request["kind"]),
                               request["seconds_left"], channel)
@@ -182,14 +184,14 @@ async def serve(retriever: Retriever, request: dict[str, Any], channel: Channel)
                 caps=_caps(request["caps"]))
         finally:
             handle.ended = True
-        return _items(beliefs)
+        return _items(beliefs, limit)
     if op == "corrections":
         return _items(await retriever.corrections(principal=request["principal"],
-                                                  scope=request["scope"]))
+                                                  scope=request["scope"]), limit)
     if op == "revalidate":
         return _items(await retriever.revalidate(tuple(request["ids"]),
                                                  principal=request["principal"],
-                                                 scope=request["scope"]))
+                                                 scope=request["scope"]), limit)
     raise ValueError(f"unknown request {op!r}")
 
 
@@ -216,17 +218,18 @@ def main() -> None:
     loop = asyncio.new_event_loop()
     try:
         while (request := channel.receive()) is not None:
+            seq = request.get("seq")  # repeated in the answer: the parent checks it
             try:
                 result = loop.run_until_complete(serve(retriever, request, channel))
             except BadResult:
-                encoded = json.dumps({"error": "bad_result"})
+                encoded = json.dumps({"error": "bad_result", "seq": seq})
             except Exception:
-                encoded = json.dumps({"error": "raised"})
+                encoded = json.dumps({"error": "raised", "seq": seq})
             else:
                 try:
-                    encoded = json.dumps({"result": result}, allow_nan=False)
+                    encoded = json.dumps({"result": result, "seq": seq}, allow_nan=False)
                 except (TypeError, ValueError):
-                    encoded = json.dumps({"error": "bad_result"})
+                    encoded = json.dumps({"error": "bad_result", "seq": seq})
             out.write(encoded.encode() + b"\n")
             out.flush()
     finally:

@@ -12,8 +12,11 @@ size and rebuilt into :class:`~plugin.memory.store.Evidence` here before the hoo
 The hooks still take every slot and open every deadline on this side. A call that is cut by
 the deadline or cancelled kills its worker (it may be stuck); a worker that crashes, answers
 junk or does not answer in time is that call's ``failed`` result, and the next call gets a
-fresh worker. Each call in flight has a worker of its own; finished workers are kept idle for
-the next calls (at most ``idle_workers``). A worker gets no nested belief read (it reports no
+fresh worker; so does a worker that writes a line out of turn (each request carries a number
+its answer must repeat). A worker cuts its answer to the caps before sending it (a search's or
+belief read's examined items and one more), and this side reads no more. Each call in flight
+has a worker of its own; finished workers are kept idle for the next calls (at most
+``idle_workers``). A worker gets no nested belief read (it reports no
 People); source reads are accounted by the parent, on the attempt's own budget.
 """
 
@@ -30,7 +33,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import anyio.abc
@@ -42,6 +45,7 @@ from plugin.errors import InvalidArgumentError, InvalidArgumentTypeError, Retrie
 
 from .preparation import PreparedRecall
 from .protocol import AttemptHandle, ContextCaps, Found
+from .simple import LAZY_CORRECTIONS
 from .store import Evidence
 
 MAX_REPLY_BYTES = 16 * 1024 * 1024
@@ -49,6 +53,8 @@ MAX_REPLY_BYTES = 16 * 1024 * 1024
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 """The folder holding the ``plugin`` package: the worker imports it from there."""
+
+T = TypeVar("T")
 
 _EVIDENCE_FIELDS = ("id", "text", "kind", "score", "arm", "principal", "scope", "created_at")
 
@@ -115,16 +121,33 @@ def _evidence(value: object) -> Evidence:
         raise RetrieverFailedError("bad_evidence") from None
 
 
-def _evidence_list(value: object) -> tuple[Evidence, ...]:
+def _evidence_list(value: object, limit: int) -> tuple[Evidence, ...]:
+    """The first ``limit`` items of a worker's list, rebuilt into evidence (the rest are never
+    looked at: the worker already cuts its answer to the caps)."""
     if type(value) is not list:
         raise RetrieverFailedError("bad_result")
-    return tuple(_evidence(item) for item in value)
+    return tuple(_evidence(item) for item in value[:limit])
 
 
-def _names(value: object) -> tuple[str, ...]:
-    if type(value) is not list or not all(type(name) is str for name in value):
+def _names(value: object, limit: int) -> tuple[str, ...]:
+    if type(value) is not list:
         raise RetrieverFailedError("bad_result")
-    return tuple(value)
+    names = value[:limit]
+    if not all(type(name) is str for name in names):
+        raise RetrieverFailedError("bad_result")
+    return tuple(names)
+
+
+def read_limit(request: dict[str, Any]) -> int:
+    """How many items of an answer to ``request`` are read, on both sides of the pipe: a
+    search's or belief read's caps (their examined items and one more, which tells that more
+    were left out), a re-read's ids, a corrections read's :data:`LAZY_CORRECTIONS`."""
+    caps = request.get("caps")
+    if isinstance(caps, dict):
+        return ContextCaps(**caps).examined + 1
+    if request.get("op") == "revalidate":
+        return len(request["ids"])
+    return LAZY_CORRECTIONS
 
 
 def _query(query: Any) -> dict[str, Any]:
@@ -191,6 +214,8 @@ class _Worker:
         await self.send(request)
         while True:
             answer = await self.receive()
+            if ("result" in answer or "error" in answer) and answer.get("seq") != request["seq"]:
+                raise _WorkerLost  # a line that answers no request of ours: out of step
             if "result" in answer:
                 return answer["result"]
             if "error" in answer:
@@ -242,6 +267,7 @@ class ProcessRetriever:
         self._timeout_s = validate.seconds(timeout_s, field="ProcessRetriever.timeout_s")
         self._idle: list[_Worker] = []
         self._lock = threading.Lock()
+        self._seq = 0
         self.started = 0
         """How many worker processes this retriever started (for tests and benchmarks)."""
 
@@ -319,29 +345,37 @@ class ProcessRetriever:
         await worker.aclose()
 
     async def _call(
-        self, request: dict[str, Any], handle: AttemptHandle | None = None
-    ) -> Any:
-        """One request to a worker; every way it can go wrong is this call's failure."""
+        self, request: dict[str, Any], parse: Callable[[Any], T],
+        handle: AttemptHandle | None = None,
+    ) -> T:
+        """One request to a worker, its answer read by ``parse``; every way it can go wrong is
+        this call's failure. A worker is kept for the next call only when it answered in turn
+        with what ``parse`` accepts, or reported its own failure; any other worker (junk, a line
+        out of turn, cut by the deadline or cancelled) is killed."""
         limit = handle.seconds_left() if handle is not None else self._timeout_s
+        self._seq += 1
+        request = {**request, "seq": self._seq}
         worker: _Worker | None = None
-        done = False
+        keep = False
         try:
             with anyio.move_on_after(limit):
                 worker = await self._checkout()
-                result = await worker.exchange(request, handle)
-                done = True
+                try:
+                    answer = await worker.exchange(request, handle)
+                except RetrieverFailedError:
+                    keep = True  # the worker reported its failure: it is still in step
+                    raise
+                result = parse(answer)
+                keep = True
         except _WorkerLost:
             raise RetrieverFailedError("raised") from None
-        except RetrieverFailedError:
-            done = True  # the worker answered: it is still in step with us
-            raise
         finally:
             if worker is not None:
-                if done:
+                if keep:
                     await self._checkin(worker)
-                else:  # cancelled, timed out or lost mid-call: it may be stuck
+                else:  # junk, out of turn, cancelled or timed out: it may be stuck or rogue
                     await worker.aclose()
-        if not done:
+        if not keep:
             raise RetrieverFailedError("raised")  # no answer in time
         return result
 
@@ -357,35 +391,42 @@ class ProcessRetriever:
         self, prepared: PreparedRecall, handle: AttemptHandle, *, caps: ContextCaps,
         nested_beliefs: bool,
     ) -> Found:
-        result = await self._call({
+        limit = caps.examined + 1
+
+        def found(result: Any) -> Found:
+            if type(result) is not dict:
+                raise RetrieverFailedError("bad_result")
+            return Found(evidence=_evidence_list(result.get("evidence"), limit),
+                         people=_names(result.get("people"), limit),
+                         arms=_names(result.get("arms"), limit),
+                         notes=_names(result.get("notes"), limit))
+
+        return await self._call({
             "op": "search", "prepared": _prepared(prepared), "caps": _caps(caps),
             "slot": handle.slot, "kind": handle.kind.value,
             "seconds_left": handle.seconds_left(),
-        }, handle)
-        if type(result) is not dict:
-            raise RetrieverFailedError("bad_result")
-        return Found(evidence=_evidence_list(result.get("evidence")),
-                     people=_names(result.get("people")), arms=_names(result.get("arms")),
-                     notes=_names(result.get("notes")))
+        }, found, handle)
 
     async def read_beliefs(
         self, people: Sequence[str], handle: AttemptHandle, *, principal: str, scope: str,
         caps: ContextCaps,
     ) -> tuple[Evidence, ...]:
-        return _evidence_list(await self._call({
+        return await self._call({
             "op": "read_beliefs", "people": [str(name) for name in people],
             "principal": principal, "scope": scope, "caps": _caps(caps),
             "slot": handle.slot, "kind": handle.kind.value,
             "seconds_left": handle.seconds_left(),
-        }, handle))
+        }, lambda result: _evidence_list(result, caps.examined + 1), handle)
 
     async def corrections(self, *, principal: str, scope: str) -> tuple[Evidence, ...]:
-        return _evidence_list(await self._call(
-            {"op": "corrections", "principal": principal, "scope": scope}))
+        return await self._call(
+            {"op": "corrections", "principal": principal, "scope": scope},
+            lambda result: _evidence_list(result, LAZY_CORRECTIONS))
 
     async def revalidate(
         self, ids: Sequence[str], *, principal: str, scope: str
     ) -> tuple[Evidence, ...]:
-        return _evidence_list(await self._call(
-            {"op": "revalidate", "ids": [str(i) for i in ids], "principal": principal,
-             "scope": scope}))
+        asked = [str(i) for i in ids]
+        return await self._call(
+            {"op": "revalidate", "ids": asked, "principal": principal, "scope": scope},
+            lambda result: _evidence_list(result, len(asked)))
