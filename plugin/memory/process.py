@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
-import math
 import os
 import signal
 import subprocess
@@ -43,6 +42,12 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from plugin.control import RecallBudgetExceeded, validate
 from plugin.errors import InvalidArgumentError, InvalidArgumentTypeError, RetrieverFailedError
 
+from ._process_values import (
+    caps_values,
+    evidence_list,
+    names,
+    prepared_values,
+)
 from .preparation import PreparedRecall
 from .protocol import AttemptHandle, ContextCaps, Found
 from .simple import LAZY_CORRECTIONS
@@ -55,9 +60,6 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 """The folder holding the ``plugin`` package: the worker imports it from there."""
 
 T = TypeVar("T")
-
-_EVIDENCE_FIELDS = ("id", "text", "kind", "score", "arm", "principal", "scope", "created_at")
-
 
 def load(target: str) -> Any:
     """The object ``module:qualname`` names."""
@@ -102,85 +104,6 @@ def _target(factory: object) -> tuple[str, str | None]:
             f"ProcessRetriever's factory {module}.{qualname} cannot be imported by that name"
         )
     return f"{module}:{qualname}", main_path
-
-
-def _evidence(value: object) -> Evidence:
-    if type(value) is not dict:
-        raise RetrieverFailedError("bad_result")
-    fields: dict[str, Any] = {name: value.get(name) for name in _EVIDENCE_FIELDS}
-    cites = value.get("cites")
-    if type(cites) is not list or not all(type(c) is str for c in cites):
-        raise RetrieverFailedError("bad_evidence")
-    for name in ("score", "created_at"):
-        if type(fields[name]) not in (int, float) or not math.isfinite(fields[name]):
-            raise RetrieverFailedError("bad_evidence")
-        fields[name] = float(fields[name])
-    try:
-        return Evidence(cites=tuple(cites), **fields)
-    except (TypeError, ValueError):
-        raise RetrieverFailedError("bad_evidence") from None
-
-
-def _evidence_list(value: object, limit: int) -> tuple[Evidence, ...]:
-    """The first ``limit`` items of a worker's list, rebuilt into evidence (the rest are never
-    looked at: the worker already cuts its answer to the caps)."""
-    if type(value) is not list:
-        raise RetrieverFailedError("bad_result")
-    return tuple(_evidence(item) for item in value[:limit])
-
-
-def _names(value: object, limit: int) -> tuple[str, ...]:
-    if type(value) is not list:
-        raise RetrieverFailedError("bad_result")
-    names = value[:limit]
-    if not all(type(name) is str for name in names):
-        raise RetrieverFailedError("bad_result")
-    return tuple(names)
-
-
-def read_limit(request: dict[str, Any]) -> int:
-    """How many items of an answer to ``request`` are read, on both sides of the pipe: a
-    search's or belief read's caps (their examined items and one more, which tells that more
-    were left out), a re-read's ids, a corrections read's :data:`LAZY_CORRECTIONS`."""
-    caps = request.get("caps")
-    if isinstance(caps, dict):
-        return ContextCaps(**caps).examined + 1
-    if request.get("op") == "revalidate":
-        return len(request["ids"])
-    return LAZY_CORRECTIONS
-
-
-def _query(query: Any) -> dict[str, Any]:
-    return {
-        "fragments": list(query.fragments), "strategy": query.strategy.value,
-        "baseline_reason": None if query.baseline_reason is None else query.baseline_reason.value,
-        "scope": query.scope, "principal": query.principal,
-        "roles": [role.value for role in query.roles],
-    }
-
-
-def _vector(vector: Any) -> list[float] | None:
-    return None if vector is None else [float(x) for x in vector]
-
-
-def _prepared(prepared: PreparedRecall) -> dict[str, Any]:
-    semantic = prepared.semantic
-    return {
-        "query": _query(prepared.query), "recent": _query(prepared.recent_query),
-        "semantic": {
-            "vector": _vector(semantic.vector),
-            "withheld": None if semantic.withheld_reason is None
-            else semantic.withheld_reason.value,
-            "tokens": semantic.tokens, "model": semantic.model,
-            "fragment_vectors": [_vector(v) for v in semantic.fragment_vectors],
-        },
-    }
-
-
-def _caps(caps: ContextCaps) -> dict[str, int]:
-    return {"max_items": caps.max_items, "max_bytes": caps.max_bytes,
-            "candidates_per_arm": caps.candidates_per_arm,
-            "beliefs_per_person": caps.beliefs_per_person}
 
 
 class _Worker:
@@ -396,13 +319,13 @@ class ProcessRetriever:
         def found(result: Any) -> Found:
             if type(result) is not dict:
                 raise RetrieverFailedError("bad_result")
-            return Found(evidence=_evidence_list(result.get("evidence"), limit),
-                         people=_names(result.get("people"), limit),
-                         arms=_names(result.get("arms"), limit),
-                         notes=_names(result.get("notes"), limit))
+            return Found(evidence=evidence_list(result.get("evidence"), limit),
+                         people=names(result.get("people"), limit),
+                         arms=names(result.get("arms"), limit),
+                         notes=names(result.get("notes"), limit))
 
         return await self._call({
-            "op": "search", "prepared": _prepared(prepared), "caps": _caps(caps),
+            "op": "search", "prepared": prepared_values(prepared), "caps": caps_values(caps),
             "slot": handle.slot, "kind": handle.kind.value,
             "seconds_left": handle.seconds_left(),
         }, found, handle)
@@ -413,15 +336,15 @@ class ProcessRetriever:
     ) -> tuple[Evidence, ...]:
         return await self._call({
             "op": "read_beliefs", "people": [str(name) for name in people],
-            "principal": principal, "scope": scope, "caps": _caps(caps),
+            "principal": principal, "scope": scope, "caps": caps_values(caps),
             "slot": handle.slot, "kind": handle.kind.value,
             "seconds_left": handle.seconds_left(),
-        }, lambda result: _evidence_list(result, caps.examined + 1), handle)
+        }, lambda result: evidence_list(result, caps.examined + 1), handle)
 
     async def corrections(self, *, principal: str, scope: str) -> tuple[Evidence, ...]:
         return await self._call(
             {"op": "corrections", "principal": principal, "scope": scope},
-            lambda result: _evidence_list(result, LAZY_CORRECTIONS))
+            lambda result: evidence_list(result, LAZY_CORRECTIONS))
 
     async def revalidate(
         self, ids: Sequence[str], *, principal: str, scope: str
@@ -429,4 +352,4 @@ class ProcessRetriever:
         asked = [str(i) for i in ids]
         return await self._call(
             {"op": "revalidate", "ids": asked, "principal": principal, "scope": scope},
-            lambda result: _evidence_list(result, len(asked)))
+            lambda result: evidence_list(result, len(asked)))
