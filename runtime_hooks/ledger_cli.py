@@ -23,7 +23,7 @@ from typing import Any, TextIO
 
 import anyio
 
-from plugin.control import Clock, Ledger
+from plugin.control import Clock, Ledger, validate
 from plugin.control.ledger_admin import LedgerAdmin, LedgerCheck, RunSummary
 from plugin.errors import LedgerCorruptError, LedgerPathError, RecallboundError
 
@@ -86,10 +86,23 @@ def parse_duration(text: str) -> float:
     return seconds
 
 
+MAX_LIMIT = 2**63 - 1
+"""The largest ``--limit`` (what a 64-bit integer column compares with)."""
+
+
 def _positive(text: str) -> int:
-    if not re.fullmatch(r"[0-9]+", text) or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    if not re.fullmatch(r"[0-9]{1,19}", text) or not 1 <= int(text) <= MAX_LIMIT:
+        raise argparse.ArgumentTypeError(
+            f"expected a positive integer of at most {MAX_LIMIT}, got {text[:40]!r}")
     return int(text)
+
+
+def _run_id(text: str) -> str:
+    """A run id as typed: what the ledger could hold (never blank, valid Unicode, no NUL)."""
+    try:
+        return validate.run_id(text, field="RUN_ID")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_commands(commands: Any) -> None:
@@ -111,7 +124,7 @@ def add_commands(commands: Any) -> None:
     runs = sub.add_parser("runs", help="recent runs and their totals")
     runs.add_argument("--limit", type=_positive, default=20, help="most runs listed (20)")
     show = sub.add_parser("show", help="one run's timeline of rounds, attempts and refusals")
-    show.add_argument("run_id", metavar="RUN_ID")
+    show.add_argument("run_id", metavar="RUN_ID", type=_run_id)
     prune = sub.add_parser("prune", help="remove the traces of finished runs")
     prune.add_argument("--older-than", type=parse_duration, required=True, metavar="DURATION",
                        help="remove runs whose deadline passed at least this long ago (30d)")

@@ -142,6 +142,24 @@ def test_show_unknown_run(ledger_file: Path) -> None:
     assert err == f"recallbound: no run 'nope' in {ledger_file}\n"
 
 
+@pytest.mark.parametrize("run_id", ["", "   ", "a\x00b", "\udcff"])
+def test_show_a_run_id_no_ledger_can_hold_is_a_usage_error(
+    ledger_file: Path, run_id: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = cli("ledger", "--ledger", str(ledger_file), "show", run_id)
+    usage = capsys.readouterr().err  # argparse's usage line
+    assert (code, out) == (2, "") and "RUN_ID" in usage and "does not know" not in usage
+
+
+@pytest.mark.parametrize("limit", ["99999999999999999999999", "9223372036854775808", "0"])
+def test_runs_limit_past_a_64_bit_integer_is_a_usage_error(
+    ledger_file: Path, limit: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = cli("ledger", "--ledger", str(ledger_file), "runs", "--limit", limit)
+    usage = capsys.readouterr().err
+    assert (code, out) == (2, "") and "positive integer" in usage and "Traceback" not in usage
+
+
 # -- prune -------------------------------------------------------------------------------------
 
 

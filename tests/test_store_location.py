@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from plugin.errors import ConfigError
+from plugin.errors import ConfigError, InvalidArgumentError, InvalidArgumentTypeError
 from plugin.memory.store import MemoryStore
 from plugin.memory.store.errors import MemoryStorePathError
 from runtime_hooks.__main__ import main
@@ -55,3 +55,18 @@ def test_a_file_path_is_still_a_store(tmp_path: Path) -> None:
     assert config.store_path == tmp_path / "memory.db"
     MemoryStore(tmp_path / "memory.db")
     MemoryStore(":memory:")
+
+
+@pytest.mark.parametrize(("options", "error"), [
+    ({"timeout": -1}, InvalidArgumentError),
+    ({"timeout": float("nan")}, InvalidArgumentError),
+    ({"timeout": "5"}, InvalidArgumentTypeError),
+    ({"embedding": "wordllama"}, InvalidArgumentTypeError),
+    ({"embedding": object()}, InvalidArgumentTypeError),
+])
+def test_a_misused_store_argument_is_a_typed_error_naming_it(
+    options: dict[str, object], error: type[Exception], tmp_path: Path
+) -> None:
+    with pytest.raises(error, match=r"MemoryStore (timeout|embedding)"):
+        MemoryStore(tmp_path / "memory.db", **options)  # type: ignore[arg-type]
+    assert not (tmp_path / "memory.db").exists()

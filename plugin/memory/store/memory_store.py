@@ -13,9 +13,11 @@ from types import TracebackType
 
 import numpy.typing as npt
 
+from ...control import validate
 from ...control.clock import Clock, SystemClock
 from ...control.dsn import is_connection_string
-from ..embedding import EmbeddingAdapter
+from ...errors import InvalidArgumentTypeError
+from ..embedding import EmbeddingAdapter, is_embedding_adapter
 from .database import Database
 from .errors import InvalidMemoryError, MemoryStorePathError
 from .lookups import Lookups
@@ -66,6 +68,12 @@ class MemoryStore:
             raise InvalidMemoryError(
                 f"vector_cache_bytes must be an int >= 0, got {vector_cache_bytes!r}"
             )
+        timeout = validate.seconds(timeout, field="MemoryStore timeout", maximum=86_400.0,
+                                   allow_zero=True)
+        if embedding is not None and not is_embedding_adapter(embedding):
+            raise InvalidArgumentTypeError(
+                f"MemoryStore embedding must be an embedding adapter (embed, count_tokens, "
+                f"name, token_limit, dimensions), got {type(embedding).__name__}")
         location = os.fspath(path)
         if isinstance(location, str) and is_connection_string(location):
             # Not echoed: a Path folds a URI's "//", which the redaction would not recognise.
