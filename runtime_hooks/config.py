@@ -64,8 +64,11 @@ TEST_VARIABLES = frozenset({"RECALLBOUND_STRESS", "RECALLBOUND_FLEET_WORKERS",
                             "RECALLBOUND_FLEET_RUNS"})
 """The test suite's sizing variables: read by the tests, ignored by the configuration."""
 SERVER_PREFIX = "RECALLBOUND_MCP_"
-"""Variables with this prefix belong to ``recallbound mcp`` (its ``[mcp]`` table), which reads
-and checks them itself; they may hold secrets, so the configuration never reads or shows them."""
+"""Variables with this prefix belong to ``recallbound mcp`` (its ``[mcp]`` table): the
+configuration checks them by the server's rules (an unknown or bad one is an error here too) but
+never keeps or shows them, as they may hold secrets."""
+TOKENS_PREFIX = "RECALLBOUND_MCP_TOKENS"
+"""The MCP server's token tables (``--tokens-env`` may name another such variable)."""
 PRECEDENCE = ("explicit", "env", "file", "default")
 """Where a value may come from, the one that wins first."""
 
@@ -257,6 +260,7 @@ def _read_file(path: Path) -> dict[str, tuple[object, str]]:
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc}") from None
     found: dict[str, tuple[object, str]] = {}
+    mcp_table: list[object] = [None]
 
     def walk(table: Mapping[str, object], prefix: str) -> None:
         for name, value in table.items():
@@ -269,11 +273,15 @@ def _read_file(path: Path) -> dict[str, tuple[object, str]]:
             elif key in _BY_KEY:
                 found[key] = (value, f"{path}: {key}")
             elif key == "mcp":
-                pass  # the MCP server's own table, read and checked by runtime_hooks.mcp.cli
+                mcp_table[0] = value  # the MCP server's own table: checked below as it reads it
             else:
                 raise _unknown(key, f"in {path}", [*_BY_KEY, *_SECTIONS])
 
     walk(document, "")
+    if mcp_table[0] is not None:
+        from .mcp.cli import check_settings  # the server's own rules, in one place
+
+        check_settings(mcp_table[0], path, {})
     return found
 
 
@@ -300,14 +308,23 @@ def load_config(
                lambda f, value: f.check(value))]
 
     env_values: dict[str, tuple[object, str]] = {}
+    server_env: dict[str, str] = {}
     for name, text in env.items():
         if not name.startswith(ENV_PREFIX) or name == ENV_FILE:
             continue
-        if name.startswith((TEST_PREFIX, SERVER_PREFIX)) or name in TEST_VARIABLES:
-            continue  # the test suite's or the MCP server's, not a setting
+        if name.startswith(SERVER_PREFIX):
+            if not name.startswith(TOKENS_PREFIX):  # a token table: the server's secret
+                server_env[name] = text  # the MCP server's: checked below as it reads them
+            continue
+        if name.startswith(TEST_PREFIX) or name in TEST_VARIABLES:
+            continue  # the test suite's, not a setting
         if name not in _BY_ENV:
             raise _unknown(name, "environment variable", [*_BY_ENV, ENV_FILE])
         env_values[_BY_ENV[name].key] = (text, name)
+    if server_env:
+        from .mcp.cli import check_settings
+
+        check_settings(None, Path(), server_env)
     layers.append(("env", env_values, lambda f, text: f.check(f.from_env(str(text)))))
 
     explicit: dict[str, tuple[object, str]] = {}

@@ -206,3 +206,24 @@ def test_more_runs_per_hour_from_the_environment_needs_allow_looser_policy(
     monkeypatch.setenv("RECALLBOUND_MCP_MAX_RUNS_PER_HOUR", "61")
     status, err = _run(["mcp", "--principal", "ana", "--scope", "atlas"], monkeypatch, tmp_path)
     assert status == 1 and "mcp.max_runs_per_hour" in err and "allow_looser_policy" in err
+
+
+def test_the_configuration_refuses_what_the_server_would(tmp_path: Path) -> None:
+    from runtime_hooks.config import load_config
+
+    config = tmp_path / "recallbound.toml"
+    config.write_text('ledger = "l.db"\n\n[mcp]\nbogus = 1\n')
+    with pytest.raises(ConfigError, match=r"mcp\.bogus"):
+        load_config(config, env={}, cwd=tmp_path)
+    config.write_text('ledger = "l.db"\n\n[mcp]\nmax_runs_per_hour = 0\n')
+    with pytest.raises(ConfigError, match=r"mcp\.max_runs_per_hour"):
+        load_config(config, env={}, cwd=tmp_path)
+    config.write_text('ledger = "l.db"\n\n[mcp]\nprincipal = "ana"\n')
+    env = {"RECALLBOUND_MCP_BOGUS": "1"}
+    with pytest.raises(ConfigError, match="RECALLBOUND_MCP_BOGUS"):
+        load_config(config, env=env, cwd=tmp_path)
+    # the server's good settings and token tables (any name) pass, and are never shown
+    env = {"RECALLBOUND_MCP_SCOPE": "atlas", "RECALLBOUND_MCP_TOKENS": "[]",
+           "RECALLBOUND_MCP_TOKENS_STAGING": "[]"}
+    loaded = load_config(config, env=env, cwd=tmp_path)
+    assert "RECALLBOUND_MCP" not in repr(loaded)

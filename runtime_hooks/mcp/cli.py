@@ -124,6 +124,22 @@ def _check_table(table: Mapping[str, Any], where: Callable[[str], str]) -> None:
             raise ConfigError(f"{where(key)} must be a list of non-empty strings")
 
 
+def check_settings(table: object, path: Path, env: Mapping[str, str]) -> None:
+    """Check a configuration file's ``[mcp]`` table (``None`` when it has none) and the
+    environment's ``RECALLBOUND_MCP_`` variables as the server would read them: the general
+    configuration reader calls this, so ``config show`` and the hooks refuse what the server
+    would. Raises :class:`~plugin.errors.ConfigError` naming the key and where it came from."""
+    if table is not None:
+        if not isinstance(table, dict):
+            raise ConfigError(f"{path}: mcp must be a table ([mcp])")
+        unknown = sorted(set(table) - _KEYS)
+        if unknown:
+            raise ConfigError(f"{path}: unknown key mcp.{unknown[0]} "
+                              f"(known: {', '.join(sorted(_KEYS))})")
+        _check_table(table, lambda key: f"{path}: mcp.{key}")
+    _mcp_env(env, TOKENS_ENV)
+
+
 def _mcp_table(path: Path | None) -> dict[str, Any]:
     if path is None or not path.is_file():
         return {}  # the hooks' configuration reader reports a missing named file
@@ -132,13 +148,8 @@ def _mcp_table(path: Path | None) -> dict[str, Any]:
             table = tomllib.load(handle).get("mcp", {})
     except (OSError, tomllib.TOMLDecodeError):
         return {}  # reported by the hooks' configuration reader
-    if not isinstance(table, dict):
-        raise ConfigError(f"{path}: mcp must be a table ([mcp])")
-    unknown = sorted(set(table) - _KEYS)
-    if unknown:
-        raise ConfigError(f"{path}: unknown key mcp.{unknown[0]} "
-                                 f"(known: {', '.join(sorted(_KEYS))})")
-    _check_table(table, lambda key: f"{path}: mcp.{key}")
+    check_settings(table, path, {})
+    assert isinstance(table, dict)
     if "token_file" in table:
         table["token_file"] = path.parent / table["token_file"]
     return table
