@@ -86,6 +86,30 @@ class WrongShapeAdapter(HashingAdapter):
         return np.zeros((len(texts), 3), dtype=np.float32)
 
 
+class ObjectArrayAdapter(HashingAdapter):
+    def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        return np.full((len(texts), 64), "x", dtype=object)  # type: ignore[return-value]
+
+
+class BadLimitAdapter(HashingAdapter):
+    @property
+    def token_limit(self) -> int:
+        return "16"  # type: ignore[return-value]
+
+
+class RaisingDimensionsAdapter(HashingAdapter):
+    """Its dimensions read once (when the preparation checks it), then raise."""
+
+    reads = 0
+
+    @property
+    def dimensions(self) -> int:
+        self.reads += 1
+        if self.reads > 1:
+            raise RuntimeError("no dimensions")
+        return 64
+
+
 class Admission:
     """Answers from a repeating script; counts calls."""
 
@@ -216,7 +240,8 @@ async def test_no_adapter_and_empty_query_are_withheld() -> None:
     assert adapter.counted == []
 
 
-@pytest.mark.parametrize("adapter_type", [BrokenAdapter, WrongShapeAdapter])
+@pytest.mark.parametrize("adapter_type", [BrokenAdapter, WrongShapeAdapter, ObjectArrayAdapter,
+                                          BadLimitAdapter, RaisingDimensionsAdapter])
 async def test_failing_adapter_withholds_semantic(
     adapter_type: type[HashingAdapter], caplog: pytest.LogCaptureFixture
 ) -> None:

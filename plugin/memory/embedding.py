@@ -61,5 +61,8 @@ def is_embedding_adapter(value: object) -> bool:
     Unlike ``isinstance(value, EmbeddingAdapter)``, which since Python 3.12 reads attributes
     statically, this also accepts a proxy that forwards them through ``__getattr__``.
     """
-    return all(callable(getattr(value, m, None)) for m in _EMBEDDING_METHODS) and all(
-        hasattr(value, p) for p in _EMBEDDING_PROPERTIES)
+    try:  # a property that raises anything is not one the adapter has
+        return all(callable(getattr(value, m, None)) for m in _EMBEDDING_METHODS) and all(
+            hasattr(value, p) for p in _EMBEDDING_PROPERTIES)
+    except Exception:
+        return False

@@ -235,24 +235,30 @@ def _embed(
     """Count ``text``, then embed it and its ``fragments`` in one call unless it is over the
     limit (runs in a worker thread). The fragments are parts of ``text``, so the one count
     bounds them all."""
-    if len(text) > adapter.token_limit * MAX_CHARS_PER_TOKEN:
-        return None, (), WithheldReason.TOKEN_LIMIT  # cannot fit; not worth tokenizing
-    try:
+    tokens: int | None = None
+    try:  # everything the adapter gives is read in here: any of it may raise or be junk
+        limit = adapter.token_limit
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            _log.warning("embedding adapter %r has token limit %r", adapter.name, limit)
+            return None, (), WithheldReason.ADAPTER_FAILED
+        if len(text) > limit * MAX_CHARS_PER_TOKEN:
+            return None, (), WithheldReason.TOKEN_LIMIT  # cannot fit; not worth tokenizing
         tokens = adapter.count_tokens(text)
         if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
             _log.warning("embedding adapter %r counted %r tokens", adapter.name, tokens)
             return None, (), WithheldReason.ADAPTER_FAILED
-        if tokens > adapter.token_limit:
+        if tokens > limit:
             return tokens, (), WithheldReason.TOKEN_LIMIT
         vectors = adapter.embed([text, *fragments])
+        shape = (1 + len(fragments), adapter.dimensions)
+        finite = (isinstance(vectors, np.ndarray) and vectors.shape == shape
+                  and vectors.dtype.kind in "fiu" and bool(np.isfinite(vectors).all()))
     except Exception:
         _log.warning(
             "embedding adapter %r failed; semantic arm withheld", adapter.name, exc_info=True
         )
-        return None, (), WithheldReason.ADAPTER_FAILED
-    shape = (1 + len(fragments), adapter.dimensions)
-    if (not isinstance(vectors, np.ndarray) or vectors.shape != shape
-            or not np.isfinite(vectors).all()):
+        return tokens, (), WithheldReason.ADAPTER_FAILED
+    if not finite:
         _log.warning("embedding adapter %r returned no finite %s array", adapter.name, shape)
         return tokens, (), WithheldReason.ADAPTER_FAILED
     frozen = []

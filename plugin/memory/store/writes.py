@@ -34,13 +34,21 @@ __all__ = ["Writer"]
 
 async def _vectors(adapter: EmbeddingAdapter, texts: list[str]) -> list[bytes]:
     """Little-endian float32 blobs of ``texts``' vectors, computed in a worker thread."""
-    vectors = await anyio.to_thread.run_sync(adapter.embed, texts)
-    array = np.asarray(vectors, dtype=np.float32)
-    if array.shape != (len(texts), adapter.dimensions):
+    try:
+        vectors = await anyio.to_thread.run_sync(adapter.embed, texts)
+        array = np.asarray(vectors, dtype=np.float32)
+        expected = (len(texts), adapter.dimensions)
+    except Exception as exc:  # the adapter raised, or gave what is not an array of numbers
+        raise MemoryStoreError(f"embedding adapter {adapter.name!r} failed: "
+                               f"{type(exc).__name__}: {exc}"[:500]) from exc
+    if array.shape != expected:
         raise MemoryStoreError(
             f"embedding adapter {adapter.name!r} returned shape {array.shape}, "
-            f"expected {(len(texts), adapter.dimensions)}"
+            f"expected {expected}"
         )
+    if not np.isfinite(array).all():  # a NaN would rank first in every search
+        raise MemoryStoreError(f"embedding adapter {adapter.name!r} returned a vector that "
+                               f"is not finite (NaN or infinity)")
     little = array.astype("<f4", copy=False)
     return [little[i].tobytes() for i in range(len(texts))]
 
