@@ -42,15 +42,9 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from plugin.control import RecallBudgetExceeded, validate
 from plugin.errors import InvalidArgumentError, InvalidArgumentTypeError, RetrieverFailedError
 
-from ._process_values import (
-    caps_values,
-    evidence_list,
-    names,
-    prepared_values,
-)
+from ._process_values import caps_values, evidence_list, names, prepared_values, read_limit
 from .preparation import PreparedRecall
 from .protocol import AttemptHandle, ContextCaps, Found
-from .simple import LAZY_CORRECTIONS
 from .store import Evidence
 
 MAX_REPLY_BYTES = 16 * 1024 * 1024
@@ -60,6 +54,7 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 """The folder holding the ``plugin`` package: the worker imports it from there."""
 
 T = TypeVar("T")
+
 
 def load(target: str) -> Any:
     """The object ``module:qualname`` names."""
@@ -268,13 +263,14 @@ class ProcessRetriever:
         await worker.aclose()
 
     async def _call(
-        self, request: dict[str, Any], parse: Callable[[Any], T],
+        self, request: dict[str, Any], parse: Callable[[Any, int], T],
         handle: AttemptHandle | None = None,
     ) -> T:
-        """One request to a worker, its answer read by ``parse``; every way it can go wrong is
-        this call's failure. A worker is kept for the next call only when it answered in turn
-        with what ``parse`` accepts, or reported its own failure; any other worker (junk, a line
-        out of turn, cut by the deadline or cancelled) is killed."""
+        """One request to a worker, its answer read by ``parse`` up to the request's
+        ``read_limit`` (what the worker cut it to); every way it can go wrong is this call's
+        failure. A worker is kept for the next call only when it answered in turn with what
+        ``parse`` accepts, or reported its own failure; any other worker (junk, a line out of
+        turn, cut by the deadline or cancelled) is killed."""
         limit = handle.seconds_left() if handle is not None else self._timeout_s
         self._seq += 1
         request = {**request, "seq": self._seq}
@@ -288,7 +284,7 @@ class ProcessRetriever:
                 except RetrieverFailedError:
                     keep = True  # the worker reported its failure: it is still in step
                     raise
-                result = parse(answer)
+                result = parse(answer, read_limit(request))
                 keep = True
         except _WorkerLost:
             raise RetrieverFailedError("raised") from None
@@ -314,9 +310,7 @@ class ProcessRetriever:
         self, prepared: PreparedRecall, handle: AttemptHandle, *, caps: ContextCaps,
         nested_beliefs: bool,
     ) -> Found:
-        limit = caps.examined + 1
-
-        def found(result: Any) -> Found:
+        def found(result: Any, limit: int) -> Found:
             if type(result) is not dict:
                 raise RetrieverFailedError("bad_result")
             return Found(evidence=evidence_list(result.get("evidence"), limit),
@@ -339,17 +333,15 @@ class ProcessRetriever:
             "principal": principal, "scope": scope, "caps": caps_values(caps),
             "slot": handle.slot, "kind": handle.kind.value,
             "seconds_left": handle.seconds_left(),
-        }, lambda result: evidence_list(result, caps.examined + 1), handle)
+        }, evidence_list, handle)
 
     async def corrections(self, *, principal: str, scope: str) -> tuple[Evidence, ...]:
         return await self._call(
-            {"op": "corrections", "principal": principal, "scope": scope},
-            lambda result: evidence_list(result, LAZY_CORRECTIONS))
+            {"op": "corrections", "principal": principal, "scope": scope}, evidence_list)
 
     async def revalidate(
         self, ids: Sequence[str], *, principal: str, scope: str
     ) -> tuple[Evidence, ...]:
-        asked = [str(i) for i in ids]
         return await self._call(
-            {"op": "revalidate", "ids": asked, "principal": principal, "scope": scope},
-            lambda result: evidence_list(result, len(asked)))
+            {"op": "revalidate", "ids": [str(i) for i in ids], "principal": principal,
+             "scope": scope}, evidence_list)
