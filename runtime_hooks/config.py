@@ -39,13 +39,13 @@ from typing import Any
 
 import attrs
 
-from plugin.control.dsn import parse_location, redact
+from plugin.control.dsn import is_connection_string, parse_location, redact
 from plugin.errors import ConfigError, RecallboundError
 from plugin.memory.planning import Admission
 
 from .config_fields import _BY_ENV, _BY_KEY, _SECTIONS, FIELDS, _Bad, _Field, _shown, _unknown
 from .config_fields import settings_table as settings_table
-from .ledgers import is_postgres, redact_location
+from .ledgers import redact_location
 from .settings import RecallConfig, is_ephemeral, loosened, shown_location
 
 if sys.version_info >= (3, 11):
@@ -228,7 +228,7 @@ class LoadedConfig:
 def _relative_to(folder: Path, location: object) -> object:
     """A path read from the file, taken relative to the file's folder (a DSN unchanged)."""
     assert isinstance(location, str)  # checked by the field
-    if is_postgres(location) or location == ":memory:" or location.startswith("file:"):
+    if is_connection_string(location) or location == ":memory:" or location.startswith("file:"):
         return location
     return str(folder / location)
 

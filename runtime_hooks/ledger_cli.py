@@ -24,10 +24,11 @@ from typing import Any, TextIO
 import anyio
 
 from plugin.control import Clock, Ledger, validate
+from plugin.control.dsn import is_connection_string
 from plugin.control.ledger_admin import LedgerAdmin, LedgerCheck, RunSummary
 from plugin.errors import LedgerCorruptError, LedgerPathError, RecallboundError
 
-from .ledgers import admin_for, is_postgres, open_ledger, redact_location
+from .ledgers import admin_for, open_ledger, redact_location
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0, "w": 604_800.0}
 _DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhdw])")
@@ -160,7 +161,7 @@ def run(args: argparse.Namespace, out: TextIO, clock: Clock) -> int:
 
 def _refuse_non_ledger(location: str | os.PathLike[str]) -> None:
     """A folder, or an empty file, is never opened: opening would turn it into a ledger."""
-    if is_postgres(location) or os.fspath(location) == ":memory:":
+    if is_connection_string(location) or os.fspath(location) == ":memory:":
         return
     path = os.fspath(location)
     if os.path.isdir(path):

@@ -34,15 +34,6 @@ POSTGRES_LEDGER = ("plugin.control.postgres_ledger", "PostgresLedger")
 """Where the PostgreSQL ledger lives (module, class); imported only for a DSN."""
 
 
-def is_postgres(location: str | os.PathLike[str]) -> bool:
-    """Whether ``location`` is a PostgreSQL DSN (or looks like one and cannot be used: then it
-    is no file either, and opening it says why)."""
-    try:
-        return parse_location(location).kind == "postgres"
-    except LedgerConfigError:
-        return True
-
-
 def redact_location(location: str | os.PathLike[str]) -> str:
     """The location for display: a DSN's password (any form) replaced by ``***``."""
     return redact(location)
