@@ -260,7 +260,6 @@ def _read_file(path: Path) -> dict[str, tuple[object, str]]:
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc}") from None
     found: dict[str, tuple[object, str]] = {}
-    mcp_table: list[object] = [None]
 
     def walk(table: Mapping[str, object], prefix: str) -> None:
         for name, value in table.items():
@@ -273,15 +272,15 @@ def _read_file(path: Path) -> dict[str, tuple[object, str]]:
             elif key in _BY_KEY:
                 found[key] = (value, f"{path}: {key}")
             elif key == "mcp":
-                mcp_table[0] = value  # the MCP server's own table: checked below as it reads it
+                pass  # the MCP server's own table: checked below, as the server reads it
             else:
                 raise _unknown(key, f"in {path}", [*_BY_KEY, *_SECTIONS])
 
     walk(document, "")
-    if mcp_table[0] is not None:
+    if "mcp" in document:
         from .mcp.cli import check_settings  # the server's own rules, in one place
 
-        check_settings(mcp_table[0], path, {})
+        check_settings(document["mcp"], path, {})
     return found
 
 

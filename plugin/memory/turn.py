@@ -29,7 +29,6 @@ Binding the run's identity and turning the result into what the model reads are 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 
 import anyio
@@ -113,7 +112,7 @@ async def corrections_share(
     seconds is cancelled and fails the same way (reason ``deadline``).
     """
     try:
-        with anyio.move_on_after(within_s if within_s is not None else math.inf) as bound:
+        with anyio.move_on_after(within_s) as bound:  # None: no bound
             found = await contained(
                 lambda: retriever.corrections(principal=principal, scope=scope))
         if bound.cancelled_caught:
