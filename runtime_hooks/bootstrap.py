@@ -111,7 +111,9 @@ async def open_hooks(
     ``config.store_path`` may be left unset; without a retriever it is required); the
     configuration, telemetry and context caps apply the same. A ``retriever`` that does not
     implement the protocol raises :class:`~plugin.errors.RetrieverProtocolError` (a
-    ``TypeError`` naming the method) before anything is opened.
+    ``TypeError`` naming the method) before anything is opened. A retriever you pass stays
+    yours: the hooks never close it, so one :class:`~plugin.ProcessRetriever` can serve
+    several ``open_hooks`` blocks, and you close it (``async with`` or ``aclose()``).
     """
     if retriever is not None:
         retriever = check_retriever(retriever)

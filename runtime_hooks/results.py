@@ -166,11 +166,18 @@ class Validation:
 _PREPARATION_WORDS = {
     WithheldReason.PREPARATION_BOUND: "query preparation ran out of its time bound",
     WithheldReason.NO_SLOT: "no slot was expected to be left for it when it was prepared",
+    WithheldReason.TOKEN_LIMIT: "the query is longer than the embedding model reads",
+    WithheldReason.ADAPTER_FAILED: "the embedding model failed on the query",
 }
 
 
 def preparation_bounded(prepared: PreparedRecall) -> tuple[Bounded, ...]:
-    """The semantic arm withheld by the preparation bound, as a bounded part (or nothing)."""
+    """The semantic arm withheld where it should have run, as a bounded part (or nothing).
+
+    A store with no embedding, or a query with no text to embed, has no semantic arm to miss,
+    so nothing is said; a bound, a spent allowance, a query past the model's token limit or a
+    failing model each leave that arm out of a search that would have had it, and say so.
+    """
     reason = prepared.semantic.withheld_reason
     if reason is not None and reason in _PREPARATION_WORDS:
         return (Bounded.of("semantic_arm", reason.value, _PREPARATION_WORDS[reason]),)

@@ -404,6 +404,40 @@ async def test_preparation_is_bounded_and_comes_before_the_round(
         assert usage.deadline_wall == started + 2.0 + hooks.allowance.policy.deadline_s
 
 
+@attrs.define(eq=False)
+class BreakableEmbedding(SlowEmbedding):
+    """A :class:`SlowEmbedding` whose model crashes once ``broken`` is set."""
+
+    broken: bool = False
+
+    def embed(self, texts: Sequence[str]) -> Any:
+        if self.broken:
+            raise RuntimeError("model crashed")
+        return SlowEmbedding.embed(self, texts)
+
+
+@pytest.mark.parametrize(
+    ("break_it", "reason"),
+    [("raise", "adapter_failed"), ("token_limit", "token_limit")],
+)
+async def test_a_semantic_arm_the_adapter_could_not_embed_is_said(
+    tmp_path: Path, clock: ManualClock, break_it: str, reason: str
+) -> None:
+    embedding = BreakableEmbedding(clock, seconds=0.0)
+    async with open_hooks(_config(tmp_path), clock=clock, embedding=embedding) as hooks:
+        await seed(_store(hooks))
+        if break_it == "raise":
+            embedding.broken = True
+        else:
+            embedding.token_limit = 1
+        (result,) = await hooks.dispatch(
+            _calls("cutover window"), run_id="r", scope=SCOPE, principal=PRINCIPAL
+        )
+    assert result.status == "ok"
+    assert [(b.part, b.reason) for b in result.bounded] == [("semantic_arm", reason)]
+    assert "not evidence" in result.content and "No matching memory" not in result.content
+
+
 async def test_calls_that_cannot_get_a_slot_are_not_embedded(
     tmp_path: Path, clock: ManualClock
 ) -> None:
