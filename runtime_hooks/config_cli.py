@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from typing import Any, TextIO
 
 from .config import PRECEDENCE, load_config
@@ -23,7 +24,9 @@ def add_commands(commands: Any) -> None:
 def run(args: argparse.Namespace, out: TextIO) -> int:
     """Print the effective configuration; a bad value is a ConfigError (exit 1)."""
     loaded = load_config(args.config)
-    rows = loaded.describe()
+    from .mcp.shown import describe
+
+    rows = [*loaded.describe(), *describe(loaded.file, os.environ)]
     file = None if loaded.file is None else str(loaded.file)
     if args.json:
         out.write(json.dumps({"file": file, "precedence": list(PRECEDENCE),

@@ -245,6 +245,28 @@ def test_config_show_json_hides_a_dsn_password(folder: Path,
     assert settings["store"]["value"] is None
 
 
+def test_config_show_lists_the_mcp_servers_settings_and_marks_a_looser_run_cap(
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _write(folder, 'allow_looser_policy = true\n[mcp]\nmax_runs_per_hour = 90\n'
+                   'allowed_hosts = ["mcp.example.com"]\n')
+    monkeypatch.setenv("RECALLBOUND_MCP_MAX_MEMORY_BYTES", "1024")
+    monkeypatch.setenv("RECALLBOUND_MCP_TOKENS", '[{"token": "t0ps3cret"}]')
+    code, out, err = _show()
+    assert (code, err) == (0, "") and "t0ps3cret" not in out
+    lines = {line.split()[0]: line for line in out.splitlines()[2:]}
+    assert lines["mcp.max_runs_per_hour"].split()[1:3] == ["90", "file"]
+    assert lines["mcp.max_runs_per_hour"].endswith("! LOOSER than the default allowance")
+    assert lines["mcp.max_memory_bytes"].split()[1:4] == [
+        "1024", "env", "[RECALLBOUND_MCP_MAX_MEMORY_BYTES]"]
+    assert lines["mcp.window_ms"].split()[1:] == ["20.0", "default"]
+    assert lines["mcp.allowed_hosts"].split()[1:3] == ['["mcp.example.com"]', "file"]
+    assert lines["mcp.principal"].split()[1:] == ["(unset)", "default"]
+    _, out, _ = _show("--json")
+    keys = [row["key"] for row in json.loads(out)["settings"]]
+    assert "mcp.token_file" in keys and not any("tokens" in key for key in keys)
+
+
 def test_config_show_reports_a_bad_value_without_a_traceback(
     folder: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

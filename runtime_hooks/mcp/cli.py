@@ -52,6 +52,8 @@ _KEYS = {"principal", "scope", "window_ms", "token_file", "max_runs_per_hour",
          "max_memory_bytes", "allowed_hosts", "allowed_origins"}
 DEFAULT_MAX_MEMORY_BYTES = 8 * 1024
 """The longest memory text ``remember`` stores (UTF-8 bytes) unless configured otherwise."""
+DEFAULT_MAX_RUNS_PER_HOUR = 60
+"""Runs a (principal, scope) may open an hour; more widens a bound (``allow_looser_policy``)."""
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
@@ -219,13 +221,13 @@ def settings(args: argparse.Namespace, env: Mapping[str, str]) -> McpSettings:
     window = (_window_s(args.window_ms, "--window-ms") if args.window_ms is not None
               else _window_s(table["window_ms"], "mcp.window_ms") if "window_ms" in table
               else DEFAULT_WINDOW_S)
-    runs = int(table.get("max_runs_per_hour", 60))
+    runs = int(table.get("max_runs_per_hour", DEFAULT_MAX_RUNS_PER_HOUR))
     return McpSettings(
         max_runs_per_hour=runs,
         max_memory_bytes=int(table.get("max_memory_bytes", DEFAULT_MAX_MEMORY_BYTES)),
         allowed_hosts=(*table.get("allowed_hosts", ()), *(args.allow_host or ())),
         allowed_origins=(*table.get("allowed_origins", ()), *(args.allow_origin or ())),
-        looser=("mcp.max_runs_per_hour",) if runs > 60 else (),
+        looser=("mcp.max_runs_per_hour",) if runs > DEFAULT_MAX_RUNS_PER_HOUR else (),
         principal=args.principal if args.principal is not None else table.get("principal"),
         scope=args.scope if args.scope is not None else table.get("scope"),
         window_s=window,
