@@ -51,7 +51,7 @@ class _Run:
     max_rounds: int
     rounds: list[Reservation] = attrs.Factory(list)
     pruned: bool = False
-    """Its tombstone: a pruned run keeps its limits and counts, and nothing else."""
+    """Its tombstone: a pruned run keeps its limits, all spent, and nothing else."""
     tombstone_reserved: int = 0
 
     tombstone_rounds: int = 0
@@ -315,8 +315,8 @@ class MemoryAdmin:
             for key in [key for key in calls if key[0] in ids]:
                 del calls[key]
             for run_id in ids:
-                run = ledger.runs[run_id]  # its tombstone: limits and counts, nothing else
-                run.tombstone_rounds, run.tombstone_reserved = run.round_count, run.reserved
+                run = ledger.runs[run_id]  # its tombstone: limits, spent, nothing else
+                run.tombstone_rounds, run.tombstone_reserved = run.max_rounds, run.max_searches
                 run.rounds.clear()
                 run.pruned = True
                 ledger.retained.pop(run_id, None)

@@ -297,15 +297,16 @@ async def test_prune_with_nothing_to_remove(pair: Pair) -> None:
 
 
 async def test_a_pruned_run_id_stays_refused(pair: Pair) -> None:
-    # A prune leaves a tombstone: a pruned run id never opens a fresh allowance.
+    # A prune leaves a spent tombstone: a pruned run id never opens a fresh allowance, on
+    # any clock (one far behind included: the times that judged the run are pruned too).
     await _run(pair.ledger, "a", WALL)
     await _run(pair.ledger, "b", WALL + 20)
     report = await pair.admin.prune(before_wall=WALL + 20, now_wall=WALL + 20, dry_run=False)
     assert report.run_ids == ("a",)
-    for at in (WALL + 30, WALL + 10**6):
+    for at in (WALL - 10**6, WALL + 1, WALL + 30, WALL + 10**6):
         again = await pair.ledger.reserve("a", AUTO, 2, POLICY, at)
-        assert isinstance(again, BudgetRefusal) and again.reason is RefusalReason.DEADLINE
-        assert (again.reserved, again.executed) == (2, 0)
+        assert isinstance(again, BudgetRefusal) and again.reason is RefusalReason.ROUNDS
+        assert (again.reserved, again.executed) == (POLICY.max_searches, 0)
     assert await pair.admin.run("a") is None
     assert [r.run_id for r in await pair.admin.runs(limit=10)] == ["b"]
     # Pruned again later (its refusals go), it is still one tombstone, still refused.
@@ -315,7 +316,7 @@ async def test_a_pruned_run_id_stays_refused(pair: Pair) -> None:
     assert report.run_ids == ("b",) and report.rows["refusals"] == 0
     again = await pair.ledger.reserve("a", DELIB, 1, POLICY, WALL + 10**6 + 30)
     assert isinstance(again, BudgetRefusal)
-    assert (await pair.ledger.usage("a")).rounds == 1
+    assert (await pair.ledger.usage("a")).rounds == POLICY.max_rounds
 
 
 # -- check -------------------------------------------------------------------------------------

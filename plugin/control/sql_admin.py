@@ -6,9 +6,10 @@ with a reservation of this process, and the database's locks keep other processe
 it runs.
 
 - **Prune** is one transaction that chooses the runs and removes every trace of them but a
-  tombstone: the run's own ``runs`` row, marked ``pruned``. A later reservation of a pruned
-  run id meets that row, whose deadline has passed, and is refused: a pruned run id never
-  opens a fresh allowance. Its identity binding stays with its tombstone. A run
+  tombstone: the run's own ``runs`` row, marked ``pruned`` and spent (its rounds and slots
+  all used). A later reservation of a pruned run id meets that row and is refused, whatever
+  the worker's clock says (the times that kept a slow clock from reopening the run are pruned
+  with it): a pruned run id never opens a fresh allowance. Its identity binding stays with its tombstone. A run
   is removed only once its deadline has passed by the operator's ``now_wall`` *and* by the
   ledger's own clock: the database server's clock for a PostgreSQL ledger judged by it,
   else the newest time the ledger itself recorded (a run opened, a round reserved, an attempt
@@ -189,10 +190,10 @@ class SqlAdmin:
             ids = {"ids": dialect.ids(run_ids)}
             rows: dict[str, int] = {}
             rows["runs"] = len(run_ids)
-            if run_ids and not dry_run:  # each run's row stays, as its tombstone
+            if run_ids and not dry_run:  # each run's row stays, as its spent tombstone
                 await s.fetchall(sql(
-                    f"UPDATE {{q}}runs SET pruned = true WHERE run_id {dialect.in_ids('ids')}"),
-                    ids)
+                    "UPDATE {q}runs SET pruned = true, rounds = max_rounds, "
+                    f"reserved = max_searches WHERE run_id {dialect.in_ids('ids')}"), ids)
             for table in PRUNED_TABLES[1:]:
                 where = f"FROM {{q}}{table} WHERE run_id {dialect.in_ids('ids')}"
                 ((rows[table],),) = await s.fetchall(sql(f"SELECT count(*) {where}"), ids)
