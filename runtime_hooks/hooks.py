@@ -39,6 +39,7 @@ import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
+import anyio
 import attrs
 
 from plugin.control import (
@@ -68,7 +69,7 @@ from .calls import SearchCall as SearchCall
 from .calls import ToolCall as ToolCall
 from .calls import arguments_digest, has_new_id
 from .deliberate import call_records as call_records
-from .deliberate import replay_recorded, run_calls
+from .deliberate import replay_recorded, run_calls, run_once
 from .results import NOTHING_FOUND as NOTHING_FOUND
 from .results import PARTLY_FOUND as PARTLY_FOUND
 from .results import PreparedContext as PreparedContext
@@ -125,6 +126,10 @@ class RecallHooks:
                                               validator=_positive_seconds)
     """How long one hook call may spend preparing queries (planning, embedding, the People
     lookup) before the round; what is left unprepared runs without its semantic arm."""
+    _running: dict[tuple[str, str, str], anyio.Event] = attrs.field(factory=dict, init=False,
+                                                                    repr=False)
+    """The calls (run, call id, digest) these hooks are running now: the same call sent again
+    meanwhile waits for their outcome instead of searching."""
 
     @property
     def legacy(self) -> bool:
@@ -245,12 +250,14 @@ class RecallHooks:
         if valid:  # an invalid call binds no identity and writes nothing
             await self._bind(run_id, scope, principal)
             digests = {index: arguments_digest(calls[index].arguments) for index, _ in valid}
-            if not self.legacy:
+            if self.legacy:
+                await run_calls(self, valid, results, run_id, scope, principal, digests)
+            else:
                 new = {index for index, _ in valid if has_new_id(calls[index])}
                 valid = await replay_recorded(self, valid, digests, results, run_id, scope,
-                                              principal, new)
-            if valid:
-                await run_calls(self, valid, results, run_id, scope, principal, digests)
+                                              principal, new, claims=False)
+                if valid:
+                    await run_once(self, valid, digests, results, run_id, scope, principal, new)
         assert all(result is not None for result in results)
         return [result for result in results if result is not None]
 

@@ -7,7 +7,9 @@ process or another, answers from it:
 - a search that ran answers with its evidence re-read under the run's validation bound
   (:meth:`RecallHooks.validate_retained`, kept in the ledger): what is gone is left out, and
   what the bound no longer lets be re-checked is said in the bounded wording;
-- a refused call keeps its refusal, a failed one its failure.
+- a refused call keeps its refusal, a failed one its failure;
+- a call claimed but without an outcome (still searching elsewhere, or interrupted before its
+  outcome was written) is ``failed`` with the reason ``in_flight``: never searched again.
 """
 
 from __future__ import annotations
@@ -15,11 +17,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from plugin.control import BudgetRefusal, RefusalReason, wording
-from plugin.control.ledger import CallRecord
+from plugin.control.ledger import PENDING, CallRecord
 from plugin.memory.enforce import Bounded
 from plugin.memory.pipeline import render
 
-from .results import NOTHING_FOUND, PARTLY_FOUND, ToolResult, failure_message
+from .results import NOTHING_FOUND, PARTLY_FOUND, ToolResult, failure_message, in_flight
 
 if TYPE_CHECKING:
     from .hooks import RecallHooks
@@ -39,6 +41,8 @@ async def replay_call(
     hooks: RecallHooks, record: CallRecord, *, scope: str, principal: str
 ) -> ToolResult:
     """The result of a replayed call, from its record; see the module docstring."""
+    if record.status == PENDING:
+        return in_flight(record.call_id)
     if record.status == "refused":
         refusal = recorded_refusal(record)
         if refusal is not None:

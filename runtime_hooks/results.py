@@ -33,8 +33,16 @@ _FAILURE_WORDS = {
 }
 
 
+IN_FLIGHT = "in_flight"
+"""The failure reason of a call sent again while its first dispatch had no outcome yet."""
+
+
 def failure_message(reason: str) -> str:
     """What the model reads when the memory backend failed (not a budget refusal)."""
+    if reason == IN_FLIGHT:
+        return ("Memory search not run again: this call was already dispatched, and its search "
+                "is still running elsewhere or was interrupted before its outcome was "
+                f"recorded, so it is not searched again. {NOT_EVIDENCE}")
     words = _FAILURE_WORDS.get(reason, _FAILURE_WORDS["raised"])
     return (f"Memory search failed: the memory backend {words}, so nothing was recalled by "
             f"this search. {NOT_EVIDENCE}")
@@ -51,6 +59,12 @@ def search_content(rendered: str, bounded: Sequence[Bounded]) -> str:
     if notes:  # never "nothing found" when part of the search did not run
         return "\n".join([PARTLY_FOUND, *notes])
     return NOTHING_FOUND
+
+
+def in_flight(call_id: str) -> ToolResult:
+    """The result of a call whose first dispatch has no outcome in the ledger yet."""
+    return ToolResult(call_id=call_id, status="failed", content=failure_message(IN_FLIGHT),
+                      failure=IN_FLIGHT)
 
 
 def rejected_call(call_id: str, error: Exception) -> ToolResult:

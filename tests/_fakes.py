@@ -27,6 +27,8 @@ from plugin.control import (
 from plugin.control import ledger as rules
 from plugin.control.headroom import Headroom
 from plugin.control.ledger import (
+    PENDING,
+    CallIdentity,
     CallRecord,
     Validity,
     WallTime,
@@ -188,9 +190,20 @@ class MemoryLedger:
             self.traces[trace.attempt_id] = trace
         self.refused.extend(refusals)
         for call in calls:
-            store.calls.setdefault((call.run_id, call.call_id, call.digest), call)
+            key = (call.run_id, call.call_id, call.digest)
+            if key not in store.calls or store.calls[key].status == PENDING:
+                store.calls[key] = call
             if retain_limit > 0 and call.status == "ok":
                 await self.retain(call.run_id, call.evidence_ids, limit=retain_limit)
+
+    async def claim_calls(self, run_id: str, calls: Sequence[CallIdentity]) -> set[CallIdentity]:
+        store, won = self._open(), set()
+        for call_id, digest in calls:
+            if (run_id, call_id, digest) not in store.calls:
+                store.calls[run_id, call_id, digest] = CallRecord(
+                    run_id=run_id, call_id=call_id, digest=digest, status=PENDING)
+                won.add((call_id, digest))
+        return won
 
     async def recorded_calls(self, run_id: str, call_ids: Sequence[str]) -> list[CallRecord]:
         wanted = set(call_ids)

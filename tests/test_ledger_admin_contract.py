@@ -220,9 +220,10 @@ async def test_prune_removes_every_trace_of_finished_runs_older_than_the_cutoff(
               "validations": 1, "calls": 0},
     )
     assert tuple(report.rows) == PRUNED_TABLES
-    # What stays is the run's tombstone: its counts and deadline, so it never reopens.
-    assert await pair.ledger.usage("old") == Usage(run_id="old", rounds=1, reserved=2,
-                                                   deadline_wall=WALL + 10)
+    # What stays is the run's tombstone: its limits, all spent, so it never reopens.
+    assert await pair.ledger.usage("old") == Usage(
+        run_id="old", rounds=POLICY.max_rounds, reserved=POLICY.max_searches,
+        deadline_wall=WALL + 10)
     assert await pair.ledger.reservations("old") == []
     assert await pair.ledger.attempts("old") == []
     assert await pair.ledger.refusals("old") == []

@@ -206,8 +206,14 @@ MAX_CALL_EVIDENCE = 64
 MAX_CALL_EVIDENCE_BYTES = 16_384
 """The most UTF-8 bytes of evidence ids one call record keeps (the rest are counted)."""
 
-CALL_STATUSES = ("ok", "refused", "failed")
+PENDING = "pending"
+"""A claimed call's status until its outcome is recorded: it is searching, or it was
+interrupted (cancelled, or its process died) before its outcome was written."""
+CALL_STATUSES = ("ok", "refused", "failed", PENDING)
 """What a recorded call's status may be (an invalid call is never recorded)."""
+
+CallIdentity = tuple[str, str]
+"""A call of a run: its call id and the digest of its canonical arguments."""
 
 
 def bound_evidence(evidence_ids: Sequence[str]) -> tuple[tuple[str, ...], int]:
@@ -237,7 +243,7 @@ class CallRecord:
     digest: str
     """Hex SHA-256 of the call's canonical arguments."""
     status: str
-    """``"ok"``, ``"refused"`` or ``"failed"``."""
+    """``"ok"``, ``"refused"``, ``"failed"``, or :data:`PENDING` (claimed, no outcome yet)."""
     slot: int | None = None
     """The run-wide slot the call's search took, or None (a refusal before any slot)."""
     reason: str | None = None
@@ -304,14 +310,22 @@ class Ledger(Protocol):
         retain_limit: int = 0,
     ) -> None:
         """Persist attempt traces (a later trace of the same attempt replaces the earlier one),
-        refusals and call outcomes, all in one commit. A call's identity is recorded once: a
-        later record of the same identity leaves the first in place. With ``retain_limit``,
+        refusals and call outcomes, all in one commit. A call's outcome replaces its claim; a
+        later outcome of the same identity leaves the first in place. With ``retain_limit``,
         the evidence ids of the ``ok`` calls are retained with their run in the same commit,
         as :meth:`retain` does with that limit."""
         ...
 
+    async def claim_calls(self, run_id: str, calls: Sequence[CallIdentity]) -> set[CallIdentity]:
+        """Claim each call before it searches: a :data:`PENDING` record, durable when this
+        returns, unless the identity is already recorded or claimed. Returns the identities
+        this call claimed; another claimant, here or in another process, holds the rest. A
+        call's outcome later replaces its claim (:meth:`record`)."""
+        ...
+
     async def recorded_calls(self, run_id: str, call_ids: Sequence[str]) -> list[CallRecord]:
-        """The recorded outcomes of the run's calls with these ids (any arguments)."""
+        """The recorded outcomes (and claims) of the run's calls with these ids (any
+        arguments)."""
         ...
 
     async def usage(self, run_id: str) -> Usage:

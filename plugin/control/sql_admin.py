@@ -9,14 +9,14 @@ it runs.
   tombstone: the run's own ``runs`` row, marked ``pruned`` and spent (its rounds and slots
   all used). A later reservation of a pruned run id meets that row and is refused, whatever
   the worker's clock says (the times that kept a slow clock from reopening the run are pruned
-  with it): a pruned run id never opens a fresh allowance. Its identity binding stays with its tombstone. A run
-  is removed only once its deadline has passed by the operator's ``now_wall`` *and* by the
-  ledger's own clock: the database server's clock for a PostgreSQL ledger judged by it,
-  else the newest time the ledger itself recorded (a run opened, a round reserved, an attempt
-  started, a refusal). A run that is live by the times its own workers wrote is therefore
-  never removed, whatever the operator's clock says. On PostgreSQL the chosen ``runs`` rows
-  are locked (``FOR UPDATE``) first: a worker reserving a round of one of them waits for the
-  prune, then opens the run afresh, as after any prune.
+  with it): a pruned run id never opens a fresh allowance. Its identity binding stays with its
+  tombstone. A run is removed only once its deadline has passed by the operator's
+  ``now_wall`` *and* by the ledger's own clock: the database server's clock for a PostgreSQL
+  ledger judged by it, else the newest time the ledger itself recorded (a run opened, a round
+  reserved, an attempt started, a refusal). A run that is live by the times its own workers
+  wrote is therefore never removed, whatever the operator's clock says. On PostgreSQL the
+  chosen ``runs`` rows are locked (``FOR UPDATE``) first: a worker reserving a round of one of
+  them waits for the prune, then meets the tombstone.
 - **Check** reads one consistent snapshot and reports, besides what only the database has
   (file integrity, schema identity and version), every broken invariant of the ledger itself:
   each run's rounds and slots add up; neither rounds nor slots exceed the run's limits; no
@@ -69,7 +69,7 @@ CALL_INVARIANTS: tuple[tuple[str, str, str], ...] = (
     ("every recorded call outcome matches an executed or refused attempt",
      "run {0}: call {1} is recorded as {2} without a slot",
      "SELECT c.run_id, c.call_id, c.status FROM {q}calls c "
-     "WHERE c.slot IS NULL AND c.status != 'refused'"),
+     "WHERE c.slot IS NULL AND c.status NOT IN ('refused', 'pending')"),
     ("every recorded call outcome matches an executed or refused attempt",
      "run {0}: call {1} is recorded as {2}, but the run has no refusal",
      "SELECT c.run_id, c.call_id, c.status FROM {q}calls c WHERE c.status = 'refused' "
@@ -78,13 +78,15 @@ CALL_INVARIANTS: tuple[tuple[str, str, str], ...] = (
     ("every recorded call outcome matches an executed or refused attempt",
      "run {0}: call {1} has the unknown status {2}",
      "SELECT run_id, call_id, status FROM {q}calls "
-     "WHERE status NOT IN ('ok', 'refused', 'failed')"),
+     "WHERE status NOT IN ('ok', 'refused', 'failed', 'pending')"),
     ("no call record without a run",
      "run {0}: call {1} is recorded but the run is not",
-     "SELECT run_id, call_id FROM {q}calls WHERE run_id NOT IN (SELECT run_id FROM {q}runs "
-     "WHERE pruned = false)"),
+     "SELECT run_id, call_id FROM {q}calls WHERE status != 'pending' AND run_id NOT IN "
+     "(SELECT run_id FROM {q}runs WHERE pruned = false)"),
 )
-"""What a check verifies of the recorded call outcomes."""
+"""What a check verifies of the recorded call outcomes. A claim (``pending``: searching, or
+interrupted before its outcome was written) has no slot, and may come before its run's first
+round (its process died between the two)."""
 
 INVARIANTS: tuple[tuple[str, str, str], ...] = (
     ("each run's rounds add up to its round count",

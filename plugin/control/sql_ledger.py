@@ -18,7 +18,6 @@ from __future__ import annotations
 import abc
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from types import TracebackType
 from typing import Any, TypeVar
 
 import anyio
@@ -31,6 +30,7 @@ from .ledger import (
     RUN_RATE_WINDOW_S,
     AttemptOutcome,
     AttemptTrace,
+    CallIdentity,
     CallRecord,
     IdentityCache,
     RefusalRecord,
@@ -54,6 +54,7 @@ from .sql_rows import (
     _BIND,
     _BOUND,
     _CALLS,
+    _CLAIM_CALL,
     _FORGET_OPENS,
     _OPEN,
     _OPENED,
@@ -71,6 +72,8 @@ from .sql_rows import (
     attempt_row,
     call_record,
     call_row,
+    claim_rows,
+    claimed,
     refusal_row,
 )
 from .sql_schema import Dialect, Row, Rows, Session
@@ -145,12 +148,7 @@ class SqlLedger(abc.ABC):
         await self.open()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
     def admin(self) -> LedgerAdmin:
@@ -179,17 +177,10 @@ class SqlLedger(abc.ABC):
 
     # -- the Ledger protocol's shared methods ------------------------------------------------
 
-    async def record(
-        self,
-        attempts: Sequence[AttemptTrace],
-        refusals: Sequence[RefusalRecord],
-        calls: Sequence[CallRecord] = (),
-        *,
-        retain_limit: int = 0,
-    ) -> None:
+    async def record(self, attempts: Sequence[AttemptTrace], refusals: Sequence[RefusalRecord],
+                     calls: Sequence[CallRecord] = (), *, retain_limit: int = 0) -> None:
         if not attempts and not refusals and not calls:
             return
-
         statements: Rows = [
             (self._sql(_RECORD_ATTEMPT), [attempt_row(t) for t in attempts]),
             (self._sql(_RECORD_REFUSAL), [refusal_row(r) for r in refusals]),
@@ -203,6 +194,12 @@ class SqlLedger(abc.ABC):
         for run_id in sorted(found):  # the runs' locks in one order, as a batch takes them
             statements.extend(self._retaining(run_id, found[run_id], retain_limit))
         await self._writes.submit((min(found, default=""), statements))
+
+    async def claim_calls(self, run_id: str, calls: Sequence[CallIdentity]) -> set[CallIdentity]:
+        validate.run_id(run_id)  # a claim is a pending record bearing its claimant's token
+        token, rows = claim_rows(run_id, calls)
+        await self._writes.submit((run_id, [(self._sql(_CLAIM_CALL), rows)]))
+        return claimed(await self.recorded_calls(run_id, [c for c, _ in calls]), token)
 
     async def recorded_calls(self, run_id: str, call_ids: Sequence[str]) -> list[CallRecord]:
         validate.run_id(run_id)

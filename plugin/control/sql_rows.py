@@ -8,9 +8,11 @@ a statement's row back into a value.
 from __future__ import annotations
 
 import json
+import secrets
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .ledger import AttemptTrace, CallRecord, RefusalRecord, Reservation
+from .ledger import PENDING, AttemptTrace, CallIdentity, CallRecord, RefusalRecord, Reservation
 from .policy import RoundKind
 from .sql_schema import Row
 
@@ -28,14 +30,20 @@ INSERT INTO {q}refusals (run_id, round_index, what, kind, reason, at_wall)
 VALUES (:run_id, :round_index, :what, :kind, :reason, :at_wall)
 """
 
-_RECORD_CALL = """
-INSERT INTO {q}calls (run_id, call_id, digest, status, slot, reason, evidence, more, reserved,
-                      executed)
+_INSERT_CALL = """
+INSERT INTO {q}calls AS c (run_id, call_id, digest, status, slot, reason, evidence, more,
+                           reserved, executed)
 VALUES (:run_id, :call_id, :digest, :status, :slot, :reason, :evidence, :more, :reserved,
         :executed)
-ON CONFLICT (run_id, call_id, digest) DO NOTHING
+ON CONFLICT (run_id, call_id, digest) DO """
+_CLAIM_CALL = _INSERT_CALL + "NOTHING"
+"""A call's claim (status ``pending``), written before it searches; the first claim stays."""
+_RECORD_CALL = _INSERT_CALL + """UPDATE SET status = excluded.status, slot = excluded.slot,
+    reason = excluded.reason, evidence = excluded.evidence, more = excluded.more,
+    reserved = excluded.reserved, executed = excluded.executed
+WHERE c.status = 'pending'
 """
-"""A call's outcome; the first record of an identity stays."""
+"""A call's outcome, in place of its claim; the first outcome of an identity stays."""
 
 _CALLS = """
 SELECT call_id, digest, status, slot, reason, evidence, more, reserved, executed
@@ -118,6 +126,20 @@ def call_row(record: CallRecord) -> dict[str, Any]:
         "evidence": json.dumps(list(record.evidence_ids), ensure_ascii=True),
         "more": record.more, "reserved": record.reserved, "executed": record.executed,
     }
+
+
+def claim_rows(run_id: str, calls: Sequence[CallIdentity]) -> tuple[str, list[dict[str, Any]]]:
+    """A fresh claimant's token, and its claims on ``calls`` as the parameters of their inserts
+    (a claim is a ``pending`` record whose reason is its claimant's token)."""
+    token = secrets.token_hex(16)
+    return token, [call_row(CallRecord(run_id=run_id, call_id=call_id, digest=digest,
+                                       status=PENDING, reason=token))
+                   for call_id, digest in calls]
+
+
+def claimed(records: Iterable[CallRecord], token: str) -> set[CallIdentity]:
+    """The identities among ``records`` that the claimant with ``token`` holds."""
+    return {(r.call_id, r.digest) for r in records if r.status == PENDING and r.reason == token}
 
 
 def call_record(run_id: str, row: Row) -> CallRecord:

@@ -1,0 +1,158 @@
+"""A call is claimed in the ledger before it searches: the same call sent twice at once, sent
+again after it was cancelled mid-search, or sent to a pruned run never searches a second time.
+
+Two hooks objects over one ledger stand for two processes (nothing but the ledger is shared);
+SQLite and PostgreSQL, both loops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from plugin import Evidence, ManualClock, SimpleRetriever
+from plugin.control import PostgresLedger, SqliteLedger
+from runtime_hooks import RecallHooks, ToolCall
+
+from ._calls_env import MEMORIES, WALL, Counting, P, S, recall_hooks
+from ._pg import DSN, fresh_schema
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def opener(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[], Any]]:
+    if request.param == "sqlite":
+        yield lambda: SqliteLedger(tmp_path / "ledger.sqlite3")
+    else:
+        with fresh_schema("claims") as schema:
+            yield lambda: PostgresLedger(DSN, schema=schema, time_source="caller")
+
+
+class Held(Counting):
+    """A retriever whose searches wait until ``release`` is set (``started`` says one began)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started = anyio.Event()
+        self.release = anyio.Event()
+        self.retriever = SimpleRetriever(self.search, get=self.get)
+
+    async def search(self, request: Any) -> list[Evidence]:
+        self.searches += 1
+        self.started.set()
+        await self.release.wait()
+        return list(MEMORIES.values())
+
+
+@contextlib.asynccontextmanager
+async def _hooks(opener: Callable[[], Any], clock: ManualClock,
+                 retriever: Counting) -> AsyncIterator[RecallHooks]:
+    async with opener() as ledger:
+        yield recall_hooks(ledger, clock, retriever)
+
+
+CALL = ToolCall(call_id="c1", arguments={"query": "cutover"})
+
+
+async def _counts(hooks: RecallHooks) -> tuple[int, int]:
+    usage = await hooks.allowance.ledger.usage("r")
+    return usage.rounds, usage.reserved
+
+
+async def test_the_same_call_sent_twice_at_once_searches_once(
+    opener: Callable[[], Any],
+) -> None:
+    clock, retriever = ManualClock(wall=WALL, monotonic=1.0), Counting()
+    answers: list[Any] = []
+    async with _hooks(opener, clock, retriever) as hooks:
+
+        async def send() -> None:
+            answers.extend(await hooks.dispatch([CALL], run_id="r", scope=S, principal=P))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(send)
+            tg.start_soon(send)
+        assert retriever.searches == 1 and await _counts(hooks) == (1, 1)
+    # in one process the second waits for the first and answers with its outcome
+    assert [(a.status, a.slot) for a in answers] == [("ok", 1), ("ok", 1)]
+    assert [e.id for e in answers[0].evidence] == [e.id for e in answers[1].evidence]
+
+
+async def test_the_same_call_sent_to_two_processes_at_once_searches_once(
+    opener: Callable[[], Any],
+) -> None:
+    clock, first, second = ManualClock(wall=WALL, monotonic=1.0), Held(), Counting()
+    async with _hooks(opener, clock, first) as one, _hooks(opener, clock, second) as two:
+        answers: dict[str, Any] = {}
+
+        async def send(name: str, hooks: RecallHooks) -> None:
+            (answers[name],) = await hooks.dispatch([CALL], run_id="r", scope=S, principal=P)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(send, "one", one)
+            await first.started.wait()  # the first is searching when the second arrives
+            await send("two", two)
+            first.release.set()
+        assert (first.searches, second.searches) == (1, 0)
+        assert await _counts(two) == (1, 1)
+        assert (answers["one"].status, answers["one"].slot) == ("ok", 1)
+        late = answers["two"]
+        assert (late.status, late.failure, late.slot) == ("failed", "in_flight", None)
+        assert "not searched again" in late.content and "not evidence" in late.content
+        # once the first has answered, the call replays its outcome everywhere
+        (again,) = await two.dispatch([CALL], run_id="r", scope=S, principal=P)
+        assert (again.status, again.slot, second.searches) == ("ok", 1, 0)
+
+
+async def test_a_call_cancelled_mid_search_is_not_searched_again(
+    opener: Callable[[], Any],
+) -> None:
+    clock, held = ManualClock(wall=WALL, monotonic=1.0), Held()
+    async with _hooks(opener, clock, held) as hooks:
+        async with anyio.create_task_group() as tg:
+
+            async def send() -> None:
+                await hooks.dispatch([CALL], run_id="r", scope=S, principal=P)
+
+            tg.start_soon(send)
+            await held.started.wait()
+            tg.cancel_scope.cancel()
+        held.release.set()
+        (again,) = await hooks.dispatch([CALL], run_id="r", scope=S, principal=P)
+        assert held.searches == 1 and await _counts(hooks) == (1, 1)
+        assert (again.status, again.failure) == ("failed", "in_flight")
+    fresh = Counting()
+    async with _hooks(opener, clock, fresh) as hooks:  # another process, later
+        (later,) = await hooks.dispatch([CALL], run_id="r", scope=S, principal=P)
+        assert (later.status, later.failure, fresh.searches) == ("failed", "in_flight", 0)
+        report = await hooks.allowance.ledger.admin().check()
+        assert report.ok, report
+
+
+async def test_a_pruned_run_opens_no_round_for_a_clock_that_is_behind(
+    opener: Callable[[], Any],
+) -> None:
+    clock, retriever = ManualClock(wall=WALL, monotonic=1.0), Counting()
+    async with _hooks(opener, clock, retriever) as hooks:
+        await hooks.dispatch([CALL], run_id="r", scope=S, principal=P)
+        clock.advance(20.0)
+        late = ToolCall(call_id="c2", arguments={"query": "deploy"})
+        (refused,) = await hooks.dispatch([late], run_id="r", scope=S, principal=P)
+        assert refused.status == "refused"
+        report = await hooks.allowance.ledger.admin().prune(
+            before_wall=WALL + 30, now_wall=WALL + 30, dry_run=False)
+        assert report.run_ids == ("r",)
+    behind = ManualClock(wall=WALL + 5, monotonic=1.0)
+    again = Counting()
+    async with _hooks(opener, behind, again) as hooks:
+        results = await hooks.dispatch(
+            [CALL, ToolCall(call_id="c3", arguments={"query": "kickoff"})],
+            run_id="r", scope=S, principal=P)
+        assert [r.status for r in results] == ["refused", "refused"]
+        assert again.searches == 0
