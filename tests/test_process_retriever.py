@@ -108,6 +108,7 @@ async def test_junk_and_noise_from_a_worker_are_that_calls_failure(clock: Manual
         results = await hooks.dispatch(search_calls("junk please", "fine"), run_id="r",
                                        scope=S, principal=P)
     assert [r.status for r in results] == ["failed", "ok"]
+    assert results[0].failure == "bad_result"  # as the same retriever in-process says
 
 
 async def test_a_hung_worker_is_killed_at_the_deadline_and_replaced() -> None:

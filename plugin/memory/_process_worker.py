@@ -22,7 +22,7 @@ from typing import IO, Any
 import numpy as np
 
 from plugin.control import AttemptKind, BudgetRefusal, RecallBudgetExceeded, RefusalReason
-from plugin.errors import InvalidArgumentError
+from plugin.errors import InvalidArgumentError, RetrieverFailedError
 
 from ._process_values import read_limit
 from .preparation import PreparedRecall, SemanticPreparation, WithheldReason
@@ -224,6 +224,8 @@ def main() -> None:
                 result = loop.run_until_complete(serve(retriever, request, channel))
             except BadResult:
                 encoded = json.dumps({"error": "bad_result", "seq": seq})
+            except RetrieverFailedError as exc:  # a SimpleRetriever's own typed failure
+                encoded = json.dumps({"error": exc.reason, "seq": seq})
             except Exception:
                 encoded = json.dumps({"error": "raised", "seq": seq})
             else:
