@@ -69,6 +69,17 @@ async def test_the_current_run_ends_at_its_deadline_not_before(tmp_path: Path) -
         assert (await search(client, QUERIES[3]))["status"] == "ok"
 
 
+async def test_the_current_run_ends_when_its_time_is_up_though_the_wall_clock_stepped_back(
+    tmp_path: Path,
+) -> None:
+    clock = ManualClock(wall=START, monotonic=0.0)
+    async with recall_server(tmp_path, clock=clock) as server, Client(server.server) as client:
+        assert (await search(client, QUERIES[0]))["status"] == "ok"
+        clock.step_wall(-3600.0)  # an NTP step: the wall clock is an hour behind
+        clock.advance(11.0)  # the run's ten seconds have really passed
+        assert (await search(client, QUERIES[1]))["status"] == "ok"  # the next run
+
+
 async def _run_rate(client: Client, **kw: Any) -> Mapping[str, Any]:
     result = await client.call_tool("search_memory", {"query": "cutover date"}, **kw)
     assert not result.is_error

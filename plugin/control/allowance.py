@@ -91,9 +91,6 @@ class _Anchors:
             while len(self._offsets) > self.limit:
                 del self._offsets[next(iter(self._offsets))]
 
-    def __len__(self) -> int:
-        return len(self._offsets)
-
 
 _ANCHORS = _Anchors()
 
@@ -226,6 +223,11 @@ class RecallAllowance:
         :meth:`known_room` is."""
         if self.known_room(validate_run_id(run_id)) is None:
             self._learn(run_id, self.fresh_room())
+
+    def now_for(self, run_id: str) -> float:
+        """The wall time to judge ``run_id`` by: never before what this process watched pass
+        for it on its monotonic clock (a wall clock stepped back does not revive a run)."""
+        return max(self.clock.wall(), _ANCHORS.floor(self.clock, run_id))
 
     def known_room(self, run_id: str) -> Room | None:
         """What this allowance last learned of ``run_id`` (from a round it reserved or was

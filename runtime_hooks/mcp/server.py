@@ -248,7 +248,9 @@ class RecallServer:
                 current.deadline = (known.deadline_wall if known is not None
                                     and known.deadline_wall is not None
                                     else (await allowance.usage(current.run_id)).deadline_wall)
-            if current.deadline is not None and allowance.clock.wall() >= current.deadline:
+            if current.deadline is not None and (
+                allowance.now_for(current.run_id) >= current.deadline
+            ):
                 current.expire()
             return current.run_id
 
