@@ -96,6 +96,22 @@ async def test_a_regular_file_is_read_in_a_thread(tmp_path: Path) -> None:
         os.close(fd)
 
 
+async def test_a_last_line_without_a_newline_is_read_at_the_end_of_input(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "input.jsonl"
+    path.write_bytes(request(1) + b"\n" + request(2))  # a client that ends without one
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        async with framing(fd) as (messages, _, _):
+            with anyio.fail_after(10):
+                assert [message_id(await messages.receive()) for _ in range(2)] == [1, 2]
+                with pytest.raises(anyio.EndOfStream):
+                    await messages.receive()
+    finally:
+        os.close(fd)
+
+
 async def test_lines_are_framed_across_reads() -> None:
     first, second, third = request(1), request(2), request(3)
     with pipe() as (read_end, write_end), anyio.fail_after(10):
@@ -136,6 +152,8 @@ async def test_the_input_may_end_in_the_middle_of_a_line() -> None:
             os.close(write_end)
             with pytest.raises(anyio.EndOfStream):  # reading ends; half a line is no message
                 await messages.receive()
+            error = await answered.receive()  # but a line, answered as one
+            assert isinstance(error, bytes) and b'"code":-32700' in error.replace(b" ", b"")
             with pytest.raises(anyio.EndOfStream):
                 await answered.receive()
 

@@ -189,47 +189,42 @@ async def read_lines(
     intercept: Intercept = _leave,
 ) -> None:
     """Frame ``read()`` chunks into lines; hand each to ``intercept``, then to the server, or
-    answer it."""
+    answer it. A last line that the input ends without a newline is a line too."""
     pending = bytearray()
     skipping = False
+
+    async def end_line() -> None:
+        nonlocal skipping
+        line, too_long, skipping = bytes(pending), skipping or len(pending) > max_line_bytes, False
+        pending.clear()
+        result = (error_line(None, INVALID_REQUEST, f"Invalid request: the line is longer than "
+                                                    f"{max_line_bytes} bytes")
+                  if too_long else read_message(line, max_depth=max_depth))
+        if isinstance(result, SessionMessage):
+            if not intercept(result):
+                try:  # the server is waiting for it (the usual case): no yield
+                    send.send_nowait(result)
+                except anyio.WouldBlock:
+                    await send.send(result)
+        elif result is not None:
+            await answer.send(result)
+
     async with send:
         while True:
             chunk: bytes = await read()
             if not chunk:
                 break
             start = 0
-            while True:
-                end = chunk.find(b"\n", start)
-                if end < 0:
-                    if not skipping:
-                        pending += chunk[start:]
-                        if len(pending) > max_line_bytes:
-                            pending.clear()
-                            skipping = True
-                    break
-                if skipping:
-                    skipping = False
-                    await answer.send(error_line(
-                        None, INVALID_REQUEST,
-                        f"Invalid request: the line is longer than {max_line_bytes} bytes"))
-                else:
-                    pending += chunk[start:end]
-                    if len(pending) > max_line_bytes:
-                        await answer.send(error_line(
-                            None, INVALID_REQUEST,
-                            f"Invalid request: the line is longer than {max_line_bytes} bytes"))
-                    else:
-                        result = read_message(bytes(pending), max_depth=max_depth)
-                        if isinstance(result, SessionMessage):
-                            if not intercept(result):
-                                try:  # the server is waiting for it (the usual case): no yield
-                                    send.send_nowait(result)
-                                except anyio.WouldBlock:
-                                    await send.send(result)
-                        elif result is not None:
-                            await answer.send(result)
-                    pending.clear()
+            while (end := chunk.find(b"\n", start)) >= 0:
+                pending += b"" if skipping else chunk[start:end]
+                await end_line()
                 start = end + 1
+            if not skipping:
+                pending += chunk[start:]
+                if len(pending) > max_line_bytes:  # skipped as it streams, never held whole
+                    pending.clear()
+                    skipping = True
+        await end_line()  # a last line the input ends without a newline is a line too
 
 
 def encode(item: Outgoing) -> bytes:
