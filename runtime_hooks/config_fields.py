@@ -75,18 +75,18 @@ def _choice(kind: type[enum.Enum]) -> Callable[[object], enum.Enum]:
     return check
 
 
-_INT_TEXT = re.compile(r"[+-]?[0-9]+")
-_FLOAT_TEXT = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
+INT_TEXT = re.compile(r"[+-]?[0-9]+")
+FLOAT_TEXT = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
 
 
 def _env_int(text: str) -> object:
-    if not _INT_TEXT.fullmatch(text):
+    if not INT_TEXT.fullmatch(text):
         raise _Bad(f"must be a decimal integer, got {text!r}")
     return int(text)
 
 
 def _env_float(text: str) -> object:
-    if not _FLOAT_TEXT.fullmatch(text):
+    if not FLOAT_TEXT.fullmatch(text):
         raise _Bad(f"must be a decimal number, got {text!r}")
     return float(text)
 

@@ -193,6 +193,10 @@ def test_the_default_window_is_the_servers(tmp_path: Path) -> None:
     ("RECALLBOUND_MCP_MAX_RUNS_PER_HOUR", "0", "must be an integer >= 1"),
     ("RECALLBOUND_MCP_WINDOW_MS", "soon", "milliseconds"),
     ("RECALLBOUND_MCP_WINDOW_MS", "-1", "milliseconds"),
+    ("RECALLBOUND_MCP_MAX_MEMORY_BYTES", "1_000", "must be an integer"),
+    ("RECALLBOUND_MCP_MAX_MEMORY_BYTES", " 100", "must be an integer"),
+    ("RECALLBOUND_MCP_MAX_MEMORY_BYTES", "\u0967\u0968\u0969", "must be an integer"),
+    ("RECALLBOUND_MCP_WINDOW_MS", "5_0", "milliseconds"),
     ("RECALLBOUND_MCP_ALLOWED_ORIGINS", "https://a.example,,", "non-empty strings"),
 ])
 def test_a_bad_or_unknown_mcp_variable_is_an_error(name: str, value: str, words: str) -> None:

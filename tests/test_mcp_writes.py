@@ -78,6 +78,19 @@ async def test_a_bad_remember_is_a_typed_error_that_writes_nothing(
         assert (await call(client, "remember", text="still serving"))["status"] == "ok"
 
 
+@pytest.mark.parametrize("memory_id", ["m" * 1_000_000, "two\nlines", "nul\x00", "esc\x1b[0m",
+                                       " ", 7])
+async def test_forget_holds_ids_to_the_rule_remember_does(
+    tmp_path: Path, memory_id: object
+) -> None:
+    async with recall_server(tmp_path) as server, Client(server.server) as client:
+        before = await ids(server)
+        result = await client.call_tool("forget", {"id": memory_id})
+        assert result.is_error and structured(result)["status"] == "invalid"
+        assert len(str(structured(result))) < 1000  # the id is not echoed back whole
+        assert await ids(server) == before
+
+
 async def test_the_text_cap_is_the_servers(tmp_path: Path) -> None:
     async with recall_server(tmp_path) as plain:
         server = RecallServer(plain.hooks, caller=ANA, max_memory_bytes=10)

@@ -40,6 +40,7 @@ import attrs
 
 from plugin.errors import ConfigError
 
+from ..config_fields import FLOAT_TEXT, INT_TEXT
 from .errors import McpAuthError
 
 if sys.version_info >= (3, 11):
@@ -175,18 +176,16 @@ def _mcp_env(env: Mapping[str, str], tokens_env: str) -> dict[str, Any]:
         if key is None:
             raise ConfigError(f"unknown environment variable {name} (known: "
                               f"{', '.join(sorted([*_ENV_KEYS, TOKENS_ENV]))})")
-        if key in ("max_runs_per_hour", "max_memory_bytes"):
-            try:
-                table[key] = int(text.strip())
-            except ValueError:
+        if key in ("max_runs_per_hour", "max_memory_bytes"):  # plain decimal, as elsewhere
+            if not INT_TEXT.fullmatch(text):
                 raise ConfigError(f"environment variable {name} must be an integer >= 1, "
-                                  f"got {text!r}") from None
+                                  f"got {text!r}")
+            table[key] = int(text)
         elif key == "window_ms":
-            try:
-                table[key] = float(text.strip())
-            except ValueError:
+            if not FLOAT_TEXT.fullmatch(text):
                 raise ConfigError(f"environment variable {name} must be a number of "
-                                  f"milliseconds, got {text!r}") from None
+                                  f"milliseconds, got {text!r}")
+            table[key] = float(text)
         elif key in ("allowed_hosts", "allowed_origins"):
             table[key] = [item.strip() for item in text.split(",")]
         else:

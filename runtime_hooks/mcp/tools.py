@@ -32,6 +32,7 @@ from plugin.errors import (
 from plugin.memory.safe_text import one_line
 from plugin.memory.state import WorkingState
 from plugin.memory.store.errors import InvalidMemoryError, MemoryConflictError
+from plugin.memory.store.values import check_memory_id
 from runtime_hooks.adapters.tool import SEARCH_TOOL
 from runtime_hooks.hooks import PreparedContext, ToolResult
 
@@ -217,10 +218,13 @@ def remember_arguments(arguments: Mapping[str, Any], max_bytes: int) -> tuple[st
 
 
 def forget_argument(arguments: Mapping[str, Any]) -> str:
-    """``forget``'s id, checked."""
+    """``forget``'s id, checked by the rule ``remember`` holds ids to (an id no memory can
+    have is an invalid call, never echoed back whole)."""
     _only(arguments, "id")
-    memory_id: str = arguments["id"]
-    return memory_id
+    try:
+        return check_memory_id(arguments["id"])
+    except InvalidMemoryError as exc:
+        raise InvalidToolArgumentsError(str(exc)) from None
 
 
 def remembered_result(memory_id: str) -> types.CallToolResult:
