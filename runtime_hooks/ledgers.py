@@ -26,7 +26,7 @@ import anyio
 from plugin.control import Ledger, SqliteLedger
 from plugin.control.dsn import POSTGRES_SCHEMES as POSTGRES_SCHEMES
 from plugin.control.dsn import SCHEMA_PARAMETER as SCHEMA_PARAMETER
-from plugin.control.dsn import parse_location, redact
+from plugin.control.dsn import parse_location, shown_location
 from plugin.control.ledger_admin import LedgerAdmin
 from plugin.errors import LedgerConfigError, LedgerError, LedgerPathError
 
@@ -35,8 +35,9 @@ POSTGRES_LEDGER = ("plugin.control.postgres_ledger", "PostgresLedger")
 
 
 def redact_location(location: str | os.PathLike[str]) -> str:
-    """The location for display: a DSN's password (any form) replaced by ``***``."""
-    return redact(location)
+    """The location for display: a DSN's password (any form) replaced by ``***``, and a text
+    that looks like a connection string but is not one shown by its form alone."""
+    return shown_location(location)
 
 
 def split_postgres_location(dsn: str) -> tuple[str, str | None]:

@@ -31,7 +31,7 @@ from typing import Any, BinaryIO, TextIO
 import anyio
 
 from plugin import strict_json
-from plugin.control.dsn import is_connection_string, redact
+from plugin.control.dsn import is_connection_string, shown_location
 from plugin.errors import RecallboundError
 from plugin.memory.embedding import EmbeddingAdapter
 from plugin.memory.store import (
@@ -96,8 +96,8 @@ def _store_path(args: argparse.Namespace, values: dict[str, Any]) -> Path:
         # Checked before it becomes a Path, which would fold a URI's "//" and hide what it is.
         if isinstance(given, str) and is_connection_string(given):
             raise MemoryInputError(
-                f"the memory store {redact(given)!r} is a connection string; the store is a "
-                f"SQLite file: give its path")
+                f"the memory store {shown_location(given)!r} is a connection string; the store "
+                f"is a SQLite file: give its path")
         return Path(str(given))
     path = default_store()
     path.parent.mkdir(parents=True, exist_ok=True)

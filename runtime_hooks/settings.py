@@ -30,6 +30,7 @@ import attrs
 
 from plugin.control import AllowancePolicy, validate
 from plugin.control.dsn import is_connection_string, parse_location, redact
+from plugin.control.dsn import shown_location as _displayed
 from plugin.errors import (
     ConfigError,
     InvalidConfigTypeError,
@@ -128,7 +129,7 @@ def shown_location(value: object) -> str:
     """The ``repr`` of a location (a file path or a DSN) with its password hidden."""
     if not isinstance(value, (str, os.PathLike)):
         return repr(value)
-    text = repr(redact(value))
+    text = repr(_displayed(value))
     return text if isinstance(value, str) else f"{type(value).__name__}({text})"
 
 
@@ -319,9 +320,9 @@ class RecallConfig:
             raise LedgerConfigError(f"RecallConfig.ledger_path: {exc}") from None
         if self.store_path is not None and is_connection_string(self.store_path):
             raise ConfigError(
-                f"RecallConfig.store_path {redact(self.store_path)!r} is a connection string, "
-                f"but the reference memory store is a SQLite file: give its path (only the "
-                f"ledger runs on PostgreSQL)")
+                f"RecallConfig.store_path {shown_location(self.store_path)} is a connection "
+                f"string, but the reference memory store is a SQLite file: give its path (only "
+                f"the ledger runs on PostgreSQL)")
         if is_ephemeral(self.ledger_path) and not self.allow_ephemeral_ledger:
             raise ConfigError(
                 f"RecallConfig.ledger_path {redact(self.ledger_path)!r} keeps nothing once "

@@ -20,6 +20,10 @@ CONNECTION_STRINGS = [
     " host=127.0.0.1 port=5432 user=postgres password='s3cr3t-pw'",
     "postgresql://postgres:s3cr3t-pw@127.0.0.1:5432/test",
     "postgres://127.0.0.1/test?password=s3cr3t-pw",
+    # libpq cannot read these, so no password can be found in them to hide: none is echoed
+    "postgresql://app:s3cr3t-pw X@db/x",
+    "postgresql:app:s3cr3t-pw@db",
+    "postgres:app:s3cr3t-pw@db/x",
 ]
 
 
@@ -48,6 +52,17 @@ def test_the_memory_command_refuses_a_connection_string_as_its_store(
     err = err_stream.getvalue()
     assert code == 2 and "connection string" in err and "s3cr3t-pw" not in err
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("location", CONNECTION_STRINGS)
+def test_config_show_never_shows_a_password_of_a_store_location(
+    location: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RECALLBOUND_STORE", location)
+    out, err = io.StringIO(), io.StringIO()
+    main(["config", "show"], stdout=out, stderr=err)
+    assert "s3cr3t-pw" not in out.getvalue() + err.getvalue()
 
 
 def test_a_file_path_is_still_a_store(tmp_path: Path) -> None:

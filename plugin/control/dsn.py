@@ -192,6 +192,19 @@ def is_connection_string(location: str | os.PathLike[str]) -> bool:
         return True
 
 
+def shown_location(location: str | os.PathLike[str]) -> str:
+    """A ledger or store location for display: a file path as it is, a PostgreSQL location
+    with its passwords hidden (:func:`redact`), and a text that looks like a connection string
+    but that libpq cannot read, by its form alone (``<a postgresql: URI>``): where its password
+    is cannot be known, so none of it is shown."""
+    text = os.fspath(location)
+    try:
+        parse_location(text)
+    except LedgerConfigError:
+        return f"<{_form(text)}>"
+    return redact(text)
+
+
 def _is_secret(keyword: str) -> bool:
     return keyword.strip(_SPACE).lower() in _SECRET_KEYWORDS
 
