@@ -3,6 +3,7 @@ both loops; foreign ids and bad input are typed errors that write nothing."""
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import subprocess
 import sys
@@ -269,6 +270,23 @@ async def test_memories_pages_through_a_cell_newest_first_with_ties_by_id(
     with pytest.raises(ValueError, match="page"):
         async for _ in store.memories(page=0, **ME):
             pass
+
+
+async def test_a_memory_updated_while_listing_behind_a_stepped_back_clock_is_listed_once(
+    store: MemoryStore, clock: ManualClock
+) -> None:
+    for step in range(6):
+        await store.remember(f"note {step}", id=f"m{step}", **ME)
+        clock.advance(1)
+    seen = []
+    async with contextlib.aclosing(store.memories(page=2, **ME)) as listing:
+        async for memory in listing:
+            seen.append(memory.id)
+            clock.step_wall(-100)  # the wall clock goes back; every update lands "older"
+            await store.remember(f"{memory.text}, updated", id=memory.id, **ME)
+            if len(seen) > 12:
+                break
+    assert sorted(seen) == [f"m{step}" for step in range(6)]  # each once, and it ends
 
 
 async def test_a_file_that_is_not_a_store_is_refused_untouched(tmp_path: Path) -> None:

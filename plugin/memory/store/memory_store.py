@@ -129,7 +129,8 @@ class MemoryStore:
 
         ``id`` None stores a new memory under a generated id; an id this principal and scope
         already hold is replaced (its text, its time and its vectors: an upsert). The memory's
-        time is the store's clock. An id another principal or scope holds raises
+        time is the store's clock (a replaced memory's never goes back, so a listing under way
+        meets it once whatever the clock does). An id another principal or scope holds raises
         :class:`MemoryOwnershipError`; empty, oversized or invalid text, or a malformed id,
         raises :class:`InvalidMemoryError`. Either way nothing is written.
         """

@@ -178,7 +178,9 @@ class Writer:
             conn.executemany(
                 "INSERT INTO memories (principal, scope, id, text, created_at, cites) "
                 "VALUES (?, ?, ?, ?, ?, '[]') ON CONFLICT (principal, scope, id) DO UPDATE "
-                "SET text = excluded.text, created_at = excluded.created_at, cites = '[]'",
+                "SET text = excluded.text, cites = '[]', "
+                # never older than it was: a clock stepped back cannot move it behind a listing
+                "created_at = max(excluded.created_at, created_at)",
                 rows,
             )
             if adapter is not None and blobs is not None:
