@@ -98,7 +98,12 @@ def _store_path(args: argparse.Namespace, values: dict[str, Any]) -> Path:
             raise MemoryInputError(
                 f"the memory store {shown_location(given)!r} is a connection string; the store "
                 f"is a SQLite file: give its path")
-        return Path(str(given))
+        text = os.fspath(given)
+        if text == ":memory:" or text.startswith("file:"):  # kept by no command, or folded
+            raise MemoryInputError(
+                f"the memory store {text[:40]!r} is not a file path; the command needs the "
+                f"store's file: give its path")
+        return Path(text)
     path = default_store()
     path.parent.mkdir(parents=True, exist_ok=True)
     return path

@@ -65,6 +65,20 @@ def test_config_show_never_shows_a_password_of_a_store_location(
     assert "s3cr3t-pw" not in out.getvalue() + err.getvalue()
 
 
+@pytest.mark.parametrize("location", [":memory:", "file:memory.db", "file:///tmp/memory.db"])
+@pytest.mark.parametrize("command", [["add", "hello"], ["list"], ["forget", "m1"]])
+def test_the_memory_command_needs_a_file_path_for_every_subcommand(
+    location: str, command: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a URI's "//" folded by a path made "add" write where "list" then found nothing
+    monkeypatch.chdir(tmp_path)
+    err = io.StringIO()
+    code = main(["memory", "--store", location, *command, "--principal", "p", "--scope", "s"],
+                stdout=io.StringIO(), stderr=err)
+    assert code == 2 and "not a file path" in err.getvalue()
+    assert os.listdir(tmp_path) == []
+
+
 def test_a_file_path_is_still_a_store(tmp_path: Path) -> None:
     config = RecallConfig(ledger_path=tmp_path / "ledger.db", store_path=tmp_path / "memory.db")
     assert config.store_path == tmp_path / "memory.db"
