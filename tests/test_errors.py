@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import sqlite3
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -78,6 +79,18 @@ def test_the_ledger_and_the_store_translate_a_driver_error_alike(
     assert isinstance(from_store, store_class)
     assert str(from_ledger).replace("ledger 'l.db'", "X") == str(from_store).replace(
         "memory store 'm.db'", "X").replace("1.0s", "its busy timeout")
+
+
+def test_a_file_that_cannot_be_opened_is_told_apart_from_a_missing_folder(
+    tmp_path: Path,
+) -> None:
+    exc = sqlite3.OperationalError("unable to open database file")
+    existing = tmp_path / "m.db"
+    existing.write_bytes(b"")
+    told = {str(store_errors.translate(exc, path=str(path), timeout=1.0))
+            for path in (existing, tmp_path / "gone" / "m.db")}
+    assert any("readable and writable by this user" in text for text in told)
+    assert any("its folder does not exist" in text for text in told)
 
 
 def test_config_errors() -> None:

@@ -6,7 +6,9 @@ read here once, for both: locked, full, corrupt, cannot open, or another failure
 
 from __future__ import annotations
 
+import os
 import sqlite3
+from pathlib import Path
 
 import attrs
 
@@ -43,5 +45,17 @@ def translate(exc: BaseException, family: Family, path: str,
     if isinstance(exc, sqlite3.OperationalError) and "no such" in str(exc):
         return family.corrupt(f"{where}: a table or column is missing: {exc}")
     if is_cantopen(exc):
-        return family.unavailable(f"{where} cannot be opened (does its folder exist?): {exc}")
+        return family.unavailable(f"{where} cannot be opened ({_why_not(path)}): {exc}")
     return family.failed(f"{where} failed: {exc}")
+
+
+def _why_not(path: str) -> str:
+    """The likely reason a database file cannot be opened, for its error message."""
+    file = Path(path)
+    if file.exists():
+        return "the file exists: is it readable and writable by this user?"
+    if not file.parent.is_dir():
+        return "its folder does not exist"
+    if not os.access(file.parent, os.W_OK | os.X_OK):
+        return "its folder is not writable by this user"
+    return "does its folder exist?"
