@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from plugin.control.ledger import PENDING, CallRecord, bound_evidence
+from plugin.control.ledger import CallRecord, bound_evidence
 from plugin.control.logs import log_event
 from plugin.memory.turn import deliberate_turn
 
@@ -65,14 +65,11 @@ async def replay_recorded(
     scope: str,
     principal: str,
     new: Container[int] = (),
-    *,
-    claims: bool = True,
 ) -> list[tuple[int, SearchCall]]:
     """Answer each call the ledger already recorded (same id, same arguments) from its
-    record; return the calls left to run. The calls at the positions in ``new`` have ids made
-    up this instant (:meth:`ToolCall.with_new_id`): none is looked up. Without ``claims``, a
-    call claimed but not yet recorded is left to run too (:func:`run_once` waits for it or
-    answers it)."""
+    record (a claim without an outcome as ``in_flight``); return the calls left to run. The
+    calls at the positions in ``new`` have ids made up this instant
+    (:meth:`ToolCall.with_new_id`): none is looked up."""
     asked = [call.call_id for index, call in valid if index not in new]
     if not asked:
         return valid
@@ -85,7 +82,7 @@ async def replay_recorded(
     fresh: list[tuple[int, SearchCall]] = []
     for index, call in valid:
         record = recorded.get((call.call_id, digests[index]))
-        if record is None or (record.status == PENDING and not claims):
+        if record is None:
             fresh.append((index, call))
         else:
             log_event(_log, logging.INFO, "search_call.replayed", run_id=run_id,
@@ -108,41 +105,48 @@ async def run_once(
     """Run the calls nobody else is running, each once; answer the rest from their records.
 
     A call is claimed in the ledger before it searches (``new`` ids, made up this instant, need
-    no claim). The same call sent again while these hooks run it waits for its outcome; one
-    that another process claimed, or that was claimed and then interrupted (cancelled, or its
-    process died), is answered as ``in_flight`` and never searched again.
+    no claim): a call already recorded is answered from its record (:func:`replay_call`), the
+    same call sent again while these hooks run it waits for its outcome, and one that another
+    process claimed, or that was claimed and then interrupted (cancelled, or its process
+    died), is answered as ``in_flight`` and never searched again.
     """
     mine: list[tuple[int, SearchCall]] = []
-    waiting: list[tuple[int, SearchCall, anyio.Event]] = []
+    waiting: list[tuple[int, SearchCall]] = []
+    events: list[anyio.Event] = []
     keys = []
     for index, call in valid:
         key = (run_id, call.call_id, digests[index])
         if index in new:
             mine.append((index, call))
         elif (event := hooks._running.get(key)) is not None:
-            waiting.append((index, call, event))
+            waiting.append((index, call))
+            events.append(event)
         else:
             hooks._running[key] = anyio.Event()
             keys.append(key)
             mine.append((index, call))
-    lost: list[tuple[int, SearchCall]] = []
     try:
         claims = [(call.call_id, digests[index]) for index, call in mine if index not in new]
-        won = await hooks.allowance.ledger.claim_calls(run_id, claims) if claims else set()
-        ours = [(index, call) for index, call in mine
-                if index in new or (call.call_id, digests[index]) in won]
-        lost = [(index, call) for index, call in mine if (index, call) not in ours]
+        held = await hooks.allowance.ledger.claim_calls(run_id, claims) if claims else {}
+        ours = []
+        for index, call in mine:
+            record = held.get((call.call_id, digests[index]))
+            if record is None:
+                ours.append((index, call))
+            else:
+                log_event(_log, logging.INFO, "search_call.replayed", run_id=run_id,
+                          call_id=call.call_id, status=record.status)
+                results[index] = await replay_call(hooks, record, scope=scope,
+                                                   principal=principal)
         if ours:
             await run_calls(hooks, ours, results, run_id, scope, principal, digests)
     finally:
         for key in keys:
             hooks._running.pop(key).set()
-    for _, _, event in waiting:
+    for event in events:
         await event.wait()
-    others = sorted([*lost, *((index, call) for index, call, _ in waiting)],
-                    key=lambda pair: pair[0])
-    if others:
-        for index, call in await replay_recorded(hooks, others, digests, results, run_id,
+    if waiting:
+        for index, call in await replay_recorded(hooks, waiting, digests, results, run_id,
                                                  scope, principal):
             results[index] = in_flight(call.call_id)  # its claimant failed before claiming
 

@@ -254,10 +254,7 @@ class RecallHooks:
                 await run_calls(self, valid, results, run_id, scope, principal, digests)
             else:
                 new = {index for index, _ in valid if has_new_id(calls[index])}
-                valid = await replay_recorded(self, valid, digests, results, run_id, scope,
-                                              principal, new, claims=False)
-                if valid:
-                    await run_once(self, valid, digests, results, run_id, scope, principal, new)
+                await run_once(self, valid, digests, results, run_id, scope, principal, new)
         assert all(result is not None for result in results)
         return [result for result in results if result is not None]
 

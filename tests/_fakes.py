@@ -196,14 +196,18 @@ class MemoryLedger:
             if retain_limit > 0 and call.status == "ok":
                 await self.retain(call.run_id, call.evidence_ids, limit=retain_limit)
 
-    async def claim_calls(self, run_id: str, calls: Sequence[CallIdentity]) -> set[CallIdentity]:
-        store, won = self._open(), set()
+    async def claim_calls(
+        self, run_id: str, calls: Sequence[CallIdentity]
+    ) -> dict[CallIdentity, CallRecord]:
+        store, there = self._open(), {}
         for call_id, digest in calls:
-            if (run_id, call_id, digest) not in store.calls:
-                store.calls[run_id, call_id, digest] = CallRecord(
-                    run_id=run_id, call_id=call_id, digest=digest, status=PENDING)
-                won.add((call_id, digest))
-        return won
+            key = (run_id, call_id, digest)
+            if key in store.calls:
+                there[call_id, digest] = store.calls[key]
+            else:
+                store.calls[key] = CallRecord(run_id=run_id, call_id=call_id, digest=digest,
+                                              status=PENDING)
+        return there
 
     async def recorded_calls(self, run_id: str, call_ids: Sequence[str]) -> list[CallRecord]:
         wanted = set(call_ids)

@@ -316,11 +316,14 @@ class Ledger(Protocol):
         as :meth:`retain` does with that limit."""
         ...
 
-    async def claim_calls(self, run_id: str, calls: Sequence[CallIdentity]) -> set[CallIdentity]:
+    async def claim_calls(
+        self, run_id: str, calls: Sequence[CallIdentity]
+    ) -> dict[CallIdentity, CallRecord]:
         """Claim each call before it searches: a :data:`PENDING` record, durable when this
-        returns, unless the identity is already recorded or claimed. Returns the identities
-        this call claimed; another claimant, here or in another process, holds the rest. A
-        call's outcome later replaces its claim (:meth:`record`)."""
+        returns, unless the identity is already recorded or claimed. Returns the records that
+        were there first (an outcome, or another claimant's claim, here or in another
+        process), by identity; an identity missing from it is this caller's to run. A call's
+        outcome later replaces its claim (:meth:`record`)."""
         ...
 
     async def recorded_calls(self, run_id: str, call_ids: Sequence[str]) -> list[CallRecord]:

@@ -73,7 +73,7 @@ from .sql_rows import (
     call_record,
     call_row,
     claim_rows,
-    claimed,
+    held,
     refusal_row,
 )
 from .sql_schema import Dialect, Row, Rows, Session
@@ -195,11 +195,12 @@ class SqlLedger(abc.ABC):
             statements.extend(self._retaining(run_id, found[run_id], retain_limit))
         await self._writes.submit((min(found, default=""), statements))
 
-    async def claim_calls(self, run_id: str, calls: Sequence[CallIdentity]) -> set[CallIdentity]:
+    async def claim_calls(self, run_id: str, calls: Sequence[CallIdentity]
+                          ) -> dict[CallIdentity, CallRecord]:
         validate.run_id(run_id)  # a claim is a pending record bearing its claimant's token
         token, rows = claim_rows(run_id, calls)
         await self._writes.submit((run_id, [(self._sql(_CLAIM_CALL), rows)]))
-        return claimed(await self.recorded_calls(run_id, [c for c, _ in calls]), token)
+        return held(await self.recorded_calls(run_id, [c for c, _ in calls]), calls, token)
 
     async def recorded_calls(self, run_id: str, call_ids: Sequence[str]) -> list[CallRecord]:
         validate.run_id(run_id)

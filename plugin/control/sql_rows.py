@@ -137,9 +137,12 @@ def claim_rows(run_id: str, calls: Sequence[CallIdentity]) -> tuple[str, list[di
                    for call_id, digest in calls]
 
 
-def claimed(records: Iterable[CallRecord], token: str) -> set[CallIdentity]:
-    """The identities among ``records`` that the claimant with ``token`` holds."""
-    return {(r.call_id, r.digest) for r in records if r.status == PENDING and r.reason == token}
+def held(records: Iterable[CallRecord], calls: Sequence[CallIdentity],
+         token: str) -> dict[CallIdentity, CallRecord]:
+    """The records of ``calls`` that are not the claims of the claimant with ``token``."""
+    wanted = set(calls)
+    return {(r.call_id, r.digest): r for r in records if (r.call_id, r.digest) in wanted
+            and not (r.status == PENDING and r.reason == token)}
 
 
 def call_record(run_id: str, row: Row) -> CallRecord:
