@@ -628,6 +628,17 @@ async def test_two_searches_in_each_of_two_messages_without_automatic(
 
 
 
+async def test_a_response_the_framework_refuses_for_a_repeated_call_id_reserves_nothing(
+    hooks: RecallHooks,
+) -> None:
+    # pydantic-ai rejects a response whose tool calls repeat an id: its searches never run,
+    # so no round is reserved for them.
+    model = Scripted([[_search("c1", QUERIES[0]), _search("c1", QUERIES[0])]])
+    with pytest.raises(Exception, match="tool_call_id"):
+        await _drive(model.agent(RecallCapability(hooks, automatic=False)), "run")
+    assert await _usage(hooks) == (0, 0, 0, 0)
+
+
 async def test_a_reused_call_id_with_other_arguments_is_a_new_call(hooks: RecallHooks) -> None:
     """``c0`` for the backfill, then ``c0`` again for the cutover date: the second call gets
     its own search (its own round and slot), never the backfill's evidence."""

@@ -271,6 +271,9 @@ class RecallCapability(AbstractCapability[Any]):
         self, ctx: RunContext[Any], *, node: AgentNode[Any]
     ) -> AgentNode[Any]:
         if isinstance(node, CallToolsNode):
+            ids = [part.tool_call_id for part in node.model_response.tool_calls]
+            if len(ids) != len(set(ids)):
+                return node  # the framework refuses a response that repeats an id: none runs
             answered = node.tool_call_results
             calls = [
                 ToolCall(call_id=part.tool_call_id, arguments=_arguments(part.args))
