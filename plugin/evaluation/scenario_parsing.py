@@ -274,8 +274,9 @@ def _check_ids(
     must_not: tuple[str, ...],
     corrections: tuple[ScenarioCorrection, ...] = (),
 ) -> None:
-    """Ids name one item each (corrections included); relevance and prohibitions name
-    memories or beliefs the scenario has."""
+    """Ids name one item each (corrections included); relevance names memories or beliefs the
+    scenario has. A prohibition may name an id the scenario lacks (it can never be shown, so
+    it never counts as harm), but not a correction's."""
     owners: dict[str, str] = {}
 
     def claim(item_id: str, owner: str) -> None:
@@ -315,7 +316,7 @@ def _check_ids(
             )
     for index, item_id in enumerate(must_not):
         field = f"must_not[{index}]"
-        if item_id not in gradable:
+        if item_id in owners and item_id not in gradable:  # a correction: never ranked
             raise InvalidScenarioError(f"no memory or belief has id {item_id!r}", field=field)
         if item_id in relevant:
             raise InvalidScenarioError(f"{item_id!r} is also graded relevant", field=field)
