@@ -158,10 +158,12 @@ class RetrieverFailedError(RecallboundError):
     is kept (its exception may be hostile). Never a budget refusal.
 
     ``reason``: ``raised`` (it raised, whatever it raised), ``bad_result`` (its return value is
-    not what the protocol asks), ``bad_evidence`` (an item is not a well-formed Evidence).
+    not what the protocol asks), ``bad_evidence`` (an item is not a well-formed Evidence),
+    ``cannot_reread`` (a re-read of retained evidence by a retriever that has no way to read an
+    item by id, such as a :class:`~plugin.SimpleRetriever` without ``get``).
     """
 
-    REASONS = ("raised", "bad_result", "bad_evidence")
+    REASONS = ("raised", "bad_result", "bad_evidence", "cannot_reread")
 
     def __init__(self, reason: str) -> None:
         if reason not in self.REASONS:

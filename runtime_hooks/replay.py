@@ -68,8 +68,8 @@ async def replay_call(
     unread = sum(1 for c in checks if c.status == "failed")
     if unread:
         notes.append(f"Note: {unread} item(s) this search found before could not be re-read "
-                     f"(the memory backend failed or did not answer in time). "
-                     f"{wording.NOT_EVIDENCE}")
+                     f"(the memory backend cannot re-read items, failed, or did not answer in "
+                     f"time). {wording.NOT_EVIDENCE}")
     text = "\n".join([rendered.text or (PARTLY_FOUND if notes else NOTHING_FOUND), *notes])
     return ToolResult(call_id=record.call_id, status="ok", content=text, slot=record.slot,
                       evidence=tuple(rendered.items), bounded=bounded,

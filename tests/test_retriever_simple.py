@@ -124,7 +124,7 @@ async def test_the_request_carries_the_prepared_embedding(clock: ManualClock) ->
     assert isinstance(vector, np.ndarray) and vector.shape == (embedding.dimensions,)
 
 
-async def test_get_revalidates_and_without_it_retained_evidence_is_gone(
+async def test_get_revalidates_and_without_it_retained_evidence_cannot_be_rechecked(
     clock: ManualClock
 ) -> None:
     store = {"m1": "the cutover is on friday"}
@@ -149,8 +149,13 @@ async def test_get_revalidates_and_without_it_retained_evidence_is_gone(
                              run_id="r", scope=S, principal=P)
         (checked,) = await hooks.validate_retained(["m1"], run_id="r", scope=S, principal=P)
         context = await hooks.prepare(WorkingState("cutover"), run_id="r", scope=S, principal=P)
-        verdicts.append((checked.status, [c.id for c in context.corrections]))
-    assert verdicts == [("valid", ["c1"]), ("gone", [])]
+        (again,) = await hooks.dispatch([ToolCall(call_id="c1", arguments={"query": "cutover"})],
+                                        run_id="r", scope=S, principal=P)
+        verdicts.append((checked.status, [c.id for c in context.corrections],
+                         "No matching memory" in again.content,
+                         "could not be re-read" in again.content))
+    # without get= nothing can be re-read: never "gone", and a replay never "found nothing"
+    assert verdicts == [("valid", ["c1"], False, False), ("failed", [], False, True)]
 
 
 # -- the protocol is checked at construction --------------------------------------------------

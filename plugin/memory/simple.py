@@ -150,8 +150,8 @@ class SimpleRetriever:
     async def revalidate(
         self, ids: Sequence[str], *, principal: str, scope: str
     ) -> tuple[Evidence, ...]:
-        if self.get is None:
-            return ()  # nothing to re-read with: retained evidence reads as gone
+        if self.get is None:  # nothing to re-read with: never claim the items are gone
+            raise RetrieverFailedError("cannot_reread")
         found: list[Evidence] = []
         for evidence_id in ids:
             item = await self.get(evidence_id, principal=principal, scope=scope)
