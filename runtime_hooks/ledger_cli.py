@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import re
 import unicodedata
 from collections.abc import Callable, Coroutine
@@ -24,9 +23,8 @@ from typing import Any, TextIO
 import anyio
 
 from plugin.control import Clock, Ledger, validate
-from plugin.control.dsn import is_connection_string
 from plugin.control.ledger_admin import LedgerAdmin, LedgerCheck, RunSummary
-from plugin.errors import LedgerCorruptError, LedgerPathError, RecallboundError
+from plugin.errors import LedgerCorruptError, RecallboundError
 
 from .ledgers import admin_for, open_ledger, redact_location
 
@@ -149,30 +147,12 @@ def run(args: argparse.Namespace, out: TextIO, clock: Clock) -> int:
     command: Callable[..., Coroutine[Any, Any, int]] = {
         "runs": _runs, "show": _show, "prune": _prune, "check": _check,
     }[args.ledger_command]
-    _refuse_non_ledger(location)
-
     async def main() -> int:
         async with open_ledger(location, must_exist=True) as ledger:
             return await command(args, ledger, admin_for(ledger), out, clock.wall(),
                                  redact_location(location))
 
     return anyio.run(main)
-
-
-def _refuse_non_ledger(location: str | os.PathLike[str]) -> None:
-    """A folder, or an empty file, is never opened: opening would turn it into a ledger."""
-    if is_connection_string(location) or os.fspath(location) == ":memory:":
-        return
-    path = os.fspath(location)
-    if os.path.isdir(path):
-        raise LedgerPathError(f"{path!r} is a directory, not a ledger file")
-    try:
-        size = os.stat(path).st_size
-    except OSError:
-        return  # missing: open_ledger(must_exist=True) says so
-    if size == 0:
-        raise LedgerCorruptError(f"{path!r} is empty (0 bytes), not a recallbound ledger; "
-                                 f"no command creates a ledger")
 
 
 # -- formatting --------------------------------------------------------------------------------
@@ -231,7 +211,11 @@ def _dump(out: TextIO, document: object) -> None:
 
 async def _runs(args: argparse.Namespace, ledger: Ledger, admin: LedgerAdmin, out: TextIO,
                 now: float, location: str) -> int:
-    runs = await admin.runs(limit=args.limit)
+    try:
+        runs = await admin.runs(limit=args.limit)
+    except ValueError as exc:  # a stored value that is not what a ledger writes
+        raise LedgerCorruptError(f"{location} holds a value this version of recallbound does "
+                                 f"not know (written by a newer one, or edited): {exc}") from None
     if args.json:
         _dump(out, {"ledger": location, "now": now,
                     "runs": [_summary_json(r, now) for r in runs]})

@@ -15,8 +15,11 @@ out before the DSN reaches libpq (which knows no such parameter); every other pa
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
+import sqlite3
+import urllib.parse
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, cast
@@ -26,9 +29,9 @@ import anyio
 from plugin.control import Ledger, SqliteLedger
 from plugin.control.dsn import POSTGRES_SCHEMES as POSTGRES_SCHEMES
 from plugin.control.dsn import SCHEMA_PARAMETER as SCHEMA_PARAMETER
-from plugin.control.dsn import parse_location, shown_location
+from plugin.control.dsn import parse_location, shown_location, sqlite_file
 from plugin.control.ledger_admin import LedgerAdmin
-from plugin.errors import LedgerConfigError, LedgerError, LedgerPathError
+from plugin.errors import LedgerConfigError, LedgerCorruptError, LedgerError, LedgerPathError
 
 POSTGRES_LEDGER = ("plugin.control.postgres_ledger", "PostgresLedger")
 """Where the PostgreSQL ledger lives (module, class); imported only for a DSN."""
@@ -81,10 +84,37 @@ async def open_ledger(
             yield cast(Ledger, ledger)
         return
     path = os.fspath(location)
-    if must_exist and path != ":memory:" and not await anyio.Path(path).is_file():
-        raise LedgerPathError(f"no ledger file at {path!r}")
+    file = sqlite_file(path)  # a file: URI names its path, as SQLite opens it
+    if must_exist and file is not None:
+        await anyio.to_thread.run_sync(_refuse_non_ledger, path, file)
     async with SqliteLedger(path) as ledger:
         yield ledger
+
+
+def _refuse_non_ledger(location: str, path: str) -> None:
+    """A missing file, a folder, an empty file or a SQLite database with no table is never
+    opened where a ledger must exist: opening would turn it into a ledger."""
+    if os.path.isdir(path):
+        raise LedgerPathError(f"{path!r} is a directory, not a ledger file")
+    try:
+        size = os.stat(path).st_size
+    except OSError:
+        raise LedgerPathError(f"no ledger file at {location!r}") from None
+    if size == 0 or _no_tables(path):
+        what = "empty (0 bytes)" if size == 0 else "a SQLite database with no tables"
+        raise LedgerCorruptError(f"{path!r} is {what}, not a recallbound ledger; no command "
+                                 f"creates a ledger")
+
+
+def _no_tables(path: str) -> bool:
+    """Whether ``path`` is a SQLite database holding no table (read only; anything else, a
+    ledger or not, is left to the ledger's own checks)."""
+    try:
+        with contextlib.closing(sqlite3.connect(
+                f"file:{urllib.parse.quote(os.path.abspath(path))}?mode=ro", uri=True)) as db:
+            return bool(db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0)
+    except sqlite3.Error:
+        return False
 
 
 def admin_for(ledger: Ledger) -> LedgerAdmin:

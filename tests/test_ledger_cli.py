@@ -280,6 +280,44 @@ def test_no_command_turns_an_empty_file_into_a_ledger(tmp_path: Path, argv: list
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.db"]  # no -wal, no -shm
 
 
+@pytest.mark.parametrize("argv", [["runs"], ["check"], ["show", "r"]])
+def test_no_command_turns_an_empty_sqlite_database_into_a_ledger(
+    tmp_path: Path, argv: list[str]
+) -> None:
+    empty = tmp_path / "empty.db"
+    with contextlib.closing(sqlite3.connect(empty)) as raw:
+        raw.execute("PRAGMA user_version = 0")
+        raw.execute("VACUUM")  # a database file with no table
+    before = empty.read_bytes()
+    code, out, err = cli("ledger", "--ledger", str(empty), *argv)
+    assert (code, out) == (1, "") and "a SQLite database with no tables" in err
+    assert empty.read_bytes() == before
+
+
+def test_a_file_uri_ledger_is_the_file_it_names(ledger_file: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ledger_file.parent)
+    for location in (f"file:{ledger_file.name}", f"file://{ledger_file}",
+                     f"file:{ledger_file}?mode=rw"):
+        code, out, err = cli("ledger", "--ledger", location, "runs")
+        assert (code, err) == (0, "") and "old" in out, location
+    code, _, err = cli("ledger", "--ledger", "file:missing.db", "runs")
+    assert code == 1 and "no ledger file at 'file:missing.db'" in err
+
+
+def test_runs_on_a_hand_edited_time_is_one_line(ledger_file: Path) -> None:
+    with contextlib.closing(sqlite3.connect(ledger_file)) as raw, raw:
+        raw.executescript(
+            "CREATE TABLE runs2 (run_id TEXT PRIMARY KEY, opened_wall, deadline_wall, "
+            "max_searches, max_rounds, rounds, reserved, last_grant, pruned DEFAULT 0);"
+            "INSERT INTO runs2 SELECT * FROM runs;"
+            "UPDATE runs2 SET opened_wall = 'yesterday' WHERE run_id = 'old';"
+            "DROP TABLE runs; ALTER TABLE runs2 RENAME TO runs;")
+    code, out, err = cli("ledger", "--ledger", str(ledger_file), "runs")
+    assert (code, out) == (1, "") and err.count("\n") == 1
+    assert "holds a value this version of recallbound does not know" in err
+
+
 # -- what is printed is escaped -----------------------------------------------------------------
 
 FORGED = "evil\nold     2023-11-14 22:13:20  2/2  4/4  forged\x1b[2J\x9b31m\u202e\x7f"

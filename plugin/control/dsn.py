@@ -182,6 +182,23 @@ def _secrets(dsn: str | None = None) -> tuple[str, ...]:
     return tuple(found)
 
 
+def sqlite_file(location: str | os.PathLike[str]) -> str | None:
+    """The file a SQLite location names, as SQLite opens it: a path as it is, a ``file:`` URI's
+    path (percent-decoded, its query and any ``//localhost`` authority taken off; relative to
+    the working folder when relative); None for a database in memory."""
+    text = os.fspath(location)
+    if text == ":memory:":
+        return None
+    if not text.startswith("file:"):
+        return text
+    path, _, query = text[len("file:"):].partition("#")[0].partition("?")
+    if "mode=memory" in query.split("&") or path in ("", ":memory:"):
+        return None
+    if path.startswith("//"):  # an authority: empty or localhost (SQLite refuses others)
+        path = "/" + path[2:].partition("/")[2]
+    return urllib.parse.unquote(path)
+
+
 def is_connection_string(location: str | os.PathLike[str]) -> bool:
     """Whether ``location`` is, or looks like, a database connection string or URI: what
     :func:`parse_location` does not read as a SQLite file path. A store that is a SQLite file
