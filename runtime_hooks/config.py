@@ -33,6 +33,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import urllib.parse
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -226,10 +227,17 @@ class LoadedConfig:
 
 
 def _relative_to(folder: Path, location: object) -> object:
-    """A path read from the file, taken relative to the file's folder (a DSN unchanged)."""
+    """A path read from the file, taken relative to the file's folder (a DSN unchanged), and
+    so is a relative ``file:`` URI's path: every process that reads the file, whatever its
+    working folder, names the same ledger."""
     assert isinstance(location, str)  # checked by the field
-    if is_connection_string(location) or location == ":memory:" or location.startswith("file:"):
+    if is_connection_string(location) or location == ":memory:":
         return location
+    if location.startswith("file:"):
+        path = location[len("file:"):]
+        if path.startswith(("/", "?", ":memory:")) or not path:
+            return location  # absolute, or in memory
+        return f"file:{urllib.parse.quote(str(folder), safe='/')}/{path}"
     return str(folder / location)
 
 

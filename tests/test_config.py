@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from plugin.control import AllowancePolicy, observe
+from plugin.control import AllowancePolicy, RoundKind, SqliteLedger, observe
 from plugin.memory.pipeline import ContextCaps
 from plugin.memory.planning import QueryStrategy
 from runtime_hooks.__main__ import main
@@ -100,6 +100,28 @@ def test_an_explicit_file_and_recallbound_config(folder: Path) -> None:
         load_config(folder / "missing.toml", env={})
     with pytest.raises(ConfigError, match=r"'nope.toml' \(from RECALLBOUND_CONFIG\) does not"):
         load_config(env={"RECALLBOUND_CONFIG": "nope.toml"})
+
+
+@pytest.mark.anyio
+async def test_a_relative_file_uri_in_the_file_names_one_ledger_from_any_working_folder(
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shared = folder / "shared dir"
+    shared.mkdir()
+    path = _write(shared, 'ledger = "file:ledger.db?mode=rwc"\nstore = "file:/abs/m.db"\n')
+    grants = []
+    for worker in ("a", "b"):  # two workers, each started in a folder of its own
+        (folder / worker).mkdir()
+        monkeypatch.chdir(folder / worker)
+        loaded = load_config(path, env={})
+        assert loaded.values["ledger"] == f"file:{folder}/shared%20dir/ledger.db?mode=rwc"
+        assert loaded.values["store"] == "file:/abs/m.db"
+        async with SqliteLedger(loaded.values["ledger"]) as ledger:
+            grant = await ledger.reserve("run", RoundKind.DELIBERATE, 4, AllowancePolicy(),
+                                         1_800_000_000.0)
+            grants.append(getattr(grant, "slots", 0))
+    assert grants == [4, 0]  # one allowance: the second worker finds it spent
+    assert sorted(p.name for p in shared.iterdir() if p.suffix == ".db") == ["ledger.db"]
 
 
 def test_paths_in_the_environment_are_relative_to_the_working_directory(folder: Path) -> None:
