@@ -85,7 +85,7 @@ def test_the_uri_schema_parameter_is_recallbounds_own() -> None:
 
 @pytest.mark.parametrize("location", [
     "ledger.db", "./host=x.db", "/var/lib/recall/ledger.db", ":memory:", "file:ledger.db",
-    "file:///tmp/ledger.db?mode=rwc", "C:\\ledgers\\fleet.db",
+    "file:///tmp/ledger.db?mode=rwc", "C:\\ledgers\\fleet.db", "'notes'.db", "\"x=1\".db",
 ])
 def test_everything_else_is_a_sqlite_file(location: str) -> None:
     parsed = parse_location(location)
@@ -101,6 +101,12 @@ def test_everything_else_is_a_sqlite_file(location: str) -> None:
     "postgresql+psycopg://h/db",
     f"postgresql:{SECRET}@h/db",  # no //
     "postgresql://h/db?schema=a&schema=b",
+    # quotes an env file left on, or an invisible character pasted before it: never a file
+    f"'host=127.0.0.1 dbname=test password={SECRET}'",
+    '"host=127.0.0.1 dbname=test"',
+    f"\ufeffpostgresql://u:{SECRET}@h/db",
+    "\u200bhost=127.0.0.1 dbname=test",
+    f"`postgres://u:{SECRET}@h/db`",
 ])
 def test_a_connection_string_that_cannot_be_used_is_a_config_error(location: str) -> None:
     with pytest.raises(LedgerConfigError) as caught:

@@ -45,6 +45,10 @@ _POSTGRESISH = re.compile(r"(?i)\s*postgres(ql)?\b")
 # libpq's white space (C ``isspace``): a Unicode space is an ordinary character to it.
 _SPACE = " \t\n\r\f\v"
 _SECRET_KEYWORDS = frozenset({"password", "sslpassword"})
+_WRAPPERS = "'\"`\ufeff\u200b\u200c\u200d\u2060 \t\n\r\f\v"
+"""What wraps a connection string pasted with its quotes or an invisible character before it."""
+_LIBPQ_KEYWORDS = re.compile(r"(?i)(host|hostaddr|dbname|user|port|service|password)\s*=")
+"""The start of a key=value string by the keywords it nearly always opens with."""
 """The libpq keywords (and URI query parameters) whose value is a secret."""
 _URI_START = re.compile(r"(?i)[ \t\n\r\f\v]*postgres(?:ql)?://")
 _USERINFO = re.compile(r"[^@/]*@")
@@ -162,6 +166,13 @@ def parse_location(location: str | os.PathLike[str]) -> LedgerLocation:
         raise LedgerConfigError(
             f"the ledger ({_form(text)}) looks like a PostgreSQL DSN but is not one: write "
             f"postgresql://host/dbname")
+    unwrapped = text.strip(_WRAPPERS)
+    if unwrapped != text and (unwrapped.startswith(POSTGRES_SCHEMES)
+                              or _LIBPQ_KEYWORDS.match(unwrapped)):
+        # quotes an env file or a unit file left on, or an invisible character pasted in
+        raise LedgerConfigError(
+            f"the ledger ({_form(unwrapped)}) is a connection string inside quotes or after an "
+            f"invisible character: give it without them")
     return LedgerLocation(kind="sqlite", target=location)
 
 
