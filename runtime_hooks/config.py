@@ -356,6 +356,15 @@ def load_config(
             sources[key] = Source(kind, where)
     loaded = LoadedConfig(file=path, values=values, sources=sources, admission=admission)
     loaded.check()
+    if values["allow_looser_policy"] is not True:  # the MCP server's run cap, as the server
+        from .mcp.shown import describe
+
+        for row in describe(path, env):
+            if row["looser"]:
+                raise ConfigError(
+                    f"{row['key']} from {Source(row['source'], row['where'])}: above its "
+                    f"default it widens a bound; a looser allowance needs allow_looser_policy "
+                    f"= true ({_BY_KEY['allow_looser_policy'].env}) beside it")
     return loaded
 
 

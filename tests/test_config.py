@@ -274,6 +274,7 @@ def test_config_show_lists_the_mcp_servers_settings_and_marks_a_looser_run_cap(
                    'allowed_hosts = ["mcp.example.com"]\n')
     monkeypatch.setenv("RECALLBOUND_MCP_MAX_MEMORY_BYTES", "1024")
     monkeypatch.setenv("RECALLBOUND_MCP_TOKENS", '[{"token": "t0ps3cret"}]')
+    monkeypatch.setenv("RECALLBOUND_MCP_TOKENS_STAGING", '[{"token": "t0ps3cret"}]')
     code, out, err = _show()
     assert (code, err) == (0, "") and "t0ps3cret" not in out
     lines = {line.split()[0]: line for line in out.splitlines()[2:]}
@@ -287,6 +288,20 @@ def test_config_show_lists_the_mcp_servers_settings_and_marks_a_looser_run_cap(
     _, out, _ = _show("--json")
     keys = [row["key"] for row in json.loads(out)["settings"]]
     assert "mcp.token_file" in keys and not any("tokens" in key for key in keys)
+
+
+@pytest.mark.parametrize("where", ["file", "env"])
+def test_more_mcp_runs_an_hour_needs_allow_looser_policy_wherever_it_is_read(
+    folder: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    if where == "file":
+        _write(folder, "[mcp]\nmax_runs_per_hour = 61\n")
+    else:
+        monkeypatch.setenv("RECALLBOUND_MCP_MAX_RUNS_PER_HOUR", "61")
+    code, out, err = _show()
+    assert (code, out) == (1, "")
+    assert "mcp.max_runs_per_hour from" in err and "allow_looser_policy" in err
+    assert ("recallbound.toml" if where == "file" else "RECALLBOUND_MCP_MAX_RUNS_PER_HOUR") in err
 
 
 def test_config_show_reports_a_bad_value_without_a_traceback(

@@ -28,7 +28,9 @@ The HTTP tokens are a secret and are never listed."""
 def describe(file: Path | None, env: Mapping[str, str]) -> list[dict[str, Any]]:
     """One row per ``[mcp]`` key, in the shape of the hooks' rows (key, value, source, where,
     env, looser): the environment over the file, as the server reads them."""
-    from_file, from_env = _mcp_table(file), _mcp_env(env, TOKENS_ENV)
+    settings = {name: text for name, text in env.items()
+                if not name.startswith(TOKENS_ENV)}  # token tables, under any name: secrets
+    from_file, from_env = _mcp_table(file), _mcp_env(settings, TOKENS_ENV)
     rows = []
     for key, default in _DEFAULTS.items():
         name = f"{ENV_PREFIX}{key.upper()}"
