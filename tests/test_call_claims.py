@@ -8,6 +8,7 @@ SQLite and PostgreSQL, both loops.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import pytest
 from plugin import Evidence, ManualClock, SimpleRetriever
 from plugin.control import PostgresLedger, SqliteLedger
 from runtime_hooks import RecallHooks, ToolCall
+from runtime_hooks.adapters.batch import RunRecalls
 
 from ._calls_env import MEMORIES, WALL, Counting, P, S, recall_hooks
 from ._pg import DSN, fresh_schema
@@ -107,6 +109,22 @@ async def test_the_same_call_sent_to_two_processes_at_once_searches_once(
         assert "not searched again" in late.content and "not evidence" in late.content
         # once the first has answered, the call replays its outcome everywhere
         (again,) = await two.dispatch([CALL], run_id="r", scope=S, principal=P)
+        assert (again.status, again.slot, second.searches) == ("ok", 1, 0)
+
+
+async def test_an_adapter_never_keeps_an_in_flight_answer(opener: Callable[[], Any]) -> None:
+    clock, first, second = ManualClock(wall=WALL, monotonic=1.0), Held(), Counting()
+    async with _hooks(opener, clock, first) as one, _hooks(opener, clock, second) as two:
+        recall = RunRecalls(two).get("r", scope=S, principal=P)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(functools.partial(one.dispatch, [CALL], run_id="r", scope=S,
+                                            principal=P))
+            await first.started.wait()
+            (late,) = await recall.dispatch_batch([CALL])
+            assert late.failure == "in_flight"
+            assert (await recall.recorded(CALL.call_id, CALL.arguments)).failure == "in_flight"
+            first.release.set()
+        (again,) = await recall.dispatch_batch([CALL])  # asked again: the outcome is there
         assert (again.status, again.slot, second.searches) == ("ok", 1, 0)
 
 

@@ -40,6 +40,7 @@ from runtime_hooks.hooks import (
     ToolResult,
 )
 from runtime_hooks.replay import replay_call
+from runtime_hooks.results import IN_FLIGHT
 
 _Status = Literal["ok", "refused", "invalid", "failed"]
 
@@ -109,6 +110,7 @@ class RunRecall:
         result answers only a call with the same id and the same arguments.
         """
         keys = [call_key(call.call_id, call.arguments) for call in calls]
+        answered: dict[CallKey, ToolResult] = {}
         async with self._lock:
             pending: dict[CallKey, ToolCall] = {}
             for key, call in zip(keys, calls, strict=True):
@@ -120,9 +122,11 @@ class RunRecall:
                     principal=self.principal,
                 )
                 for key, result in zip(pending, results, strict=True):
-                    self._results[key] = result
                     self._latest[key[0]] = result
-        return [self._results[key] for key in keys]
+                    if result.failure != IN_FLIGHT:  # no outcome yet: asked again, it may have
+                        self._results[key] = result
+                answered = dict(zip(pending, results, strict=True))
+        return [self._results.get(key) or answered[key] for key in keys]
 
     async def recorded(
         self, call_id: str, arguments: Mapping[str, object] | str
@@ -137,6 +141,8 @@ class RunRecall:
                     scope=self.scope, principal=self.principal)
                 if result is None:
                     return None
+                if result.failure == IN_FLIGHT:
+                    return result  # a claim with no outcome yet: asked again, it may have one
                 self._results[key] = result
                 self._latest[call_id] = result
             return self._results[key]
