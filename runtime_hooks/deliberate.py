@@ -13,6 +13,7 @@ from collections.abc import Container, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import anyio
+import attrs
 
 from plugin.control.ledger import CallRecord, bound_evidence
 from plugin.control.logs import log_event
@@ -56,15 +57,28 @@ def call_records(
     return records
 
 
+@attrs.frozen
+class Turn:
+    """One dispatch's calls: whose they are, their digests by index, and the results list
+    the answers go into (one per call, by index)."""
+
+    hooks: RecallHooks
+    run_id: str
+    scope: str
+    principal: str
+    digests: Mapping[int, str]
+    results: list[ToolResult | None]
+
+    async def answer_from(self, index: int, record: CallRecord) -> None:
+        """Answer the call at ``index`` from its record (never a search)."""
+        log_event(_log, logging.INFO, "search_call.replayed", run_id=self.run_id,
+                  call_id=record.call_id, status=record.status)
+        self.results[index] = await replay_call(self.hooks, record, scope=self.scope,
+                                                principal=self.principal)
+
+
 async def replay_recorded(
-    hooks: RecallHooks,
-    valid: list[tuple[int, SearchCall]],
-    digests: Mapping[int, str],
-    results: list[ToolResult | None],
-    run_id: str,
-    scope: str,
-    principal: str,
-    new: Container[int] = (),
+    turn: Turn, valid: list[tuple[int, SearchCall]], new: Container[int] = ()
 ) -> list[tuple[int, SearchCall]]:
     """Answer each call the ledger already recorded (same id, same arguments) from its
     record (a claim without an outcome as ``in_flight``); return the calls left to run. The
@@ -75,33 +89,20 @@ async def replay_recorded(
         return valid
     recorded = {
         (record.call_id, record.digest): record
-        for record in await hooks.allowance.ledger.recorded_calls(run_id, asked)
+        for record in await turn.hooks.allowance.ledger.recorded_calls(turn.run_id, asked)
     }
-    if not recorded:
-        return valid
     fresh: list[tuple[int, SearchCall]] = []
     for index, call in valid:
-        record = recorded.get((call.call_id, digests[index]))
+        record = recorded.get((call.call_id, turn.digests[index]))
         if record is None:
             fresh.append((index, call))
         else:
-            log_event(_log, logging.INFO, "search_call.replayed", run_id=run_id,
-                      call_id=call.call_id, status=record.status)
-            results[index] = await replay_call(hooks, record, scope=scope,
-                                               principal=principal)
+            await turn.answer_from(index, record)
     return fresh
 
 
-async def run_once(
-    hooks: RecallHooks,
-    valid: list[tuple[int, SearchCall]],
-    digests: Mapping[int, str],
-    results: list[ToolResult | None],
-    run_id: str,
-    scope: str,
-    principal: str,
-    new: Container[int] = (),
-) -> None:
+async def run_once(turn: Turn, valid: list[tuple[int, SearchCall]],
+                   new: Container[int] = ()) -> None:
     """Run the calls nobody else is running, each once; answer the rest from their records.
 
     A call is claimed in the ledger before it searches (``new`` ids, made up this instant, need
@@ -110,12 +111,13 @@ async def run_once(
     process claimed, or that was claimed and then interrupted (cancelled, or its process
     died), is answered as ``in_flight`` and never searched again.
     """
+    hooks, digests = turn.hooks, turn.digests
     mine: list[tuple[int, SearchCall]] = []
     waiting: list[tuple[int, SearchCall]] = []
     events: list[anyio.Event] = []
     keys = []
     for index, call in valid:
-        key = (run_id, call.call_id, digests[index])
+        key = (turn.run_id, call.call_id, digests[index])
         if index in new:
             mine.append((index, call))
         elif (event := hooks._running.get(key)) is not None:
@@ -127,61 +129,50 @@ async def run_once(
             mine.append((index, call))
     try:
         claims = [(call.call_id, digests[index]) for index, call in mine if index not in new]
-        held = await hooks.allowance.ledger.claim_calls(run_id, claims) if claims else {}
+        held = await hooks.allowance.ledger.claim_calls(turn.run_id, claims) if claims else {}
         ours = []
         for index, call in mine:
             record = held.get((call.call_id, digests[index]))
             if record is None:
                 ours.append((index, call))
             else:
-                log_event(_log, logging.INFO, "search_call.replayed", run_id=run_id,
-                          call_id=call.call_id, status=record.status)
-                results[index] = await replay_call(hooks, record, scope=scope,
-                                                   principal=principal)
+                await turn.answer_from(index, record)
         if ours:
-            await run_calls(hooks, ours, results, run_id, scope, principal, digests)
+            await run_calls(turn, ours)
     finally:
         for key in keys:
             hooks._running.pop(key).set()
     for event in events:
         await event.wait()
     if waiting:
-        for index, call in await replay_recorded(hooks, waiting, digests, results, run_id,
-                                                 scope, principal):
-            results[index] = in_flight(call.call_id)  # its claimant failed before claiming
+        for index, call in await replay_recorded(turn, waiting):
+            turn.results[index] = in_flight(call.call_id)  # its claimant failed to claim
 
 
-async def run_calls(
-    hooks: RecallHooks,
-    valid: list[tuple[int, SearchCall]],
-    results: list[ToolResult | None],
-    run_id: str,
-    scope: str,
-    principal: str,
-    digests: Mapping[int, str] | None = None,
-) -> None:
+async def run_calls(turn: Turn, valid: list[tuple[int, SearchCall]]) -> None:
     """Run the deliberate round for the valid calls and put each one's result at its index.
 
-    With ``digests`` (and not on the legacy path) each call's record is written with the
-    round, or alone when the round itself was refused; evidence shown is retained.
+    Off the legacy path each call's record is written with the round, or alone when the round
+    itself was refused; evidence shown is retained.
     """
+    hooks, run_id, results, digests = turn.hooks, turn.run_id, turn.results, turn.digests
+    scope, principal = turn.scope, turn.principal
     settled: list[CallRecord] = []
 
     def settle(searches: Sequence[DeliberateSearch]) -> list[CallRecord]:
         # Inside the granted round: written in the same commit as its traces.
-        assert digests is not None
         settled[:] = call_records(run_id, valid, digests, searches)
         return settled
 
-    turn = await deliberate_turn(
+    done = await deliberate_turn(
         hooks.allowance, hooks.preparer, hooks.retriever, [call.query for _, call in valid],
         run_id=run_id, scope=scope, principal=principal, caps=hooks.caps,
         budget_s=hooks.preparation_budget_s,
-        settle=None if digests is None or hooks.legacy else settle,
+        settle=None if hooks.legacy else settle,
         retain_limit=hooks.max_retained,
     )
-    prepared, recall = turn.prepared, turn.recall
-    if digests is not None and not hooks.legacy and not settled:
+    prepared, recall = done.prepared, done.recall
+    if not hooks.legacy and not settled:
         # The round itself was refused: each call keeps its refusal.
         await hooks.allowance.ledger.record(
             (), (), call_records(run_id, valid, digests, recall.searches))

@@ -68,8 +68,8 @@ from .calls import InvalidSearchCallError as InvalidSearchCallError
 from .calls import SearchCall as SearchCall
 from .calls import ToolCall as ToolCall
 from .calls import arguments_digest, has_new_id
+from .deliberate import Turn, replay_recorded, run_calls, run_once
 from .deliberate import call_records as call_records
-from .deliberate import replay_recorded, run_calls, run_once
 from .results import NOTHING_FOUND as NOTHING_FOUND
 from .results import PARTLY_FOUND as PARTLY_FOUND
 from .results import PreparedContext as PreparedContext
@@ -250,11 +250,11 @@ class RecallHooks:
         if valid:  # an invalid call binds no identity and writes nothing
             await self._bind(run_id, scope, principal)
             digests = {index: arguments_digest(calls[index].arguments) for index, _ in valid}
+            turn = Turn(self, run_id, scope, principal, digests, results)
             if self.legacy:
-                await run_calls(self, valid, results, run_id, scope, principal, digests)
+                await run_calls(turn, valid)
             else:
-                new = {index for index, _ in valid if has_new_id(calls[index])}
-                await run_once(self, valid, digests, results, run_id, scope, principal, new)
+                await run_once(turn, valid, {i for i, _ in valid if has_new_id(calls[i])})
         assert all(result is not None for result in results)
         return [result for result in results if result is not None]
 
@@ -276,7 +276,7 @@ class RecallHooks:
         if valid and not self.legacy:
             await self._bind(run_id, scope, principal)
             digests = {index: arguments_digest(calls[index].arguments) for index, _ in valid}
-            await replay_recorded(self, valid, digests, results, run_id, scope, principal)
+            await replay_recorded(Turn(self, run_id, scope, principal, digests, results), valid)
         return results
 
     # -- retained evidence -----------------------------------------------------------------

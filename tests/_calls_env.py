@@ -3,6 +3,9 @@ and hooks over a given ledger on a manual clock."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from plugin import (
@@ -14,7 +17,7 @@ from plugin import (
     RecallAllowance,
     SimpleRetriever,
 )
-from plugin.control import Ledger
+from plugin.control import Ledger, PostgresLedger, SqliteLedger
 from runtime_hooks import RecallHooks
 
 P, S = "u1", "proj"
@@ -46,3 +49,16 @@ def recall_hooks(ledger: Ledger, clock: ManualClock, retriever: Counting,
     allowance = RecallAllowance(ledger, policy=AllowancePolicy(**policy), clock=clock)
     return RecallHooks(allowance=allowance, preparer=QueryPreparation(QueryPlanner()),
                        retriever=retriever.retriever)
+
+
+@contextlib.contextmanager
+def ledger_openers(kind: str, folder: Path, name: str) -> Iterator[Callable[[], Any]]:
+    """Unopened ledgers over one store (a SQLite file in ``folder``, or a fresh PostgreSQL
+    schema named after ``name``): each one is what another process would open."""
+    from ._pg import DSN, fresh_schema
+
+    if kind == "sqlite":
+        yield lambda: SqliteLedger(folder / "ledger.sqlite3")
+    else:
+        with fresh_schema(name) as schema:
+            yield lambda: PostgresLedger(DSN, schema=schema, time_source="caller")

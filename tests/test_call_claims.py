@@ -17,24 +17,18 @@ import anyio
 import pytest
 
 from plugin import Evidence, ManualClock, SimpleRetriever
-from plugin.control import PostgresLedger, SqliteLedger
 from runtime_hooks import RecallHooks, ToolCall
 from runtime_hooks.adapters.batch import RunRecalls
 
-from ._calls_env import MEMORIES, WALL, Counting, P, S, recall_hooks
-from ._pg import DSN, fresh_schema
+from ._calls_env import MEMORIES, WALL, Counting, P, S, ledger_openers, recall_hooks
 
 pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def opener(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[], Any]]:
-    if request.param == "sqlite":
-        yield lambda: SqliteLedger(tmp_path / "ledger.sqlite3")
-    else:
-        with fresh_schema("claims") as schema:
-            yield lambda: PostgresLedger(DSN, schema=schema, time_source="caller")
-
+    with ledger_openers(request.param, tmp_path, "claims") as opened:
+        yield opened
 
 class Held(Counting):
     """A retriever whose searches wait until ``release`` is set (``started`` says one began)."""

@@ -23,13 +23,13 @@ from plugin import (
     Evidence,
     ManualClock,
 )
-from plugin.control import PostgresLedger, RefusalReason, SqliteLedger
+from plugin.control import RefusalReason, SqliteLedger
 from plugin.control.ledger import MAX_CALL_EVIDENCE, CallRecord
 from runtime_hooks import RecallHooks, ToolCall
 from runtime_hooks.adapters.batch import RunRecalls
 from runtime_hooks.hooks import SearchCall, call_records
 
-from ._calls_env import WALL, Counting, P, S, recall_hooks
+from ._calls_env import WALL, Counting, P, S, ledger_openers, recall_hooks
 from ._pg import DSN, connect, fresh_schema
 
 pytestmark = pytest.mark.anyio
@@ -41,12 +41,8 @@ def ledger_kind(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def opener(ledger_kind: str, tmp_path: Path) -> Iterator[Callable[[], Any]]:
-    """Unopened ledgers over one store: each one is what another process would open."""
-    if ledger_kind == "sqlite":
-        yield lambda: SqliteLedger(tmp_path / "ledger.sqlite3")
-    else:
-        with fresh_schema("calls") as schema:
-            yield lambda: PostgresLedger(DSN, schema=schema, time_source="caller")
+    with ledger_openers(ledger_kind, tmp_path, "calls") as opened:
+        yield opened
 
 
 @contextlib.asynccontextmanager

@@ -19,17 +19,15 @@ import anyio
 import pytest
 
 from plugin import Evidence, ManualClock, SearchRequest, SimpleRetriever, WorkingState
-from plugin.control import PostgresLedger, SqliteLedger
 from plugin.memory.pipeline import ContextCaps
 from plugin.memory.protocol import Found
 from plugin.memory.simple import LAZY_CORRECTIONS
 from runtime_hooks import RecallHooks, ToolCall
 from runtime_hooks.bootstrap import RecallConfig, open_hooks
 
-from ._calls_env import WALL, Counting, recall_hooks
+from ._calls_env import WALL, Counting, ledger_openers, recall_hooks
 from ._calls_env import P as CALL_P
 from ._calls_env import S as CALL_S
-from ._pg import DSN, fresh_schema
 
 pytestmark = pytest.mark.anyio
 
@@ -145,13 +143,8 @@ async def test_names_past_the_caps_are_never_read(
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def opener(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[], Any]]:
-    """Unopened ledgers over one store: each one is what another process would open."""
-    if request.param == "sqlite":
-        yield lambda: SqliteLedger(tmp_path / "ledger.sqlite3")
-    else:
-        with fresh_schema("reads") as schema:
-            yield lambda: PostgresLedger(DSN, schema=schema, time_source="caller")
-
+    with ledger_openers(request.param, tmp_path, "reads") as opened:
+        yield opened
 
 class Hanging(Counting):
     """A retriever whose re-read by id never returns."""
