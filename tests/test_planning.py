@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import re
+import sys
 
 import anyio
 import attrs
@@ -534,6 +535,54 @@ async def test_admission_that_turns_the_timeout_into_an_error_counts_as_timeout(
     planner = QueryPlanner(QueryStrategy.TASK_CONTEXT, hang, admission_timeout_s=0.01)
     query = await planner.plan(CONTINUATION)
     assert query.baseline_reason is BaselineReason.ADMISSION_TIMEOUT
+
+
+async def test_an_answer_that_blocked_past_the_timeout_is_no_answer(
+    anyio_backend: object, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # An admission that blocks the loop (sync I/O inside async def) cannot be cancelled while
+    # it blocks; its answer, however it comes, is late. The loop's clock is made to move as a
+    # blocking call's real time would, without sleeping.
+    shift = 0.0
+    real_time = anyio.current_time
+    monkeypatch.setattr(anyio, "current_time", lambda: real_time() + shift)
+
+    async def blocking_then_true(experiment: str) -> bool:
+        nonlocal shift
+        shift += 1.0  # a second spent blocked, with no checkpoint
+        return True
+
+    planner = QueryPlanner(QueryStrategy.TASK_CONTEXT, blocking_then_true,
+                           admission_timeout_s=0.25)
+    query = await planner.plan(CONTINUATION)
+    assert query.baseline_reason is BaselineReason.ADMISSION_TIMEOUT
+
+
+async def test_a_cancellation_the_admission_raises_itself_is_its_failure(
+    anyio_backend: object,
+) -> None:
+    if sys.version_info < (3, 11) and "asyncio" in str(anyio_backend):
+        pytest.skip("Python 3.10's asyncio cannot tell it from a real cancellation")
+
+    async def cancelled(experiment: str) -> bool:
+        import asyncio
+
+        future = asyncio.get_running_loop().create_future()
+        future.cancel()
+        await future  # raises CancelledError; nobody cancelled the planner
+        raise AssertionError("unreachable")
+
+    if "asyncio" in str(anyio_backend):  # trio's Cancelled cannot be raised by user code
+        query = await QueryPlanner(QueryStrategy.TASK_CONTEXT, cancelled).plan(CONTINUATION)
+        assert query.baseline_reason is BaselineReason.ADMISSION_FAILED
+    with anyio.move_on_after(5) as outer:  # a real cancellation still propagates
+        async def hang(experiment: str) -> bool:
+            await anyio.sleep_forever()
+            raise AssertionError("unreachable")
+
+        outer.cancel()
+        await QueryPlanner(QueryStrategy.TASK_CONTEXT, hang).plan(CONTINUATION)
+    assert outer.cancelled_caught
 
 
 async def test_slow_but_timely_admission_is_accepted() -> None:

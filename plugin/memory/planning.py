@@ -142,13 +142,21 @@ class QueryPlanner:
         with anyio.move_on_after(self.admission_timeout_s) as deadline:
             try:
                 answer = await admission(QueryStrategy.TASK_CONTEXT.value)
+            except anyio.get_cancelled_exc_class():
+                if deadline.cancel_called or _cancelled_from_outside():
+                    raise  # ours (the timeout) or the caller's: a real cancellation
+                _log.warning("query-planning admission raised a cancellation of its own; "
+                             "using the baseline")
+                return BaselineReason.ADMISSION_FAILED
             except Exception:
                 if deadline.cancel_called:
                     # The admission turned our timeout into an error of its own.
                     return BaselineReason.ADMISSION_TIMEOUT
                 _log.warning("query-planning admission failed; using the baseline", exc_info=True)
                 return BaselineReason.ADMISSION_FAILED
-        if deadline.cancel_called:  # a late answer is no answer, even one that swallowed it
+        if deadline.cancel_called or anyio.current_time() >= deadline.deadline:
+            # A late answer is no answer: one that swallowed the timeout, or one that blocked
+            # the loop past it (the timeout could not be delivered while it blocked).
             return BaselineReason.ADMISSION_TIMEOUT
         if answer is True:
             return None
@@ -159,3 +167,16 @@ class QueryPlanner:
             type(answer).__name__,
         )
         return BaselineReason.ADMISSION_FAILED
+
+
+def _cancelled_from_outside() -> bool:
+    """Whether a cancellation caught here is a real one (the caller's), not one an admission
+    raised on its own. trio's cannot be raised by user code; on asyncio, Python 3.11 and later
+    count the requests to cancel the task (on 3.10 every one is taken as real)."""
+    import asyncio
+
+    if anyio.get_cancelled_exc_class() is not asyncio.CancelledError:
+        return True
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    return cancelling is None or bool(cancelling())
