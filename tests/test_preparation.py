@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Sequence
 
 import attrs
@@ -10,6 +11,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from plugin.control.clock import ManualClock
 from plugin.memory.embedding import EmbeddingAdapter
 from plugin.memory.planning import (
     BaselineReason,
@@ -19,6 +21,7 @@ from plugin.memory.planning import (
     compose_task_context,
 )
 from plugin.memory.preparation import (
+    PreparationBound,
     PreparedRecall,
     QueryPreparation,
     RecallPreparer,
@@ -321,3 +324,33 @@ async def test_huge_query_is_withheld_without_tokenizing() -> None:
     prepared = await preparation.prepare(WorkingState("x" * 1_000_000), scope="s", principal="p")
     assert prepared.semantic.withheld_reason is WithheldReason.TOKEN_LIMIT
     assert Counting.counted == 0
+
+
+class HeldAdapter(HashingAdapter):
+    """An embedder that blocks its worker thread until released (a model that hangs)."""
+
+    def __init__(self) -> None:
+        super().__init__(token_limit=256)
+        self.release = threading.Event()
+
+    def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        self.release.wait(30)
+        return super().embed(texts)
+
+
+async def test_a_cut_embedding_keeps_its_plan_and_asks_admission_once() -> None:
+    admission = Admission(True, False)  # were it asked again, it would withdraw
+    held = HeldAdapter()
+    preparation = QueryPreparation(QueryPlanner(QueryStrategy.TASK_CONTEXT, admission), held)
+    bound = PreparationBound(0.05, ManualClock(wall=0.0, monotonic=0.0))
+    try:
+        prepared = await bound.prepare(lambda withhold: preparation.prepare(
+            STATE, scope="proj", principal="u1", withhold=withhold))
+    finally:
+        held.release.set()
+    assert admission.calls == 1
+    assert prepared.query.strategy is QueryStrategy.TASK_CONTEXT
+    assert prepared.semantic.withheld_reason is WithheldReason.PREPARATION_BOUND
+    again = await preparation.prepare(STATE, scope="proj", principal="u1")  # a later turn
+    assert admission.calls == 2
+    assert again.query.baseline_reason is BaselineReason.ADMISSION_WITHDRAWN

@@ -8,6 +8,7 @@ release admission changes its answer in between.
 
 from __future__ import annotations
 
+import contextvars
 import enum
 import logging
 from collections.abc import Awaitable, Callable
@@ -29,6 +30,11 @@ MAX_CHARS_PER_TOKEN = 64
 """No tokenizer we adapt has a token longer than this, so a query of more than
 ``token_limit * MAX_CHARS_PER_TOKEN`` characters is over the limit without counting (counting
 a megabyte takes the WordLlama tokenizer most of a second)."""
+
+
+_PLANNED: contextvars.ContextVar[list[tuple[RecallQuery, RecallQuery]] | None] = (
+    contextvars.ContextVar("recallbound_planned", default=None))
+"""Within one :meth:`PreparationBound.prepare`, the query its first attempt planned."""
 
 
 class WithheldReason(enum.Enum):
@@ -175,8 +181,14 @@ class QueryPreparation:
         A query over the adapter's ``token_limit``, an empty query, a missing adapter or a
         failing adapter gives no vector and the reason; the sparse arm still runs.
         """
-        query = await self.planner.plan(state, scope=scope, principal=principal)
-        recent = self.planner.plan_recent(state, scope=scope, principal=principal)
+        planned = _PLANNED.get()
+        if planned:  # the bound cut this call's embedding: its plan stands (admission once)
+            query, recent = planned[0]
+        else:
+            query = await self.planner.plan(state, scope=scope, principal=principal)
+            recent = self.planner.plan_recent(state, scope=scope, principal=principal)
+            if planned is not None:
+                planned.append((query, recent))
         semantic = await self._prepare_semantic(query, withhold)
         return PreparedRecall(query=query, recent_query=recent, semantic=semantic)
 
@@ -295,12 +307,19 @@ class PreparationBound:
         prepare: Callable[[WithheldReason | None], Awaitable[PreparedRecall]],
         withhold: WithheldReason | None = None,
     ) -> PreparedRecall:
-        """Prepare one query within what is left of the bound (see the class docstring)."""
+        """Prepare one query within what is left of the bound (see the class docstring). When
+        the bound cuts the embedding, the query is prepared again without it: a
+        :class:`QueryPreparation` keeps the plan it already made (its admission is asked
+        once); another preparer plans again."""
         left = self.left()
         if withhold is None and left <= 0:
             withhold = WithheldReason.PREPARATION_BOUND
-        if withhold is None:
-            with anyio.move_on_after(left):
-                return await prepare(None)
-            withhold = WithheldReason.PREPARATION_BOUND
-        return await prepare(withhold)
+        token = _PLANNED.set([])
+        try:
+            if withhold is None:
+                with anyio.move_on_after(left):
+                    return await prepare(None)
+                withhold = WithheldReason.PREPARATION_BOUND
+            return await prepare(withhold)
+        finally:
+            _PLANNED.reset(token)
