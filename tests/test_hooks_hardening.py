@@ -438,6 +438,21 @@ async def test_a_semantic_arm_the_adapter_could_not_embed_is_said(
     assert "not evidence" in result.content and "No matching memory" not in result.content
 
 
+@pytest.mark.parametrize("request_text", ["???", "\U0001f44d\U0001f44d", "\u202e\u2066"])
+async def test_a_state_with_no_searchable_word_searches_no_arm(
+    tmp_path: Path, clock: ManualClock, request_text: str
+) -> None:
+    from plugin.memory.hashing import HashingEmbedding
+
+    async with open_hooks(_config(tmp_path), clock=clock, embedding=HashingEmbedding()) as hooks:
+        await seed(_store(hooks))
+        context = await hooks.prepare(WorkingState(request_text), run_id="r", scope=SCOPE,
+                                      principal=PRINCIPAL)
+        usage = await hooks.allowance.ledger.usage("r")
+    # reserved, not executed: no arm ranks memories against a query with nothing to match
+    assert context.evidence == () and (usage.reserved, usage.executed) == (2, 0)
+
+
 async def test_calls_that_cannot_get_a_slot_are_not_embedded(
     tmp_path: Path, clock: ManualClock
 ) -> None:

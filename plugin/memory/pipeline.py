@@ -92,7 +92,9 @@ class MemoryRetriever:
             raise ValueError(f"MemoryRetriever.arms must be a non-empty subset of {sorted(ARMS)}")
 
     def searchable(self, prepared: PreparedRecall) -> bool:
-        lexical = bool(query_terms(prepared.query.text)) and bool(self.arms - {"semantic"})
+        if not query_terms(prepared.query.text):  # no word: nothing any arm could match
+            return False
+        lexical = bool(self.arms - {"semantic"})
         return lexical or ("semantic" in self.arms and prepared.semantic.vector is not None)
 
     async def named_people(self, prepared: PreparedRecall) -> tuple[str, ...]:
