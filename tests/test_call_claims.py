@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ import anyio
 import pytest
 
 from plugin import Evidence, ManualClock, SimpleRetriever
+from plugin.control import SqliteLedger
 from runtime_hooks import RecallHooks, ToolCall
 from runtime_hooks.adapters.batch import RunRecalls
 
@@ -168,3 +171,48 @@ async def test_a_pruned_run_opens_no_round_for_a_clock_that_is_behind(
             run_id="r", scope=S, principal=P)
         assert [r.status for r in results] == ["refused", "refused"]
         assert again.searches == 0
+
+
+_KILLED_WORKER = """
+import sys, anyio
+from plugin import Evidence, ManualClock, SimpleRetriever
+from plugin.control import SqliteLedger
+from runtime_hooks import ToolCall
+from tests._calls_env import WALL, Counting, P, S, recall_hooks
+
+class Stuck(Counting):
+    async def search(self, request):
+        print("searching", flush=True)
+        await anyio.sleep_forever()
+
+async def main():
+    async with SqliteLedger(sys.argv[1]) as ledger:
+        hooks = recall_hooks(ledger, ManualClock(wall=WALL, monotonic=1.0), Stuck())
+        await hooks.dispatch([ToolCall(call_id="c1", arguments={"query": "cutover"})],
+                             run_id="r", scope=S, principal=P)
+
+anyio.run(main)
+"""
+
+
+@pytest.mark.slow
+async def test_a_call_whose_process_was_killed_mid_search_is_not_searched_again(
+    tmp_path: Path,
+) -> None:
+    ledger_file = tmp_path / "ledger.sqlite3"
+    with subprocess.Popen([sys.executable, "-c", _KILLED_WORKER, str(ledger_file)],
+                          stdout=subprocess.PIPE, text=True,
+                          cwd=Path(__file__).parent.parent) as worker:
+        try:
+            assert worker.stdout is not None and worker.stdout.readline() == "searching\n"
+        finally:
+            worker.kill()  # SIGKILL: nothing of the call's outcome is written
+            worker.wait()
+    fresh = Counting()
+    async with _hooks(lambda: SqliteLedger(ledger_file),
+                      ManualClock(wall=WALL, monotonic=1.0), fresh) as hooks:
+        (again,) = await hooks.dispatch([CALL], run_id="r", scope=S, principal=P)
+        assert (again.status, again.failure, fresh.searches) == ("failed", "in_flight", 0)
+        assert await _counts(hooks) == (1, 1)  # the killed attempt's round, and no other
+        report = await hooks.allowance.ledger.admin().check()
+        assert report.ok, report
