@@ -11,7 +11,7 @@ A LlamaIndex retriever knows nothing of principals. Either give a factory
 ``index.as_retriever(filters=MetadataFilters(...))``), or tag every node with ``principal`` and
 ``scope`` metadata: a node whose metadata names another principal or scope is dropped by the
 hooks, one without them is taken as the run's. LlamaIndex has no read by id, so retained
-evidence reads as gone when re-checked.
+evidence cannot be re-read: a re-check is ``failed``, never ``gone``.
 """
 
 from __future__ import annotations
