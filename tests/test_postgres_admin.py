@@ -195,6 +195,16 @@ async def test_check_reports_a_missing_table(schema: str) -> None:
     assert result.backend == "postgresql" and not result.ok
 
 
+async def test_check_reports_a_missing_function(schema: str) -> None:
+    # every reservation would fail closed; the check must not call that ledger sound
+    async with PostgresLedger(_pg.DSN, schema=schema, time_source="caller") as ledger:
+        _sql(f'DROP FUNCTION "{schema}".reserve_lone')
+        _sql(f'DROP FUNCTION "{schema}".reserve_wave')
+        result = await _admin(ledger).check()
+    assert result.problems == ("missing function(s): reserve_wave, reserve_lone",)
+    assert not result.ok
+
+
 async def test_check_reports_a_damaged_table_as_unreadable(schema: str) -> None:
     async with PostgresLedger(_pg.DSN, schema=schema, time_source="caller") as ledger:
         _sql(f'ALTER TABLE "{schema}".rounds DROP COLUMN slots')

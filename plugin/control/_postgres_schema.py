@@ -212,6 +212,10 @@ async def setup_schema(s: Session, schema: str, *, create: bool) -> None:
                          {"v": SCHEMA_VERSION})
 
 
+FUNCTIONS = ("reserve_wave(boolean, jsonb)", "reserve_lone(int4, text, text, text, jsonb)")
+"""The schema's functions by signature: a round is reserved through them."""
+
+
 async def inspect_schema(session: Session, schema: str, problems: list[str]) -> tuple[int, bool]:
     """The admin check of the schema itself (see :meth:`SqlLedger._inspect_storage`)."""
     q = f'"{schema}"'
@@ -220,6 +224,11 @@ async def inspect_schema(session: Session, schema: str, problems: list[str]) -> 
     missing = [table for table, there in zip(SCHEMA_TABLES, present, strict=True) if not there]
     if missing:
         problems.append(f"missing table(s): {', '.join(missing)}")
+    ((*defined,),) = await session.fetchall(
+        "SELECT " + ", ".join(f"to_regprocedure('{q}.{f}') IS NOT NULL" for f in FUNCTIONS), {})
+    gone = [f.partition("(")[0] for f, there in zip(FUNCTIONS, defined, strict=True) if not there]
+    if gone:  # every reservation would fail: the fleet is down though the tables are sound
+        problems.append(f"missing function(s): {', '.join(gone)}")
     version = -1
     if "recallbound_meta" not in missing:
         meta = await session.fetchall(f"SELECT application, version FROM {q}.recallbound_meta",
