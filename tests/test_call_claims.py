@@ -171,6 +171,8 @@ async def test_a_pruned_run_opens_no_round_for_a_clock_that_is_behind(
             run_id="r", scope=S, principal=P)
         assert [r.status for r in results] == ["refused", "refused"]
         assert again.searches == 0
+        report = await hooks.allowance.ledger.admin().check()  # refusals of a tombstone: sound
+        assert report.ok, report
 
 
 _KILLED_WORKER = """

@@ -82,11 +82,12 @@ CALL_INVARIANTS: tuple[tuple[str, str, str], ...] = (
     ("no call record without a run",
      "run {0}: call {1} is recorded but the run is not",
      "SELECT run_id, call_id FROM {q}calls WHERE status != 'pending' AND run_id NOT IN "
-     "(SELECT run_id FROM {q}runs WHERE pruned = false)"),
+     "(SELECT run_id FROM {q}runs)"),
 )
 """What a check verifies of the recorded call outcomes. A claim (``pending``: searching, or
 interrupted before its outcome was written) has no slot, and may come before its run's first
-round (its process died between the two)."""
+round (its process died between the two). A call sent to a pruned run is recorded against
+its tombstone (its refusal)."""
 
 INVARIANTS: tuple[tuple[str, str, str], ...] = (
     ("each run's rounds add up to its round count",
