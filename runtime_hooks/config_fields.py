@@ -53,10 +53,14 @@ def _bool(value: object) -> bool:
 def _text(value: object) -> str:
     if isinstance(value, os.PathLike):
         value = os.fspath(value)
+    # The value itself is never repeated: a location may hold a password, in a form (a list,
+    # bytes, a NUL) that no redaction reads.
     if not isinstance(value, str):
-        raise _Bad(f"must be a string, got {type(value).__name__} {value!r}")
-    if not value.strip() or "\x00" in value:
-        raise _Bad(f"must be a non-empty string with no NUL character, got {value!r}")
+        raise _Bad(f"must be a string, got {type(value).__name__}")
+    if not value.strip():
+        raise _Bad("must be a non-empty string")
+    if "\x00" in value:
+        raise _Bad("must be a string with no NUL character")
     return value
 
 

@@ -304,6 +304,25 @@ def test_more_mcp_runs_an_hour_needs_allow_looser_policy_wherever_it_is_read(
     assert ("recallbound.toml" if where == "file" else "RECALLBOUND_MCP_MAX_RUNS_PER_HOUR") in err
 
 
+@pytest.mark.parametrize("value", [
+    ["postgresql://ops:Hunter2Secret@db/agents"],
+    b"host=db password=Hunter2Secret dbname=x",
+    "postgresql://ops:Hunter2Secret@db/agents\x00",
+])
+@pytest.mark.parametrize("key", ["ledger", "store"])
+def test_a_bad_location_is_refused_without_repeating_it(
+    folder: Path, key: str, value: object
+) -> None:
+    # no redaction reads a password inside a list, bytes or a NUL-cut string: never echo it
+    with pytest.raises(ConfigError) as raised:
+        load_config(env={}, overrides={key: value})
+    assert "Hunter2Secret" not in str(raised.value) and f"{key} from" in str(raised.value)
+    _write(folder, f"{key} = [\"postgresql://ops:Hunter2Secret@db/agents\"]\n")
+    with pytest.raises(ConfigError) as from_file:
+        load_config(env={})
+    assert "Hunter2Secret" not in str(from_file.value)
+
+
 def test_config_show_reports_a_bad_value_without_a_traceback(
     folder: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
