@@ -86,8 +86,9 @@ class ToolCall:
 
         For a host whose model API gives its calls no id. No ledger can hold a record of an
         id made up this instant, so :meth:`RecallHooks.dispatch
-        <runtime_hooks.hooks.RecallHooks.dispatch>` looks none up for it (one ledger read
-        fewer); its outcome is recorded like any call's, under that id.
+        <runtime_hooks.hooks.RecallHooks.dispatch>` claims none for it on its first dispatch
+        (one ledger write and read fewer); its outcome is recorded like any call's, under that
+        id, and the same call sent again (the object, or a copy) is answered from that record.
         """
         if not isinstance(prefix, str):
             raise InvalidArgumentTypeError(f"prefix must be a str, got {type(prefix).__name__}")
@@ -101,11 +102,19 @@ class _NewToolCall(ToolCall):
     under another id, ``attrs.evolve(call, call_id=...)``, keeps the old one here)."""
 
     _made_up: str = attrs.field(alias="made_up", eq=False, repr=False)
+    _unsent: list[bool] = attrs.field(factory=lambda: [True], eq=False, repr=False,
+                                      init=False)
+    """Whether it was never dispatched (shared by its shallow copies)."""
 
 
-def has_new_id(call: ToolCall) -> bool:
-    """Whether ``call``'s id is one :meth:`ToolCall.with_new_id` made up (it has no record)."""
-    return isinstance(call, _NewToolCall) and call.call_id == call._made_up
+def take_new_id(call: ToolCall) -> bool:
+    """Whether ``call``'s id is one :meth:`ToolCall.with_new_id` made up and this is its first
+    dispatch (no record can exist); true once per call (a copy made with ``copy.copy`` shares
+    it): sent again, the call is looked up like any other."""
+    if isinstance(call, _NewToolCall) and call.call_id == call._made_up and call._unsent[0]:
+        call._unsent[0] = False
+        return True
+    return False
 
 
 def _json_depth(text: str, limit: int) -> int:

@@ -118,12 +118,10 @@ async def run_once(turn: Turn, valid: list[tuple[int, SearchCall]],
     keys = []
     for index, call in valid:
         key = (turn.run_id, call.call_id, digests[index])
-        if index in new:
-            mine.append((index, call))
-        elif (event := hooks._running.get(key)) is not None:
+        if (event := hooks._running.get(key)) is not None:
             waiting.append((index, call))
             events.append(event)
-        else:
+        else:  # a made-up id too: the same call object sent again meanwhile waits for it
             hooks._running[key] = anyio.Event()
             keys.append(key)
             mine.append((index, call))

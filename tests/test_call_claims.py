@@ -8,6 +8,7 @@ SQLite and PostgreSQL, both loops.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import subprocess
 import sys
@@ -123,6 +124,25 @@ async def test_an_adapter_never_keeps_an_in_flight_answer(opener: Callable[[], A
             first.release.set()
         (again,) = await recall.dispatch_batch([CALL])  # asked again: the outcome is there
         assert (again.status, again.slot, second.searches) == ("ok", 1, 0)
+
+
+async def test_a_made_up_call_sent_again_is_not_searched_again(
+    opener: Callable[[], Any],
+) -> None:
+    made_up = ToolCall.with_new_id({"query": "cutover"})
+    clock, retriever = ManualClock(wall=WALL, monotonic=1.0), Counting()
+    async with _hooks(opener, clock, retriever) as hooks:
+        answers: list[Any] = []
+
+        async def send(call: ToolCall) -> None:
+            answers.extend(await hooks.dispatch([call], run_id="r", scope=S, principal=P))
+
+        async with anyio.create_task_group() as tg:  # the same object twice at once
+            tg.start_soon(send, made_up)
+            tg.start_soon(send, made_up)
+        await send(copy.copy(made_up))  # and again later, as a copy
+        assert retriever.searches == 1 and await _counts(hooks) == (1, 1)
+    assert [(a.status, a.slot) for a in answers] == [("ok", 1)] * 3
 
 
 async def test_a_call_cancelled_mid_search_is_not_searched_again(

@@ -16,6 +16,7 @@ from typing import Any
 import anyio
 import attrs
 
+from plugin.control.logs import log_event
 from plugin.memory.state import WorkingState
 
 from .compose import (
@@ -145,14 +146,16 @@ class QueryPlanner:
             except anyio.get_cancelled_exc_class():
                 if deadline.cancel_called or _cancelled_from_outside():
                     raise  # ours (the timeout) or the caller's: a real cancellation
-                _log.warning("query-planning admission raised a cancellation of its own; "
-                             "using the baseline")
+                log_event(_log, logging.WARNING, "planning.admission_failed",
+                          error="a cancellation of its own")
                 return BaselineReason.ADMISSION_FAILED
-            except Exception:
+            except Exception as exc:
                 if deadline.cancel_called:
                     # The admission turned our timeout into an error of its own.
                     return BaselineReason.ADMISSION_TIMEOUT
-                _log.warning("query-planning admission failed; using the baseline", exc_info=True)
+                # Its message may hold anything (a host's secrets): only its type is logged.
+                log_event(_log, logging.WARNING, "planning.admission_failed",
+                          error=type(exc).__name__)
                 return BaselineReason.ADMISSION_FAILED
         if deadline.cancel_called or anyio.current_time() >= deadline.deadline:
             # A late answer is no answer: one that swallowed the timeout, or one that blocked
@@ -162,10 +165,8 @@ class QueryPlanner:
             return None
         if answer is False:
             return BaselineReason.ADMISSION_WITHDRAWN
-        _log.warning(
-            "query-planning admission answered %s, not bool; using the baseline",
-            type(answer).__name__,
-        )
+        log_event(_log, logging.WARNING, "planning.admission_failed",
+                  error=f"answered {type(answer).__name__}, not bool")
         return BaselineReason.ADMISSION_FAILED
 
 

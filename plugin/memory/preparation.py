@@ -20,6 +20,7 @@ import attrs
 import numpy as np
 
 from plugin.control.clock import Clock
+from plugin.control.logs import log_event
 from plugin.memory.embedding import EmbeddingAdapter, Vector, is_embedding_adapter
 from plugin.memory.planning import QueryPlanner, QueryStrategy, RecallQuery, compose_search_call
 from plugin.memory.state import WorkingState
@@ -251,13 +252,13 @@ def _embed(
     try:  # everything the adapter gives is read in here: any of it may raise or be junk
         limit = adapter.token_limit
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-            _log.warning("embedding adapter %r has token limit %r", adapter.name, limit)
+            _adapter_failed(adapter, "token_limit", type(limit).__name__)
             return None, (), WithheldReason.ADAPTER_FAILED
         if len(text) > limit * MAX_CHARS_PER_TOKEN:
             return None, (), WithheldReason.TOKEN_LIMIT  # cannot fit; not worth tokenizing
         tokens = adapter.count_tokens(text)
         if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
-            _log.warning("embedding adapter %r counted %r tokens", adapter.name, tokens)
+            _adapter_failed(adapter, "count_tokens", type(tokens).__name__)
             return None, (), WithheldReason.ADAPTER_FAILED
         if tokens > limit:
             return tokens, (), WithheldReason.TOKEN_LIMIT
@@ -265,13 +266,11 @@ def _embed(
         shape = (1 + len(fragments), adapter.dimensions)
         finite = (isinstance(vectors, np.ndarray) and vectors.shape == shape
                   and vectors.dtype.kind in "fiu" and bool(np.isfinite(vectors).all()))
-    except Exception:
-        _log.warning(
-            "embedding adapter %r failed; semantic arm withheld", adapter.name, exc_info=True
-        )
+    except Exception as exc:  # its message may hold the query's words: only its type is logged
+        _adapter_failed(adapter, "raised", type(exc).__name__)
         return tokens, (), WithheldReason.ADAPTER_FAILED
     if not finite:
-        _log.warning("embedding adapter %r returned no finite %s array", adapter.name, shape)
+        _adapter_failed(adapter, "embed", type(vectors).__name__)
         return tokens, (), WithheldReason.ADAPTER_FAILED
     frozen = []
     for row in vectors:
@@ -323,3 +322,14 @@ class PreparationBound:
             return await prepare(withhold)
         finally:
             _PLANNED.reset(token)
+
+
+def _adapter_failed(adapter: EmbeddingAdapter, what: str, got: str) -> None:
+    """Log an adapter's failure as an event: what failed and the type it gave, never a value
+    or a message (either may hold the query's words); its semantic arm is withheld."""
+    try:
+        name = str(adapter.name)[:80]
+    except Exception:  # a name that raises is the adapter's failure too
+        name = type(adapter).__name__
+    log_event(_log, logging.WARNING, "embedding.adapter_failed", adapter=name, failed=what,
+              got=got)
