@@ -81,7 +81,7 @@ class HashingAdapter:
 
 class BrokenAdapter(HashingAdapter):
     def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
-        raise RuntimeError("model not loaded")
+        raise KeyError(texts[0])  # as a vocabulary lookup does: the query in its message
 
 
 class WrongShapeAdapter(HashingAdapter):
@@ -253,7 +253,10 @@ async def test_failing_adapter_withholds_semantic(
     )
     assert prepared.semantic.withheld_reason is WithheldReason.ADAPTER_FAILED
     assert prepared.semantic.vector is None
-    assert "embedding adapter" in caplog.text
+    (record,) = [r for r in caplog.records if "embedding.adapter_failed" in r.getMessage()]
+    assert record.recallbound["adapter"] == "hashing-64"  # type: ignore[attr-defined]
+    # an adapter's exception may quote the query: no word of it is logged, nor a traceback
+    assert record.exc_info is None and "revenue" not in caplog.text.casefold()
 
 
 async def test_state_is_not_mutated_and_scope_comes_from_arguments() -> None:
