@@ -265,6 +265,10 @@ def _read_file(path: Path) -> dict[str, tuple[object, str]]:
             document = tomllib.load(handle)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not valid TOML: the file is not UTF-8") from None
+    except ValueError as exc:  # an integer past Python's 4,300-digit conversion limit
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc}") from None
     found: dict[str, tuple[object, str]] = {}

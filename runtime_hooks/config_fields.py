@@ -84,8 +84,8 @@ FLOAT_TEXT = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
 
 
 def _env_int(text: str) -> object:
-    if not INT_TEXT.fullmatch(text):
-        raise _Bad(f"must be a decimal integer, got {text!r}")
+    if not INT_TEXT.fullmatch(text) or len(text) > 20:  # past 64 bits: no setting takes it
+        raise _Bad(f"must be a decimal integer of at most 20 digits, got {text[:40]!r}")
     return int(text)
 
 

@@ -323,6 +323,25 @@ def test_a_bad_location_is_refused_without_repeating_it(
     assert "Hunter2Secret" not in str(from_file.value)
 
 
+@pytest.mark.parametrize(("where", "text"), [
+    ("file", b"ledger = \"l\xe9.db\"\n"),  # Latin-1, not UTF-8
+    ("file", b"[caps]\nmax_items = " + b"9" * 5000 + b"\n"),
+    ("env", "9" * 5000),
+    ("file", b"[caps]\ncandidates_per_arm = 99999999999999999999\n"),
+])
+def test_an_unreadable_or_unusable_value_is_one_config_error(
+    folder: Path, monkeypatch: pytest.MonkeyPatch, where: str, text: object
+) -> None:
+    if where == "file":
+        assert isinstance(text, bytes)
+        (folder / "recallbound.toml").write_bytes(b"allow_looser_policy = true\n" + text)
+    else:
+        monkeypatch.setenv("RECALLBOUND_ALLOW_LOOSER_POLICY", "true")
+        monkeypatch.setenv("RECALLBOUND_CAPS_MAX_ITEMS", str(text))
+    code, out, err = _show()
+    assert (code, out) == (1, "") and err.startswith("recallbound: ") and err.count("\n") == 1
+
+
 def test_config_show_reports_a_bad_value_without_a_traceback(
     folder: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

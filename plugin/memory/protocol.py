@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Literal, NoReturn, Protocol, cast, runtime_che
 import attrs
 
 from plugin.control import AttemptKind, BudgetRefusal, RecallBudgetExceeded, RefusalReason
+from plugin.control.policy import MAX_COUNT
 from plugin.control.wording import bounded
 from plugin.errors import InvalidArgumentError, InvalidArgumentTypeError, RetrieverProtocolError
 
@@ -37,8 +38,9 @@ if TYPE_CHECKING:
 
 
 def _positive(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"ContextCaps.{attribute.name} must be an int >= 1, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_COUNT:
+        raise ValueError(f"ContextCaps.{attribute.name} must be an int between 1 and "
+                         f"{MAX_COUNT}, got {str(value)[:40]}")
 
 
 @attrs.frozen(kw_only=True)
