@@ -186,12 +186,16 @@ class LoadedConfig:
                 return value
 
             self._guarded(one, f.key)
-        ledger = self.values["ledger"]
+        ledger, store = self.values["ledger"], self.values["store"]
         if ledger is not None:
             try:
                 parse_location(ledger)
             except ConfigError as exc:
                 raise ConfigError(f"ledger from {self.sources['ledger']}: {exc}") from None
+        if store is not None and is_connection_string(store):  # as RecallConfig refuses it
+            raise ConfigError(
+                f"store from {self.sources['store']}: {shown_location(store)} is a connection "
+                f"string, but the reference memory store is a SQLite file: give its path")
         if ledger is not None and is_ephemeral(ledger) and \
                 self.values["allow_ephemeral_ledger"] is not True:
             raise ConfigError(

@@ -342,6 +342,15 @@ def test_an_unreadable_or_unusable_value_is_one_config_error(
     assert (code, out) == (1, "") and err.startswith("recallbound: ") and err.count("\n") == 1
 
 
+def test_config_show_refuses_a_store_the_hooks_would_refuse(
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RECALLBOUND_STORE", "postgresql://u:pw-secret@h/db")
+    code, out, err = _show()
+    assert (code, out) == (1, "") and "store from env" in err and "connection string" in err
+    assert "pw-secret" not in err
+
+
 def test_config_show_reports_a_bad_value_without_a_traceback(
     folder: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
