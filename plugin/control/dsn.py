@@ -45,11 +45,11 @@ _POSTGRESISH = re.compile(r"(?i)\s*postgres(ql)?\b")
 # libpq's white space (C ``isspace``): a Unicode space is an ordinary character to it.
 _SPACE = " \t\n\r\f\v"
 _SECRET_KEYWORDS = frozenset({"password", "sslpassword"})
-_WRAPPERS = "'\"`\ufeff\u200b\u200c\u200d\u2060 \t\n\r\f\v"
+"""The libpq keywords (and URI query parameters) whose value is a secret."""
+_WRAPPERS = "'\"`\ufeff\u200b\u200c\u200d\u2060" + _SPACE
 """What wraps a connection string pasted with its quotes or an invisible character before it."""
 _LIBPQ_KEYWORDS = re.compile(r"(?i)(host|hostaddr|dbname|user|port|service|password)\s*=")
 """The start of a key=value string by the keywords it nearly always opens with."""
-"""The libpq keywords (and URI query parameters) whose value is a secret."""
 _URI_START = re.compile(r"(?i)[ \t\n\r\f\v]*postgres(?:ql)?://")
 _USERINFO = re.compile(r"[^@/]*@")
 """A URI's userinfo, just past ``://``: libpq looks for an ``@`` before any ``/``."""
