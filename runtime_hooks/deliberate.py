@@ -78,13 +78,11 @@ class Turn:
 
 
 async def replay_recorded(
-    turn: Turn, valid: list[tuple[int, SearchCall]], new: Container[int] = ()
+    turn: Turn, valid: list[tuple[int, SearchCall]]
 ) -> list[tuple[int, SearchCall]]:
     """Answer each call the ledger already recorded (same id, same arguments) from its
-    record (a claim without an outcome as ``in_flight``); return the calls left to run. The
-    calls at the positions in ``new`` have ids made up this instant
-    (:meth:`ToolCall.with_new_id`): none is looked up."""
-    asked = [call.call_id for index, call in valid if index not in new]
+    record (a claim without an outcome as ``in_flight``); return the calls left to run."""
+    asked = [call.call_id for _, call in valid]
     if not asked:
         return valid
     recorded = {
