@@ -30,6 +30,7 @@ import attrs
 
 from plugin.errors import InvalidArgumentError, LedgerCorruptError
 
+from .ledger import CALL_STATUSES, PENDING
 from .ledger_admin import PRUNED_TABLES, LedgerCheck, PruneReport, RunSummary, check_limit
 from .sql_schema import EXECUTED, Session, SqlStorage
 
@@ -69,7 +70,7 @@ CALL_INVARIANTS: tuple[tuple[str, str, str], ...] = (
     ("every recorded call outcome matches an executed or refused attempt",
      "run {0}: call {1} is recorded as {2} without a slot",
      "SELECT c.run_id, c.call_id, c.status FROM {q}calls c "
-     "WHERE c.slot IS NULL AND c.status NOT IN ('refused', 'pending')"),
+     f"WHERE c.slot IS NULL AND c.status NOT IN ('refused', '{PENDING}')"),
     ("every recorded call outcome matches an executed or refused attempt",
      "run {0}: call {1} is recorded as {2}, but the run has no refusal",
      "SELECT c.run_id, c.call_id, c.status FROM {q}calls c WHERE c.status = 'refused' "
@@ -78,10 +79,10 @@ CALL_INVARIANTS: tuple[tuple[str, str, str], ...] = (
     ("every recorded call outcome matches an executed or refused attempt",
      "run {0}: call {1} has the unknown status {2}",
      "SELECT run_id, call_id, status FROM {q}calls "
-     "WHERE status NOT IN ('ok', 'refused', 'failed', 'pending')"),
+     f"WHERE status NOT IN ({', '.join(repr(status) for status in CALL_STATUSES)})"),
     ("no call record without a run",
      "run {0}: call {1} is recorded but the run is not",
-     "SELECT run_id, call_id FROM {q}calls WHERE status != 'pending' AND run_id NOT IN "
+     f"SELECT run_id, call_id FROM {{q}}calls WHERE status != '{PENDING}' AND run_id NOT IN "
      "(SELECT run_id FROM {q}runs)"),
 )
 """What a check verifies of the recorded call outcomes. A claim (``pending``: searching, or

@@ -38,10 +38,10 @@ VALUES (:run_id, :call_id, :digest, :status, :slot, :reason, :evidence, :more, :
 ON CONFLICT (run_id, call_id, digest) DO """
 _CLAIM_CALL = _INSERT_CALL + "NOTHING"
 """A call's claim (status ``pending``), written before it searches; the first claim stays."""
-_RECORD_CALL = _INSERT_CALL + """UPDATE SET status = excluded.status, slot = excluded.slot,
+_RECORD_CALL = _INSERT_CALL + f"""UPDATE SET status = excluded.status, slot = excluded.slot,
     reason = excluded.reason, evidence = excluded.evidence, more = excluded.more,
     reserved = excluded.reserved, executed = excluded.executed
-WHERE c.status = 'pending'
+WHERE c.status = '{PENDING}'
 """
 """A call's outcome, in place of its claim; the first outcome of an identity stays."""
 
