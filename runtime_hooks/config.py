@@ -47,7 +47,13 @@ from plugin.memory.planning import Admission
 from .config_fields import _BY_ENV, _BY_KEY, _SECTIONS, FIELDS, _Bad, _Field, _shown, _unknown
 from .config_fields import settings_table as settings_table
 from .ledgers import redact_location
-from .settings import RecallConfig, is_ephemeral, loosened, shown_location
+from .settings import (
+    RecallConfig,
+    check_store_location,
+    is_ephemeral,
+    loosened,
+    shown_location,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -192,10 +198,8 @@ class LoadedConfig:
                 parse_location(ledger)
             except ConfigError as exc:
                 raise ConfigError(f"ledger from {self.sources['ledger']}: {exc}") from None
-        if store is not None and is_connection_string(store):  # as RecallConfig refuses it
-            raise ConfigError(
-                f"store from {self.sources['store']}: {shown_location(store)} is a connection "
-                f"string, but the reference memory store is a SQLite file: give its path")
+        if store is not None:  # as RecallConfig refuses it
+            check_store_location(store, f"store from {self.sources['store']}:")
         if ledger is not None and is_ephemeral(ledger) and \
                 self.values["allow_ephemeral_ledger"] is not True:
             raise ConfigError(

@@ -133,6 +133,14 @@ def shown_location(value: object) -> str:
     return text if isinstance(value, str) else f"{type(value).__name__}({text})"
 
 
+def check_store_location(location: str | os.PathLike[str], named: str) -> None:
+    """Refuse a store ``location`` (``named`` says whence) that is a connection string."""
+    if is_connection_string(location):
+        raise ConfigError(
+            f"{named} {shown_location(location)} is a connection string, but the reference "
+            f"memory store is a SQLite file: give its path (only the ledger runs on PostgreSQL)")
+
+
 def _instance(kind: type) -> Any:
     def check(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
         if not isinstance(value, kind):
@@ -318,11 +326,8 @@ class RecallConfig:
             parse_location(self.ledger_path)
         except LedgerConfigError as exc:
             raise LedgerConfigError(f"RecallConfig.ledger_path: {exc}") from None
-        if self.store_path is not None and is_connection_string(self.store_path):
-            raise ConfigError(
-                f"RecallConfig.store_path {shown_location(self.store_path)} is a connection "
-                f"string, but the reference memory store is a SQLite file: give its path (only "
-                f"the ledger runs on PostgreSQL)")
+        if self.store_path is not None:
+            check_store_location(self.store_path, "RecallConfig.store_path")
         if is_ephemeral(self.ledger_path) and not self.allow_ephemeral_ledger:
             raise ConfigError(
                 f"RecallConfig.ledger_path {redact(self.ledger_path)!r} keeps nothing once "
