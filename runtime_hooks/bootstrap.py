@@ -9,14 +9,17 @@ reference memory store, builds the planner, the preparation and the retriever, a
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
+import anyio
+
 from plugin.control import Clock, RecallAllowance, SystemClock, observe
 from plugin.control.logs import log_event
-from plugin.errors import ConfigError
+from plugin.errors import ConfigError, LedgerError
 from plugin.memory import embedding_choice
 from plugin.memory.embedding import EmbeddingAdapter
 from plugin.memory.pipeline import MemoryRetriever
@@ -86,6 +89,20 @@ async def _telemetry(choice: Telemetry) -> AsyncIterator[None]:
         telemetry.uninstall(observer)
 
 
+@asynccontextmanager
+async def _owed_written(allowance: RecallAllowance) -> AsyncIterator[None]:
+    """On the way out, before the ledger closes, write what rounds still owe
+    (:meth:`RecallAllowance.flush`): its error is raised, unless the block raised first."""
+    try:
+        yield
+    except BaseException:
+        with anyio.CancelScope(shield=True), contextlib.suppress(LedgerError):
+            await allowance.flush()
+        raise
+    with anyio.CancelScope(shield=True):
+        await allowance.flush()
+
+
 def required_store_path(config: RecallConfig) -> str | os.PathLike[str]:
     """The reference store's path; :class:`~plugin.errors.ConfigError` when it is not set."""
     if config.store_path is None:
@@ -139,6 +156,7 @@ async def open_hooks(
             admission=config.admission,
             admission_timeout_s=config.admission_timeout_s,
         )
+        await stack.enter_async_context(_owed_written(allowance))
         yield RecallHooks(
             allowance=allowance,
             preparer=QueryPreparation(planner, embedding),

@@ -323,23 +323,21 @@ async def test_traces_stay_buffered_until_a_later_write_commits(
     ledger: MemoryLedger, clock: ManualClock
 ) -> None:
     flaky = _FlakyRecords(ledger, failures=10)
-    permits: list[Permit] = []
-
-    async def two_attempts() -> None:
-        async with RecallAllowance(flaky, clock=clock).round("r", DELIB, slots=2) as permit:
-            permits.append(permit)
-            async with permit.attempt():
-                pass
-            async with permit.attempt():
-                pass
-
-    with pytest.raises(LedgerLockedError):
-        await two_attempts()
-    (permit,) = permits
+    allowance = RecallAllowance(flaky, clock=clock)
+    async with allowance.round("r", DELIB, slots=2) as permit:
+        async with permit.attempt():
+            pass
+        async with permit.attempt():
+            pass
+    # the round answered; its traces are owed, not lost
     assert (await ledger.usage("r")).executed == 0
+    with pytest.raises(LedgerLockedError):
+        await allowance.flush()
     flaky.failures = 0
     await permit.flush()
     assert (await ledger.usage("r")).executed == 2
+    await allowance.flush()  # what the permit wrote is not written again
+    assert len(await ledger.attempts("r")) == 2
 
 
 async def test_a_closed_ledger_does_not_replace_the_bodys_exception(

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from .allowance import Checkpoint as Checkpoint
 from .allowance import RecallAllowance as RecallAllowance
-from .allowance import Round as Round
+from .rounds import Round as Round
 from .allowance import validate_run_id as validate_run_id
 from .attempt import Attempt as Attempt
 from .attempt import SyncAttempt as SyncAttempt

@@ -8,34 +8,25 @@ issues a :class:`~plugin.control.permit.Permit`, bound to
 
 from __future__ import annotations
 
-import logging
+import contextlib
 import math
 import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from types import TracebackType
-from typing import NoReturn
 
-import anyio
 import anyio.lowlevel
 import attrs
 
-from plugin.errors import (
-    InvalidArgumentError,
-    InvalidArgumentTypeError,
-    LedgerError,
-    RoundReusedError,
-)
+from plugin.errors import InvalidArgumentError, InvalidArgumentTypeError, LedgerError
 
-from . import observe, validate
-from .binding import Binding
+from . import validate
 from .clock import Clock, FiniteClock, SystemClock, finite_clock
 from .headroom import Headroom
 from .ledger import Ledger, Usage
-from .logs import CONTROL, log_event
 from .permit import LEGACY_SLOTS, Permit
 from .policy import MAX_COUNT, AllowancePolicy, RoundKind
 from .refusal import BudgetRefusal, RecallBudgetExceeded
+from .rounds import Round
 from .validate import MAX_RUN_ID_BYTES as MAX_RUN_ID_BYTES
 
 Checkpoint = Callable[[str, int], Awaitable[None]]
@@ -131,6 +122,8 @@ class RecallAllowance:
     is_legacy: bool = attrs.field(default=False, kw_only=True)
     _known: OrderedDict[str, Room] = attrs.field(factory=OrderedDict, init=False, repr=False)
     """What this allowance last learned of each run from its own reservations (bounded)."""
+    _owed: list[Permit] = attrs.field(factory=list, init=False, repr=False)
+    """Ended rounds whose records a write that failed in passing left unwritten."""
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.is_legacy, bool):  # "false" must never switch enforcement off
@@ -254,7 +247,25 @@ class RecallAllowance:
         """The run's totals from the ledger."""
         return await self.ledger.usage(validate_run_id(run_id))
 
+    async def flush(self) -> None:
+        """Write the records that rounds of this allowance still owe: those whose end found
+        the ledger locked, unreachable or full (the round answered; its records waited).
+
+        Also done before each reservation, and by the hooks when they close. Raises the
+        ledger's error if it still cannot write them; they stay owed, and nothing is written
+        twice.
+        """
+        while self._owed:
+            permit = self._owed[0]
+            await permit.flush()
+            with contextlib.suppress(ValueError):  # a flush running at once removed it
+                self._owed.remove(permit)
+
     # -- internals ---------------------------------------------------------------------------
+
+    def _owe(self, permit: Permit) -> None:
+        if all(owed is not permit for owed in self._owed):
+            self._owed.append(permit)
 
     async def _issue(self, run_id: str, kind: RoundKind, requested: int) -> Permit:
         # Every reading checked: a non-finite one is a InvalidArgumentError before it is judged
@@ -267,6 +278,9 @@ class RecallAllowance:
                 expires_wall=math.inf, issued_mono=clock.monotonic(), left_at_issue=math.inf,
                 source_reads_limit=LEGACY_SLOTS, reserved_total=0, executed_before=0,
             )
+        if self._owed:  # what earlier rounds owe goes first; if it still cannot, it waits
+            with contextlib.suppress(LedgerError):
+                await self.flush()
         # Read before the reservation: the permit's monotonic deadline counts from here, so
         # no wall step at any later point (lock wait, commit, checkpoint) can lengthen it.
         wall_before, mono_before = clock.wall(), clock.monotonic()
@@ -299,100 +313,3 @@ class RecallAllowance:
             source_reads_limit=self.policy.source_read_fallbacks,
             reserved_total=result.reserved, executed_before=result.executed,
         )
-
-
-def _log_unissued(run_id: str, kind: RoundKind, exc: BaseException) -> None:
-    if isinstance(exc, RecallBudgetExceeded):
-        refusal = exc.refusal
-        log_event(CONTROL, logging.INFO, "round.refused", run_id=run_id, kind=kind.value,
-                  reason=refusal.reason.value, reserved=refusal.reserved,
-                  executed=refusal.executed)
-    elif isinstance(exc, Exception):
-        log_event(CONTROL, logging.WARNING, "round.failed", run_id=run_id, kind=kind.value,
-                  error=repr(exc))
-
-
-def _add_note(exc: BaseException, note: str) -> None:
-    """``exc.add_note(note)``, also on Python 3.10."""
-    notes = getattr(exc, "__notes__", None)
-    if notes is None:
-        notes = []
-        exc.__notes__ = notes  # type: ignore[attr-defined]
-    notes.append(note)
-
-
-class Round:
-    """The async context manager returned by :meth:`RecallAllowance.round`."""
-
-    __slots__ = (
-        "_allowance", "_binding", "_entered", "_kind", "_permit", "_requested",
-        "_run_id", "_watch",
-    )
-
-    def __init__(
-        self, allowance: RecallAllowance, run_id: str, kind: RoundKind, requested: int
-    ) -> None:
-        self._allowance = allowance
-        self._run_id = run_id
-        self._kind = kind
-        self._requested = requested
-        self._permit: Permit | None = None
-        self._binding: Binding | None = None
-        self._entered = False
-        self._watch: tuple[observe.Observer, object] | None = None
-
-    def __copy__(self) -> Round:
-        raise RoundReusedError("a Round cannot be copied; call allowance.round() for a new one")
-
-    def __deepcopy__(self, memo: object) -> Round:
-        raise RoundReusedError("a Round cannot be copied; call allowance.round() for a new one")
-
-    def __reduce_ex__(self, protocol: object) -> NoReturn:
-        raise RoundReusedError("a Round cannot be pickled")
-
-    async def __aenter__(self) -> Permit:
-        # Claimed before the first await: two tasks entering one Round cannot both reserve.
-        if self._entered:
-            raise RoundReusedError("a round is entered once; reserve a new round instead")
-        self._entered = True
-        observer = observe.active
-        if observer is not None:
-            self._watch = (observer, observer.round_started(
-                self._run_id, self._kind, self._requested))
-        try:
-            permit = await self._allowance._issue(self._run_id, self._kind, self._requested)
-        except BaseException as exc:
-            if self._watch is not None:
-                self._watch[0].round_ended(self._watch[1], None, exc)
-            _log_unissued(self._run_id, self._kind, exc)
-            raise
-        log_event(CONTROL, logging.DEBUG, "round.granted", run_id=self._run_id,
-                  round=permit.round_index, kind=self._kind.value, slots=permit.slots,
-                  legacy=permit.legacy)
-        self._permit = permit
-        self._binding = Binding.install(permit)
-        if self._watch is not None:
-            self._watch[0].round_granted(self._watch[1], permit)
-        return permit
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        permit, binding = self._permit, self._binding
-        assert permit is not None and binding is not None
-        try:
-            await permit._finish_phase()
-        except LedgerError as failure:
-            if exc is None:
-                raise
-            # The body's own exception is what the caller must see; the ledger's rides along.
-            log_event(CONTROL, logging.WARNING, "round.traces_unwritten", run_id=self._run_id,
-                      round=permit.round_index, error=repr(failure))
-            _add_note(exc, f"recallbound: the round's traces were not written: {failure!r}")
-        finally:
-            binding.uninstall(permit)
-            if self._watch is not None:
-                self._watch[0].round_ended(self._watch[1], permit, exc)

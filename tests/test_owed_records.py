@@ -1,0 +1,137 @@
+"""A round whose end finds the ledger locked (or unreachable, or full) still answers: its
+traces and call outcomes stay owed by the allowance, written before its next reservation, at
+``allowance.flush()`` and when the hooks close. A replay then finds the call's outcome.
+
+A real SQLite ledger whose write lock another connection holds while the search runs; both
+loops.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from plugin import Evidence, ManualClock, RecallAllowance, RoundKind
+from plugin.control import SqliteLedger
+from plugin.errors import LedgerClosedError, LedgerCorruptError, LedgerLockedError
+from runtime_hooks import RecallConfig, ToolCall, ledgers, open_hooks
+
+from ._calls_env import MEMORIES, WALL, Counting, P, S, recall_hooks
+
+pytestmark = pytest.mark.anyio
+
+CALL = ToolCall(call_id="c1", arguments={"query": "cutover"})
+
+
+class Locking(Counting):
+    """A retriever that takes the ledger's write lock (another connection) as it first
+    searches; ``release()`` lets it go."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = path
+        self.holder: sqlite3.Connection | None = None
+
+    async def search(self, request: Any) -> list[Evidence]:
+        self.searches += 1
+        if self.searches == 1:
+            self.holder = sqlite3.connect(self.path, isolation_level=None)
+            self.holder.execute("BEGIN IMMEDIATE")
+        return list(MEMORIES.values())
+
+    def release(self) -> None:
+        if self.holder is not None:
+            self.holder.execute("COMMIT")
+            self.holder.close()
+            self.holder = None
+
+
+async def test_a_locked_round_end_still_answers_and_writes_its_records_later(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path, clock = tmp_path / "ledger.sqlite3", ManualClock(wall=WALL, monotonic=1.0)
+    retriever = Locking(path)
+    async with SqliteLedger(path, timeout=0.05) as ledger:
+        hooks = recall_hooks(ledger, clock, retriever)
+        with caplog.at_level(logging.WARNING, logger="recallbound.control"):
+            (answer,) = await hooks.dispatch([CALL], run_id="r", scope=S, principal=P)
+        assert (answer.status, answer.slot) == ("ok", 1)
+        assert [e.id for e in answer.evidence] == sorted(MEMORIES)
+        assert "round.traces_deferred" in caplog.text
+        retriever.release()
+        usage = await ledger.usage("r")
+        assert (usage.reserved, usage.executed) == (1, 0)  # the trace is owed, not lost
+        # the next reservation (any run) writes what is owed first
+        await hooks.dispatch([ToolCall(call_id="c2", arguments={"query": "x"})],
+                             run_id="other", scope=S, principal=P)
+        assert (await ledger.usage("r")).executed == 1
+    async with SqliteLedger(path) as reopened:  # another process replays the call
+        fresh = Counting()
+        (again,) = await recall_hooks(reopened, clock, fresh).dispatch(
+            [CALL], run_id="r", scope=S, principal=P)
+        assert (again.status, again.slot, fresh.searches) == ("ok", 1, 0)
+        assert [e.id for e in again.evidence] == sorted(MEMORIES)
+
+
+async def test_closing_the_hooks_writes_what_is_owed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, clock = tmp_path / "ledger.sqlite3", ManualClock(wall=WALL, monotonic=1.0)
+    retriever = Locking(path)
+    monkeypatch.setattr(ledgers, "SqliteLedger", functools.partial(SqliteLedger, timeout=0.05))
+    config = RecallConfig(ledger_path=str(path))
+    async with open_hooks(config, clock=clock, retriever=retriever.retriever) as hooks:
+        (answer,) = await hooks.dispatch([CALL], run_id="r", scope=S, principal=P)
+        assert answer.status == "ok"
+        retriever.release()
+    async with SqliteLedger(path) as reopened:
+        assert (await reopened.usage("r")).executed == 1
+        (record,) = await reopened.recorded_calls("r", ["c1"])
+        assert (record.status, record.slot) == ("ok", 1)
+
+
+async def test_allowance_flush_writes_owed_traces_and_raises_while_still_locked(
+    tmp_path: Path,
+) -> None:
+    path, clock = tmp_path / "ledger.sqlite3", ManualClock(wall=WALL, monotonic=1.0)
+    async with SqliteLedger(path, timeout=0.05) as ledger:
+        allowance = RecallAllowance(ledger, clock=clock)
+        holder = sqlite3.connect(path, isolation_level=None)
+        async with allowance.round("r", RoundKind.DELIBERATE, slots=2) as permit:
+            async with permit.attempt():
+                holder.execute("BEGIN IMMEDIATE")
+        with pytest.raises(LedgerLockedError):
+            await allowance.flush()
+        holder.execute("COMMIT")
+        holder.close()
+        await allowance.flush()
+        assert (await ledger.usage("r")).executed == 1
+        await allowance.flush()  # nothing owed: nothing written twice
+        assert len(await ledger.attempts("r")) == 1
+
+
+@pytest.mark.parametrize("error", [LedgerClosedError("closed"), LedgerCorruptError("bad")])
+async def test_a_ledger_that_cannot_recover_still_fails_the_round(
+    tmp_path: Path, error: Exception
+) -> None:
+    clock = ManualClock(wall=WALL, monotonic=1.0)
+    async with SqliteLedger(tmp_path / "ledger.sqlite3") as ledger:
+        allowance = RecallAllowance(ledger, clock=clock)
+
+        async def broken(*args: Any, **kwargs: Any) -> None:
+            raise error
+
+        async def one_attempt() -> None:
+            async with allowance.round("r", RoundKind.DELIBERATE, slots=1) as permit:
+                ledger.record = broken  # type: ignore[method-assign]
+                async with permit.attempt():
+                    pass
+
+        with pytest.raises(type(error)):
+            await one_attempt()
+
