@@ -56,6 +56,7 @@ from runtime_hooks.adapters.langchain import (
     system_with_context,
 )
 from runtime_hooks.bootstrap import RecallConfig, open_hooks
+from runtime_hooks.calls import arguments_digest
 from runtime_hooks.demo import PRINCIPAL, SCOPE, STATE, seed
 from runtime_hooks.hooks import ToolCall
 from runtime_hooks.testing import search, searches
@@ -652,6 +653,24 @@ async def test_a_run_forgotten_between_the_batch_and_the_tools_keeps_its_answers
     answers = _answers(out["messages"])
     assert sorted(a["status"] for a in answers.values()) == ["ok"] * 4 + ["refused"] * 2
     assert await _usage(hooks) == (1, 4, 4)
+
+
+async def test_a_call_another_process_is_running_answers_in_flight_in_a_hand_built_graph(
+    hooks: RecallHooks,
+) -> None:
+    """Claimed elsewhere and not finished: the node's batch answers it ``in_flight`` (never a
+    second search), and the tool says so rather than that the hook never saw it."""
+    call = search_calls()[0]
+    await hooks.allowance.ledger.claim_calls(
+        RUN, [(call["id"], arguments_digest(call["args"]))])
+    node = RecallToolNode.with_tools(LangChainRecall(hooks))
+    out = await _graph(node.ainvoke).ainvoke(
+        {"messages": [HumanMessage("Continue"), AIMessage(content="", tool_calls=[call])]},
+        context=CONTEXT)
+    answer = _answers(out["messages"])[call["id"]]
+    assert (answer["status"], answer["failure"]) == ("failed", "in_flight")
+    assert "not evidence" in answer["content"]
+    assert await _usage(hooks) == (0, 0, 0)
 
 
 # -- resume after a restart: RecallToolNode with a checkpointer ---------------------------------

@@ -37,6 +37,8 @@ def _run(argv: list[str], monkeypatch: pytest.MonkeyPatch, folder: Path) -> tupl
     (["mcp", "--http", "no-port"], "--http must be HOST:PORT"),
     (["mcp", "--http", "127.0.0.1:8765"], "RECALLBOUND_MCP_TOKENS is not set"),
     (["mcp", "--principal", "ana", "--scope", "atlas", "--window-ms", "-1"], "--window-ms"),
+    (["mcp", "--principal", "ana", "--scope", "atlas", "--window-ms", "1e300"],
+     "at most 10000"),
     (["mcp", "--principal", "ana", "--scope", "atlas", "--config", "missing.toml"],
      "does not exist"),
 ])

@@ -196,11 +196,16 @@ def _mcp_env(env: Mapping[str, str], tokens_env: str) -> dict[str, Any]:
     return table
 
 
+MAX_WINDOW_MS = 10_000
+"""The longest batch window: a run's whole default deadline (a longer one would wait it out)."""
+
+
 def _window_s(value: object, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-        math.isfinite(value) and value >= 0
+        math.isfinite(value) and 0 <= value <= MAX_WINDOW_MS
     ):
-        raise ConfigError(f"{where} must be a finite number of milliseconds >= 0")
+        raise ConfigError(f"{where} must be a number of milliseconds from 0 to at most "
+                          f"{MAX_WINDOW_MS}")
     return float(value) / 1000
 
 

@@ -12,7 +12,7 @@ from runtime_hooks._extras import missing_extra
 
 from .kept import dispatch_kept, dispatch_kept_sync
 from .messages import pending_search_calls
-from .recall import LangChainRecall, node_run
+from .recall import LangChainRecall, NodeBatch, node_run
 
 with missing_extra("langchain", "runtime_hooks.adapters.langchain"):
     from langchain_core.tools import BaseTool
@@ -46,9 +46,8 @@ class RecallToolNode:
         makes the batch dispatch again, after a restart either."""
         run = self.recall.run(runtime.context)
         calls = pending_search_calls(state["messages"])
-        if calls:
-            await dispatch_kept(run, calls)
-        token = node_run.set(run)  # the ToolNode's tool tasks copy this context
+        results = await dispatch_kept(run, calls) if calls else []
+        token = node_run.set(NodeBatch.of(run, calls, results))  # the tool tasks copy it
         try:
             return await self.tools.ainvoke(state)
         finally:
@@ -59,9 +58,8 @@ class RecallToolNode:
         :meth:`ainvoke`), then the ToolNode."""
         calls = pending_search_calls(state["messages"])
         run = self.recall.run(runtime.context)
-        if calls:
-            dispatch_kept_sync(run, calls, self.token)
-        token = node_run.set(run)  # the ToolNode's pool threads run in copies of this context
+        results = dispatch_kept_sync(run, calls, self.token) if calls else []
+        token = node_run.set(NodeBatch.of(run, calls, results))  # the pool threads copy it
         try:
             return self.tools.invoke(state)
         finally:

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import collections
 import contextvars
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
 
 from runtime_hooks._extras import missing_extra
-from runtime_hooks.hooks import RecallHooks
+from runtime_hooks.hooks import RecallHooks, ToolCall, ToolResult
 
 from .._options import deprecated_alias
-from ..batch import Invocation, RunRecall, RunRecalls
+from ..batch import CallKey, Invocation, RunRecall, RunRecalls, call_key
 from ..tool import SEARCH_TOOL
 from .identity import Identify, RecallContextMismatchError, context_of
 from .kept import dispatch_kept
@@ -26,11 +26,26 @@ with missing_extra("langchain", "runtime_hooks.adapters.langchain"):
     from langgraph.runtime import get_runtime
 
 
-node_run: contextvars.ContextVar[RunRecall | None] = contextvars.ContextVar(
+@attrs.frozen
+class NodeBatch:
+    """What a :class:`RecallToolNode` dispatched, while its ToolNode's tools read the results:
+    the run (pinned, so a registry that forgets it meanwhile cannot lose them) and each call's
+    answer, the ones no run keeps (``in_flight``: claimed elsewhere, no outcome yet) too."""
+
+    run: RunRecall
+    answers: Mapping[CallKey, ToolResult]
+
+    @classmethod
+    def of(cls, run: RunRecall, calls: Sequence[ToolCall],
+           results: Sequence[ToolResult]) -> NodeBatch:
+        return cls(run, {call_key(call.call_id, call.arguments): result
+                         for call, result in zip(calls, results, strict=True)})
+
+
+node_run: contextvars.ContextVar[NodeBatch | None] = contextvars.ContextVar(
     "recallbound_langchain_node_run", default=None
 )
-"""The run a :class:`RecallToolNode` dispatched for, while its ToolNode's tools read results:
-pinned there, so a registry that forgets the run meanwhile cannot lose the batch's results."""
+"""The batch a :class:`RecallToolNode` dispatched, while its ToolNode's tools read results."""
 
 
 @attrs.define(eq=False)
@@ -133,11 +148,14 @@ class LangChainRecall:
         (never a search of its own)."""
         call_id = runtime.tool_call_id or ""
         trusted = self.identity(runtime.context)
-        pinned = node_run.get()
-        same = pinned is not None and (pinned.run_id, pinned.scope, pinned.principal) == (
-            trusted.run_id, trusted.scope, trusted.principal)
-        run = pinned if same and pinned is not None else self.run(runtime.context)
+        batch = node_run.get()
+        if batch is not None and (batch.run.run_id, batch.run.scope, batch.run.principal) != (
+                trusted.run_id, trusted.scope, trusted.principal):
+            batch = None
+        run = batch.run if batch is not None else self.run(runtime.context)
         result = run.result(call_id, arguments or {})
+        if result is None and batch is not None:
+            result = batch.answers.get(call_key(call_id, arguments or {}))
         return tool_message(result if result is not None else not_dispatched(call_id))
 
     def _search_tool(self) -> BaseTool:
