@@ -14,6 +14,7 @@ import json
 import logging
 import secrets
 import sys
+import traceback
 import urllib.parse
 import uuid
 from collections.abc import Iterator
@@ -21,9 +22,14 @@ from pathlib import Path
 
 import pytest
 
-from plugin.control import RecallAllowance, RoundKind
+from plugin.control import RecallAllowance, RoundKind, SqliteLedger
 from plugin.control.dsn import parse_location, redact
-from plugin.errors import ConfigError, LedgerConfigError, LedgerUnavailableError
+from plugin.errors import (
+    ConfigError,
+    LedgerConfigError,
+    LedgerPathError,
+    LedgerUnavailableError,
+)
 from runtime_hooks.__main__ import main
 from runtime_hooks.bootstrap import RecallConfig
 from runtime_hooks.config import load_config
@@ -107,6 +113,15 @@ def test_everything_else_is_a_sqlite_file(location: str) -> None:
     f"\ufeffpostgresql://u:{SECRET}@h/db",
     "\u200bhost=127.0.0.1 dbname=test",
     f"`postgres://u:{SECRET}@h/db`",
+    f"'sslmode=require host=db dbname=fleet password={SECRET}'",  # any keyword first
+    '"connect_timeout=5 host=db"',
+    "\u200bsslmode=require host=db",
+    f"'POSTGRES://app:{SECRET}@db/fleet'",
+    f'"postgresql+psycopg://app:{SECRET}@db/fleet"',
+    # look-alikes from other drivers
+    "jdbc:postgresql:fleet",
+    "jdbc:postgresql://db/fleet",
+    "pgsql:host=db;dbname=fleet",
 ])
 def test_a_connection_string_that_cannot_be_used_is_a_config_error(location: str) -> None:
     with pytest.raises(LedgerConfigError) as caught:
@@ -163,6 +178,11 @@ def test_redact_hides_every_form(text: str, monkeypatch: pytest.MonkeyPatch) -> 
     shown = redact(text)
     assert SECRET not in shown and urllib.parse.quote(SECRET) not in shown
     assert "***" in shown
+
+
+def test_redact_hides_a_uri_password_holding_a_slash() -> None:
+    shown = redact(f"postgresql://app:pa/ss-{SECRET}@db/fleet")
+    assert SECRET not in shown and shown.startswith("postgresql://app:***")
 
 
 def test_redact_leaves_a_dsn_without_a_password_alone(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -245,3 +265,19 @@ def test_the_ledger_cli_never_prints_the_password(monkeypatch: pytest.MonkeyPatc
             assert SECRET not in out + err, (ledger, command)
             if "port=1" in ledger or "dbname password" in ledger:
                 assert code == 1 and err.startswith("recallbound: ") and err.count("\n") == 1
+
+
+def test_a_postgres_ledger_on_an_unparseable_dsn_is_a_config_error_hiding_its_password() -> None:
+    from plugin.control import PostgresLedger
+
+    with pytest.raises(LedgerConfigError) as caught:
+        PostgresLedger(f"postgresql://app:{SECRET}@[::1:5432/fleet")  # a missing "]"
+    assert SECRET not in "".join(traceback.format_exception(caught.value))
+
+
+@pytest.mark.anyio
+async def test_a_sqlite_ledger_error_never_shows_a_password_in_its_path() -> None:
+    with pytest.raises(LedgerPathError) as caught:  # a DSN handed to SqliteLedger itself
+        async with SqliteLedger(f"'POSTGRES://app:{SECRET}@db/fleet'"):
+            pass
+    assert SECRET not in str(caught.value)

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 
 from .allowance import Checkpoint as Checkpoint
 from .allowance import RecallAllowance as RecallAllowance
-from .rounds import Round as Round
 from .allowance import validate_run_id as validate_run_id
 from .attempt import Attempt as Attempt
 from .attempt import SyncAttempt as SyncAttempt
@@ -37,6 +36,7 @@ from .refusal import BoundedRecallNotice as BoundedRecallNotice
 from .refusal import BudgetRefusal as BudgetRefusal
 from .refusal import RecallBudgetExceeded as RecallBudgetExceeded
 from .refusal import RefusalReason as RefusalReason
+from .rounds import Round as Round
 from .sqlite_ledger import SqliteLedger as SqliteLedger
 
 if TYPE_CHECKING:

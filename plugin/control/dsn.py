@@ -40,16 +40,19 @@ SCHEMA_PARAMETER = "schema"
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:")
 _URI = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://")
 _KEYWORD = re.compile(r"\s*[A-Za-z_][A-Za-z0-9_]*\s*=")
-_POSTGRESISH = re.compile(r"(?i)\s*postgres(ql)?\b")
+_FOREIGN_DSN = re.compile(
+    r"(?i)\s*(?:jdbc|pgsql|[a-z][a-z0-9+.\-]*postgres[a-z0-9+.\-]*|postgres[a-z0-9+.\-]*):")
+"""A scheme no ledger opens but a PostgreSQL DSN's look-alikes use (``jdbc:postgresql:``,
+PHP's ``pgsql:``, ``postgresql+psycopg://``, ``POSTGRES://``): an error, never a file name."""
 
 # libpq's white space (C ``isspace``): a Unicode space is an ordinary character to it.
 _SPACE = " \t\n\r\f\v"
 _SECRET_KEYWORDS = frozenset({"password", "sslpassword"})
 """The libpq keywords (and URI query parameters) whose value is a secret."""
-_WRAPPERS = "'\"`\ufeff\u200b\u200c\u200d\u2060" + _SPACE
+_QUOTES = "'\"`"
+_INVISIBLE = "\ufeff\u200b\u200c\u200d\u2060"
+_WRAPPERS = _QUOTES + _INVISIBLE + _SPACE
 """What wraps a connection string pasted with its quotes or an invisible character before it."""
-_LIBPQ_KEYWORDS = re.compile(r"(?i)(host|hostaddr|dbname|user|port|service|password)\s*=")
-"""The start of a key=value string by the keywords it nearly always opens with."""
 _URI_START = re.compile(r"(?i)[ \t\n\r\f\v]*postgres(?:ql)?://")
 _USERINFO = re.compile(r"[^@/]*@")
 """A URI's userinfo, just past ``://``: libpq looks for an ``@`` before any ``/``."""
@@ -58,7 +61,7 @@ _USERINFO = re.compile(r"[^@/]*@")
 # (``//user:secret@``), a ``password=`` or ``sslpassword=`` keyword or query parameter, its value
 # quoted or not, read as libpq reads a key=value value (a backslash escapes the next character,
 # only white space ends it: ``#`` and ``&`` belong to the value).
-_URI_PASSWORD = re.compile(r"(://[^:/@ \t\n\r\f\v]*:)[^/ \t\n\r\f\v]*@")
+_URI_PASSWORD = re.compile(r"(://[^:/@ \t\n\r\f\v]*:)[^ \t\n\r\f\v]*@")
 _KEYWORD_PASSWORD = re.compile(
     r"(?is)(\b(?:ssl)?password[ \t\n\r\f\v]*=[ \t\n\r\f\v]*)"
     r"('(?:[^'\\]|\\.)*'?|(?:\\.|[^ \t\n\r\f\v])*)")
@@ -86,7 +89,7 @@ def _form(text: str) -> str:
     return "a key=value string"
 
 
-def _conninfo_to_dict(dsn: str) -> dict[str, Any]:
+def conninfo_dict(dsn: str) -> dict[str, Any]:
     """psycopg's own parser; without the ``postgres`` extra a connection string is an error."""
     try:
         from psycopg.conninfo import conninfo_to_dict
@@ -151,7 +154,7 @@ def parse_location(location: str | os.PathLike[str]) -> LedgerLocation:
     text = location.strip()
     if text.startswith(POSTGRES_SCHEMES):
         dsn, schema = _split_schema(text)
-        _conninfo_to_dict(dsn)
+        conninfo_dict(dsn)
         return LedgerLocation(kind="postgres", target=dsn, schema=schema)
     if _URI.match(text) and not text.lower().startswith("file:"):
         raise LedgerConfigError(
@@ -160,15 +163,17 @@ def parse_location(location: str | os.PathLike[str]) -> LedgerLocation:
     if _KEYWORD.match(text):
         # Unstripped: libpq skips white space itself, and a final backslash-escaped space
         # belongs to the last value.
-        _conninfo_to_dict(location)
+        conninfo_dict(location)
         return LedgerLocation(kind="postgres", target=location)
-    if _POSTGRESISH.match(text) and _SCHEME.match(text):
+    if _FOREIGN_DSN.match(text):
         raise LedgerConfigError(
             f"the ledger ({_form(text)}) looks like a PostgreSQL DSN but is not one: write "
             f"postgresql://host/dbname")
     unwrapped = text.strip(_WRAPPERS)
-    if unwrapped != text and (unwrapped.startswith(POSTGRES_SCHEMES)
-                              or _LIBPQ_KEYWORDS.match(unwrapped)):
+    wrapped = text[:1] in tuple(_INVISIBLE) or (
+        len(text) > 1 and text[0] in _QUOTES and text[-1] in _QUOTES)
+    if wrapped and (_URI.match(unwrapped) or _KEYWORD.match(unwrapped)
+                              or _FOREIGN_DSN.match(unwrapped)):
         # quotes an env file or a unit file left on, or an invisible character pasted in
         raise LedgerConfigError(
             f"the ledger ({_form(unwrapped)}) is a connection string inside quotes or after an "
@@ -360,6 +365,9 @@ def _redact_location(text: str) -> str | None:
         if any(char in _SPACE for char in text.strip(_SPACE)):
             return None  # libpq refuses white space in a URI: a message that starts with one
         shown = _URI_PASSWORD.sub(rf"\1{_HIDDEN}@", _hide(text, _uri_spans(text, uri.end())))
+        loose = _URI_PASSWORD.search(text)
+        if loose is not None and "/" in loose.group(0)[3:]:
+            return shown  # a password holding a "/": libpq reads a port and a dbname there
     elif _KEYWORD.match(text):
         spans = _keyword_spans(text)
         if spans is None:

@@ -58,7 +58,7 @@ from ._postgres_schema import (
     inspect_schema,
     setup_schema,
 )
-from .dsn import password_of, redact
+from .dsn import conninfo_dict, password_of, redact
 from .ledger import Reservation, WallTime
 from .policy import AllowancePolicy, RoundKind
 from .refusal import BudgetRefusal
@@ -94,6 +94,12 @@ def _one_line(text: str, secret: str | None) -> str:
 def _translate(exc: BaseException, where: str, secret: str | None = None) -> LedgerError:
     translated = _translate_type(exc, where)
     return type(translated)(_one_line(str(translated), secret))
+
+
+def _cause(exc: BaseException, secret: str | None) -> BaseException | None:
+    """``exc`` as the typed error's cause, unless its text holds the password (a traceback
+    would print it): then no cause."""
+    return None if secret and secret in str(exc) else exc
 
 
 def _translate_type(exc: BaseException, where: str) -> LedgerError:
@@ -175,6 +181,7 @@ class PostgresLedger(SqlLedger):
                                         f"not {value!r}")
         if not isinstance(create, bool):
             raise LedgerConfigError(f"create must be a bool, not {create!r}")
+        conninfo_dict(dsn)  # a LedgerConfigError, the password never shown, if unparseable
         self._dsn = dsn
         self._secret = _password(dsn)
         self._schema = schema
@@ -250,7 +257,7 @@ class PostgresLedger(SqlLedger):
                 await driver.close()
             if isinstance(exc, psycopg.Error):
                 raise _translate(exc, f"opening ledger schema {self._schema!r}",
-                                 self._secret) from exc
+                                 self._secret) from _cause(exc, self._secret)
             raise
 
     async def _setup(self, s: Session) -> None:
@@ -293,7 +300,7 @@ class PostgresLedger(SqlLedger):
                                 await session.fetchall("ROLLBACK")
                         raise
         except psycopg.Error as exc:
-            raise _translate(exc, where, self._secret) from exc
+            raise _translate(exc, where, self._secret) from _cause(exc, self._secret)
         return result
 
     def _begin(self, *, read_only: bool) -> list[tuple[str, None]]:
@@ -381,6 +388,6 @@ class PostgresLedger(SqlLedger):
             try:
                 return await driver.transaction(statements)
             except psycopg.Error as exc:
-                raise _translate(exc, where, self._secret) from exc
+                raise _translate(exc, where, self._secret) from _cause(exc, self._secret)
 
         return send

@@ -36,6 +36,7 @@ from ._group import GroupCommit
 from ._sqlite.reserve import reserve_one
 from ._sqlite.translate import Family
 from ._sqlite.translate import translate as translate_sqlite
+from .dsn import redact
 from .ledger import Reservation, WallTime
 from .policy import AllowancePolicy, RoundKind
 from .refusal import BudgetRefusal
@@ -115,7 +116,7 @@ class SqliteLedger(SqlLedger):
             )
         self._path = os.fspath(path)
         if self._path == "" or "\x00" in self._path:
-            raise LedgerPathError(f"invalid ledger path {self._path!r}")
+            raise LedgerPathError(f"invalid ledger path {redact(self._path)!r}")
         self._timeout = _busy_timeout(timeout)
         self._conn: _sqlite.Connection | None = None
         self._now: sqlite3.Connection | None = None
@@ -148,7 +149,7 @@ class SqliteLedger(SqlLedger):
             return
         problem = await _sqlite.path_problem(self._path)
         if problem is not None:
-            raise LedgerPathError(f"ledger {self._path!r}: {problem}")
+            raise LedgerPathError(f"ledger {redact(self._path)!r}: {problem}")
         try:
             conn = await _sqlite.connect(self._path, timeout=self._timeout)
         except (sqlite3.Error, OSError) as exc:
@@ -178,16 +179,16 @@ class SqliteLedger(SqlLedger):
         if app_id == 0 and version == 0:
             if tables:
                 raise LedgerCorruptError(
-                    f"{self._path!r} is an SQLite database but not a recallbound ledger"
+                    f"{redact(self._path)!r} is an SQLite database but not a recallbound ledger"
                 )
             return False
         if app_id != APPLICATION_ID:
-            raise LedgerCorruptError(f"{self._path!r} is not a recallbound ledger")
+            raise LedgerCorruptError(f"{redact(self._path)!r} is not a recallbound ledger")
         if version in _MIGRATABLE:
             return False  # ours, an older schema: created up to date under the write lock
         if version != SCHEMA_VERSION:
             raise LedgerCorruptError(
-                f"ledger {self._path!r} has schema version {version}; "
+                f"ledger {redact(self._path)!r} has schema version {version}; "
                 f"this recallbound reads version {SCHEMA_VERSION}"
             )
         return True
@@ -197,7 +198,8 @@ class SqliteLedger(SqlLedger):
         await self._check_identity(conn)
         mode = await _sqlite.switch_to_wal(conn, timeout=self._timeout)
         if mode.lower() not in ("wal", "memory"):
-            raise LedgerError(f"ledger {self._path!r} could not switch to WAL (mode {mode!r})")
+            raise LedgerError(
+                f"ledger {redact(self._path)!r} could not switch to WAL (mode {mode!r})")
         await conn.fetchall("PRAGMA synchronous=FULL")
         async with _sqlite.immediate(conn, self._lock):
             # Checked again under the write lock: another process may have created it since.

@@ -14,6 +14,7 @@ import attrs
 
 from plugin.errors import RecallboundError
 
+from ..dsn import redact
 from . import is_cantopen, is_corrupt, is_full, is_locked
 
 
@@ -33,7 +34,7 @@ class Family:
 def translate(exc: BaseException, family: Family, path: str,
               timeout: float | None = None) -> RecallboundError:
     """The typed error of ``family`` for the driver error ``exc`` raised on ``path``."""
-    where = f"{family.name} {path!r}"
+    where = f"{family.name} {redact(os.fspath(path))!r}"
     if is_locked(exc):
         limit = "its busy timeout" if timeout is None else f"{timeout}s"
         return family.locked(f"{where} stayed locked beyond {limit}: {exc}")
