@@ -9,6 +9,7 @@ traceback reaches the operator.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import sys
 from collections.abc import Sequence
@@ -60,6 +61,16 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _tolerant(stream: TextIO) -> TextIO:
+    """``stream``, writing what its encoding cannot hold (an emoji on a cp1252 console)
+    escaped rather than failing after the command did its work."""
+    reconfigure = getattr(stream, "reconfigure", None)
+    if reconfigure is not None:
+        with contextlib.suppress(Exception):  # a stream that cannot change: left as it is
+            reconfigure(errors="backslashreplace")
+    return stream
+
+
 def main(
     argv: Sequence[str] | None = None,
     *,
@@ -68,8 +79,8 @@ def main(
     stderr: TextIO | None = None,
 ) -> int:
     """Run one command; return its exit status (``clock``/``stdout``/``stderr`` for tests)."""
-    out = sys.stdout if stdout is None else stdout
-    err = sys.stderr if stderr is None else stderr
+    out = _tolerant(sys.stdout) if stdout is None else stdout
+    err = _tolerant(sys.stderr) if stderr is None else stderr
     parser = _parser()
     try:
         args = parser.parse_args(argv)

@@ -213,11 +213,10 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    values: dict[str, Any] = {}
-    if args.store is None or args.config is not None:
-        from .config import load_config
+    from .config import load_config
 
-        values = dict(load_config(args.config).values)
+    # Read with --store too: the configured semantic embedding gives what is written vectors.
+    values: dict[str, Any] = dict(load_config(args.config).values)
     # Bad lines are found before the store opens: nothing is created for a bad file.
     lines = _read_lines(args.file) if args.memory_command == "import" else []
     where = "standard input" if lines and args.file == "-" else getattr(args, "file", "")

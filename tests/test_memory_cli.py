@@ -178,3 +178,32 @@ def test_listed_text_cannot_forge_lines_or_escape_sequences(tmp_path: Path) -> N
     assert "\x1b" not in out and "\u202e" not in out
     status, out, _ = cli("memory", "--store", str(store), "list", *WHO, "--json")
     assert "\x1b" not in out and json.loads(out)[0]["text"] == "line one\nfake\x1b[31m row\u202e"
+
+
+def test_a_store_given_on_the_command_line_still_gets_the_configured_vectors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "recallbound.toml").write_text(
+        'ledger = "l.db"\nstore = "m.db"\nsemantic = "hashing"\n')
+    assert cli("memory", "--store", "other.db", "add", "explicit store", "--id", "a", *WHO)[0] == 0
+    conn = sqlite3.connect(tmp_path / "other.db")
+    try:
+        (vectors,) = conn.execute("SELECT count(*) FROM embeddings").fetchone()
+    finally:
+        conn.close()
+    assert vectors == 1
+
+
+def test_a_console_that_cannot_encode_a_memory_gets_it_escaped(tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    store = str(tmp_path / "m.db")
+    assert cli("memory", "--store", store, "add", "party \U0001f389", "--id", "e1", *WHO)[0] == 0
+    env = {**os.environ, "PYTHONIOENCODING": "cp1252"}
+    done = subprocess.run(
+        [sys.executable, "-m", "runtime_hooks", "memory", "--store", store, "list", *WHO],
+        capture_output=True, env=env, cwd=tmp_path, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert b"party \\U0001f389" in done.stdout and b"Traceback" not in done.stderr
