@@ -84,37 +84,14 @@ class ToolCall:
                     prefix: str = "call-") -> ToolCall:
         """A call whose id is made up here: ``prefix`` and a random UUID.
 
-        For a host whose model API gives its calls no id. No ledger can hold a record of an
-        id made up this instant, so :meth:`RecallHooks.dispatch
-        <runtime_hooks.hooks.RecallHooks.dispatch>` claims none for it on its first dispatch
-        (one ledger write and read fewer); its outcome is recorded like any call's, under that
-        id, and the same call sent again (the object, or a copy) is answered from that record.
+        For a host whose model API gives its calls no id. It is claimed and recorded like
+        any call, under that id: the same call sent again (the object, a copy, or a call
+        rebuilt with that id, in this process or another) is answered from its record, and
+        one interrupted mid-search answers ``in_flight`` (never a second search).
         """
         if not isinstance(prefix, str):
             raise InvalidArgumentTypeError(f"prefix must be a str, got {type(prefix).__name__}")
-        call_id = f"{prefix}{uuid.uuid4().hex}"
-        return _NewToolCall(call_id=call_id, arguments=arguments, made_up=call_id)
-
-
-@attrs.frozen(kw_only=True)
-class _NewToolCall(ToolCall):
-    """A :class:`ToolCall` made by :meth:`ToolCall.with_new_id`, with the id it made up (a copy
-    under another id, ``attrs.evolve(call, call_id=...)``, keeps the old one here)."""
-
-    _made_up: str = attrs.field(alias="made_up", eq=False, repr=False)
-    _unsent: list[bool] = attrs.field(factory=lambda: [True], eq=False, repr=False,
-                                      init=False)
-    """Whether it was never dispatched (shared by its shallow copies)."""
-
-
-def take_new_id(call: ToolCall) -> bool:
-    """Whether ``call``'s id is one :meth:`ToolCall.with_new_id` made up and this is its first
-    dispatch (no record can exist); true once per call (a copy made with ``copy.copy`` shares
-    it): sent again, the call is looked up like any other."""
-    if isinstance(call, _NewToolCall) and call.call_id == call._made_up and call._unsent[0]:
-        call._unsent[0] = False
-        return True
-    return False
+        return cls(call_id=f"{prefix}{uuid.uuid4().hex}", arguments=arguments)
 
 
 def _json_depth(text: str, limit: int) -> int:

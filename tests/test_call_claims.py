@@ -145,26 +145,29 @@ async def test_a_made_up_call_sent_again_is_not_searched_again(
     assert [(a.status, a.slot) for a in answers] == [("ok", 1)] * 3
 
 
+@pytest.mark.parametrize("made_up", [False, True])
 async def test_a_call_cancelled_mid_search_is_not_searched_again(
-    opener: Callable[[], Any],
+    opener: Callable[[], Any], made_up: bool
 ) -> None:
+    call = ToolCall.with_new_id(CALL.arguments) if made_up else CALL
     clock, held = ManualClock(wall=WALL, monotonic=1.0), Held()
     async with _hooks(opener, clock, held) as hooks:
         async with anyio.create_task_group() as tg:
 
             async def send() -> None:
-                await hooks.dispatch([CALL], run_id="r", scope=S, principal=P)
+                await hooks.dispatch([call], run_id="r", scope=S, principal=P)
 
             tg.start_soon(send)
             await held.started.wait()
             tg.cancel_scope.cancel()
         held.release.set()
-        (again,) = await hooks.dispatch([CALL], run_id="r", scope=S, principal=P)
+        (again,) = await hooks.dispatch([call], run_id="r", scope=S, principal=P)
         assert held.searches == 1 and await _counts(hooks) == (1, 1)
         assert (again.status, again.failure) == ("failed", "in_flight")
     fresh = Counting()
+    rebuilt = ToolCall(call_id=call.call_id, arguments=call.arguments)
     async with _hooks(opener, clock, fresh) as hooks:  # another process, later
-        (later,) = await hooks.dispatch([CALL], run_id="r", scope=S, principal=P)
+        (later,) = await hooks.dispatch([rebuilt], run_id="r", scope=S, principal=P)
         assert (later.status, later.failure, fresh.searches) == ("failed", "in_flight", 0)
         report = await hooks.allowance.ledger.admin().check()
         assert report.ok, report
