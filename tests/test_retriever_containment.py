@@ -350,6 +350,7 @@ FAILURES: dict[str, tuple[Callable[[], object], str]] = {
     "unprintable": (lambda: Unprintable(), "raised"),
     "own_refusal": (_forged_refusal, "raised"),
     "cancelled_by_hand": (lambda: asyncio.CancelledError(SECRET), "raised"),
+    "generator_exit": (lambda: GeneratorExit(SECRET), "raised"),  # a closed generator's leak
 }
 
 

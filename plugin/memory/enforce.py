@@ -64,7 +64,9 @@ _log = logging.getLogger("recallbound.memory")
 
 T = TypeVar("T")
 
-_NEVER_CONTAINED = (KeyboardInterrupt, SystemExit, GeneratorExit)
+_NEVER_CONTAINED = (KeyboardInterrupt, SystemExit)
+"""What a retriever raises that is never its own failure: the process is being stopped.
+A ``GeneratorExit`` it leaks (from a generator it closed) is a failure like any other."""
 
 
 def _really_cancelled(exc: BaseException) -> bool:
