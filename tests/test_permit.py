@@ -214,6 +214,29 @@ async def test_wall_clock_stepped_forwards_ends_the_permit_early(
         assert permit.expired()
 
 
+@pytest.mark.parametrize("seen_by", ["expired", "seconds_left", "attempt"])
+async def test_a_permit_seen_expired_stays_expired_when_the_wall_steps_back(
+    allowance: RecallAllowance, clock: ManualClock, ledger: MemoryLedger, seen_by: str
+) -> None:
+    async with allowance.round("r", RoundKind.DELIBERATE, slots=3) as permit:
+        clock.step_wall(60.0)  # past the deadline: the permit ends here
+        if seen_by == "expired":
+            assert permit.expired()
+        elif seen_by == "seconds_left":
+            assert permit.seconds_left() == 0.0
+        else:
+            with pytest.raises(RecallBudgetExceeded):
+                async with permit.attempt():
+                    pass
+        clock.step_wall(-60.0)  # the step corrected: it must not revive
+        assert permit.expired() and permit.seconds_left() == 0.0
+        with pytest.raises(RecallBudgetExceeded) as caught:
+            async with permit.attempt():
+                pass
+        assert caught.value.refusal.reason is RefusalReason.DEADLINE
+    assert (await ledger.usage("r")).executed == 0
+
+
 async def test_second_round_keeps_the_original_deadline(
     allowance: RecallAllowance, clock: ManualClock, ledger: MemoryLedger
 ) -> None:

@@ -127,6 +127,8 @@ class Permit(metaclass=NoPublicConstructor):
     _wall: Callable[[], float] = attrs.field(init=False, repr=False)
     _monotonic: Callable[[], float] = attrs.field(init=False, repr=False)
     _mono_deadline: float = attrs.field(init=False, repr=False)
+    _ended: bool = attrs.field(default=False, init=False, repr=False)
+    """Whether the permit was seen expired (by either clock): it never un-expires."""
 
     def __attrs_post_init__(self) -> None:
         # Bound once: taking a slot reads both clocks, and it is the hot path.
@@ -167,15 +169,23 @@ class Permit(metaclass=NoPublicConstructor):
 
     def seconds_left(self) -> float:
         """Seconds until the permit expires; never negative (``inf`` for a legacy permit)."""
+        if self._ended:
+            return 0.0
         by_wall = self._expires_wall - self._wall()
         by_worker = self._mono_deadline - self._monotonic()
-        return max(0.0, min(by_wall, by_worker))
+        left = min(by_wall, by_worker)
+        if left <= 0:
+            self._ended = True
+        return max(0.0, left)
 
     def expired(self) -> bool:
-        """Whether the deadline has passed (a closed permit need not be expired)."""
-        return (
+        """Whether the deadline has passed (a closed permit need not be expired). Once seen
+        expired, it stays expired: a wall clock stepped back later does not revive it."""
+        if not self._ended and (
             self._wall() >= self._expires_wall or self._monotonic() >= self._mono_deadline
-        )
+        ):
+            self._ended = True  # only ever set: no lock needed
+        return self._ended
 
     def _outlived(self) -> bool:
         """Whether the monotonic (worker) deadline has passed: what the cancel scope follows."""
