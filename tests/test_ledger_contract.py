@@ -598,6 +598,41 @@ async def test_random_bytes_are_a_corrupt_ledger(anyio_backend: object, tmp_path
             pytest.fail("a random file must not open")
 
 
+async def _damaged(path: Path, needle: bytes, byte: int) -> None:
+    """A ledger holding one round and one attempt, then one byte of ``needle`` changed."""
+    async with SqliteLedger(path) as ledger:
+        allowance = RecallAllowance(ledger, clock=ManualClock())
+        async with allowance.round("run-one", RoundKind.AUTOMATIC) as permit:
+            async with permit.attempt():
+                pass
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    data = bytearray(path.read_bytes())
+    at = data.find(needle)
+    assert at >= 0
+    data[at + 1] = byte
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(("needle", "byte", "read"), [
+    (b"callscalls", 0xFF, False),  # a table's name in the schema, no longer UTF-8
+    (b"automatic", ord("w"), True),  # a round's kind no ledger writes
+])
+async def test_a_damaged_ledger_is_a_typed_error(
+    anyio_backend: object, tmp_path: Path, needle: bytes, byte: int, read: bool
+) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    await _damaged(path, needle, byte)
+
+    async def use() -> None:
+        async with SqliteLedger(path) as ledger:
+            if read:
+                await ledger.reservations("run-one")
+
+    with pytest.raises(LedgerCorruptError):
+        await use()
+
+
 async def test_a_foreign_sqlite_database_is_not_a_ledger(
     anyio_backend: object, tmp_path: Path
 ) -> None:

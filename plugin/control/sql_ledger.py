@@ -28,7 +28,6 @@ from . import validate
 from ._group import GroupCommit
 from .ledger import (
     RUN_RATE_WINDOW_S,
-    AttemptOutcome,
     AttemptTrace,
     CallIdentity,
     CallRecord,
@@ -46,8 +45,6 @@ from .ledger import (
     read_time,
 )
 from .ledger_admin import LedgerAdmin
-from .policy import RoundKind
-from .refusal import RefusalReason
 from .sql_admin import SqlAdmin
 from .sql_rows import (
     _ATTEMPTS,
@@ -70,11 +67,14 @@ from .sql_rows import (
     _USAGE,
     _USED,
     attempt_row,
+    attempts_of,
     call_record,
     call_row,
     claim_rows,
     held,
     refusal_row,
+    refusals_of,
+    reservations_of,
 )
 from .sql_schema import Dialect, Row, Rows, Session
 
@@ -356,43 +356,14 @@ class SqlLedger(abc.ABC):
         )
 
     async def reservations(self, run_id: str) -> list[Reservation]:
-        validate.run_id(run_id)
-        rows = await self._read(_RESERVATIONS, {"run_id": run_id},
-                                f"reading the rounds of run {run_id!r}")
-        return [
-            Reservation(
-                run_id=run_id, round_index=index, kind=RoundKind(kind), requested=requested,
-                first_slot=first, slots=slots, reserved=last, executed=executed,
-                deadline_wall=float(deadline), opened_wall=float(opened),
-                reserved_wall=float(at),
-            )
-            for index, kind, requested, first, slots, last, executed, at, deadline, opened in rows
-        ]
+        where = f"reading the rounds of run {validate.run_id(run_id)!r}"
+        return reservations_of(run_id, await self._read(_RESERVATIONS, {"run_id": run_id}, where),
+                               where)
 
     async def attempts(self, run_id: str) -> list[AttemptTrace]:
-        validate.run_id(run_id)
-        rows = await self._read(_ATTEMPTS, {"run_id": run_id},
-                                f"reading the attempts of run {run_id!r}")
-        return [
-            AttemptTrace(
-                attempt_id=attempt_id, run_id=run_id, round_index=round_index, slot=slot,
-                kind=kind, strategy=strategy, fingerprint=fingerprint,
-                outcome=AttemptOutcome(outcome), started_wall=float(started),
-                elapsed_s=None if elapsed is None else float(elapsed), legacy=bool(legacy),
-                dropped=int(dropped),
-            )
-            for (attempt_id, round_index, slot, kind, strategy, fingerprint, outcome, started,
-                 elapsed, legacy, dropped) in rows
-        ]
+        where = f"reading the attempts of run {validate.run_id(run_id)!r}"
+        return attempts_of(run_id, await self._read(_ATTEMPTS, {"run_id": run_id}, where), where)
 
     async def refusals(self, run_id: str) -> list[RefusalRecord]:
-        validate.run_id(run_id)
-        rows = await self._read(_REFUSALS, {"run_id": run_id},
-                                f"reading the refusals of run {run_id!r}")
-        return [
-            RefusalRecord(
-                run_id=run_id, round_index=round_index, what=what, kind=kind,
-                reason=RefusalReason(reason), at_wall=float(at),
-            )
-            for round_index, what, kind, reason, at in rows
-        ]
+        where = f"reading the refusals of run {validate.run_id(run_id)!r}"
+        return refusals_of(run_id, await self._read(_REFUSALS, {"run_id": run_id}, where), where)

@@ -7,13 +7,25 @@ a statement's row back into a value.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from .ledger import PENDING, AttemptTrace, CallIdentity, CallRecord, RefusalRecord, Reservation
+from plugin.errors import LedgerCorruptError
+
+from .ledger import (
+    PENDING,
+    AttemptOutcome,
+    AttemptTrace,
+    CallIdentity,
+    CallRecord,
+    RefusalRecord,
+    Reservation,
+)
 from .policy import RoundKind
+from .refusal import RefusalReason
 from .sql_schema import Row
 
 _RECORD_ATTEMPT = """
@@ -176,3 +188,54 @@ def reservation(run_id: str, kind: RoundKind, requested: int, *, rounds: int, re
     )
 
 
+@contextlib.contextmanager
+def stored_values(where: str) -> Iterator[None]:
+    """Rows turned back into values: one the ledger never writes (a damaged file, a hand edit)
+    is a :class:`~plugin.errors.LedgerCorruptError`, not a bare ``ValueError``."""
+    try:
+        yield
+    except (ValueError, TypeError) as exc:
+        raise LedgerCorruptError(f"{where}: a stored value is damaged: {exc}") from None
+
+
+def reservations_of(run_id: str, rows: Sequence[Row], where: str) -> list[Reservation]:
+    """The run's rounds from their rows."""
+    with stored_values(where):
+        return [
+            Reservation(
+                run_id=run_id, round_index=index, kind=RoundKind(kind), requested=requested,
+                first_slot=first, slots=slots, reserved=last, executed=executed,
+                deadline_wall=float(deadline), opened_wall=float(opened),
+                reserved_wall=float(at),
+            )
+            for (index, kind, requested, first, slots, last, executed, at, deadline,
+                 opened) in rows
+        ]
+
+
+def attempts_of(run_id: str, rows: Sequence[Row], where: str) -> list[AttemptTrace]:
+    """The run's attempt traces from their rows."""
+    with stored_values(where):
+        return [
+            AttemptTrace(
+                attempt_id=attempt_id, run_id=run_id, round_index=round_index, slot=slot,
+                kind=kind, strategy=strategy, fingerprint=fingerprint,
+                outcome=AttemptOutcome(outcome), started_wall=float(started),
+                elapsed_s=None if elapsed is None else float(elapsed), legacy=bool(legacy),
+                dropped=int(dropped),
+            )
+            for (attempt_id, round_index, slot, kind, strategy, fingerprint, outcome, started,
+                 elapsed, legacy, dropped) in rows
+        ]
+
+
+def refusals_of(run_id: str, rows: Sequence[Row], where: str) -> list[RefusalRecord]:
+    """The run's refusals from their rows."""
+    with stored_values(where):
+        return [
+            RefusalRecord(
+                run_id=run_id, round_index=round_index, what=what, kind=kind,
+                reason=RefusalReason(reason), at_wall=float(at),
+            )
+            for round_index, what, kind, reason, at in rows
+        ]

@@ -66,7 +66,14 @@ _FAMILY = Family("ledger", LedgerError, LedgerPathError, LedgerLockedError, Ledg
                  LedgerCorruptError)
 
 
+_DAMAGED = (sqlite3.Error, UnicodeDecodeError)
+"""What SQLite raises on a damaged file: its own errors, and text that is not UTF-8 (a damaged
+schema's name, or its "malformed" message quoting one)."""
+
+
 def _translate(exc: BaseException, path: str) -> LedgerError:
+    if isinstance(exc, UnicodeDecodeError):
+        return LedgerCorruptError(f"ledger {redact(path)!r} is damaged: text in it is not UTF-8")
     translated = translate_sqlite(exc, _FAMILY, path)
     assert isinstance(translated, LedgerError)
     return translated
@@ -152,7 +159,7 @@ class SqliteLedger(SqlLedger):
             raise LedgerPathError(f"ledger {redact(self._path)!r}: {problem}")
         try:
             conn = await _sqlite.connect(self._path, timeout=self._timeout)
-        except (sqlite3.Error, OSError) as exc:
+        except (sqlite3.Error, UnicodeDecodeError, OSError) as exc:
             raise _translate(exc, self._path) from exc
         try:
             with anyio.CancelScope(shield=True):
@@ -160,7 +167,7 @@ class SqliteLedger(SqlLedger):
         except BaseException as exc:
             with anyio.CancelScope(shield=True):
                 await conn.close()
-            if isinstance(exc, sqlite3.Error):
+            if isinstance(exc, _DAMAGED):
                 raise _translate(exc, self._path) from exc
             raise
         self._conn = conn
@@ -254,7 +261,7 @@ class SqliteLedger(SqlLedger):
         try:
             return await _sqlite.transaction(
                 conn, self._lock, fn, begin="BEGIN" if read_only else "BEGIN IMMEDIATE")
-        except sqlite3.Error as exc:
+        except _DAMAGED as exc:
             raise _translate(exc, self._path) from exc
 
     async def _transact_unsynced(self, fn: Callable[[Session], Awaitable[T]], where: str) -> T:
@@ -267,7 +274,7 @@ class SqliteLedger(SqlLedger):
                 with contextlib.suppress(_sqlite.Busy):
                     return _sqlite.transaction_now(self._now, fn)
             return await _sqlite.transaction(conn, self._lock, fn, synced=False)
-        except sqlite3.Error as exc:
+        except _DAMAGED as exc:
             raise _translate(exc, self._path) from exc
 
     async def _inspect_storage(self, session: Session, problems: list[str]) -> tuple[int, bool]:
