@@ -35,6 +35,7 @@ from plugin import (
 from plugin.control import AttemptTrace, RefusalRecord, _sqlite
 from plugin.errors import (
     InvalidArgumentError,
+    InvalidArgumentTypeError,
     LedgerClosedError,
     LedgerFullError,
     LedgerLockedError,
@@ -271,6 +272,17 @@ async def test_out_of_range_counts_are_typed_errors(allowance: RecallAllowance) 
 def test_legacy_needs_a_real_bool(value: object) -> None:
     with pytest.raises(RecallboundError):
         RecallAllowance(MemoryLedger(), is_legacy=value)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("given", [{"clock": None}, {"clock": object()}, {"clock": "system"},
+                                   {"checkpoint": "x"}, {"checkpoint": 42}])
+async def test_a_bad_clock_or_checkpoint_is_refused_before_anything_is_reserved(
+    given: dict[str, object],
+) -> None:
+    ledger = MemoryLedger()
+    with pytest.raises(InvalidArgumentTypeError):
+        RecallAllowance(ledger, **given)  # type: ignore[arg-type]
+    assert (await ledger.usage("r")).reserved == 0
 
 
 @pytest.mark.parametrize("timeout", [-1.0, math.nan, math.inf, 1e9, "5", True, None])

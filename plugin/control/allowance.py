@@ -137,6 +137,14 @@ class RecallAllowance:
             raise InvalidArgumentTypeError(
                 f"policy must be an AllowancePolicy, got {self.policy!r}"
             )
+        if not (callable(getattr(self.clock, "wall", None))
+                and callable(getattr(self.clock, "monotonic", None))):
+            raise InvalidArgumentTypeError(
+                f"clock must be a Clock (wall() and monotonic()), got {type(self.clock).__name__}")
+        if self.checkpoint is not None and not callable(self.checkpoint):
+            raise InvalidArgumentTypeError(
+                f"checkpoint must be an async callable or None, got "
+                f"{type(self.checkpoint).__name__}")
 
     @classmethod
     def legacy(cls, ledger: Ledger, *, clock: Clock | None = None) -> RecallAllowance:
