@@ -359,3 +359,23 @@ async def test_every_result_matches_its_output_schema_and_says_a_refusal_once(
                 assert text.count(NOT_EVIDENCE) == 1
                 assert json.dumps(data).count("not evidence that no memory exists") == 1
         assert (refused, errors_seen) == (2, 7)
+
+
+async def test_each_token_owns_the_sessions_it_opens() -> None:
+    """The SDK gives a stateful session to the (client_id, issuer, subject) that opened it:
+    another token of the same principal, any scope, must not match it."""
+    from mcp.server.auth.provider import principal_components
+
+    from runtime_hooks.mcp.trust import TableTokenVerifier, TokenTable, caller_of_token
+
+    first, second = "a" * 32, "b" * 32
+    table = TokenTable.from_entries(
+        [{"token": first, "principal": "ana", "scope": "atlas"},
+         {"token": second, "principal": "ana", "scope": "other"}], source="test")
+    verifier = TableTokenVerifier(table)
+    one, two = await verifier.verify_token(first), await verifier.verify_token(second)
+    assert one is not None and two is not None
+    assert principal_components(one) != principal_components(two)
+    assert principal_components(one) == principal_components(await verifier.verify_token(first))
+    assert caller_of_token(one) == Caller(principal="ana", scope="atlas")
+    assert first not in repr(one) and first not in one.client_id

@@ -39,6 +39,7 @@ def _run(argv: list[str], monkeypatch: pytest.MonkeyPatch, folder: Path) -> tupl
     (["mcp", "--principal", "ana", "--scope", "atlas", "--window-ms", "-1"], "--window-ms"),
     (["mcp", "--principal", "ana", "--scope", "atlas", "--window-ms", "1e300"],
      "at most 10000"),
+    (["mcp", "--principal", "p" * 600, "--scope", "atlas"], "at most 512 UTF-8 bytes"),
     (["mcp", "--principal", "ana", "--scope", "atlas", "--config", "missing.toml"],
      "does not exist"),
 ])

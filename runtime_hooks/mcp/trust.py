@@ -20,6 +20,7 @@ import attrs
 from mcp.server.auth.provider import AccessToken
 
 from plugin import strict_json
+from plugin.control import validate
 
 from .errors import McpAuthError
 
@@ -37,6 +38,10 @@ MIN_TOKEN_CHARS = 16
 def _text(name: str, value: object) -> str:
     if not isinstance(value, str) or not value.strip():
         raise McpAuthError(f"{name} must be a non-empty string")
+    try:  # what the ledger stores: longer, the server would write memories it cannot recall
+        validate.bounded_text(value, field=name, max_bytes=validate.MAX_ID_BYTES)
+    except ValueError as exc:
+        raise McpAuthError(str(exc)) from None
     return value
 
 
@@ -136,8 +141,11 @@ class TableTokenVerifier:
         caller = self.table.caller(token)
         if caller is None:
             return None
+        # The SDK binds a stateful session to (client_id, issuer, subject): the token's own
+        # digest as client_id keeps a session to the token that opened it.
         return AccessToken(
-            token="<redacted>", client_id=caller.principal, scopes=[], subject=caller.principal,
+            token="<redacted>", client_id=f"token-{_digest(token)[:32]}", scopes=[],
+            subject=caller.principal,
             claims={PRINCIPAL_CLAIM: caller.principal, SCOPE_CLAIM: caller.scope},
         )
 
