@@ -49,8 +49,7 @@ PHP's ``pgsql:``, ``postgresql+psycopg://``, ``POSTGRES://``): an error, never a
 _SPACE = " \t\n\r\f\v"
 _SECRET_KEYWORDS = frozenset({"password", "sslpassword"})
 """The libpq keywords (and URI query parameters) whose value is a secret."""
-_QUOTES = "'\"`"
-_INVISIBLE = "\ufeff\u200b\u200c\u200d\u2060"
+_QUOTES, _INVISIBLE = "'\"`", "\ufeff\u200b\u200c\u200d\u2060"
 _WRAPPERS = _QUOTES + _INVISIBLE + _SPACE
 """What wraps a connection string pasted with its quotes or an invisible character before it."""
 _URI_START = re.compile(r"(?i)[ \t\n\r\f\v]*postgres(?:ql)?://")
