@@ -304,5 +304,5 @@ class RecallHooks:
         return await revalidate_retained(
             self.allowance.ledger, self.retriever, evidence_ids, run_id=run_id, scope=scope,
             principal=principal, limit=self.validation_limit,
-            within_s=self.allowance.policy.deadline_s,
+            within_s=self.allowance.policy.deadline_s, caps=self.caps,
         )

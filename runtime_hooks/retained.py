@@ -19,7 +19,7 @@ from plugin.control import Ledger, Validity, validate
 from plugin.control.logs import log_event
 from plugin.errors import RetrieverFailedError
 from plugin.memory.enforce import admit, contained
-from plugin.memory.protocol import Retriever
+from plugin.memory.protocol import ContextCaps, Retriever
 from plugin.memory.store import Evidence
 
 from .results import Validation
@@ -37,11 +37,13 @@ async def revalidate_retained(
     principal: str,
     limit: int,
     within_s: float,
+    caps: ContextCaps,
 ) -> list[Validation]:
     """One :class:`Validation` per distinct id, in order (see the module docstring). An id that
     is not a valid id was never retained (only valid ids are): ``not_retained``, without asking
     the ledger. A re-read still running after ``within_s`` seconds is cancelled: its ids are
-    ``failed``, as when the retriever fails."""
+    ``failed``, as when the retriever fails. As with a search's, only the first
+    ``caps.examined`` items read are looked at, each text cut to what ``caps`` could render."""
     ids = list(dict.fromkeys(evidence_ids))
     storable = [i for i in ids if validate.is_identifier(i)]
     verdicts = await ledger.take_validations(run_id, storable, limit=limit) if storable else {}
@@ -55,7 +57,7 @@ async def revalidate_retained(
             if bound.cancelled_caught:
                 raise RetrieverFailedError("deadline")
             admitted, _ = admit(read, principal=principal, scope=scope, run_id=run_id,
-                                what="revalidate")
+                                what="revalidate", caps=caps)
             found = {item.id: item for item in admitted}
         except RetrieverFailedError as exc:
             log_event(_log, logging.WARNING, "revalidate.retriever_failed", run_id=run_id,
