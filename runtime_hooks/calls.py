@@ -94,6 +94,24 @@ class ToolCall:
         return cls(call_id=f"{prefix}{uuid.uuid4().hex}", arguments=arguments)
 
 
+@attrs.frozen(kw_only=True)
+class _OneOffCall(ToolCall):
+    """A call under an id made up for one dispatch and then forgotten (see :func:`one_off`)."""
+
+
+def one_off(arguments: Mapping[str, object] | str, *, prefix: str) -> ToolCall:
+    """A call under a fresh id that no one can send again: the MCP server's, for a request
+    that names no call id (a client resending the request sends a new call). No claim can
+    guard what cannot be repeated, so dispatch writes none for it (one synced commit fewer);
+    its outcome is recorded like any call's."""
+    return _OneOffCall(call_id=f"{prefix}{uuid.uuid4().hex}", arguments=arguments)
+
+
+def is_one_off(call: ToolCall) -> bool:
+    """Whether ``call`` came from :func:`one_off`."""
+    return type(call) is _OneOffCall
+
+
 def _json_depth(text: str, limit: int) -> int:
     """The nesting depth of JSON ``text`` (brackets outside strings), counted up to ``limit``+1.
 

@@ -9,7 +9,7 @@ this module answers a call the ledger already recorded from its record
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import anyio
@@ -99,11 +99,13 @@ async def replay_recorded(
     return fresh
 
 
-async def run_once(turn: Turn, valid: list[tuple[int, SearchCall]]) -> None:
+async def run_once(turn: Turn, valid: list[tuple[int, SearchCall]],
+                   unclaimed: Container[int] = ()) -> None:
     """Run the calls nobody else is running, each once; answer the rest from their records.
 
-    A call is claimed in the ledger before it searches (its id made up by the host or not): a
-    call already recorded is answered from its record (:func:`replay_call`), the same call
+    A call is claimed in the ledger before it searches (its id made up by the host or not;
+    ``unclaimed`` are one-off calls no one can send again, which need none): a call already
+    recorded is answered from its record (:func:`replay_call`), the same call
     sent again while these hooks run it waits for its outcome, and one that another
     process claimed, or that was claimed and then interrupted (cancelled, or its process
     died), is answered as ``in_flight`` and never searched again.
@@ -123,7 +125,8 @@ async def run_once(turn: Turn, valid: list[tuple[int, SearchCall]]) -> None:
             keys.append(key)
             mine.append((index, call))
     try:
-        claims = [(call.call_id, digests[index]) for index, call in mine]
+        claims = [(call.call_id, digests[index]) for index, call in mine
+                  if index not in unclaimed]
         held = await hooks.allowance.ledger.claim_calls(turn.run_id, claims) if claims else {}
         ours = []
         for index, call in mine:

@@ -67,7 +67,7 @@ from .calls import MAX_QUERY_BYTES as MAX_QUERY_BYTES
 from .calls import InvalidSearchCallError as InvalidSearchCallError
 from .calls import SearchCall as SearchCall
 from .calls import ToolCall as ToolCall
-from .calls import arguments_digest
+from .calls import arguments_digest, is_one_off
 from .deliberate import Turn, replay_recorded, run_calls, run_once
 from .deliberate import call_records as call_records
 from .results import NOTHING_FOUND as NOTHING_FOUND
@@ -254,7 +254,7 @@ class RecallHooks:
             if self.legacy:
                 await run_calls(turn, valid)
             else:
-                await run_once(turn, valid)
+                await run_once(turn, valid, {i for i, _ in valid if is_one_off(calls[i])})
         assert all(result is not None for result in results)
         return [result for result in results if result is not None]
 

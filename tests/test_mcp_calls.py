@@ -210,9 +210,10 @@ async def test_the_same_call_sent_twice_at_once_searches_once(opener: Callable[[
 async def test_a_call_in_a_run_the_server_just_opened_reads_nothing_before_its_reservation(
     opener: Callable[[], Any], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A run the server has just opened has used nothing: its usage is not read (its
-    reservation decides). Each call is claimed, a named one and one whose id the server made
-    up alike, so that one interrupted mid-search is never searched again."""
+    """A run the server has just opened has used nothing, and a call that names no call id
+    has an id the server made up, which no one can send again: neither its usage nor a record
+    is read, and no claim is written (its reservation decides). A named call id is claimed
+    and looked up, since it may have been sent before."""
     retriever = Counting()
     async with _server(opener, retriever) as server, Client(server.server) as client:
         ledger = server.hooks.allowance.ledger
@@ -228,6 +229,7 @@ async def test_a_call_in_a_run_the_server_just_opened_reads_nothing_before_its_r
             monkeypatch.setattr(ledger, name, counted)
         found = await _search(client, {"query": "cutover"}, run_id="fresh")
         assert found["status"] == "ok" and retriever.searches == 1
+        assert reads == []
         named = await _search(client, {"query": "cutover"}, run_id="fresh2", call_id="c9")
         assert named["status"] == "ok" and retriever.searches == 2
-        assert "usage" not in reads
+        assert reads == ["recorded_calls"]

@@ -38,7 +38,7 @@ from plugin.control import validate_run_id
 from plugin.control.allowance import MAX_RUN_ID_BYTES
 from plugin.control.validate import identifier
 from plugin.errors import InvalidArgumentError
-from runtime_hooks.calls import MAX_CALL_ID_BYTES, ToolCall
+from runtime_hooks.calls import MAX_CALL_ID_BYTES, ToolCall, one_off
 
 RUN_ID_META_KEY = "recallbound/run_id"
 """The ``_meta`` key a client's runtime sets to name the run a tool call belongs to."""
@@ -84,8 +84,8 @@ def client_run_id(meta: Mapping[str, object] | None) -> str | None:
 
 def client_call(meta: Mapping[str, object] | None, arguments: Mapping[str, object]) -> ToolCall:
     """The request's call: under the call id it names in ``_meta``, or, for a request that
-    names none, under a fresh id the server makes up (:meth:`ToolCall.with_new_id`, so no
-    record of it is looked up).
+    names none, under a fresh id the server makes up (:func:`~runtime_hooks.calls.one_off`:
+    no one can send it again, so no claim is written for it).
 
     Raises :class:`~plugin.errors.InvalidArgumentError` (or its type-error sibling) for a call
     id that is not a usable id: blank, longer than
@@ -93,7 +93,7 @@ def client_call(meta: Mapping[str, object] | None, arguments: Mapping[str, objec
     """
     given = None if meta is None else meta.get(CALL_ID_META_KEY)
     if given is None:
-        return ToolCall.with_new_id(arguments, prefix="mcp-")
+        return one_off(arguments, prefix="mcp-")
     call_id = identifier(given, field=f"_meta[{CALL_ID_META_KEY!r}]",
                          max_bytes=MAX_CALL_ID_BYTES)
     return ToolCall(call_id=call_id, arguments=arguments)
