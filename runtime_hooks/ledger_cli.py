@@ -213,7 +213,7 @@ async def _runs(args: argparse.Namespace, ledger: Ledger, admin: LedgerAdmin, ou
                 now: float, location: str) -> int:
     try:
         runs = await admin.runs(limit=args.limit)
-    except ValueError as exc:  # a stored value that is not what a ledger writes
+    except (ValueError, LedgerCorruptError) as exc:  # a value no ledger of this version writes
         raise LedgerCorruptError(f"{location} holds a value this version of recallbound does "
                                  f"not know (written by a newer one, or edited): {exc}") from None
     if args.json:
@@ -243,7 +243,7 @@ async def _show(args: argparse.Namespace, ledger: Ledger, admin: LedgerAdmin, ou
         rounds = await ledger.reservations(run_id)
         attempts = await ledger.attempts(run_id)
         refusals = await ledger.refusals(run_id)
-    except ValueError as exc:  # a stored value this version has no name for
+    except (ValueError, LedgerCorruptError) as exc:  # a value this version has no name for
         raise LedgerCorruptError(
             f"run {run_id!r} in {location} holds a value this version of recallbound does not "
             f"know (written by a newer one, or edited): {exc}") from None
