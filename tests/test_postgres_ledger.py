@@ -85,6 +85,17 @@ def _granted(result: Reservation | BudgetRefusal) -> Reservation:
     return result
 
 
+async def test_the_dsn_may_name_the_schema(schema: str) -> None:
+    named = f"{_pg.DSN}{'&' if '?' in _pg.DSN else '?'}schema={schema}"
+    async with PostgresLedger(named) as ledger:
+        async with RecallAllowance(ledger).round("r", RoundKind.AUTOMATIC):
+            pass
+    async with PostgresLedger(_pg.DSN, schema=schema) as same:  # the same ledger
+        assert (await same.usage("r")).rounds == 1
+    with pytest.raises(LedgerConfigError, match="give one"):
+        PostgresLedger(named, schema="another")
+
+
 # -- whose clock: the server's ----------------------------------------------------------------
 
 

@@ -119,7 +119,7 @@ def _query_mark(dsn: str) -> int:
     return dsn.find("?", userinfo.end() if userinfo is not None else start)
 
 
-def _split_schema(dsn: str) -> tuple[str, str | None]:
+def split_schema(dsn: str) -> tuple[str, str | None]:
     mark = _query_mark(dsn)
     if mark < 0:
         return dsn, None
@@ -152,7 +152,7 @@ def parse_location(location: str | os.PathLike[str]) -> LedgerLocation:
         return LedgerLocation(kind="sqlite", target=os.fspath(location))
     text = location.strip()
     if text.startswith(POSTGRES_SCHEMES):
-        dsn, schema = _split_schema(text)
+        dsn, schema = split_schema(text)
         conninfo_dict(dsn)
         return LedgerLocation(kind="postgres", target=dsn, schema=schema)
     if _URI.match(text) and not text.lower().startswith("file:"):
@@ -342,7 +342,7 @@ def _checked(location: str, shown: str) -> str:
     def read(dsn: str) -> dict[str, Any] | None:
         try:
             if _URI_START.match(dsn):
-                dsn = _split_schema(dsn.strip())[0]
+                dsn = split_schema(dsn.strip())[0]
             return conninfo_to_dict(dsn)
         except Exception:  # libpq cannot read it (psycopg.ProgrammingError), a bad schema
             return None

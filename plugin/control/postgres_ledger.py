@@ -58,7 +58,7 @@ from ._postgres_schema import (
     inspect_schema,
     setup_schema,
 )
-from .dsn import conninfo_dict, password_of, redact
+from .dsn import conninfo_dict, password_of, redact, split_schema
 from .ledger import Reservation, WallTime
 from .policy import AllowancePolicy, RoundKind
 from .refusal import BudgetRefusal
@@ -125,7 +125,8 @@ class PostgresLedger(SqlLedger):
     """A :class:`~plugin.control.ledger.Ledger` on PostgreSQL: ``async with PostgresLedger(dsn)``.
 
     ``schema`` holds the ledger's tables (created, or migrated from an older version, at open;
-    safe when many workers open at once). ``time_source`` is whose clock judges rounds:
+    safe when many workers open at once): ``"recallbound"`` unless given here or as the DSN's
+    ``?schema=`` parameter. ``time_source`` is whose clock judges rounds:
     ``"server"`` (default, one clock for the fleet) or ``"caller"`` (the ``now`` passed in).
     The pool keeps ``min_size`` to ``max_size`` connections; a checkout waits at most
     ``pool_timeout`` seconds, a connection attempt ``connect_timeout``, a statement
@@ -149,7 +150,7 @@ class PostgresLedger(SqlLedger):
         self,
         dsn: str,
         *,
-        schema: str = "recallbound",
+        schema: str | None = None,
         time_source: TimeSource = "server",
         min_size: int = 1,
         max_size: int = 10,
@@ -161,6 +162,11 @@ class PostgresLedger(SqlLedger):
     ) -> None:
         if not isinstance(dsn, str) or not dsn:
             raise LedgerConfigError(f"PostgresLedger dsn must be a non-empty str, got {dsn!r}")
+        dsn, named = split_schema(dsn)  # ``?schema=`` is recallbound's, never libpq's
+        if named is not None and schema is not None and named != schema:
+            raise LedgerConfigError(
+                f"the DSN names schema {named!r} and schema= names {schema!r}: give one")
+        schema = schema if schema is not None else named if named is not None else "recallbound"
         if not isinstance(schema, str) or not _SCHEMA_NAME.fullmatch(schema):
             raise LedgerConfigError(
                 f"schema {schema!r} must be a lowercase identifier ([a-z_][a-z0-9_]*, <= 63)"
