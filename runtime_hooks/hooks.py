@@ -51,6 +51,7 @@ from plugin.control import (
 )
 from plugin.control.logs import log_event
 from plugin.errors import InvalidArgumentError, InvalidArgumentTypeError
+from plugin.memory.enforce import stop_unwrapped
 from plugin.memory.preparation import RecallPreparer
 from plugin.memory.protocol import ContextCaps, Retriever, check_retriever
 from plugin.memory.state import WorkingState
@@ -153,6 +154,7 @@ class RecallHooks:
 
     # -- preparation ------------------------------------------------------------------------
 
+    @stop_unwrapped
     async def prepare(
         self, state: WorkingState, *, run_id: str, scope: str, principal: str
     ) -> PreparedContext:
@@ -212,6 +214,7 @@ class RecallHooks:
 
     # -- tool dispatch ----------------------------------------------------------------------
 
+    @stop_unwrapped
     async def dispatch(
         self, calls: Sequence[ToolCall], *, run_id: str, scope: str, principal: str
     ) -> list[ToolResult]:

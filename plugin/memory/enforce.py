@@ -36,10 +36,11 @@ not from what the retriever reports.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import anyio
 import attrs
@@ -63,10 +64,38 @@ from .store.values import EVIDENCE_KINDS
 _log = logging.getLogger("recallbound.memory")
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 _NEVER_CONTAINED = (KeyboardInterrupt, SystemExit)
 """What a retriever raises that is never its own failure: the process is being stopped.
 A ``GeneratorExit`` it leaks (from a generator it closed) is a failure like any other."""
+
+
+def stop_unwrapped(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+    """``fn`` whose ``KeyboardInterrupt`` or ``SystemExit`` (a retriever's, never contained)
+    leaves as itself, not inside the exception group of the task group it crossed: a host's
+    ``except KeyboardInterrupt`` catches it."""
+
+    @functools.wraps(fn)
+    async def unwrapped(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return await fn(*args, **kwargs)
+        except BaseException as exc:
+            stop = _stop_in(exc)
+            if stop is None or stop is exc:
+                raise
+            raise stop from None
+
+    return unwrapped
+
+
+def _stop_in(exc: BaseException) -> BaseException | None:
+    if isinstance(exc, _NEVER_CONTAINED):
+        return exc
+    for inner in getattr(exc, "exceptions", ()):  # an exception group, on every Python
+        if isinstance(inner, BaseException) and (stop := _stop_in(inner)) is not None:
+            return stop
+    return None
 
 
 def _really_cancelled(exc: BaseException) -> bool:

@@ -1,6 +1,8 @@
-"""A re-read of retained evidence (``validate_retained``, and a replayed call's evidence) is held
-to the context caps as a search is: only the first ``ContextCaps.examined`` items are looked
-at, and each text is cut to what the caps could render. Both loops."""
+"""What crosses the hooks' boundary from a retriever. A re-read of retained evidence
+(``validate_retained``, and a replayed call's evidence) is held to the context caps as a
+search is: only the first ``ContextCaps.examined`` items are looked at, and each text is cut
+to what the caps could render (both loops). A ``KeyboardInterrupt`` or ``SystemExit`` leaves
+as itself."""
 
 from __future__ import annotations
 
@@ -62,3 +64,37 @@ async def test_a_re_read_is_held_to_the_caps(tmp_path: Path, after: Evidence | N
         assert len(checked.evidence.text) <= CAPS.max_bytes + 1
         (again,) = await hooks.dispatch([call], run_id="r", scope="s", principal="p")
         assert (again.status, [e.id for e in again.evidence]) == ("ok", ["m1"])
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, SystemExit])
+def test_a_retrievers_stop_signal_leaves_as_itself(tmp_path: Path,
+                                                   stop: type[BaseException]) -> None:
+    """Never contained, and not wrapped in the task group's exception group either: a host's
+    ``except KeyboardInterrupt`` catches it. Trio: asyncio stops its loop on these itself."""
+    import anyio
+
+    from plugin import SimpleRetriever, WorkingState
+
+    async def search(request: Any) -> list[Evidence]:
+        if "boom" in request.text:
+            raise stop
+        return [NOTE]
+
+    async def main() -> list[str]:
+        caught = []
+        config = RecallConfig(ledger_path=tmp_path / "ledger.db")
+        async with open_hooks(config, retriever=SimpleRetriever(search)) as hooks:
+            calls = [ToolCall(call_id="c1", arguments={"query": "boom now"}),
+                     ToolCall(call_id="c2", arguments={"query": "cutover"})]
+            try:
+                await hooks.dispatch(calls, run_id="r", scope="s", principal="p")
+            except stop:
+                caught.append("dispatch")
+            try:
+                await hooks.prepare(WorkingState("boom again"), run_id="r2", scope="s",
+                                    principal="p")
+            except stop:
+                caught.append("prepare")
+        return caught
+
+    assert anyio.run(main, backend="trio") == ["dispatch", "prepare"]
