@@ -29,13 +29,30 @@ import anyio
 from plugin.control import Ledger, SqliteLedger
 from plugin.control.dsn import POSTGRES_SCHEMES as POSTGRES_SCHEMES
 from plugin.control.dsn import SCHEMA_PARAMETER as SCHEMA_PARAMETER
-from plugin.control.dsn import parse_location, shown_location, sqlite_file
+from plugin.control.dsn import parse_location, shown_location
 from plugin.control.ledger_admin import LedgerAdmin
 from plugin.errors import LedgerConfigError, LedgerCorruptError, LedgerError, LedgerPathError
 
 POSTGRES_LEDGER = ("plugin.control.postgres_ledger", "PostgresLedger")
 """Where the PostgreSQL ledger lives (module, class); imported only for a DSN."""
 
+
+
+def sqlite_file(location: str | os.PathLike[str]) -> str | None:
+    """The file a SQLite location names, as SQLite opens it: a path as it is, a ``file:`` URI's
+    path (percent-decoded, its query and any ``//localhost`` authority taken off; relative to
+    the working folder when relative); None for a database in memory."""
+    text = os.fspath(location)
+    if text == ":memory:":
+        return None
+    if not text.startswith("file:"):
+        return text
+    path, _, query = text[len("file:"):].partition("#")[0].partition("?")
+    if "mode=memory" in query.split("&") or path in ("", ":memory:"):
+        return None
+    if path.startswith("//"):  # an authority: empty or localhost (SQLite refuses others)
+        path = "/" + path[2:].partition("/")[2]
+    return urllib.parse.unquote(path)
 
 def redact_location(location: str | os.PathLike[str]) -> str:
     """The location for display: a DSN's password (any form) replaced by ``***``, and a text

@@ -118,6 +118,12 @@ def test_everything_else_is_a_sqlite_file(location: str) -> None:
     "\u200bsslmode=require host=db",
     f"'POSTGRES://app:{SECRET}@db/fleet'",
     f'"postgresql+psycopg://app:{SECRET}@db/fleet"',
+    "\u200ehost=127.0.0.1 dbname=test",  # a direction mark, a soft hyphen, a format char
+    f"\u00adpostgresql://u:{SECRET}@h/db",
+    "\u2061host=127.0.0.1 dbname=test",
+    "\u201chost=127.0.0.1 dbname=test\u201d",  # typographic quotes
+    f"\u2018postgresql://u:{SECRET}@h/db\u2019",
+    '"host=127.0.0.1 dbname=test',  # an opening quote alone
     # look-alikes from other drivers
     "jdbc:postgresql:fleet",
     "jdbc:postgresql://db/fleet",
@@ -269,6 +275,10 @@ def test_the_ledger_cli_never_prints_the_password(monkeypatch: pytest.MonkeyPatc
 
 def test_a_postgres_ledger_on_an_unparseable_dsn_is_a_config_error_hiding_its_password() -> None:
     from plugin.control import PostgresLedger
+
+    with pytest.raises(LedgerConfigError) as given_bytes:
+        PostgresLedger(f"postgresql://app:{SECRET}@db/x".encode())  # type: ignore[arg-type]
+    assert SECRET not in str(given_bytes.value)
 
     with pytest.raises(LedgerConfigError) as caught:
         PostgresLedger(f"postgresql://app:{SECRET}@[::1:5432/fleet")  # a missing "]"

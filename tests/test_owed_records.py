@@ -1,6 +1,7 @@
 """A round whose end finds the ledger locked (or unreachable, or full) still answers: its
-traces and call outcomes stay owed by the allowance, written before its next reservation, at
-``allowance.flush()`` and when the hooks close. A replay then finds the call's outcome.
+traces and call outcomes stay owed by the allowance, and its next round writes them with its
+own (so does ``allowance.flush()``, and the hooks when they close). A late attempt's trace is
+owed the same way. A replay then finds the call's outcome.
 
 A real SQLite ledger whose write lock another connection holds while the search runs; both
 loops.
@@ -14,6 +15,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from plugin import Evidence, ManualClock, RecallAllowance, RoundKind
@@ -135,3 +137,90 @@ async def test_a_ledger_that_cannot_recover_still_fails_the_round(
         with pytest.raises(type(error)):
             await one_attempt()
 
+
+
+async def test_two_flushes_at_once_while_locked_lose_nothing(tmp_path: Path) -> None:
+    path, clock = tmp_path / "ledger.sqlite3", ManualClock(wall=WALL, monotonic=1.0)
+    async with SqliteLedger(path, timeout=0.05) as ledger:
+        allowance = RecallAllowance(ledger, clock=clock)
+        holder = sqlite3.connect(path, isolation_level=None)
+        async with allowance.round("r", RoundKind.DELIBERATE, slots=1) as permit:
+            async with permit.attempt():
+                holder.execute("BEGIN IMMEDIATE")
+        failed: list[str] = []
+
+        async def flush() -> None:
+            try:
+                await allowance.flush()
+            except LedgerLockedError:
+                failed.append("locked")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(flush)
+            tg.start_soon(flush)
+        assert failed == ["locked", "locked"]  # neither says written what was not
+        holder.execute("COMMIT")
+        holder.close()
+        await allowance.flush()
+        assert [a.outcome.value for a in await ledger.attempts("r")] == ["ok"]
+
+
+async def test_a_late_attempt_ending_while_locked_keeps_its_trace_owed(tmp_path: Path) -> None:
+    path, clock = tmp_path / "ledger.sqlite3", ManualClock(wall=WALL, monotonic=1.0)
+    async with SqliteLedger(path, timeout=0.05) as ledger:
+        allowance = RecallAllowance(ledger, clock=clock)
+        entered, finish = anyio.Event(), anyio.Event()
+        holder = sqlite3.connect(path, isolation_level=None)
+
+        async def late(permit: Any) -> None:  # its work stands: no error reaches it
+            async with permit.attempt():
+                entered.set()
+                await finish.wait()
+
+        async with anyio.create_task_group() as tg:
+            async with allowance.round("r", RoundKind.DELIBERATE, slots=2) as permit:
+                tg.start_soon(late, permit)
+                await entered.wait()
+            holder.execute("BEGIN IMMEDIATE")  # the phase wrote in_flight; now it is locked
+            finish.set()
+        holder.execute("COMMIT")
+        holder.close()
+        assert [a.outcome.value for a in await ledger.attempts("r")] == ["in_flight"]
+        await allowance.flush()
+        assert [a.outcome.value for a in await ledger.attempts("r")] == ["ok"]
+
+
+class _CountedRecords:
+    """A ledger that counts its record writes."""
+
+    def __init__(self, inner: SqliteLedger) -> None:
+        self.inner, self.writes = inner, 0
+
+    async def record(self, *args: Any, **kwargs: Any) -> None:
+        self.writes += 1
+        await self.inner.record(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def test_a_later_round_writes_what_is_owed_with_its_own_and_never_waits_for_it(
+    tmp_path: Path,
+) -> None:
+    path, clock = tmp_path / "ledger.sqlite3", ManualClock(wall=WALL, monotonic=1.0)
+    async with SqliteLedger(path, timeout=0.05) as inner:
+        ledger = _CountedRecords(inner)
+        allowance = RecallAllowance(ledger, clock=clock)  # type: ignore[arg-type]
+        holder = sqlite3.connect(path, isolation_level=None)
+        async with allowance.round("r", RoundKind.DELIBERATE, slots=1) as permit:
+            async with permit.attempt():
+                holder.execute("BEGIN IMMEDIATE")
+        holder.execute("COMMIT")
+        holder.close()
+        before = ledger.writes
+        async with allowance.round("other", RoundKind.DELIBERATE, slots=1) as later:
+            assert ledger.writes == before  # taking the records over wrote nothing
+            async with later.attempt():
+                pass
+        assert ledger.writes == before + 1  # one write: its trace and the owed one
+        assert len(await inner.attempts("r")) == 1 and len(await inner.attempts("other")) == 1

@@ -8,7 +8,6 @@ issues a :class:`~plugin.control.permit.Permit`, bound to
 
 from __future__ import annotations
 
-import contextlib
 import math
 import threading
 from collections import OrderedDict
@@ -17,7 +16,7 @@ from collections.abc import Awaitable, Callable
 import anyio.lowlevel
 import attrs
 
-from plugin.errors import InvalidArgumentError, InvalidArgumentTypeError, LedgerError
+from plugin.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 from . import validate
 from .clock import Clock, FiniteClock, SystemClock, finite_clock
@@ -123,7 +122,8 @@ class RecallAllowance:
     _known: OrderedDict[str, Room] = attrs.field(factory=OrderedDict, init=False, repr=False)
     """What this allowance last learned of each run from its own reservations (bounded)."""
     _owed: list[Permit] = attrs.field(factory=list, init=False, repr=False)
-    """Ended rounds whose records a write that failed in passing left unwritten."""
+    """Permits whose records a failed write left unwritten (see :meth:`flush`)."""
+    _flushing: anyio.Lock = attrs.field(factory=anyio.Lock, init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.is_legacy, bool):  # "false" must never switch enforcement off
@@ -256,18 +256,17 @@ class RecallAllowance:
         return await self.ledger.usage(validate_run_id(run_id))
 
     async def flush(self) -> None:
-        """Write the records that rounds of this allowance still owe: those whose end found
-        the ledger locked, unreachable or full (the round answered; its records waited).
+        """Write the records this allowance's permits still owe: those a write found the
+        ledger locked, unreachable or full for (the round answered; its records waited).
 
-        Also done before each reservation, and by the hooks when they close. Raises the
-        ledger's error if it still cannot write them; they stay owed, and nothing is written
-        twice.
+        Each round this allowance issues takes them over and writes them with its own, so
+        this is for a host that will open no more rounds (the hooks do it when they close).
+        Raises the ledger's error if it still cannot write them: they stay owed, and nothing
+        is written twice. Flushes wait for each other.
         """
-        while self._owed:
-            permit = self._owed[0]
-            await permit.flush()
-            with contextlib.suppress(ValueError):  # a flush running at once removed it
-                self._owed.remove(permit)
+        async with self._flushing:
+            while self._owed:
+                await self._owed.pop(0).flush()  # failing, the permit is owed again
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -275,20 +274,24 @@ class RecallAllowance:
         if all(owed is not permit for owed in self._owed):
             self._owed.append(permit)
 
+    def _hand_over(self, permit: Permit) -> Permit:
+        """``permit``, holding what earlier permits owe: its flush writes it with its own."""
+        while self._owed:
+            permit._put_back(self._owed.pop(0)._take_records(), owed=False)
+        return permit
+
     async def _issue(self, run_id: str, kind: RoundKind, requested: int) -> Permit:
         # Every reading checked: a non-finite one is a InvalidArgumentError before it is judged
         # or stored (raised inside the reservation, it rolls the reservation back).
         clock = finite_clock(self.clock)
         if self.is_legacy:
-            return Permit._create(
+            return self._hand_over(Permit._create(
                 run_id=run_id, round_index=0, kind=kind, slots=LEGACY_SLOTS, first_slot=1,
                 legacy=True, clock=clock, ledger=self.ledger, deadline_wall=math.inf,
                 expires_wall=math.inf, issued_mono=clock.monotonic(), left_at_issue=math.inf,
                 source_reads_limit=LEGACY_SLOTS, reserved_total=0, executed_before=0,
-            )
-        if self._owed:  # what earlier rounds owe goes first; if it still cannot, it waits
-            with contextlib.suppress(LedgerError):
-                await self.flush()
+                owner=self._owe,
+            ))
         # Read before the reservation: the permit's monotonic deadline counts from here, so
         # no wall step at any later point (lock wait, commit, checkpoint) can lengthen it.
         wall_before, mono_before = clock.wall(), clock.monotonic()
@@ -313,11 +316,12 @@ class RecallAllowance:
         # What was left when the round was judged, never more than the run's own deadline_s.
         left = max(0.0, min(result.deadline_wall - result.reserved_wall,
                             result.deadline_wall - result.opened_wall))
-        return Permit._create(
+        return self._hand_over(Permit._create(
             run_id=run_id, round_index=result.round_index, kind=kind, slots=result.slots,
             first_slot=result.first_slot, legacy=False, clock=clock, ledger=self.ledger,
             deadline_wall=result.deadline_wall, expires_wall=wall_before + left,
             issued_mono=mono_before, left_at_issue=left,
             source_reads_limit=self.policy.source_read_fallbacks,
             reserved_total=result.reserved, executed_before=result.executed,
-        )
+            owner=self._owe,
+        ))

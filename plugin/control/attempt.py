@@ -112,8 +112,7 @@ class Attempt(_AttemptBase):
         try:
             slot = self._begin()
         except RecallBudgetExceeded:
-            if self._permit._flushed:
-                await self._permit.flush()
+            await self._permit._flush_late()
             raise
         self._scope = anyio.CancelScope(
             deadline=anyio.current_time() + self._permit.seconds_left()  # inf for legacy
@@ -143,8 +142,7 @@ class Attempt(_AttemptBase):
         else:
             outcome = AttemptOutcome.ERROR
         self._end(outcome)
-        if self._permit._flushed:
-            await self._permit.flush()
+        await self._permit._flush_late()
         if outcome is AttemptOutcome.DEADLINE:
             raise RecallBudgetExceeded(self._permit.refusal(RefusalReason.DEADLINE)) from None
         return bool(swallowed)

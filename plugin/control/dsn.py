@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import re
+import unicodedata
 import urllib.parse
 from collections.abc import Iterable
 from typing import Any, Literal
@@ -49,9 +50,15 @@ PHP's ``pgsql:``, ``postgresql+psycopg://``, ``POSTGRES://``): an error, never a
 _SPACE = " \t\n\r\f\v"
 _SECRET_KEYWORDS = frozenset({"password", "sslpassword"})
 """The libpq keywords (and URI query parameters) whose value is a secret."""
-_QUOTES, _INVISIBLE = "'\"`", "\ufeff\u200b\u200c\u200d\u2060"
-_WRAPPERS = _QUOTES + _INVISIBLE + _SPACE
-"""What wraps a connection string pasted with its quotes or an invisible character before it."""
+_QUOTES = "'\"`\u2018\u2019\u201a\u201b\u201c\u201d\u201e\u201f\u00ab\u00bb\u2039\u203a"
+
+
+def _wrapper(char: str) -> bool:
+    """A quote, white space, or an invisible (format) character such as a BOM, a zero-width
+    space or a direction mark: what a connection string is pasted inside, or after."""
+    return char in _QUOTES or char in _SPACE or unicodedata.category(char) == "Cf"
+
+
 _URI_START = re.compile(r"(?i)[ \t\n\r\f\v]*postgres(?:ql)?://")
 _USERINFO = re.compile(r"[^@/]*@")
 """A URI's userinfo, just past ``://``: libpq looks for an ``@`` before any ``/``."""
@@ -168,9 +175,14 @@ def parse_location(location: str | os.PathLike[str]) -> LedgerLocation:
         raise LedgerConfigError(
             f"the ledger ({_form(text)}) looks like a PostgreSQL DSN but is not one: write "
             f"postgresql://host/dbname")
-    unwrapped = text.strip(_WRAPPERS)
-    wrapped = text[:1] in tuple(_INVISIBLE) or (
-        len(text) > 1 and text[0] in _QUOTES and text[-1] in _QUOTES)
+    start, end = 0, len(text)
+    while start < end and _wrapper(text[start]):
+        start += 1
+    while end > start and _wrapper(text[end - 1]):
+        end -= 1
+    unwrapped = text[start:end]
+    wrapped = start > 0 and (text[0] not in _QUOTES or text[-1] in _QUOTES
+                             or text[0] not in text[1:])  # quoted, or an opening quote alone
     if wrapped and (_URI.match(unwrapped) or _KEYWORD.match(unwrapped)
                               or _FOREIGN_DSN.match(unwrapped)):
         # quotes an env file or a unit file left on, or an invisible character pasted in
@@ -195,23 +207,6 @@ def _secrets(dsn: str | None = None) -> tuple[str, ...]:
     if dsn is not None:
         found.append(password_of(dsn) or "")
     return tuple(found)
-
-
-def sqlite_file(location: str | os.PathLike[str]) -> str | None:
-    """The file a SQLite location names, as SQLite opens it: a path as it is, a ``file:`` URI's
-    path (percent-decoded, its query and any ``//localhost`` authority taken off; relative to
-    the working folder when relative); None for a database in memory."""
-    text = os.fspath(location)
-    if text == ":memory:":
-        return None
-    if not text.startswith("file:"):
-        return text
-    path, _, query = text[len("file:"):].partition("#")[0].partition("?")
-    if "mode=memory" in query.split("&") or path in ("", ":memory:"):
-        return None
-    if path.startswith("//"):  # an authority: empty or localhost (SQLite refuses others)
-        path = "/" + path[2:].partition("/")[2]
-    return urllib.parse.unquote(path)
 
 
 def is_connection_string(location: str | os.PathLike[str]) -> bool:

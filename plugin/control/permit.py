@@ -27,7 +27,7 @@ import contextlib
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, NoReturn
 
 import anyio
 import anyio.from_thread
@@ -36,7 +36,9 @@ import attrs
 from plugin.errors import (
     InvalidArgumentError,
     InvalidArgumentTypeError,
+    LedgerFullError,
     LedgerLockedError,
+    LedgerUnavailableError,
 )
 
 from .attempt import Attempt, SyncAttempt
@@ -45,6 +47,7 @@ from .binding import bind_permits as bind_permits
 from .binding import current_permit as current_permit
 from .binding import hide_permit as hide_permit
 from .clock import Clock
+from .constructor import NoPublicConstructor
 from .ledger import AttemptTrace, CallRecord, RefusalRecord
 from .policy import AttemptKind, RoundKind
 from .refusal import BudgetRefusal, RecallBudgetExceeded, RefusalReason
@@ -60,32 +63,21 @@ __all__ = [
 _RECORD_RETRIES = (0.05, 0.2, None)
 """Pauses between tries of a trace write that found the ledger locked (None: give up)."""
 
+PASSING_FAILURES = (LedgerLockedError, LedgerUnavailableError, LedgerFullError)
+"""Ledger failures a later write can get past: records that meet one stay owed, written by a
+later round of the allowance, and the work they record stands."""
+
 _MISUSE = (
     "a Permit is one object, issued only by RecallAllowance.round() after its reservation "
     "committed; it cannot be copied or pickled"
 )
 
+Records = tuple[dict[str, AttemptTrace], list[RefusalRecord], list[CallRecord], list[int]]
+"""A permit's buffered records: traces by attempt id, refusals, call outcomes, retain limits."""
+
 LEGACY_SLOTS = sys.maxsize
 """``Permit.slots`` of a legacy (unenforced) permit."""
 
-T = TypeVar("T")
-
-
-class NoPublicConstructor(type):
-    """A metaclass whose classes cannot be called: the package builds them with ``_create``.
-
-    ``Permit(...)`` raises :class:`TypeError` (as trio's ``NoPublicConstructor`` does), so a
-    user gets a permit only from ``allowance.round``.
-    """
-
-    def __call__(cls, *args: object, **kwargs: object) -> NoReturn:
-        raise TypeError(
-            f"{cls.__module__}.{cls.__qualname__} has no public constructor; "
-            "a permit comes from RecallAllowance.round()"
-        )
-
-    def _create(cls: type[T], *args: Any, **kwargs: Any) -> T:
-        return super().__call__(*args, **kwargs)  # type: ignore[misc,no-any-return]
 
 
 @attrs.define(eq=False)
@@ -114,6 +106,8 @@ class Permit(metaclass=NoPublicConstructor):
     _source_reads_limit: int = attrs.field(repr=False)
     _reserved_total: int = attrs.field(repr=False)
     _executed_before: int = attrs.field(repr=False)
+    _owner: Callable[[Permit], None] | None = attrs.field(default=None, repr=False)
+    """Told of this permit when a write of its records fails: it owes them (the allowance)."""
     _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False, repr=False)
     _taken: int = attrs.field(default=0, init=False, repr=False)
     _closed: bool = attrs.field(default=False, init=False, repr=False)
@@ -324,15 +318,10 @@ class Permit(metaclass=NoPublicConstructor):
         A flush takes what is buffered out of the buffer, so flushes running at once (late
         attempts ending in parallel) never write a record twice. A failed write (a locked or
         closed ledger) puts it back for the next flush, behind nothing newer, and its error
-        propagates: nothing leaves for good before the ledger committed it.
+        propagates: nothing leaves for good before the ledger committed it. The permit's owner
+        (its allowance) then owes it: a later round of the allowance writes it with its own.
         """
-        with self._lock:
-            traces = dict(self._traces)
-            refusals = list(self._refusals)
-            calls = list(self._calls)
-            self._traces.clear()
-            self._refusals.clear()
-            self._calls.clear()
+        traces, refusals, calls, _ = self._take_records()
         if not traces and not refusals and not calls:
             return
         try:
@@ -351,12 +340,32 @@ class Permit(metaclass=NoPublicConstructor):
                             raise
                         await anyio.sleep(delay)
         except BaseException:
-            with self._lock:
-                for attempt_id, trace in traces.items():
-                    self._traces.setdefault(attempt_id, trace)  # a newer trace wins
-                self._refusals[:0] = refusals
-                self._calls[:0] = calls
+            self._put_back((traces, refusals, calls, []))
             raise
+
+    def _take_records(self) -> Records:
+        """Everything buffered, taken out (handed to a later permit of the same allowance,
+        whose flush writes it with its own)."""
+        with self._lock:
+            taken = (dict(self._traces), list(self._refusals), list(self._calls),
+                     list(self._retain_limit))
+            self._traces.clear()
+            self._refusals.clear()
+            self._calls.clear()
+        return taken
+
+    def _put_back(self, records: Records, *, owed: bool = True) -> None:
+        """Records a write did not commit (or another permit's), back ahead of what is newer;
+        the owner then owes them (unless not ``owed``: this permit's own flush will write)."""
+        traces, refusals, calls, limits = records
+        with self._lock:
+            for attempt_id, trace in traces.items():
+                self._traces.setdefault(attempt_id, trace)  # a newer trace wins
+            self._refusals[:0] = refusals
+            self._calls[:0] = calls
+            self._retain_limit.extend(limits)
+        if owed and self._owner is not None and (traces or refusals or calls):
+            self._owner(self)
 
     def _flush_from_thread(self) -> None:
         """After the phase, write what a worker thread recorded, if it can reach the loop.
@@ -367,7 +376,14 @@ class Permit(metaclass=NoPublicConstructor):
         if not self._flushed:
             return  # the phase will write it
         with contextlib.suppress(RuntimeError):  # not an anyio worker thread, or no loop
-            anyio.from_thread.run(self.flush)
+            anyio.from_thread.run(self._flush_late)
+
+    async def _flush_late(self) -> None:
+        """After the phase, write what a late attempt recorded; a failure that passes leaves
+        it owed (:meth:`flush`), the attempt's own work done."""
+        if self._flushed:
+            with contextlib.suppress(*PASSING_FAILURES):
+                await self.flush()
 
     async def _finish_phase(self) -> None:
         """Close, then persist what the phase recorded. Later records are written as they come."""

@@ -161,7 +161,8 @@ class PostgresLedger(SqlLedger):
         create: bool = True,
     ) -> None:
         if not isinstance(dsn, str) or not dsn:
-            raise LedgerConfigError(f"PostgresLedger dsn must be a non-empty str, got {dsn!r}")
+            raise LedgerConfigError(
+                f"PostgresLedger dsn must be a non-empty str, got {type(dsn).__name__}")
         dsn, named = split_schema(dsn)  # ``?schema=`` is recallbound's, never libpq's
         if named is not None and schema is not None and named != schema:
             raise LedgerConfigError(

@@ -4,7 +4,7 @@ Entering it reserves the round (durably) and binds its permit; leaving it closes
 and writes what the round recorded. A write that fails for a reason that passes (the ledger
 stayed locked beyond its busy timeout and the retries, or could not be reached, or its disk
 was full) does not fail a round whose work is done: the records stay owed by the allowance,
-which writes them before its next reservation and at :meth:`RecallAllowance.flush`.
+and its next round writes them with its own (or :meth:`RecallAllowance.flush` does).
 """
 
 from __future__ import annotations
@@ -13,27 +13,18 @@ import logging
 from types import TracebackType
 from typing import TYPE_CHECKING, NoReturn
 
-from plugin.errors import (
-    LedgerError,
-    LedgerFullError,
-    LedgerLockedError,
-    LedgerUnavailableError,
-    RoundReusedError,
-)
+from plugin.errors import LedgerError, RoundReusedError
 
 from . import observe
 from .binding import Binding
 from .logs import CONTROL, log_event
-from .permit import Permit
+from .permit import PASSING_FAILURES, Permit
 from .policy import RoundKind
 from .refusal import RecallBudgetExceeded
 
 if TYPE_CHECKING:
     from .allowance import RecallAllowance
 
-PASSING_FAILURES = (LedgerLockedError, LedgerUnavailableError, LedgerFullError)
-"""Ledger failures that a later write can get past: a round's end that meets one of them
-defers its records instead of failing."""
 
 
 def log_unissued(run_id: str, kind: RoundKind, exc: BaseException) -> None:
@@ -121,8 +112,7 @@ class Round:
         try:
             await permit._finish_phase()
         except LedgerError as failure:
-            # What was not written stays on the permit, owed: the allowance writes it later.
-            self._allowance._owe(permit)
+            # What was not written stays on the permit, owed: a later round writes it.
             if exc is None and not isinstance(failure, PASSING_FAILURES):
                 raise
             if exc is None:  # the round's work is done and its reservation durable
