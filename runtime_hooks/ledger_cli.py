@@ -271,12 +271,17 @@ async def _show(args: argparse.Namespace, ledger: Ledger, admin: LedgerAdmin, ou
     events.sort(key=lambda e: (e["at_wall"], order[e["event"]], e.get("slot") or 0))
     for event in events:
         event["offset_s"] = event["at_wall"] - origin
+    # No run of its own: legacy attempts only, or a pruned run (its tombstone refuses rounds)
+    pruned = summary is None and not any(a.legacy for a in attempts)
     if args.json:
         _dump(out, {"ledger": location, "now": now, "run_id": run_id,
                     "run": None if summary is None else _summary_json(summary, now),
-                    "timeline": events})
+                    "pruned": pruned, "timeline": events})
         return 0
-    if summary is None:
+    if pruned:
+        out.write(f"run {safe(run_id)}: pruned (its records were removed; the run id stays "
+                  f"spent: every round is refused)\n")
+    elif summary is None:
         out.write(f"run {safe(run_id)}: legacy only (no reservation; not enforced)\n")
     else:
         out.write(

@@ -47,9 +47,9 @@ RUNS = 2
 def _env(tmp_path: Path, schema: str | None = None) -> dict[str, str]:
     env = {name: value for name, value in os.environ.items()
            if not name.startswith("RECALLBOUND_") or name.startswith("RECALLBOUND_TEST_")}
-    # The configuration a block reads is its own (nothing from the machine's environment), the
-    # `recallbound` command is this interpreter's, and no run may reach the network.
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    # The configuration a block reads is its own (nothing from the machine's environment), and
+    # no run may reach the network. PATH is left as it is: a block that needs the
+    # `recallbound` command by name would fail for a user whose environment is not activated.
     env["DATABASE_URL"] = DSN
     if schema is not None:
         env["LEDGER_SCHEMA"] = schema

@@ -180,6 +180,23 @@ def test_prune_dry_run_then_prune(ledger_file: Path) -> None:
     assert cli("ledger", "--ledger", str(ledger_file), "show", "old")[0] == 1
 
 
+def test_a_pruned_run_refused_again_is_shown_pruned_not_legacy(ledger_file: Path) -> None:
+    assert cli("ledger", "--ledger", str(ledger_file), "prune", "--older-than", "30d")[0] == 0
+
+    async def round_again() -> None:
+        async with SqliteLedger(ledger_file) as ledger:
+            allowance = RecallAllowance(ledger, clock=ManualClock(wall=NOW, monotonic=1.0))
+            with pytest.raises(RecallBudgetExceeded):
+                async with allowance.round("old", RoundKind.AUTOMATIC):
+                    pass
+
+    anyio.run(round_again)
+    code, out, _ = cli("ledger", "--ledger", str(ledger_file), "show", "old")
+    assert code == 0 and out.startswith("run old: pruned") and "legacy" not in out
+    code, out, _ = cli("ledger", "--ledger", str(ledger_file), "show", "old", "--json")
+    assert json.loads(out)["pruned"] is True
+
+
 def test_prune_keeps_a_run_whose_deadline_has_not_passed(ledger_file: Path) -> None:
     code, out, _ = cli("ledger", "--ledger", str(ledger_file), "prune", "--older-than", "0s",
                        "--json")
