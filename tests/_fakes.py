@@ -318,18 +318,20 @@ class MemoryAdmin:
         gone = sorted((run.deadline, run_id) for run_id, run in ledger.runs.items()
                       if run.deadline < before_wall and run.deadline <= now and not run.pruned)
         ids = {run_id for _, run_id in gone}
+        # and what was sent to a run pruned earlier since
+        swept = ids | {run_id for run_id, run in ledger.runs.items() if run.pruned}
         rows = {
             "runs": len(ids),
             "rounds": sum(len(ledger.runs[r].rounds) for r in ids),
-            "attempts": sum(1 for t in ledger.traces.values() if t.run_id in ids),
-            "refusals": sum(1 for r in ledger.refused if r.run_id in ids),
-            "retained": sum(len(ledger.retained.get(r, [])) for r in ids),
-            "validations": sum(1 for r in ids if r in ledger.validations_used),
-            "calls": sum(1 for key in ledger._open().calls if key[0] in ids),
+            "attempts": sum(1 for t in ledger.traces.values() if t.run_id in swept),
+            "refusals": sum(1 for r in ledger.refused if r.run_id in swept),
+            "retained": sum(len(ledger.retained.get(r, [])) for r in swept),
+            "validations": sum(1 for r in swept if r in ledger.validations_used),
+            "calls": sum(1 for key in ledger._open().calls if key[0] in swept),
         }
         if not dry_run:
             calls = ledger._open().calls
-            for key in [key for key in calls if key[0] in ids]:
+            for key in [key for key in calls if key[0] in swept]:
                 del calls[key]
             for run_id in ids:
                 run = ledger.runs[run_id]  # its tombstone: limits, spent, nothing else
@@ -338,9 +340,9 @@ class MemoryAdmin:
                 run.pruned = True
                 ledger.retained.pop(run_id, None)
                 ledger.validations_used.pop(run_id, None)
-            for attempt_id in [a for a, t in ledger.traces.items() if t.run_id in ids]:
+            for attempt_id in [a for a, t in ledger.traces.items() if t.run_id in swept]:
                 del ledger.traces[attempt_id]
-            ledger.refused[:] = [r for r in ledger.refused if r.run_id not in ids]
+            ledger.refused[:] = [r for r in ledger.refused if r.run_id not in swept]
         return PruneReport(before_wall=before_wall, now_wall=now_wall, dry_run=dry_run,
                            run_ids=tuple(run_id for _, run_id in gone),
                            rows={table: rows[table] for table in PRUNED_TABLES})

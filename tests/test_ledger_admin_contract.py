@@ -310,11 +310,14 @@ async def test_a_pruned_run_id_stays_refused(pair: Pair) -> None:
         assert (again.reserved, again.executed) == (POLICY.max_searches, 0)
     assert await pair.admin.run("a") is None
     assert [r.run_id for r in await pair.admin.runs(limit=10)] == ["b"]
-    # Pruned again later (its refusals go), it is still one tombstone, still refused.
+    # Pruned again later (its refusals go), it is still one tombstone, still refused. What
+    # was sent to "a" since its prune goes with that later prune.
+    sent_since = len(await pair.ledger.refusals("a"))
     await _run(pair.ledger, "c", WALL + 10**6 + 20)
     report = await pair.admin.prune(before_wall=WALL + 10**7, now_wall=WALL + 10**7,
                                     dry_run=False)
-    assert report.run_ids == ("b",) and report.rows["refusals"] == 0
+    assert report.run_ids == ("b",) and report.rows["refusals"] == sent_since
+    assert await pair.ledger.refusals("a") == []
     again = await pair.ledger.reserve("a", DELIB, 1, POLICY, WALL + 10**6 + 30)
     assert isinstance(again, BudgetRefusal)
     assert (await pair.ledger.usage("a")).rounds == POLICY.max_rounds

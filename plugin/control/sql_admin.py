@@ -198,8 +198,9 @@ class SqlAdmin:
                 await s.fetchall(sql(
                     "UPDATE {q}runs SET pruned = true, rounds = max_rounds, "
                     f"reserved = max_searches WHERE run_id {dialect.in_ids('ids')}"), ids)
-            for table in PRUNED_TABLES[1:]:
-                where = f"FROM {{q}}{table} WHERE run_id {dialect.in_ids('ids')}"
+            for table in PRUNED_TABLES[1:]:  # and what was sent to a pruned run since
+                where = (f"FROM {{q}}{table} WHERE run_id {dialect.in_ids('ids')} OR run_id IN "
+                         f"(SELECT run_id FROM {{q}}runs WHERE pruned = true)")
                 ((rows[table],),) = await s.fetchall(sql(f"SELECT count(*) {where}"), ids)
                 if not dry_run and rows[table]:
                     await s.fetchall(sql(f"DELETE {where}"), ids)
