@@ -165,3 +165,24 @@ def test_the_verdict_names_every_family_whose_recall_fell() -> None:
 def test_the_verdict_says_when_nothing_got_worse() -> None:
     said = verdict(_report(harm=(0.0, 0.0), recall=(0.5, 1.0)))
     assert "worse on no family" in said
+
+
+def test_scenarios_from_a_pipe_are_read_once_and_evaluated_whole(tmp_path: Path) -> None:
+    """A pipe can be read only once; the file is read several times (counted, hashed,
+    evaluated, checked again): what the pipe held is copied into the output folder first."""
+    import os
+    import subprocess
+    import sys
+
+    examples = Path(__file__).resolve().parent.parent / "examples" / "scenarios.jsonl"
+    three = b"".join(examples.read_bytes().splitlines(keepends=True)[:3])
+    out = tmp_path / "o"
+    done = subprocess.run(
+        [sys.executable, "-m", "runtime_hooks", "evaluate", "--scenarios", "/dev/stdin",
+         "--out", str(out), "--semantic", "hashing", "--quiet", "--determinism", "0"],
+        input=three, capture_output=True, timeout=300, check=False,
+        env={k: v for k, v in os.environ.items() if not k.startswith("RECALLBOUND_")})
+    assert done.returncode == 0, done.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert report["scenarios"] == 3
+    assert (out / "scenarios.jsonl").read_bytes() == three

@@ -140,6 +140,9 @@ _BAD_LINES: list[tuple[str, bytes, str]] = [
      .encode(), "memories[0].created_at"),
     ("created_at NaN", _line().replace('"created_at": 1700000000', '"created_at": NaN')
      .encode(), ""),
+    ("created_at past a float", _line().replace('"created_at": 1700000000',
+                                                '"created_at": 1' + "0" * 400).encode(),
+     "memories[1].created_at"),
     ("lone surrogate", _line().replace("Team lunch", "Team \\ud800lunch").encode(),
      "memories[1].text"),
     ("grade 3", _line(relevant={"m1": 3}).encode(), "relevant.m1"),

@@ -29,6 +29,7 @@ import itertools
 import json
 import os
 import shlex
+import stat
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -65,10 +66,7 @@ from .runner import ranking_line as ranking_line
 from .runner import run as run
 from .runner import sample_indices as sample_indices
 from .runner import selected_scenarios
-from .scenarios import (
-    InvalidScenarioError,
-    ScenarioLineTooLongError,
-)
+from .scenarios import InvalidScenarioError, ScenarioLineTooLongError, bounded_lines
 
 __all__ = ["configure", "main", "provenance", "run", "sample_indices"]
 
@@ -218,12 +216,13 @@ def main(args: argparse.Namespace, command_line: Sequence[str] | None = None) ->
     :data:`~plugin.evaluation.scenarios.MAX_LINE_BYTES`, ``/dev/zero``) returns 2, as
     argparse's usage errors do (one line too) before this runs.
     """
-    path: Path = args.scenarios
     try:
         embedding = embedding_for(args.semantic)
     except (ImportError, FileNotFoundError, ValueError) as exc:
         return _fail(f"the {args.semantic or 'default'} semantic model is not available: {exc}")
+    path: Path = args.scenarios
     try:
+        path = args.scenarios = _readable_again(path, args.out)
         total = count_scenario_lines(path)
     except ScenarioLineTooLongError as exc:
         return _fail(f"{path} is not a scenario file: {exc}", 2)
@@ -264,6 +263,23 @@ def main(args: argparse.Namespace, command_line: Sequence[str] | None = None) ->
     if report["determinism"]["identical"] is False:
         return _fail("determinism check failed: a second process ranked differently")
     return 0
+
+
+def _readable_again(path: Path, out: Path) -> Path:
+    """``path``; for a pipe (``/dev/stdin``, ``<(zcat scenarios.jsonl.gz)``), which can be read
+    only once, a copy of what it held, in ``out``: the file is read more than once (counted,
+    hashed, evaluated, and again by the determinism check)."""
+    try:
+        if stat.S_ISREG(path.stat().st_mode):
+            return path
+    except OSError:
+        return path  # counting it names the error
+    out.mkdir(parents=True, exist_ok=True)
+    copy = out / "scenarios.jsonl"
+    with path.open("rb") as source, copy.open("wb") as target:
+        for line in bounded_lines(source):  # /dev/zero ends at its first line's bound
+            target.write(line)
+    return copy
 
 
 def _digest_only(args: argparse.Namespace, path: Path, embedding: EmbeddingAdapter,

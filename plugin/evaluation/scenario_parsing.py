@@ -122,9 +122,14 @@ def _time(value: object, field: str) -> float | None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidScenarioError(f"must be a number, got {_json_type(value)}", field=field)
-    if not math.isfinite(value):
-        raise InvalidScenarioError(f"must be finite, got {value!r}", field=field)
-    return float(value)
+    try:
+        number = float(value)  # an int past a float's range overflows
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        raise InvalidScenarioError(f"must be a finite number, got {str(value)[:40]}",
+                                   field=field)
+    return number
 
 
 def _memory(data: object, field: str) -> ScenarioMemory:
