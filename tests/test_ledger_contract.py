@@ -633,6 +633,20 @@ async def test_a_damaged_ledger_is_a_typed_error(
         await use()
 
 
+@pytest.mark.parametrize("statement", [
+    "UPDATE runs SET run_id = CAST(x'ff41' AS TEXT)",  # text that is not UTF-8
+    "UPDATE rounds SET slots = 9223372036854775807",  # a sum that overflows
+])
+async def test_a_damaged_value_is_a_typed_error_and_check_reports_it(
+    anyio_backend: object, tmp_path: Path, statement: str
+) -> None:
+    path = await _ledger_file_then(tmp_path, statement)
+    async with SqliteLedger(path) as ledger:
+        assert not (await ledger.admin().check()).ok  # reported, not raised
+        with pytest.raises(LedgerCorruptError):
+            await ledger.admin().runs(limit=10)
+
+
 async def test_a_foreign_sqlite_database_is_not_a_ledger(
     anyio_backend: object, tmp_path: Path
 ) -> None:
