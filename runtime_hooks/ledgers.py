@@ -102,6 +102,8 @@ async def open_ledger(
         return
     path = os.fspath(location)
     file = sqlite_file(path)  # a file: URI names its path, as SQLite opens it
+    if must_exist and file is None:
+        raise LedgerPathError(f"{path!r} is a database in memory: it holds no ledger to read")
     if must_exist and file is not None:
         await anyio.to_thread.run_sync(_refuse_non_ledger, path, file)
     async with SqliteLedger(path) as ledger:

@@ -311,6 +311,13 @@ def test_no_command_turns_an_empty_sqlite_database_into_a_ledger(
     assert empty.read_bytes() == before
 
 
+@pytest.mark.parametrize("location", [":memory:", "file:x?mode=memory"])
+@pytest.mark.parametrize("argv", [["runs"], ["check"], ["prune", "--older-than", "1d"]])
+def test_a_ledger_in_memory_is_refused(location: str, argv: list[str]) -> None:
+    code, out, err = cli("ledger", "--ledger", location, *argv)
+    assert (code, out) == (1, "") and "in memory" in err and err.count("\n") == 1
+
+
 def test_a_file_uri_ledger_is_the_file_it_names(ledger_file: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(ledger_file.parent)

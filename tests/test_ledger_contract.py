@@ -633,18 +633,21 @@ async def test_a_damaged_ledger_is_a_typed_error(
         await use()
 
 
-@pytest.mark.parametrize("statement", [
-    "UPDATE runs SET run_id = CAST(x'ff41' AS TEXT)",  # text that is not UTF-8
-    "UPDATE rounds SET slots = 9223372036854775807",  # a sum that overflows
+@pytest.mark.parametrize(("statement", "listed"), [
+    ("UPDATE runs SET run_id = CAST(x'ff41' AS TEXT)", False),  # text that is not UTF-8
+    ("UPDATE rounds SET slots = 9223372036854775807", True),  # a sum that overflows
 ])
 async def test_a_damaged_value_is_a_typed_error_and_check_reports_it(
-    anyio_backend: object, tmp_path: Path, statement: str
+    anyio_backend: object, tmp_path: Path, statement: str, listed: bool
 ) -> None:
     path = await _ledger_file_then(tmp_path, statement)
     async with SqliteLedger(path) as ledger:
         assert not (await ledger.admin().check()).ok  # reported, not raised
-        with pytest.raises(LedgerCorruptError):
-            await ledger.admin().runs(limit=10)
+        if listed:
+            assert [run.run_id for run in await ledger.admin().runs(limit=10)] == ["run"]
+        else:
+            with pytest.raises(LedgerCorruptError):
+                await ledger.admin().runs(limit=10)
 
 
 async def test_a_foreign_sqlite_database_is_not_a_ledger(
@@ -883,6 +886,19 @@ async def test_a_version_2_ledger_file_is_migrated_and_binds(
         assert conn.execute("PRAGMA user_version").fetchone() == (SqliteLedger.schema_version,)
     finally:
         conn.close()
+
+
+@pytest.mark.parametrize("evidence", ['{"a":', "null", "5"])
+async def test_a_damaged_call_record_is_a_typed_error(
+    anyio_backend: object, tmp_path: Path, evidence: str
+) -> None:
+    path = await _ledger_file_then(
+        tmp_path,
+        "INSERT INTO calls (run_id, call_id, digest, status, slot, reason, evidence, more, "
+        f"reserved, executed) VALUES ('run', 'c1', 'd', 'ok', 1, NULL, '{evidence}', 0, 0, 0)")
+    async with SqliteLedger(path) as ledger:
+        with pytest.raises(LedgerCorruptError):
+            await ledger.recorded_calls("run", ["c1"])
 
 
 async def test_a_version_3_ledger_file_gains_the_dropped_count(

@@ -160,12 +160,16 @@ def held(records: Iterable[CallRecord], calls: Sequence[CallIdentity],
 def call_record(run_id: str, row: Row) -> CallRecord:
     """A call record from a row of :data:`_CALLS`."""
     call_id, digest, status, slot, reason, evidence, more, reserved, executed = row
-    return CallRecord(
-        run_id=run_id, call_id=str(call_id), digest=str(digest), status=str(status),
-        slot=None if slot is None else int(slot), reason=reason,
-        evidence_ids=tuple(str(i) for i in json.loads(evidence)), more=int(more),
-        reserved=int(reserved), executed=int(executed),
-    )
+    with stored_values(f"reading the calls of run {run_id!r}"):  # JSONDecodeError: ValueError
+        ids = json.loads(evidence)
+        if not isinstance(ids, list):
+            raise TypeError(f"evidence is not a list: {type(ids).__name__}")
+        return CallRecord(
+            run_id=run_id, call_id=str(call_id), digest=str(digest), status=str(status),
+            slot=None if slot is None else int(slot), reason=reason,
+            evidence_ids=tuple(str(i) for i in ids), more=int(more),
+            reserved=int(reserved), executed=int(executed),
+        )
 
 
 def refusal_row(record: RefusalRecord) -> dict[str, Any]:
