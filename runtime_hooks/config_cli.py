@@ -8,6 +8,7 @@ import os
 from typing import Any, TextIO
 
 from .config import PRECEDENCE, load_config
+from .ledger_cli import safe
 
 
 def add_commands(commands: Any) -> None:
@@ -32,12 +33,12 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         out.write(json.dumps({"file": file, "precedence": list(PRECEDENCE),
                               "settings": rows}, indent=2) + "\n")
         return 0
-    out.write(f"configuration file: {file or '(none)'}\n"
+    out.write(f"configuration file: {safe(file) if file else '(none)'}\n"
               f"precedence: {' > '.join(PRECEDENCE)}\n")
     width = max(len(row["key"]) for row in rows)
     for row in rows:
         value = "(unset)" if row["value"] is None else json.dumps(row["value"])
-        where = f"  [{row['where']}]" if row["where"] else ""
+        where = f"  [{safe(row['where'])}]" if row["where"] else ""
         mark = "  ! LOOSER than the default allowance" if row["looser"] else ""
-        out.write(f"  {row['key']:<{width}}  {value:<24} {row['source']}{where}{mark}\n")
+        out.write(f"  {row['key']:<{width}}  {value:<24} {safe(row['source'])}{where}{mark}\n")
     return 0

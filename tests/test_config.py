@@ -255,6 +255,16 @@ def test_config_show_names_every_source(folder: Path, monkeypatch: pytest.Monkey
     assert lines["query_planning"].split()[1] == '"task_context"'
 
 
+def test_config_show_escapes_a_hostile_file_name(tmp_path: Path) -> None:
+    hostile = tmp_path / 'evil\x1b[31m\nstore  "FORGED" explicit.toml'
+    hostile.write_text('ledger = "l.db"\nstore = "s.db"\n')
+    code, out, _ = _show("--config", str(hostile))
+    assert code == 0 and "\x1b" not in out and "FORGED" in out
+    assert len(out.splitlines()) == 2 + len(
+        [line for line in out.splitlines()[2:] if line.startswith("  ")])
+    assert not any(line.startswith('store  "FORGED"') for line in out.splitlines())
+
+
 def test_config_show_json_hides_a_dsn_password(folder: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RECALLBOUND_LEDGER", "postgresql://alice:s3cret@db:5432/recall")

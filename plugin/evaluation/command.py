@@ -41,6 +41,7 @@ import anyio
 from plugin.errors import RecallboundError
 from plugin.memory.embedding import EmbeddingAdapter
 from plugin.memory.embedding_choice import load_embedding
+from plugin.memory.safe_text import one_line
 
 from .analysis import (
     BOOTSTRAP_RESAMPLES,
@@ -169,7 +170,7 @@ def embedding_for(choice: str | None) -> EmbeddingAdapter:
 
 
 def _fail(message: str, status: int = 1) -> int:
-    print(f"recallbound: {' '.join(message.split())}", file=sys.stderr)
+    print(f"recallbound: {one_line(message)}", file=sys.stderr)  # a file name cannot forge
     return status
 
 
