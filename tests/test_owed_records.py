@@ -97,6 +97,14 @@ async def test_closing_the_hooks_writes_what_is_owed(
         assert (record.status, record.slot) == ("ok", 1)
 
 
+async def _round_ending_locked(allowance: RecallAllowance, holder: sqlite3.Connection) -> None:
+    """One round of run "r" with one attempt, whose end finds the ledger locked by
+    ``holder``: its records are owed."""
+    async with allowance.round("r", RoundKind.DELIBERATE, slots=1) as permit:
+        async with permit.attempt():
+            holder.execute("BEGIN IMMEDIATE")
+
+
 async def test_allowance_flush_writes_owed_traces_and_raises_while_still_locked(
     tmp_path: Path,
 ) -> None:
@@ -104,9 +112,7 @@ async def test_allowance_flush_writes_owed_traces_and_raises_while_still_locked(
     async with SqliteLedger(path, timeout=0.05) as ledger:
         allowance = RecallAllowance(ledger, clock=clock)
         holder = sqlite3.connect(path, isolation_level=None)
-        async with allowance.round("r", RoundKind.DELIBERATE, slots=2) as permit:
-            async with permit.attempt():
-                holder.execute("BEGIN IMMEDIATE")
+        await _round_ending_locked(allowance, holder)
         with pytest.raises(LedgerLockedError):
             await allowance.flush()
         holder.execute("COMMIT")
@@ -144,9 +150,7 @@ async def test_two_flushes_at_once_while_locked_lose_nothing(tmp_path: Path) -> 
     async with SqliteLedger(path, timeout=0.05) as ledger:
         allowance = RecallAllowance(ledger, clock=clock)
         holder = sqlite3.connect(path, isolation_level=None)
-        async with allowance.round("r", RoundKind.DELIBERATE, slots=1) as permit:
-            async with permit.attempt():
-                holder.execute("BEGIN IMMEDIATE")
+        await _round_ending_locked(allowance, holder)
         failed: list[str] = []
 
         async def flush() -> None:
@@ -210,11 +214,9 @@ async def test_a_later_round_writes_what_is_owed_with_its_own_and_never_waits_fo
     path, clock = tmp_path / "ledger.sqlite3", ManualClock(wall=WALL, monotonic=1.0)
     async with SqliteLedger(path, timeout=0.05) as inner:
         ledger = _CountedRecords(inner)
-        allowance = RecallAllowance(ledger, clock=clock)  # type: ignore[arg-type]
+        allowance = RecallAllowance(ledger, clock=clock)
         holder = sqlite3.connect(path, isolation_level=None)
-        async with allowance.round("r", RoundKind.DELIBERATE, slots=1) as permit:
-            async with permit.attempt():
-                holder.execute("BEGIN IMMEDIATE")
+        await _round_ending_locked(allowance, holder)
         holder.execute("COMMIT")
         holder.close()
         before = ledger.writes
