@@ -17,6 +17,7 @@ import attrs
 
 from plugin.control import (
     AllowancePolicy,
+    AttemptOutcome,
     AttemptTrace,
     BudgetRefusal,
     RefusalRecord,
@@ -187,7 +188,9 @@ class MemoryLedger:
     ) -> None:
         store = self._open()
         for trace in attempts:
-            self.traces[trace.attempt_id] = trace
+            known = self.traces.get(trace.attempt_id)
+            if known is None or known.outcome is AttemptOutcome.IN_FLIGHT:  # never regresses
+                self.traces[trace.attempt_id] = trace
         self.refused.extend(refusals)
         for call in calls:
             key = (call.run_id, call.call_id, call.digest)

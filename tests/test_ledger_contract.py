@@ -343,6 +343,10 @@ async def test_a_later_trace_of_the_same_attempt_replaces_it(ledger: Ledger) -> 
     assert [t.outcome for t in await ledger.attempts("run")] == [
         AttemptOutcome.DEADLINE, AttemptOutcome.OK
     ]
+    # an in_flight trace written late never replaces the final one
+    await ledger.record([first], [])
+    assert await ledger.attempts("run") == [final, attrs.evolve(
+        _trace("a2", "run", 2, outcome=AttemptOutcome.OK))]
 
 
 async def test_legacy_attempts_are_not_executed(ledger: Ledger) -> None:

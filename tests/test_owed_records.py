@@ -20,7 +20,12 @@ import pytest
 
 from plugin import Evidence, ManualClock, RecallAllowance, RoundKind
 from plugin.control import SqliteLedger
-from plugin.errors import LedgerClosedError, LedgerCorruptError, LedgerLockedError
+from plugin.errors import (
+    InvalidArgumentError,
+    LedgerClosedError,
+    LedgerCorruptError,
+    LedgerLockedError,
+)
 from runtime_hooks import RecallConfig, ToolCall, ledgers, open_hooks
 
 from ._calls_env import MEMORIES, WALL, Counting, P, S, recall_hooks
@@ -226,3 +231,49 @@ async def test_a_later_round_writes_what_is_owed_with_its_own_and_never_waits_fo
                 pass
         assert ledger.writes == before + 1  # one write: its trace and the owed one
         assert len(await inner.attempts("r")) == 1 and len(await inner.attempts("other")) == 1
+
+
+class _Unstorable:
+    """A ledger that can never store run "bad"'s records (a non-passing failure)."""
+
+    def __init__(self, inner: SqliteLedger) -> None:
+        self.inner = inner
+
+    async def record(self, attempts: Any, refusals: Any, *args: Any, **kwargs: Any) -> None:
+        if any(trace.run_id == "bad" for trace in attempts):
+            raise LedgerCorruptError("a value this ledger cannot store")
+        await self.inner.record(attempts, refusals, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def test_records_no_write_can_store_never_fail_later_rounds(tmp_path: Path) -> None:
+    clock = ManualClock(wall=WALL, monotonic=1.0)
+    async with SqliteLedger(tmp_path / "ledger.sqlite3") as inner:
+        allowance = RecallAllowance(_Unstorable(inner), clock=clock)
+
+        async def one_round(run_id: str) -> None:
+            async with allowance.round(run_id, RoundKind.DELIBERATE, slots=1) as permit:
+                async with permit.attempt():
+                    pass
+
+        with pytest.raises(LedgerCorruptError):
+            await one_round("bad")
+        for run_id in ("b", "c"):  # they do not carry "bad"'s records along
+            await one_round(run_id)
+            assert len(await inner.attempts(run_id)) == 1
+        await allowance.flush()  # nothing is owed
+
+
+@pytest.mark.parametrize("fingerprint", ["\ud800", "a\x00b", "x" * 600])
+async def test_an_attempt_refuses_a_fingerprint_no_ledger_can_store(
+    tmp_path: Path, fingerprint: str
+) -> None:
+    clock = ManualClock(wall=WALL, monotonic=1.0)
+    async with SqliteLedger(tmp_path / "ledger.sqlite3") as ledger:
+        allowance = RecallAllowance(ledger, clock=clock)
+        async with allowance.round("r", RoundKind.DELIBERATE, slots=1) as permit:
+            with pytest.raises(InvalidArgumentError):
+                permit.attempt(fingerprint=fingerprint)
+            assert permit.remaining == 1

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from . import observe
+from . import observe, validate
 from .ledger import AttemptOutcome, AttemptTrace
 from .policy import AttemptKind
 from .refusal import RecallBudgetExceeded, RefusalReason
@@ -37,8 +37,11 @@ class _AttemptBase:
     ) -> None:
         self._permit = permit
         self._kind = kind
-        self._strategy = strategy
-        self._fingerprint = fingerprint
+        # Stored in the trace: text every ledger can store (valid Unicode, no NUL), or None.
+        self._strategy = None if strategy is None else validate.identifier(
+            strategy, field="strategy", max_bytes=validate.MAX_ID_BYTES)
+        self._fingerprint = None if fingerprint is None else validate.identifier(
+            fingerprint, field="fingerprint", max_bytes=validate.MAX_ID_BYTES)
         self._slot = 0
         self._id = ""
         self._started_wall = 0.0

@@ -339,8 +339,10 @@ class Permit(metaclass=NoPublicConstructor):
                         if delay is None:
                             raise
                         await anyio.sleep(delay)
-        except BaseException:
-            self._put_back((traces, refusals, calls, []))
+        except BaseException as exc:
+            # Owed only past a failure that passes: a record no write can ever store must not
+            # ride along with every later round's records and fail them too.
+            self._put_back((traces, refusals, calls, []), owed=isinstance(exc, PASSING_FAILURES))
             raise
 
     def _take_records(self) -> Records:

@@ -29,13 +29,17 @@ from .refusal import RefusalReason
 from .sql_schema import Row
 
 _RECORD_ATTEMPT = """
-INSERT INTO {q}attempts (attempt_id, run_id, round_index, slot, kind, strategy, fingerprint,
-                         outcome, started_wall, elapsed_s, legacy, dropped)
+INSERT INTO {q}attempts AS a (attempt_id, run_id, round_index, slot, kind, strategy, fingerprint,
+                              outcome, started_wall, elapsed_s, legacy, dropped)
 VALUES (:attempt_id, :run_id, :round_index, :slot, :kind, :strategy, :fingerprint, :outcome,
         :started_wall, :elapsed_s, :legacy, :dropped)
 ON CONFLICT (attempt_id) DO UPDATE SET outcome = excluded.outcome, elapsed_s = excluded.elapsed_s,
                                        dropped = excluded.dropped
+WHERE a.outcome = 'in_flight'
 """
+"""An attempt's trace; its final outcome replaces its ``in_flight`` one, never the reverse (an
+``in_flight`` trace written late, by a flush that began before the attempt ended or by a later
+round that took it over, leaves the final one as it is)."""
 
 _RECORD_REFUSAL = """
 INSERT INTO {q}refusals (run_id, round_index, what, kind, reason, at_wall)

@@ -32,6 +32,7 @@ import shlex
 import stat
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
@@ -268,19 +269,24 @@ def main(args: argparse.Namespace, command_line: Sequence[str] | None = None) ->
 
 def _readable_again(path: Path, out: Path) -> Path:
     """``path``; for a pipe (``/dev/stdin``, ``<(zcat scenarios.jsonl.gz)``), which can be read
-    only once, a copy of what it held, in ``out``: the file is read more than once (counted,
-    hashed, evaluated, and again by the determinism check)."""
+    only once, a copy of what it held, in a new file of ``out`` (``scenarios-*.jsonl``, never
+    one that exists): the file is read more than once (counted, hashed, evaluated, and again
+    by the determinism check)."""
     try:
         if stat.S_ISREG(path.stat().st_mode):
             return path
     except OSError:
         return path  # counting it names the error
     out.mkdir(parents=True, exist_ok=True)
-    copy = out / "scenarios.jsonl"
-    with path.open("rb") as source, copy.open("wb") as target:
-        for line in bounded_lines(source):  # /dev/zero ends at its first line's bound
-            target.write(line)
-    return copy
+    with path.open("rb") as source, tempfile.NamedTemporaryFile(
+            "wb", dir=out, prefix="scenarios-", suffix=".jsonl", delete=False) as target:
+        try:
+            for line in bounded_lines(source):  # /dev/zero ends at its first line's bound
+                target.write(line)
+        except BaseException:
+            os.unlink(target.name)
+            raise
+    return Path(target.name)
 
 
 def _digest_only(args: argparse.Namespace, path: Path, embedding: EmbeddingAdapter,
