@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from plugin.errors import InvalidArgumentError
+
 from . import observe, validate
 from .ledger import AttemptOutcome, AttemptTrace
 from .policy import AttemptKind
@@ -22,6 +24,17 @@ from .refusal import RecallBudgetExceeded, RefusalReason
 
 if TYPE_CHECKING:
     from .permit import Permit
+
+
+def _storable(value: str | None, field: str) -> str | None:
+    """``value``, text every ledger can store in a trace (valid Unicode, no NUL, bounded), or
+    None; else :class:`~plugin.errors.InvalidArgumentError`."""
+    if value is None:
+        return None
+    validate.bounded_text(value, field=field, max_bytes=validate.MAX_ID_BYTES)
+    if "\x00" in value:
+        raise InvalidArgumentError(f"{field} must not contain NUL")
+    return value
 
 
 class _AttemptBase:
@@ -37,11 +50,8 @@ class _AttemptBase:
     ) -> None:
         self._permit = permit
         self._kind = kind
-        # Stored in the trace: text every ledger can store (valid Unicode, no NUL), or None.
-        self._strategy = None if strategy is None else validate.identifier(
-            strategy, field="strategy", max_bytes=validate.MAX_ID_BYTES)
-        self._fingerprint = None if fingerprint is None else validate.identifier(
-            fingerprint, field="fingerprint", max_bytes=validate.MAX_ID_BYTES)
+        self._strategy = _storable(strategy, "strategy")
+        self._fingerprint = _storable(fingerprint, "fingerprint")
         self._slot = 0
         self._id = ""
         self._started_wall = 0.0
