@@ -104,7 +104,7 @@ def one_off(arguments: Mapping[str, object] | str, *, prefix: str) -> ToolCall:
     that names no call id (a client resending the request sends a new call). No claim can
     guard what cannot be repeated, so dispatch writes none for it (one synced commit fewer);
     its outcome is recorded like any call's."""
-    return _OneOffCall(call_id=f"{prefix}{uuid.uuid4().hex}", arguments=arguments)
+    return _OneOffCall.with_new_id(arguments, prefix=prefix)
 
 
 def is_one_off(call: ToolCall) -> bool:

@@ -37,7 +37,6 @@ POSTGRES_LEDGER = ("plugin.control.postgres_ledger", "PostgresLedger")
 """Where the PostgreSQL ledger lives (module, class); imported only for a DSN."""
 
 
-
 def sqlite_file(location: str | os.PathLike[str]) -> str | None:
     """The file a SQLite location names, as SQLite opens it: a path as it is, a ``file:`` URI's
     path (percent-decoded, its query and any ``//localhost`` authority taken off; relative to
@@ -53,6 +52,7 @@ def sqlite_file(location: str | os.PathLike[str]) -> str | None:
     if path.startswith("//"):  # an authority: empty or localhost (SQLite refuses others)
         path = "/" + path[2:].partition("/")[2]
     return urllib.parse.unquote(path)
+
 
 def redact_location(location: str | os.PathLike[str]) -> str:
     """The location for display: a DSN's password (any form) replaced by ``***``, and a text

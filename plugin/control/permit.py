@@ -79,7 +79,6 @@ LEGACY_SLOTS = sys.maxsize
 """``Permit.slots`` of a legacy (unenforced) permit."""
 
 
-
 @attrs.define(eq=False)
 class Permit(metaclass=NoPublicConstructor):
     """The authority to run this round's search attempts.

@@ -58,7 +58,7 @@ from ._postgres_schema import (
     inspect_schema,
     setup_schema,
 )
-from .dsn import conninfo_dict, password_of, redact, split_schema
+from .dsn import conninfo_dict, redact, split_schema
 from .ledger import Reservation, WallTime
 from .policy import AllowancePolicy, RoundKind
 from .refusal import BudgetRefusal
@@ -80,10 +80,6 @@ _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 def redact_dsn(dsn: str) -> str:
     """``dsn`` for display: a password in any form as ``***`` (the one redaction)."""
     return redact(dsn)
-
-
-def _password(dsn: str) -> str | None:
-    return password_of(dsn)
 
 
 def _one_line(text: str, secret: str | None) -> str:
@@ -188,9 +184,10 @@ class PostgresLedger(SqlLedger):
                                         f"not {value!r}")
         if not isinstance(create, bool):
             raise LedgerConfigError(f"create must be a bool, not {create!r}")
-        conninfo_dict(dsn)  # a LedgerConfigError, the password never shown, if unparseable
+        # Parsed once: a LedgerConfigError, the password never shown, if libpq cannot read it.
+        password = conninfo_dict(dsn).get("password")
         self._dsn = dsn
-        self._secret = _password(dsn)
+        self._secret = password if isinstance(password, str) and password else None
         self._schema = schema
         self._create = create
         self._time_source: TimeSource = time_source

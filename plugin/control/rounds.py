@@ -26,8 +26,7 @@ if TYPE_CHECKING:
     from .allowance import RecallAllowance
 
 
-
-def log_unissued(run_id: str, kind: RoundKind, exc: BaseException) -> None:
+def _log_unissued(run_id: str, kind: RoundKind, exc: BaseException) -> None:
     if isinstance(exc, RecallBudgetExceeded):
         refusal = exc.refusal
         log_event(CONTROL, logging.INFO, "round.refused", run_id=run_id, kind=kind.value,
@@ -90,7 +89,7 @@ class Round:
         except BaseException as exc:
             if self._watch is not None:
                 self._watch[0].round_ended(self._watch[1], None, exc)
-            log_unissued(self._run_id, self._kind, exc)
+            _log_unissued(self._run_id, self._kind, exc)
             raise
         log_event(CONTROL, logging.DEBUG, "round.granted", run_id=self._run_id,
                   round=permit.round_index, kind=self._kind.value, slots=permit.slots,

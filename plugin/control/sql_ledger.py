@@ -68,8 +68,8 @@ from .sql_rows import (
     _USED,
     attempt_row,
     attempts_of,
-    call_record,
     call_row,
+    calls_of,
     claim_rows,
     held,
     refusal_row,
@@ -207,10 +207,10 @@ class SqlLedger(abc.ABC):
         ids = list(dict.fromkeys(call_ids))
         if not ids:
             return []
+        where = f"reading the calls of run {run_id!r}"
         rows = await self._read(_CALLS + self._dialect.in_ids("ids"),
-                                {"run_id": run_id, "ids": self._dialect.ids(ids)},
-                                f"reading the calls of run {run_id!r}")
-        return [call_record(run_id, row) for row in rows]
+                                {"run_id": run_id, "ids": self._dialect.ids(ids)}, where)
+        return calls_of(run_id, rows, where)
 
     async def _write_batch(
         self, batch: Sequence[tuple[str, Rows]]

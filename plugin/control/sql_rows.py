@@ -164,16 +164,15 @@ def held(records: Iterable[CallRecord], calls: Sequence[CallIdentity],
 def call_record(run_id: str, row: Row) -> CallRecord:
     """A call record from a row of :data:`_CALLS`."""
     call_id, digest, status, slot, reason, evidence, more, reserved, executed = row
-    with stored_values(f"reading the calls of run {run_id!r}"):  # JSONDecodeError: ValueError
-        ids = json.loads(evidence)
-        if not isinstance(ids, list):
-            raise TypeError(f"evidence is not a list: {type(ids).__name__}")
-        return CallRecord(
-            run_id=run_id, call_id=str(call_id), digest=str(digest), status=str(status),
-            slot=None if slot is None else int(slot), reason=reason,
-            evidence_ids=tuple(str(i) for i in ids), more=int(more),
-            reserved=int(reserved), executed=int(executed),
-        )
+    ids = json.loads(evidence)  # JSONDecodeError is a ValueError
+    if not isinstance(ids, list):
+        raise TypeError(f"evidence is not a list: {type(ids).__name__}")
+    return CallRecord(
+        run_id=run_id, call_id=str(call_id), digest=str(digest), status=str(status),
+        slot=None if slot is None else int(slot), reason=reason,
+        evidence_ids=tuple(str(i) for i in ids), more=int(more),
+        reserved=int(reserved), executed=int(executed),
+    )
 
 
 def refusal_row(record: RefusalRecord) -> dict[str, Any]:
@@ -247,3 +246,9 @@ def refusals_of(run_id: str, rows: Sequence[Row], where: str) -> list[RefusalRec
             )
             for round_index, what, kind, reason, at in rows
         ]
+
+
+def calls_of(run_id: str, rows: Sequence[Row], where: str) -> list[CallRecord]:
+    """The run's call records from their rows."""
+    with stored_values(where):
+        return [call_record(run_id, row) for row in rows]

@@ -72,8 +72,6 @@ schema's name, or its "malformed" message quoting one)."""
 
 
 def _translate(exc: BaseException, path: str) -> LedgerError:
-    if isinstance(exc, UnicodeDecodeError):
-        return LedgerCorruptError(f"ledger {redact(path)!r} is damaged: text in it is not UTF-8")
     translated = translate_sqlite(exc, _FAMILY, path)
     assert isinstance(translated, LedgerError)
     return translated

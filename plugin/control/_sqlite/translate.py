@@ -45,8 +45,8 @@ def translate(exc: BaseException, family: Family, path: str,
                               f"{exc}")
     if isinstance(exc, sqlite3.OperationalError) and "no such" in str(exc):
         return family.corrupt(f"{where}: a table or column is missing: {exc}")
-    if isinstance(exc, (sqlite3.OperationalError, UnicodeDecodeError)) and any(
-            words in str(exc) for words in ("decode to UTF-8", "can't decode", "overflow")):
+    if isinstance(exc, UnicodeDecodeError) or (isinstance(exc, sqlite3.OperationalError) and any(
+            words in str(exc) for words in ("decode to UTF-8", "overflow"))):
         # text that is not UTF-8, or numbers whose sum overflows: values no writer stored
         return family.corrupt(f"{where} holds a damaged value: {exc}")
     if is_cantopen(exc):
