@@ -12,11 +12,12 @@ a row or send an escape sequence to the terminal.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import re
 import unicodedata
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from datetime import datetime, timezone
 from typing import Any, TextIO
 
@@ -209,13 +210,21 @@ def _dump(out: TextIO, document: object) -> None:
 # -- commands ----------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def _known_values(what: str) -> Iterator[None]:
+    """A stored value this version has no name for (written by a newer one, or edited), read
+    in the block, is one :class:`~plugin.errors.LedgerCorruptError` line naming ``what``."""
+    try:
+        yield
+    except (ValueError, LedgerCorruptError) as exc:
+        raise LedgerCorruptError(f"{what} holds a value this version of recallbound does not "
+                                 f"know (written by a newer one, or edited): {exc}") from None
+
+
 async def _runs(args: argparse.Namespace, ledger: Ledger, admin: LedgerAdmin, out: TextIO,
                 now: float, location: str) -> int:
-    try:
+    with _known_values(location):
         runs = await admin.runs(limit=args.limit)
-    except (ValueError, LedgerCorruptError) as exc:  # a value no ledger of this version writes
-        raise LedgerCorruptError(f"{location} holds a value this version of recallbound does "
-                                 f"not know (written by a newer one, or edited): {exc}") from None
     if args.json:
         _dump(out, {"ledger": location, "now": now,
                     "runs": [_summary_json(r, now) for r in runs]})
@@ -238,15 +247,11 @@ async def _runs(args: argparse.Namespace, ledger: Ledger, admin: LedgerAdmin, ou
 async def _show(args: argparse.Namespace, ledger: Ledger, admin: LedgerAdmin, out: TextIO,
                 now: float, location: str) -> int:
     run_id = args.run_id
-    try:
+    with _known_values(f"run {run_id!r} in {location}"):
         summary = await admin.run(run_id)
         rounds = await ledger.reservations(run_id)
         attempts = await ledger.attempts(run_id)
         refusals = await ledger.refusals(run_id)
-    except (ValueError, LedgerCorruptError) as exc:  # a value this version has no name for
-        raise LedgerCorruptError(
-            f"run {run_id!r} in {location} holds a value this version of recallbound does not "
-            f"know (written by a newer one, or edited): {exc}") from None
     if summary is None and not attempts and not refusals:
         raise UnknownRunError(f"no run {run_id!r} in {location}")
     origin = summary.opened_wall if summary is not None else min(
