@@ -35,7 +35,6 @@ not from what the retriever reports.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 import math
@@ -44,12 +43,12 @@ from typing import Any, ParamSpec, TypeVar
 
 import anyio
 import attrs
-import sniffio
 
 from plugin.control import AttemptKind, Permit, RecallBudgetExceeded, hide_permit, validate
 from plugin.control.logs import log_event
 from plugin.errors import RetrieverFailedError
 
+from .cancellation import really_cancelled
 from .preparation import PreparedRecall
 from .protocol import AttemptHandle as AttemptHandle
 from .protocol import Bounded as Bounded
@@ -98,27 +97,6 @@ def _stop_in(exc: BaseException) -> BaseException | None:
     return None
 
 
-def _really_cancelled(exc: BaseException) -> bool:
-    """Whether ``exc`` carries a cancellation the event loop is really delivering.
-
-    trio's ``Cancelled`` has no public constructor, so on trio one is real. On asyncio a
-    ``CancelledError`` anyone can raise by hand: it is real only while the task has a pending
-    cancel request (``Task.cancelling()``, Python 3.11+; before that it is taken as real).
-    """
-    cancelled = anyio.get_cancelled_exc_class()
-    subgroup = getattr(exc, "subgroup", None)  # an exception group, on every Python
-    if subgroup is not None:
-        if subgroup(cancelled) is None:
-            return False
-    elif not isinstance(exc, cancelled):
-        return False
-    if sniffio.current_async_library() != "asyncio":
-        return True
-    task = asyncio.current_task()
-    cancelling = getattr(task, "cancelling", None)
-    return cancelling is None or cancelling() > 0
-
-
 def _failure(exc: BaseException) -> RetrieverFailedError:
     reason = exc.reason if isinstance(exc, RetrieverFailedError) else "raised"
     return RetrieverFailedError(reason if isinstance(reason, str) else "raised")
@@ -131,7 +109,7 @@ async def contained(call: Callable[[], Awaitable[T]]) -> T:
         with hide_permit():
             return await call()
     except BaseException as exc:
-        if isinstance(exc, _NEVER_CONTAINED) or _really_cancelled(exc):
+        if isinstance(exc, _NEVER_CONTAINED) or really_cancelled(exc):
             raise
         failure = _failure(exc)
     raise failure

@@ -19,6 +19,7 @@ import attrs
 from plugin.control.logs import log_event
 from plugin.memory.state import WorkingState
 
+from .cancellation import really_cancelled
 from .compose import (
     DEFAULT_MAX_BYTES,
     MAX_CONSTRAINTS,
@@ -143,8 +144,8 @@ class QueryPlanner:
         with anyio.move_on_after(self.admission_timeout_s) as deadline:
             try:
                 answer = await admission(QueryStrategy.TASK_CONTEXT.value)
-            except anyio.get_cancelled_exc_class():
-                if deadline.cancel_called or _cancelled_from_outside():
+            except anyio.get_cancelled_exc_class() as exc:
+                if deadline.cancel_called or really_cancelled(exc):
                     raise  # ours (the timeout) or the caller's: a real cancellation
                 log_event(_log, logging.WARNING, "planning.admission_failed",
                           error="a cancellation of its own")
@@ -168,16 +169,3 @@ class QueryPlanner:
         log_event(_log, logging.WARNING, "planning.admission_failed",
                   error=f"answered {type(answer).__name__}, not bool")
         return BaselineReason.ADMISSION_FAILED
-
-
-def _cancelled_from_outside() -> bool:
-    """Whether a cancellation caught here is a real one (the caller's), not one an admission
-    raised on its own. trio's cannot be raised by user code; on asyncio, Python 3.11 and later
-    count the requests to cancel the task (on 3.10 every one is taken as real)."""
-    import asyncio
-
-    if anyio.get_cancelled_exc_class() is not asyncio.CancelledError:
-        return True
-    task = asyncio.current_task()
-    cancelling = getattr(task, "cancelling", None)
-    return cancelling is None or bool(cancelling())
