@@ -46,9 +46,20 @@ def canonical_arguments(arguments: Mapping[str, object] | str | None) -> str:
         except (ValueError, RecursionError):
             return arguments  # not JSON: the raw text is the identity (the hooks reject it)
     try:
-        return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+        return json.dumps(_plain(value), sort_keys=True, ensure_ascii=False,
+                          separators=(",", ":"))
     except (TypeError, ValueError, RecursionError):
         return repr(value)
+
+
+def _plain(value: object) -> object:
+    """``value`` with every mapping a dict and every list or tuple a list (how JSON reads
+    them back): a ``MappingProxyType`` or a framework's own mapping compares by content."""
+    if isinstance(value, Mapping):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value
 
 
 def arguments_digest(arguments: Mapping[str, object] | str | None) -> str:

@@ -54,7 +54,8 @@ async def revalidate_retained(
             with anyio.move_on_after(within_s) as bound:
                 read = await contained(
                     lambda: retriever.revalidate(to_read, principal=principal, scope=scope))
-            if bound.cancelled_caught:
+            if bound.cancel_called or anyio.current_time() >= bound.deadline:
+                # Cut, or answered past the bound (a swallowed cancellation, a blocked loop).
                 raise RetrieverFailedError("deadline")
             admitted, _ = admit(read, principal=principal, scope=scope, run_id=run_id,
                                 what="revalidate", caps=caps)

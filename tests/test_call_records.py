@@ -12,8 +12,9 @@ import contextlib
 import json
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import attrs
@@ -118,6 +119,45 @@ async def test_a_refused_call_keeps_its_refusal(opener: Callable[[], Any]) -> No
         assert three.refusal is not None and three.refusal.reason is RefusalReason.SLOTS
         assert "bounded" in two.content and "not evidence" in two.content
         assert await _counts(hooks, "r") == before and retriever.searches == 0
+
+
+class _Arguments(Mapping[str, object]):
+    """A framework's own read-only mapping of a call's arguments."""
+
+    def __init__(self, values: dict[str, object]) -> None:
+        self._values = values
+
+    def __getitem__(self, key: str) -> object:
+        return self._values[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+
+@pytest.mark.parametrize("spelling", [
+    '{ "scope": "proj", "query": "cutover" }',
+    MappingProxyType({"query": "cutover", "scope": "proj"}),
+    _Arguments({"scope": "proj", "query": "cutover"}),
+], ids=["json text", "mappingproxy", "own mapping"])
+async def test_a_replay_spelled_as_any_mapping_is_not_searched_again(
+    opener: Callable[[], Any], spelling: object,
+) -> None:
+    clock = ManualClock(wall=WALL, monotonic=1.0)
+    first = {"query": "cutover", "scope": "proj"}
+    retriever = Counting()
+    async with _hooks(opener, clock, retriever) as hooks:
+        (ran,) = await hooks.dispatch([ToolCall(call_id="c1", arguments=first)], run_id="r",
+                                      scope=S, principal=P)
+    again = Counting()
+    async with _hooks(opener, clock, again) as hooks:
+        (replayed,) = await hooks.dispatch(
+            [ToolCall(call_id="c1", arguments=spelling)],  # type: ignore[arg-type]
+            run_id="r", scope=S, principal=P)
+    assert ran.status == "ok" and retriever.searches == 1
+    assert (replayed.status, replayed.slot, again.searches) == ("ok", ran.slot, 0)
 
 
 async def test_a_reused_call_id_with_other_arguments_is_a_new_call(
@@ -313,3 +353,11 @@ async def test_a_stale_estimate_never_searches_past_the_allowance(
         (late,) = await this.dispatch([_call("c2", "deploy")], run_id="r", scope=S, principal=P)
         assert late.status == "refused" and here.searches == 1 and there.searches == 3
         assert await _counts(this, "r") == (2, 4, 4)
+
+
+def test_canonical_arguments_read_nested_mappings_and_tuples_as_json_does() -> None:
+    from runtime_hooks.calls import canonical_arguments
+
+    nested = {"a": ("x", MappingProxyType({"b": 1})), "c": _Arguments({"d": [2]})}
+    assert canonical_arguments(nested) == canonical_arguments(
+        '{"c": {"d": [2]}, "a": ["x", {"b": 1}]}')

@@ -178,6 +178,40 @@ async def test_a_replay_whose_re_read_never_returns_ends_within_the_deadline(
     assert hanging.searches == 0 and hanging.reads >= 1
 
 
+class Late(Counting):
+    """A retriever whose re-read swallows the bound's cancellation and answers anyway."""
+
+    async def get(self, evidence_id: str, *, principal: str, scope: str) -> Evidence | None:
+        self.reads += 1
+        try:
+            await anyio.sleep_forever()
+        except anyio.get_cancelled_exc_class():
+            pass
+        return Evidence(id=evidence_id, text="LATE re-read text", principal=CALL_P,
+                        scope=CALL_S)
+
+
+async def test_a_re_read_answered_past_its_bound_is_failed_never_shown(
+    opener: Callable[[], Any],
+) -> None:
+    clock = ManualClock(wall=WALL, monotonic=1.0)
+    call = ToolCall(call_id="c1", arguments={"query": "cutover"})
+    async with opener() as ledger:
+        hooks = recall_hooks(ledger, clock, Counting(), deadline_s=0.05)
+        (ran,) = await hooks.dispatch([call], run_id="r", scope=CALL_S, principal=CALL_P)
+        assert ran.status == "ok" and ran.evidence
+    late = Late()
+    async with opener() as ledger:
+        hooks = recall_hooks(ledger, clock, late, deadline_s=0.05)
+        (replayed,) = await hooks.dispatch([call], run_id="r", scope=CALL_S, principal=CALL_P)
+        checks = await hooks.validate_retained(["m0"], run_id="r", scope=CALL_S,
+                                               principal=CALL_P)
+    assert "LATE" not in replayed.content and replayed.evidence == ()
+    assert "could not be re-read" in replayed.content
+    assert [c.status for c in checks] == ["failed"]
+    assert late.searches == 0 and late.reads >= 1
+
+
 async def test_a_call_id_with_a_nul_is_invalid_and_the_others_keep_exactly_once(
     opener: Callable[[], Any],
 ) -> None:

@@ -66,18 +66,30 @@ async def test_a_re_read_is_held_to_the_caps(tmp_path: Path, after: Evidence | N
         assert (again.status, [e.id for e in again.evidence]) == ("ok", ["m1"])
 
 
+@pytest.mark.parametrize("how", ["raised", "from its own task group", "in a group"])
 @pytest.mark.parametrize("stop", [KeyboardInterrupt, SystemExit])
-def test_a_retrievers_stop_signal_leaves_as_itself(tmp_path: Path,
-                                                   stop: type[BaseException]) -> None:
+def test_a_retrievers_stop_signal_leaves_as_itself(tmp_path: Path, stop: type[BaseException],
+                                                   how: str) -> None:
     """Never contained, and not wrapped in the task group's exception group either: a host's
-    ``except KeyboardInterrupt`` catches it. Trio: asyncio stops its loop on these itself."""
+    ``except KeyboardInterrupt`` catches it, also when the retriever's own fan-out (a task
+    group of its own) wrapped it in a group. Trio: asyncio stops its loop on these itself."""
     import anyio
 
     from plugin import SimpleRetriever, WorkingState
 
+    async def fetch_shard() -> None:
+        raise stop
+
     async def search(request: Any) -> list[Evidence]:
         if "boom" in request.text:
-            raise stop
+            if how == "raised":
+                raise stop
+            if how == "in a group":
+                async with anyio.create_task_group() as group:  # two shards: always a group
+                    group.start_soon(fetch_shard)
+                    group.start_soon(fetch_shard)
+            async with anyio.create_task_group() as group:
+                group.start_soon(fetch_shard)
         return [NOTE]
 
     async def main() -> list[str]:

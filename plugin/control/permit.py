@@ -51,6 +51,7 @@ from .constructor import NoPublicConstructor
 from .ledger import AttemptTrace, CallRecord, RefusalRecord
 from .policy import AttemptKind, RoundKind
 from .refusal import BudgetRefusal, RecallBudgetExceeded, RefusalReason
+from .shield import finish
 
 if TYPE_CHECKING:
     from .ledger import Ledger
@@ -312,7 +313,8 @@ class Permit(metaclass=NoPublicConstructor):
             self._retain_limit.append(retain_limit)
 
     async def flush(self) -> None:
-        """Write buffered traces and refusals to the ledger (shielded from cancellation).
+        """Write buffered traces and refusals to the ledger (finished whatever cancels the
+        caller, a native asyncio cancel included: :func:`~plugin.control.shield.finish`).
 
         A flush takes what is buffered out of the buffer, so flushes running at once (late
         attempts ending in parallel) never write a record twice. A failed write (a locked or
@@ -323,21 +325,24 @@ class Permit(metaclass=NoPublicConstructor):
         traces, refusals, calls, _ = self._take_records()
         if not traces and not refusals and not calls:
             return
+
+        async def write() -> None:
+            for delay in _RECORD_RETRIES:
+                try:
+                    if calls:
+                        await self._ledger.record(
+                            list(traces.values()), refusals, calls,
+                            retain_limit=max(self._retain_limit, default=0))
+                    else:  # a ledger written before call records still takes this
+                        await self._ledger.record(list(traces.values()), refusals)
+                    return
+                except LedgerLockedError:
+                    if delay is None:
+                        raise
+                    await anyio.sleep(delay)
+
         try:
-            with anyio.CancelScope(shield=True):
-                for delay in _RECORD_RETRIES:
-                    try:
-                        if calls:
-                            await self._ledger.record(
-                                list(traces.values()), refusals, calls,
-                                retain_limit=max(self._retain_limit, default=0))
-                        else:  # a ledger written before call records still takes this
-                            await self._ledger.record(list(traces.values()), refusals)
-                        break
-                    except LedgerLockedError:
-                        if delay is None:
-                            raise
-                        await anyio.sleep(delay)
+            await finish(write)
         except BaseException as exc:
             # Owed only past a failure that passes: a record no write can ever store must not
             # ride along with every later round's records and fail them too.

@@ -109,8 +109,8 @@ async def contained(call: Callable[[], Awaitable[T]]) -> T:
         with hide_permit():
             return await call()
     except BaseException as exc:
-        if isinstance(exc, _NEVER_CONTAINED) or really_cancelled(exc):
-            raise
+        if _stop_in(exc) is not None or really_cancelled(exc):
+            raise  # a stop inside the retriever's own task group is still a stop
         failure = _failure(exc)
     raise failure
 
@@ -121,7 +121,7 @@ def contained_sync(call: Callable[[], T]) -> T:
         with hide_permit():
             return call()
     except BaseException as exc:
-        if isinstance(exc, _NEVER_CONTAINED):
+        if _stop_in(exc) is not None:
             raise
         failure = _failure(exc)
     raise failure

@@ -1,0 +1,135 @@
+"""A native asyncio cancel (``asyncio.gather``, ``wait_for``, a framework's own task handling)
+passes any anyio shield: the round's trace must still be written, and the attempt counted as
+executed (asyncio only: trio has no native cancel)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from agents import Agent, RunConfig
+from agents.testing import ScriptedModel, assistant_message, function_call
+
+from plugin import Evidence, ManualClock, SimpleRetriever, WorkingState
+from plugin.control.shield import finish
+from runtime_hooks.adapters import SEARCH_TOOL
+from runtime_hooks.adapters.openai_agents import agents_recall
+from runtime_hooks.bootstrap import RecallConfig, open_hooks
+from runtime_hooks.hooks import RecallHooks, ToolCall
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def slow_retriever(started: anyio.Event, calls: list[str]) -> SimpleRetriever:
+    async def search(request: Any) -> list[Evidence]:
+        calls.append(request.text)
+        started.set()
+        await anyio.sleep(3600)
+        return [Evidence(id="m1", text="never shown")]
+
+    return SimpleRetriever(search)
+
+
+def phase(hooks: RecallHooks, which: str) -> Callable[[], Coroutine[Any, Any, object]]:
+    if which == "dispatch":
+        return lambda: hooks.dispatch([ToolCall(call_id="c0", arguments={"query": "backfill"})],
+                                      run_id="r1", scope="atlas", principal="ana")
+    return lambda: hooks.prepare(WorkingState("invoice backfill"), run_id="r1", scope="atlas",
+                                 principal="ana")
+
+
+async def cancel_natively(how: str, work: Callable[[], Coroutine[Any, Any, object]],
+                          started: anyio.Event) -> None:
+    if how == "gather under an anyio scope":
+        async with anyio.create_task_group() as group:
+            async def gathered() -> None:
+                await asyncio.gather(work())
+            group.start_soon(gathered)
+            await started.wait()
+            group.cancel_scope.cancel()
+    elif how == "cancelled again and again":
+        task = asyncio.ensure_future(work())
+        await started.wait()
+        while not task.done():
+            task.cancel()
+            await asyncio.sleep(0)
+    else:
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.gather(work()), timeout=0.2)
+
+
+@pytest.mark.parametrize("how", ["gather under an anyio scope", "cancelled again and again",
+                                 "wait_for"])
+@pytest.mark.parametrize("which", ["dispatch", "prepare"])
+async def test_a_native_cancel_mid_search_keeps_the_attempts_trace(
+    tmp_path: Path, clock: ManualClock, how: str, which: str
+) -> None:
+    started, calls = anyio.Event(), []
+    config = RecallConfig(ledger_path=tmp_path / "ledger.db", store_path=tmp_path / "m.db")
+    async with open_hooks(config, clock=clock,
+                          retriever=slow_retriever(started, calls)) as hooks:
+        await cancel_natively(how, phase(hooks, which), started)
+        usage = await hooks.allowance.ledger.usage("r1")
+        traces = await hooks.allowance.ledger.attempts("r1")
+    assert len(calls) == 1
+    assert usage.executed == 1
+    assert [trace.slot for trace in traces] == [1]
+
+
+async def test_a_host_timeout_around_an_agents_run_keeps_the_trace(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    started, calls = anyio.Event(), []
+    config = RecallConfig(ledger_path=tmp_path / "ledger.db", store_path=tmp_path / "m.db")
+    async with open_hooks(config, clock=clock,
+                          retriever=slow_retriever(started, calls)) as hooks:
+        recall = agents_recall(hooks, automatic=False)
+        model = ScriptedModel([
+            [function_call(SEARCH_TOOL.name, {"query": "invoice backfill"}, call_id="s0")],
+            [assistant_message("Done.")]])
+        agent: Agent[Any] = Agent(name="a", instructions="hi", model=model, tools=[recall.tool])
+        with anyio.move_on_after(0.5):
+            await recall.run(agent, "Continue", run_id="r1", scope="atlas", principal="ana",
+                             run_config=RunConfig(tracing_disabled=True))
+        usage = await hooks.allowance.ledger.usage("r1")
+    assert len(calls) == 1
+    assert (usage.rounds, usage.reserved, usage.executed) == (1, 1, 1)
+
+
+async def test_finish_completes_its_work_and_then_re_raises_the_callers_cancel() -> None:
+    done: list[str] = []
+
+    async def work() -> str:
+        for _ in range(5):
+            await asyncio.sleep(0)
+        done.append("written")
+        return "ok"
+
+    task = asyncio.ensure_future(finish(work))
+    for _ in range(3):
+        await asyncio.sleep(0)
+        task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert done == ["written"]
+
+
+async def test_finish_raises_the_works_own_error_first() -> None:
+    async def work() -> None:
+        await asyncio.sleep(0)
+        raise LookupError("the write failed")
+
+    task = asyncio.ensure_future(finish(work))
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(LookupError):
+        await task
