@@ -14,7 +14,7 @@ import importlib.metadata
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import NoReturn, TextIO
 
 import anyio
 
@@ -35,8 +35,18 @@ def version() -> str:
         return "unknown"
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose usage errors never show a password: they quote the command
+    line (``unrecognized arguments: --ledger postgresql://app:secret@...``). Its subcommands'
+    parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {redact(message)}\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="recallbound", description="Bounded, durable memory recall for agent runtimes."
     )
     parser.add_argument("--version", action="store_true",

@@ -294,12 +294,15 @@ class RecallConfig:
     caps: ContextCaps = attrs.field(factory=ContextCaps, validator=_instance(ContextCaps),
                                     metadata=_setting(
         "caps", "section", "What one search hands the model.", ContextCaps,
-        widens=("max_items", "max_bytes"),
+        widens=("max_items", "max_bytes", "candidates_per_arm", "beliefs_per_person"),
         max_items="Most evidence items rendered (more than 8 needs allow_looser_policy).",
         max_bytes="Most UTF-8 bytes of rendered evidence (more than 4096 needs "
                   "allow_looser_policy).",
-        candidates_per_arm="How many candidates each arm contributes to ranking.",
-        beliefs_per_person="Most beliefs rendered per person named."))
+        candidates_per_arm="How many candidates each arm contributes to ranking; with "
+                           "max_items it sets how many items of a read are examined (more "
+                           "than 20 needs allow_looser_policy).",
+        beliefs_per_person="Most beliefs rendered per person named (more than 3 needs "
+                           "allow_looser_policy)."))
     legacy: bool = attrs.field(default=False, validator=_flag, metadata=_setting(
         "legacy", "bool", "The unenforced legacy mode (needs allow_looser_policy from a file "
         "or the environment).", widens=True, looser="the legacy mode enforces no allowance"))

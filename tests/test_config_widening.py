@@ -24,6 +24,8 @@ WIDENING = {
     "policy.source_read_fallbacks": ("3", 3),
     "caps.max_items": ("9", 9),
     "caps.max_bytes": ("4097", 4097),
+    "caps.candidates_per_arm": ("21", 21),  # it raises how many items of a read are examined
+    "caps.beliefs_per_person": ("4", 4),
     "preparation_budget_s": ("2.5", 2.5),
     "admission_timeout_s": ("0.5", 0.5),
     "legacy": ("true", True),

@@ -89,6 +89,33 @@ def test_the_uri_schema_parameter_is_recallbounds_own() -> None:
     assert (parsed.target, parsed.schema) == ("postgresql://h/db?sslmode=require", "fleet")
 
 
+@pytest.mark.parametrize("password", ["Pw?", "a?b&", "x?&y", "'p?x&&y'", "Pw?schema=tail"])
+def test_a_keyword_dsns_question_mark_belongs_to_its_value(password: str) -> None:
+    """A key=value string has no query: a ``?`` in a password is the password's, never a
+    ``?schema=`` (which would rewrite the password, and show a piece of it as the schema)."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    from plugin.control import PostgresLedger
+
+    dsn = f"host=127.0.0.1 dbname=x user=u password={password}"
+    parsed = parse_location(dsn)
+    assert (parsed.target, parsed.schema) == (dsn, None)
+    ledger = PostgresLedger(dsn)
+    assert ledger.schema == "recallbound" and "tail" not in ledger.location
+    assert conninfo_to_dict(ledger._dsn)["password"] == conninfo_to_dict(dsn)["password"]
+
+
+@pytest.mark.parametrize("schema", ["Recall", "bad-name", "1st", "x" * 64])
+def test_an_invalid_uri_schema_is_refused_when_the_configuration_is_read(
+    tmp_path: Path, schema: str
+) -> None:
+    with pytest.raises(LedgerConfigError, match="lowercase identifier"):
+        parse_location(f"postgresql://h/db?schema={schema}")
+    with pytest.raises(ConfigError):
+        load_config(env={"RECALLBOUND_LEDGER": f"postgresql://h/db?schema={schema}"},
+                    cwd=tmp_path)
+
+
 @pytest.mark.parametrize("location", [
     "ledger.db", "./host=x.db", "/var/lib/recall/ledger.db", ":memory:", "file:ledger.db",
     "file:///tmp/ledger.db?mode=rwc", "C:\\ledgers\\fleet.db", "'notes'.db", "\"x=1\".db",
@@ -291,3 +318,18 @@ async def test_a_sqlite_ledger_error_never_shows_a_password_in_its_path() -> Non
         async with SqliteLedger(f"'POSTGRES://app:{SECRET}@db/fleet'"):
             pass
     assert SECRET not in str(caught.value)
+
+
+@pytest.mark.parametrize("argv", [
+    ["ledger", "runs", "--ledger", f"postgresql://app:{SECRET}@127.0.0.1/db"],
+    ["ledger", "check", "--ledger", f"host=127.0.0.1 dbname=db user=app password={SECRET}"],
+    ["--ledger", f"postgresql://app:{SECRET}@127.0.0.1/db", "ledger", "runs"],
+    ["config", "show", f"postgresql://app:{SECRET}@127.0.0.1/db"],
+], ids=["after the subcommand", "a keyword dsn", "before the command", "as a positional"])
+def test_a_usage_error_never_prints_the_password(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """argparse quotes the command line it could not read: the password is redacted there too."""
+    assert main(argv) == 2
+    printed = capsys.readouterr()
+    assert "error:" in printed.err and SECRET not in printed.out + printed.err

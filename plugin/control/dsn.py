@@ -121,12 +121,27 @@ def _query_mark(dsn: str) -> int:
     ``#`` is an ordinary character of the value it is in.
     """
     scheme = _URI_START.match(dsn)
-    start = scheme.end() if scheme is not None else 0
-    userinfo = _USERINFO.match(dsn, start)
-    return dsn.find("?", userinfo.end() if userinfo is not None else start)
+    if scheme is None:
+        return -1  # a key=value string has no query: a ``?`` is part of a value
+    userinfo = _USERINFO.match(dsn, scheme.end())
+    return dsn.find("?", userinfo.end() if userinfo is not None else scheme.end())
+
+
+SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+"""A ledger schema's name: a lowercase identifier PostgreSQL keeps as written."""
+
+
+def check_schema(schema: object) -> str:
+    """``schema`` if it is a valid ledger schema name, else a ``LedgerConfigError``."""
+    if not isinstance(schema, str) or not SCHEMA_NAME.fullmatch(schema):
+        raise LedgerConfigError(
+            f"schema {schema!r} must be a lowercase identifier ([a-z_][a-z0-9_]*, <= 63)")
+    return schema
 
 
 def split_schema(dsn: str) -> tuple[str, str | None]:
+    """A URI's own ``?schema=`` taken out: (the DSN libpq sees, the schema or None). A
+    key=value string is returned whole (it has no query; it names no schema)."""
     mark = _query_mark(dsn)
     if mark < 0:
         return dsn, None
@@ -144,6 +159,8 @@ def split_schema(dsn: str) -> tuple[str, str | None]:
                                 f"{len(schemas)} times; give it once")
     if schemas and not schemas[0]:
         raise LedgerConfigError(f"the ledger DSN's {SCHEMA_PARAMETER!r} parameter is empty")
+    if schemas:
+        check_schema(schemas[0])
     query = "&".join(kept)
     rebuilt = base + ("?" + query if query else "")
     return rebuilt, schemas[0] if schemas else None

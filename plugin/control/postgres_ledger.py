@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import re
 import zlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar
@@ -58,7 +57,7 @@ from ._postgres_schema import (
     inspect_schema,
     setup_schema,
 )
-from .dsn import conninfo_dict, redact, split_schema
+from .dsn import check_schema, conninfo_dict, redact, split_schema
 from .ledger import Reservation, WallTime
 from .policy import AllowancePolicy, RoundKind
 from .refusal import BudgetRefusal
@@ -74,7 +73,6 @@ from .sql_schema import (
 T = TypeVar("T")
 
 TimeSource = Literal["server", "caller"]
-_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 
 def redact_dsn(dsn: str) -> str:
@@ -164,10 +162,7 @@ class PostgresLedger(SqlLedger):
             raise LedgerConfigError(
                 f"the DSN names schema {named!r} and schema= names {schema!r}: give one")
         schema = schema if schema is not None else named if named is not None else "recallbound"
-        if not isinstance(schema, str) or not _SCHEMA_NAME.fullmatch(schema):
-            raise LedgerConfigError(
-                f"schema {schema!r} must be a lowercase identifier ([a-z_][a-z0-9_]*, <= 63)"
-            )
+        check_schema(schema)
         if time_source not in ("server", "caller"):
             raise LedgerConfigError(
                 f"time_source must be 'server' or 'caller', not {time_source!r}"
