@@ -226,12 +226,14 @@ def _telemetry_choice(value: object) -> Telemetry:
 def is_ephemeral(location: str | os.PathLike[str]) -> bool:
     """Whether a ledger location keeps nothing once closed (an in-memory SQLite database)."""
     text = os.fspath(location)
-    if text == ":memory:":
+    if text in ("", ":memory:"):  # "" is SQLite's private temporary database
         return True
-    if text.startswith("file:"):
-        query = urllib.parse.urlsplit(text).query
-        return text.startswith("file::memory:") or "memory" in urllib.parse.parse_qs(
-            query).get("mode", [])
+    if text[:5].lower() == "file:":
+        name, _, query = text[5:].partition("?")
+        name = urllib.parse.unquote(name.partition("#")[0])
+        options = urllib.parse.parse_qs(query)
+        return (name in ("", ":memory:") or name.startswith(":memory:")
+                or "memory" in options.get("mode", []) or "memdb" in options.get("vfs", []))
     return False
 
 

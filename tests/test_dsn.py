@@ -333,3 +333,25 @@ def test_a_usage_error_never_prints_the_password(
     assert main(argv) == 2
     printed = capsys.readouterr()
     assert "error:" in printed.err and SECRET not in printed.out + printed.err
+
+
+@pytest.mark.parametrize("text", ["host=127.0.0.1 dbname=fleet user=app",
+                                  "postgresql://app@127.0.0.1/fleet"])
+def test_a_path_that_reads_as_a_connection_string_is_refused(text: str, tmp_path: Path) -> None:
+    """Given as a str the same text opens PostgreSQL: as a path it is neither (one value, one
+    ledger), and no SQLite file is made of it."""
+    with pytest.raises(LedgerConfigError, match="reads as a connection string"):
+        parse_location(Path(text))
+    with pytest.raises(ConfigError):
+        RecallConfig(ledger_path=Path(text), store_path=tmp_path / "m.db")
+    assert parse_location(tmp_path / "host=x.db").kind == "sqlite"  # an absolute path is a file
+
+
+def test_an_unparseable_dsns_error_holds_no_password_in_its_chain() -> None:
+    with pytest.raises(LedgerConfigError) as caught:
+        parse_location(f"host=127.0.0.1 dbname=x password=Open {SECRET}")
+    chain, seen = [], caught.value
+    while seen is not None:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    assert SECRET not in " ".join(str(error) for error in chain)

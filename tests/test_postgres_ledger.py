@@ -486,3 +486,20 @@ async def test_a_connection_killed_as_it_is_lent_fails_one_call_closed_then_is_r
             second = _granted(await ledger.reserve(run, DELIB, 1, POLICY, 101.0))
             assert second.round_index in (1, 2)
             assert (await ledger.usage(run)).rounds == second.round_index
+
+
+@pytest.mark.parametrize(("dsn", "expected"), [
+    ("host=127.0.0.1 dbname=db connect_timeout=3", None),
+    ("postgresql://u@127.0.0.1/db?connect_timeout=3", None),
+    ("host=127.0.0.1 dbname=db", 7),
+])
+async def test_a_dsns_own_connect_timeout_is_passed_on_unchanged(
+    dsn: str, expected: int | None
+) -> None:
+    """The DSN's own ``connect_timeout`` stands (libpq reads it); ``connect_timeout=`` fills in
+    only where the DSN names none."""
+    from plugin.control._postgres import make_driver
+
+    driver = make_driver(dsn, min_size=1, max_size=1, connect_timeout=7.0, pool_timeout=1.0,
+                         name="t")
+    assert driver._probe[1].get("connect_timeout") == expected  # type: ignore[attr-defined]

@@ -35,6 +35,8 @@ import psycopg
 import psycopg_pool
 import sniffio
 
+from .dsn import conninfo_dict
+
 Params: TypeAlias = "Sequence[Any] | Mapping[str, Any]"
 Row: TypeAlias = "tuple[Any, ...]"
 T = TypeVar("T")
@@ -335,11 +337,11 @@ def make_driver(
         "autocommit": True,
         # Operators (and tests) find a ledger's connections in pg_stat_activity by this name.
         "application_name": name,
-        # libpq counts whole seconds, at least 2.
-        "connect_timeout": max(2, round(connect_timeout)),
         # Server-side prepared statements are session state a transaction pooler loses.
         "prepare_threshold": None,
     }
+    if "connect_timeout" not in conninfo_dict(conninfo):  # the DSN's own one stands
+        kwargs["connect_timeout"] = max(2, round(connect_timeout))  # whole seconds, >= 2
     common: dict[str, Any] = {
         "min_size": min_size, "max_size": max_size, "kwargs": kwargs, "open": False,
         "timeout": pool_timeout, "name": name,

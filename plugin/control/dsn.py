@@ -108,9 +108,10 @@ def conninfo_dict(dsn: str) -> dict[str, Any]:
     except Exception as exc:  # psycopg.ProgrammingError: libpq could not parse it
         # libpq quotes the fragment it stumbled on, which may be a password: never shown.
         message = _QUOTED.sub('"..."', " ".join(str(exc).split()))
-        raise LedgerConfigError(
-            f"the ledger ({_form(dsn)}) looks like a PostgreSQL connection string but "
-            f"cannot be used as one: {redact(message)}") from None
+    # Raised outside the handler: libpq's own error (the password in it) is not its context.
+    raise LedgerConfigError(
+        f"the ledger ({_form(dsn)}) looks like a PostgreSQL connection string but cannot be "
+        f"used as one: {redact(message)}")
 
 
 def _query_mark(dsn: str) -> int:
@@ -126,6 +127,9 @@ def _query_mark(dsn: str) -> int:
     userinfo = _USERINFO.match(dsn, scheme.end())
     return dsn.find("?", userinfo.end() if userinfo is not None else scheme.end())
 
+
+_PATH_SCHEME = re.compile(r"(?i)[a-z][a-z0-9+.-]+:")
+"""A scheme at the start of a path's text (a path keeps one slash of ``postgresql://``)."""
 
 SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 """A ledger schema's name: a lowercase identifier PostgreSQL keeps as written."""
@@ -173,7 +177,15 @@ def parse_location(location: str | os.PathLike[str]) -> LedgerLocation:
     like a connection string and cannot be used as one; its message never holds a password.
     """
     if not isinstance(location, str):
-        return LedgerLocation(kind="sqlite", target=os.fspath(location))
+        target = os.fspath(location)
+        text = target.strip()
+        if ((_PATH_SCHEME.match(text) and not text.lower().startswith("file:"))
+                or _KEYWORD.match(text)):
+            # The same text given as a str opens PostgreSQL: one value, one ledger.
+            raise LedgerConfigError(
+                f"the ledger path ({_form(text)}) reads as a connection string: give a "
+                f"connection string as a str, a file of that name as an absolute path")
+        return LedgerLocation(kind="sqlite", target=target)
     text = location.strip()
     if text.startswith(POSTGRES_SCHEMES):
         dsn, schema = split_schema(text)
