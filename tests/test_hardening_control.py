@@ -612,3 +612,45 @@ async def test_an_admission_that_swallows_its_timeout_and_answers_true_is_not_ad
     query = await planner.plan(WorkingState("find the invoice", objective="close the books"))
     assert query.strategy is QueryStrategy.BASELINE
     assert query.baseline_reason is BaselineReason.ADMISSION_TIMEOUT
+
+
+HUGE = 10**400  # past a float's range: math.isfinite raises OverflowError on it
+
+
+def test_an_int_past_a_floats_range_is_a_typed_error_never_an_overflow() -> None:
+    from plugin import AllowancePolicy, ManualClock, QueryPlanner
+    from plugin.control.validate import seconds
+
+    builds = [
+        lambda: AllowancePolicy(deadline_s=HUGE),
+        lambda: ManualClock(wall=HUGE, monotonic=0.0),
+        lambda: ManualClock(wall=0.0, monotonic=-HUGE),
+        lambda: ManualClock(wall=0.0, monotonic=0.0).advance(HUGE),
+        lambda: ManualClock(wall=0.0, monotonic=0.0).step_wall(-HUGE),
+        lambda: QueryPlanner(admission_timeout_s=HUGE),
+        lambda: seconds(10**5000, field="x"),  # its decimal text is past what Python converts
+    ]
+    for build in builds:  # InvalidArgumentError is a ValueError; the planner's is a ValueError
+        with pytest.raises(ValueError, match="integer of"):
+            build()
+
+
+@pytest.mark.anyio
+async def test_a_clock_reading_past_a_floats_range_is_refused_before_anything_is_stored(
+    tmp_path: Path,
+) -> None:
+    from plugin import RecallAllowance, RoundKind, SqliteLedger
+    from plugin.errors import InvalidArgumentError
+
+    class Wild:
+        def wall(self) -> float:
+            return HUGE  # type: ignore[return-value]
+
+        def monotonic(self) -> float:
+            return 1.0
+
+    async with SqliteLedger(tmp_path / "ledger.db") as ledger:
+        with pytest.raises(InvalidArgumentError, match="not a finite number"):
+            async with RecallAllowance(ledger, clock=Wild()).round("r", RoundKind.AUTOMATIC):
+                pass
+        assert (await ledger.usage("r")).rounds == 0

@@ -521,7 +521,7 @@ async def test_hanging_admission_times_out_to_baseline() -> None:
     query = await planner.plan(CONTINUATION)
     assert query.baseline_reason is BaselineReason.ADMISSION_TIMEOUT
     assert query.fragments == compose_baseline(CONTINUATION).fragments
-    assert anyio.current_time() - start >= 0.01
+    assert anyio.current_time() - start >= 0.01 - 1e-9  # float sums of the mock clock
     assert calls == 1
     await planner.plan(CONTINUATION)
     assert calls == 2  # a timeout is not remembered either

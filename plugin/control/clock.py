@@ -9,7 +9,6 @@ tests pick :class:`ManualClock`.
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from typing import Protocol, runtime_checkable
@@ -17,6 +16,8 @@ from typing import Protocol, runtime_checkable
 import attrs
 
 from plugin.errors import InvalidArgumentError, InvalidArgumentTypeError
+
+from .validate import finite, number_text
 
 
 @runtime_checkable
@@ -44,8 +45,8 @@ class SystemClock:
 def _finite(value: float, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidArgumentTypeError(f"{name} must be a number, got {type(value).__name__}")
-    if not math.isfinite(value):
-        raise InvalidArgumentError(f"{name} must be finite, got {value!r}")
+    if not finite(value):
+        raise InvalidArgumentError(f"{name} must be finite, got {number_text(value)}")
     return float(value)
 
 
@@ -95,8 +96,9 @@ def _reading(value: object, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidArgumentError(f"the clock's {name}() returned {type(value).__name__} "
                                 f"{value!r}, not a number of seconds")
-    if not math.isfinite(value):
-        raise InvalidArgumentError(f"the clock's {name}() returned {value!r}, not a finite number")
+    if not finite(value):
+        raise InvalidArgumentError(
+            f"the clock's {name}() returned {number_text(value)}, not a finite number")
     return float(value)
 
 

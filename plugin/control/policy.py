@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import enum
-import math
 from collections.abc import Callable
 
 import attrs
 
 from plugin.errors import InvalidArgumentError
+
+from .validate import finite, number_text
 
 
 class RoundKind(enum.Enum):
@@ -51,10 +52,10 @@ def _deadline(instance: object, attribute: attrs.Attribute[float], value: object
         raise InvalidArgumentError(
             f"AllowancePolicy.deadline_s must be a number, got {type(value).__name__}"
         )
-    if not math.isfinite(value) or not 0 < value <= MAX_DEADLINE_S:
+    if not finite(value) or not 0 < value <= MAX_DEADLINE_S:
         raise InvalidArgumentError(
             f"AllowancePolicy.deadline_s must be finite, > 0 and <= {MAX_DEADLINE_S}, "
-            f"got {value!r}"
+            f"got {number_text(value)}"
         )
 
 

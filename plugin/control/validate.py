@@ -57,6 +57,23 @@ def _describe(char: str) -> str:
     return f"U+{ord(char):04X}"
 
 
+def finite(value: float) -> bool:
+    """:func:`math.isfinite`, and False (never ``OverflowError``) for an int past a float's
+    range: such a value is not a number of seconds."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+def number_text(value: object) -> str:
+    """``value`` for an error message: an int too large to show is described, not printed
+    (its decimal text can be longer than Python converts)."""
+    if isinstance(value, int) and not finite(value):
+        return f"an integer of {value.bit_length()} bits"
+    return repr(value)
+
+
 def seconds(
     value: object,
     *,
@@ -70,11 +87,11 @@ def seconds(
     and at most ``maximum`` when one is given. ``bool`` is not a number here."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise type_error(f"{field} must be a number of seconds, got {type(value).__name__}")
-    number = float(value)
-    low_ok = number >= 0 if allow_zero else number > 0
-    if not (math.isfinite(number) and low_ok):
+    low_ok = value >= 0 if allow_zero else value > 0
+    if not (finite(value) and low_ok):
         bound = ">= 0" if allow_zero else "> 0"
-        raise error(f"{field} must be finite and {bound} seconds, got {value!r}")
+        raise error(f"{field} must be finite and {bound} seconds, got {number_text(value)}")
+    number = float(value)
     if maximum is not None and number > maximum:
         raise error(f"{field} must be at most {maximum} seconds, got {value!r}")
     return number

@@ -9,7 +9,6 @@ The query value lives in :mod:`plugin.memory.query` and the composers in
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -17,6 +16,7 @@ import anyio
 import attrs
 
 from plugin.control.logs import log_event
+from plugin.control.validate import finite, number_text
 from plugin.memory.state import WorkingState
 
 from .cancellation import really_cancelled
@@ -86,8 +86,9 @@ def _timeout(instance: object, attribute: attrs.Attribute[float], value: object)
         raise TypeError(
             f"QueryPlanner.admission_timeout_s must be a number, got {type(value).__name__}"
         )
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"QueryPlanner.admission_timeout_s must be finite and > 0, got {value!r}")
+    if not finite(value) or value <= 0:
+        raise ValueError(f"QueryPlanner.admission_timeout_s must be finite and > 0, got "
+                         f"{number_text(value)}")
 
 
 @attrs.frozen
