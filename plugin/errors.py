@@ -65,7 +65,8 @@ class InvalidArgumentTypeError(RecallboundError, TypeError):
 
 
 class RoundReusedError(RecallboundError, RuntimeError):
-    """A round (``allowance.round(...)``) was entered a second time, or by a second task."""
+    """A round (``allowance.round(...)``) or an attempt (``permit.attempt()``) was entered a
+    second time, or by a second task."""
 
 
 # -- configuration -------------------------------------------------------------------------------

@@ -12,13 +12,14 @@ from __future__ import annotations
 import functools
 import logging
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 
-from plugin import Evidence, ManualClock, RecallAllowance, RoundKind
+from plugin import Evidence, ManualClock, RecallAllowance, RecallBudgetExceeded, RoundKind
 from plugin.control import SqliteLedger
 from plugin.errors import (
     InvalidArgumentError,
@@ -277,3 +278,69 @@ async def test_an_attempt_refuses_a_fingerprint_no_ledger_can_store(
             with pytest.raises(InvalidArgumentError):
                 permit.attempt(fingerprint=fingerprint)
             assert permit.remaining == 1
+
+
+async def _offload(how: str, fn: Callable[[], None]) -> None:
+    """``fn`` in a worker thread that copies the context, by ``how``."""
+    import asyncio
+    import contextvars
+
+    import sniffio
+
+    if how == "anyio":
+        await anyio.to_thread.run_sync(fn)
+    elif sniffio.current_async_library() != "asyncio":
+        import trio
+
+        await trio.to_thread.run_sync(fn)
+    elif how == "native":
+        await asyncio.to_thread(fn)
+    else:
+        await asyncio.get_running_loop().run_in_executor(
+            None, contextvars.copy_context().run, fn)
+
+
+@pytest.mark.parametrize("how", ["anyio", "native", "executor"])
+async def test_what_a_thread_records_after_the_phase_is_owed_and_written(
+    tmp_path: Path, how: str
+) -> None:
+    """A worker thread anyio cannot reach the loop from (``asyncio.to_thread``,
+    ``run_in_executor``, trio's own) leaves its late records owed to the allowance: its flush
+    (or next round) writes them; they never stay buffered for good."""
+    import contextvars
+    import threading
+
+    from plugin import current_permit
+
+    clock = ManualClock(wall=WALL, monotonic=5.0)
+    async with SqliteLedger(tmp_path / "ledger.db") as ledger:
+        allowance = RecallAllowance(ledger, clock=clock)
+        started, go = threading.Event(), threading.Event()
+
+        def late_attempt() -> None:
+            permit = current_permit()
+            assert permit is not None
+            with permit.attempt_sync():
+                started.set()
+                go.wait(5)
+
+        async with anyio.create_task_group() as group:
+            async with allowance.round("r", RoundKind.DELIBERATE, slots=1):
+                group.start_soon(_offload, how, late_attempt)
+                await anyio.to_thread.run_sync(started.wait)
+                context = contextvars.copy_context()
+            go.set()
+        refused: list[str] = []
+
+        def refused_attempt() -> None:
+            try:
+                with context.run(current_permit).attempt_sync():  # type: ignore[union-attr]
+                    pass
+            except RecallBudgetExceeded as exc:
+                refused.append(exc.refusal.reason.value)
+
+        await _offload(how, refused_attempt)
+        await allowance.flush()
+        outcomes = [trace.outcome.value for trace in await ledger.attempts("r")]
+        usage = await ledger.usage("r")
+    assert (outcomes, refused, usage.refused) == (["ok"], ["closed"], 1)

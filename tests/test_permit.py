@@ -550,3 +550,22 @@ async def test_the_allowance_knows_what_its_own_rounds_left_without_a_read(
             pass
     assert allowance.known_room("run") == Room(slots=0, rounds=0)
     assert await allowance.headroom("run") == 0
+
+
+async def test_one_attempt_object_entered_twice_takes_no_second_slot() -> None:
+    """Two tasks entering the same ``permit.attempt()`` object would share its cancel scope
+    (a corrupted scope stack): the second entry is refused, typed, before taking a slot."""
+    from plugin.errors import RoundReusedError
+
+    clock = ManualClock(wall=1_800_000_000.0, monotonic=10.0)
+    allowance = RecallAllowance(MemoryLedger(), clock=clock)
+    async with allowance.round("r", RoundKind.DELIBERATE, slots=3) as permit:
+        attempt = permit.attempt()
+        async with attempt as slot:
+            with pytest.raises(RoundReusedError):
+                async with attempt:
+                    pass
+        with pytest.raises(RoundReusedError):
+            async with attempt:
+                pass
+        assert (slot, permit.remaining) == (1, 2)

@@ -124,6 +124,7 @@ class RecallAllowance:
     _owed: list[Permit] = attrs.field(factory=list, init=False, repr=False)
     """Permits whose records a failed write left unwritten (see :meth:`flush`)."""
     _flushing: anyio.Lock = attrs.field(factory=anyio.Lock, init=False, repr=False)
+    _owing: threading.Lock = attrs.field(factory=threading.Lock, init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.is_legacy, bool):  # "false" must never switch enforcement off
@@ -271,8 +272,9 @@ class RecallAllowance:
     # -- internals ---------------------------------------------------------------------------
 
     def _owe(self, permit: Permit) -> None:
-        if all(owed is not permit for owed in self._owed):
-            self._owed.append(permit)
+        with self._owing:  # a worker thread may owe too
+            if all(owed is not permit for owed in self._owed):
+                self._owed.append(permit)
 
     def _hand_over(self, permit: Permit) -> Permit:
         """``permit``, holding what earlier permits owe: its flush writes it with its own."""

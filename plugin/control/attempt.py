@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from plugin.errors import InvalidArgumentError
+from plugin.errors import InvalidArgumentError, RoundReusedError
 
 from . import observe, validate
 from .ledger import AttemptOutcome, AttemptTrace
@@ -63,6 +63,10 @@ class _AttemptBase:
         return self._slot
 
     def _begin(self) -> int:
+        if self._id:  # entered before (or by another task right now): one attempt, one slot
+            raise RoundReusedError("an attempt is entered once; take a new one with "
+                                   "permit.attempt()")
+        self._id = "entered"
         permit = self._permit
         observer = observe.active
         try:

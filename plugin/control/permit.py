@@ -381,8 +381,11 @@ class Permit(metaclass=NoPublicConstructor):
         """
         if not self._flushed:
             return  # the phase will write it
-        with contextlib.suppress(RuntimeError):  # not an anyio worker thread, or no loop
+        try:
             anyio.from_thread.run(self._flush_late)
+        except RuntimeError:  # not an anyio worker thread, or no loop: owed to the allowance
+            if self._owner is not None:
+                self._owner(self)  # its next round, or its flush(), writes it
 
     async def _flush_late(self) -> None:
         """After the phase, write what a late attempt recorded; a failure that passes leaves
