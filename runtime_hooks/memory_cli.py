@@ -122,6 +122,8 @@ def _read_lines(name: str) -> list[tuple[int, MemoryWrite]]:
     """The file's memories with their line numbers; the first bad line raises."""
     stream: BinaryIO
     if name == "-":
+        if sys.stdin is None:  # started with standard input closed
+            raise MemoryInputError("cannot read standard input: it is closed")
         data = sys.stdin.buffer.read()
     else:
         try:
@@ -177,7 +179,11 @@ async def _import(
 
 
 def _when(created_at: float) -> str:
-    return datetime.fromtimestamp(created_at, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    try:
+        moment = datetime.fromtimestamp(created_at, tz=timezone.utc)
+    except (OverflowError, ValueError, OSError):  # a time in milliseconds, or none at all
+        return f"(not a time: {created_at!r})"
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 async def _list(store: MemoryStore, args: argparse.Namespace, out: TextIO) -> int:

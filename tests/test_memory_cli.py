@@ -207,3 +207,33 @@ def test_a_console_that_cannot_encode_a_memory_gets_it_escaped(tmp_path: Path) -
         capture_output=True, env=env, cwd=tmp_path, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert b"party \\U0001f389" in done.stdout and b"Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("created_at", [1.7e12, -1e12])
+def test_a_memory_whose_time_is_no_date_is_listed_not_a_traceback(
+    tmp_path: Path, created_at: float
+) -> None:
+    """A time in milliseconds (as many exports write it) is past any date: it is shown as
+    what it is, and the listing goes on."""
+    from plugin.memory.store import MemoryStore
+
+    store = tmp_path / "memory.db"
+
+    async def seed() -> None:
+        async with MemoryStore(store) as opened:
+            await opened.remember("a note", id="m1", principal="u", scope="s")
+    anyio.run(seed)
+    with sqlite3.connect(store) as conn:
+        conn.execute("UPDATE memories SET created_at = ?", (created_at,))
+    code, out, err = cli("memory", "--store", str(store), "list", "--principal", "u",
+                         "--scope", "s")
+    assert (code, err) == (0, "")
+    assert out == f"m1\t(not a time: {created_at!r})\ta note\n"
+
+
+def test_import_from_a_closed_standard_input_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "stdin", None)
+    code, _, err = cli("memory", "--store", str(tmp_path / "m.db"), "import", "-")
+    assert code == 2 and err.startswith("recallbound: ") and err.count("\n") == 1

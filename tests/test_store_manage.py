@@ -309,3 +309,33 @@ def test_memory_write_from_dict_names_what_is_wrong() -> None:
     ):
         with pytest.raises(InvalidMemoryError, match=message):
             MemoryWrite.from_dict(data)
+
+
+async def _seed_then_delete_with_plain_sql(path: Path, *, before_the_trigger: bool) -> None:
+    async with MemoryStore(path, embedding=HashingEmbedding()) as store:
+        await store.remember("keep this one", id="a", principal="u1", scope="s")
+        await store.remember("u1 private salary negotiation notes", id="b", principal="u1",
+                             scope="s")
+    with contextlib.closing(sqlite3.connect(path)) as conn:  # foreign keys off, as by default
+        if before_the_trigger:  # a file written before the trigger existed
+            conn.execute("DROP TRIGGER memories_vectors_delete")
+            conn.execute("DELETE FROM memory_store_meta WHERE key = 'orphan_vectors_swept'")
+        conn.execute("DELETE FROM memories WHERE id = 'b'")
+        conn.commit()
+
+
+@pytest.mark.parametrize("before_the_trigger", [False, True])
+async def test_a_memory_deleted_with_plain_sql_takes_its_vector_along(
+    tmp_path: Path, before_the_trigger: bool
+) -> None:
+    """Its seq is reused by the next memory: a vector left behind would fail every later
+    write (a conflict) or lend the deleted text's meaning to a memory of another cell."""
+    path = tmp_path / "memory.db"
+    await _seed_then_delete_with_plain_sql(path, before_the_trigger=before_the_trigger)
+    async with MemoryStore(path) as store:  # no embedding: the new memory gets no vector
+        await store.remember("u2 unrelated memory", principal="u2", scope="s")
+    async with MemoryStore(path, embedding=HashingEmbedding()) as store:
+        await store.remember("a new memory", principal="u2", scope="s")  # no conflict
+        vector = store.embedding.embed(["salary negotiation"])[0]
+        hits = await store.semantic_candidates(vector, principal="u2", scope="s", limit=5)
+    assert [hit.text for hit in hits] == ["a new memory"]

@@ -29,7 +29,14 @@ from ...control._sqlite import (
 )
 from ...errors import MemoryStoreError
 from .errors import MemoryStoreClosedError, MemoryStoreCorruptError, MemoryStorePathError, translate
-from .schema import READABLE_VERSIONS, SCHEMA, SCHEMA_VERSION, upgrade
+from .schema import (
+    ORPHAN_VECTORS_SWEPT,
+    READABLE_VERSIONS,
+    SCHEMA,
+    SCHEMA_VERSION,
+    SWEEP_ORPHAN_VECTORS,
+    upgrade,
+)
 
 __all__ = ["Database", "Statement"]
 
@@ -90,6 +97,8 @@ class Database:
                 if tables:
                     await conn.run(upgrade)
                 await conn.executescript(SCHEMA)
+                if not await conn.fetchall(ORPHAN_VECTORS_SWEPT):
+                    await conn.executescript(SWEEP_ORPHAN_VECTORS)
             except BaseException:
                 await self._rollback(conn)
                 raise

@@ -28,9 +28,11 @@ __all__ = [
     "INDEX_LOG",
     "INDEX_TABLES",
     "MEMORY_COLUMNS",
+    "ORPHAN_VECTORS_SWEPT",
     "READABLE_VERSIONS",
     "SCHEMA",
     "SCHEMA_VERSION",
+    "SWEEP_ORPHAN_VECTORS",
     "index_logged",
     "memory_evidence",
     "plain_evidence",
@@ -218,6 +220,11 @@ CREATE TRIGGER IF NOT EXISTS embeddings_generation_delete AFTER DELETE ON embedd
         ON CONFLICT (principal, scope) DO UPDATE SET
             generation = generation + 1, resets = resets + 1;
 END;
+-- A memory's vectors go with it, whoever deletes it (plain SQL runs without foreign keys, so
+-- ON DELETE CASCADE alone would leave a vector that a reused seq then inherits).
+CREATE TRIGGER IF NOT EXISTS memories_vectors_delete AFTER DELETE ON memories BEGIN
+    DELETE FROM embeddings WHERE memory_seq = old.seq;
+END;
 CREATE TRIGGER IF NOT EXISTS memories_generation_delete AFTER DELETE ON memories BEGIN
     INSERT INTO vector_generations (principal, scope, generation, resets, watermark)
         VALUES (old.principal, old.scope, 1, 1, old.seq)
@@ -234,6 +241,16 @@ END;
 COMMIT;
 """
 
+
+#: Whether a file was swept of the vectors a plain SQL delete left before the trigger that
+#: deletes them existed (once per file: :data:`SWEEP_ORPHAN_VECTORS`).
+ORPHAN_VECTORS_SWEPT = "SELECT 1 FROM memory_store_meta WHERE key = 'orphan_vectors_swept'"
+SWEEP_ORPHAN_VECTORS = """
+BEGIN IMMEDIATE;
+DELETE FROM embeddings WHERE memory_seq NOT IN (SELECT seq FROM memories);
+INSERT OR IGNORE INTO memory_store_meta (key, value) VALUES ('orphan_vectors_swept', '1');
+COMMIT;
+"""
 
 #: The columns :func:`memory_evidence` reads, in its order, from ``memories AS m``.
 MEMORY_COLUMNS = "m.id, m.text, m.principal, m.scope, m.created_at, m.cites"
