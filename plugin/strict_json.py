@@ -45,6 +45,9 @@ def decode(raw: str | bytes | bytearray) -> object:
             raise StrictJsonError(
                 f"not UTF-8 text: byte 0x{raw[exc.start]:02x} at offset {exc.start}"
             ) from None
+    # JSON's own trailing white space off: a line read from a file keeps its line ending, and
+    # an error at its end would otherwise be reported at "column 1" of the line after it.
+    raw = raw.rstrip(" \t\r\n")
     try:
         return json.loads(
             raw, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant

@@ -187,3 +187,59 @@ def test_scenarios_from_a_pipe_are_read_once_and_evaluated_whole(tmp_path: Path)
     assert report["scenarios"] == 3
     (copy,) = out.glob("scenarios-*.jsonl")
     assert copy.read_bytes() == three
+
+
+_CORPUS = {"corpus": "c1", "memories": [
+    {"id": "m1", "text": "Alice runs the quarterly budget review.", "principal": "u1",
+     "scope": "s"},
+    {"id": "m2", "text": "Alice runs the budget review for team two.", "principal": "u2",
+     "scope": "s"}],
+    "people": [{"name": "Alice", "beliefs": [{"id": "b1", "text": "Alice prefers tea."}]}]}
+
+
+def _drinks(scenario_id: str, principal: str) -> dict[str, Any]:
+    return {"id": scenario_id, "family": "anaphoric", "principal": principal, "scope": "s",
+            "corpus": "c1", "state": {"current_request": "What does Alice prefer to drink?"},
+            "relevant": {"b1": 2}}
+
+
+def test_a_corpus_shared_by_two_principals_gives_each_its_people() -> None:
+    """A corpus's people are seeded under each scenario's principal and scope: a scenario's
+    result never depends on which scenario of another principal came before it."""
+    import anyio
+
+    from plugin.evaluation.evaluator import Evaluator, hashing_embedding
+    from plugin.evaluation.results import Arm, Cell
+    from plugin.memory.planning import QueryStrategy
+
+    def ranked(lines: list[dict[str, Any]]) -> tuple[str, ...]:
+        text = "".join(json.dumps(line) + "\n" for line in lines)
+        evaluator = Evaluator(embedding=hashing_embedding(),
+                              cells=(Cell(QueryStrategy.BASELINE, Arm.SPARSE),))
+        report = anyio.run(evaluator.evaluate, parse_scenarios(text))
+        return next(tuple(row.ranked) for row in report.rows if row.scenario_id == "B")
+
+    alone = ranked([_CORPUS, _drinks("B", "u2")])
+    assert "b1" in alone
+    assert ranked([_CORPUS, _drinks("A", "u1"), _drinks("B", "u2")]) == alone
+
+
+def test_limit_counts_a_corpus_line_by_what_it_holds_not_how_it_starts(tmp_path: Path) -> None:
+    from plugin.evaluation.runner import count_scenario_lines
+
+    corpus = {"memories": [{"id": "m1", "text": "tea notes", "principal": "u1", "scope": "s"}],
+              "corpus": "c1"}
+    lines = [json.dumps(corpus), "{ " + json.dumps(_CORPUS)[1:].replace('"c1"', '"c2"', 1)]
+    lines += [json.dumps({**_drinks(f"s{i}", "u1"), "corpus": "c1"}) for i in range(4)]
+    path = tmp_path / "s.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    assert count_scenario_lines(path) == 4
+
+
+def test_a_truncated_line_is_reported_where_it_ends(tmp_path: Path) -> None:
+    from plugin.evaluation.scenarios import load_scenarios
+
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(b'{"id": "s2", "family"\r\n')  # read with its line ending
+    with pytest.raises(InvalidScenarioError, match=r"line 1: not valid JSON: .* at column 22"):
+        load_scenarios(path)

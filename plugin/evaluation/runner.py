@@ -102,14 +102,26 @@ class Progress:
 
 
 def count_scenario_lines(path: Path) -> int:
-    """Lines that hold a scenario (not a corpus), counted without parsing JSON."""
+    """Lines that hold a scenario (not a corpus), by the rule the reader uses: a corpus is an
+    object with ``corpus`` and no ``id``. Only a line that names ``corpus`` is parsed; one that
+    does not parse counts as a scenario (reading it fails with its line named)."""
     count = 0
     with path.open("rb") as file:
         for line in bounded_lines(file):
             stripped = line.lstrip(b"\xef\xbb\xbf \t")
-            if stripped.strip() and not stripped.startswith(b'{"corpus"'):
+            if stripped.strip() and not _is_corpus(stripped):
                 count += 1
     return count
+
+
+def _is_corpus(line: bytes) -> bool:
+    if b'"corpus"' not in line:
+        return False
+    try:
+        data = json.loads(line)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(data, dict) and "corpus" in data and "id" not in data
 
 
 def sample_indices(total: int, limit: int | None, seed: int) -> frozenset[int] | None:

@@ -35,12 +35,15 @@ class _Stores:
 
     embedding: EmbeddingAdapter
     root: Path
-    _key: tuple[str, int] | None = None
+    _key: tuple[str, str, str] | None = None
     _store: MemoryStore | None = None
     _folder: Path | None = None
 
     async def for_scenario(self, scenario: Scenario, index: int) -> tuple[MemoryStore, Path]:
-        key = (scenario.corpus, 0) if scenario.corpus and not scenario.own_items else None
+        # A corpus's people and beliefs are seeded under the scenario's principal and scope:
+        # its store is shared only by scenarios of the same (corpus, principal, scope).
+        key = ((scenario.corpus, scenario.principal, scenario.scope)
+               if scenario.corpus and not scenario.own_items else None)
         if key is not None and key == self._key and self._store is not None:
             assert self._folder is not None
             return self._store, self._folder
