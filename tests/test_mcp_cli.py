@@ -234,3 +234,14 @@ def test_the_configuration_refuses_what_the_server_would(tmp_path: Path) -> None
            "RECALLBOUND_MCP_TOKENS_STAGING": "[]"}
     loaded = load_config(config, env=env, cwd=tmp_path)
     assert "RECALLBOUND_MCP" not in repr(loaded)
+
+
+def test_a_token_variable_of_any_name_is_the_servers_not_a_setting(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``--tokens-env`` may name a variable under ``RECALLBOUND_MCP_``: it is read as the token
+    table (here an empty one, refused as such), never checked as an unknown setting."""
+    monkeypatch.setenv("RECALLBOUND_MCP_ANA_TOKENS", "[]")
+    status, err = _run(["mcp", "--http", "127.0.0.1:8765", "--tokens-env",
+                        "RECALLBOUND_MCP_ANA_TOKENS"], monkeypatch, tmp_path)
+    assert status == 1 and "no token entries" in err and "unknown" not in err

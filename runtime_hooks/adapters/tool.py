@@ -55,8 +55,10 @@ SEARCH_TOOL = SearchTool(
         "properties": {
             "query": {
                 "type": "string",
-                "description": "What to look for, in plain words.",
+                "description": f"What to look for, in plain words (at most {MAX_QUERY_BYTES} "
+                               "UTF-8 bytes).",
                 "minLength": 1,
+                # JSON Schema counts characters: a necessary bound; the bytes are checked too.
                 "maxLength": MAX_QUERY_BYTES,
             },
             "scope": {

@@ -271,7 +271,10 @@ async def serve(args: argparse.Namespace, chosen: McpSettings, env: Mapping[str,
     from .server import RecallServer
     from .trust import Caller, TableTokenVerifier, TokenTable
 
-    config = RecallConfig.from_sources(args.config, env=env, overrides=_first_use(args, env))
+    # The token table's variable is the server's secret, whatever its name: not a setting.
+    settings_env = {name: text for name, text in env.items() if name != chosen.tokens_env}
+    config = RecallConfig.from_sources(args.config, env=settings_env,
+                                       overrides=_first_use(args, settings_env))
     if chosen.looser and not config.allow_looser_policy:
         raise ConfigError(f"{chosen.looser[0]} above its default widens a bound: it "
                                  f"needs allow_looser_policy = true")
