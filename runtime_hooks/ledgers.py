@@ -132,7 +132,7 @@ def _no_tables(path: str) -> bool:
         with contextlib.closing(sqlite3.connect(
                 f"file:{urllib.parse.quote(os.path.abspath(path))}?mode=ro", uri=True)) as db:
             return bool(db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0)
-    except sqlite3.Error:
+    except (sqlite3.Error, UnicodeDecodeError):  # damaged: the ledger's own checks say how
         return False
 
 

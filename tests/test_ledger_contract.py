@@ -1115,3 +1115,20 @@ async def test_a_run_opening_says_whether_it_was_counted_now_before_or_refused(
     assert await ledger.open_run("r0", now=WALL + 1, **kw) is RunOpening.KNOWN
     refused = await ledger.open_run("r1", now=WALL + 1, **kw)
     assert refused is RunOpening.REFUSED and not refused
+
+
+@pytest.mark.parametrize("command", [["check"], ["runs"], ["show", "run-one"]])
+async def test_every_ledger_command_on_a_damaged_schema_is_one_line(
+    anyio_backend: object, tmp_path: Path, command: list[str]
+) -> None:
+    import io
+
+    from runtime_hooks.__main__ import main
+
+    path = tmp_path / "ledger.sqlite3"
+    await _damaged(path, b"callscalls", 0xFF)
+    out, err = io.StringIO(), io.StringIO()
+    code = await anyio.to_thread.run_sync(  # the command runs its own event loop
+        lambda: main(["ledger", "--ledger", str(path), *command], stdout=out, stderr=err))
+    assert code == 1 and err.getvalue().startswith("recallbound: ")
+    assert err.getvalue().count("\n") == 1 and "damaged" in err.getvalue()

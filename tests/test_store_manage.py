@@ -339,3 +339,17 @@ async def test_a_memory_deleted_with_plain_sql_takes_its_vector_along(
         vector = store.embedding.embed(["salary negotiation"])[0]
         hits = await store.semantic_candidates(vector, principal="u2", scope="s", limit=5)
     assert [hit.text for hit in hits] == ["a new memory"]
+
+
+async def test_a_store_whose_schema_is_not_utf8_is_a_corrupt_store(tmp_path: Path) -> None:
+    path = tmp_path / "memory.db"
+    async with MemoryStore(path) as store:
+        await store.remember("hello", principal="u", scope="s")
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    data = bytearray(path.read_bytes())
+    data[data.find(b"memoriesmemories") + 1] = 0xFF  # a table's name, no longer UTF-8
+    path.write_bytes(bytes(data))
+    with pytest.raises(MemoryStoreCorruptError):
+        async with MemoryStore(path):
+            pytest.fail("a damaged store must not open")

@@ -90,7 +90,11 @@ def is_locked(exc: BaseException) -> bool:
 
 
 def is_corrupt(exc: BaseException) -> bool:
-    """Whether ``exc`` says the file is not a database or its pages are damaged."""
+    """Whether ``exc`` says the file is not a database or its pages are damaged. Python 3.10's
+    driver says so with a bare ``DatabaseError`` (no code, no message) for a schema whose text
+    is not UTF-8."""
+    if type(exc) is sqlite3.DatabaseError and not str(exc):
+        return True
     return _matches(exc, sqlite3.DatabaseError, (_SQLITE_NOTADB, _SQLITE_CORRUPT),
                     ("not a database", "malformed"))
 

@@ -71,7 +71,7 @@ class Database:
         except BaseException as exc:
             with anyio.CancelScope(shield=True):
                 await conn.close()
-            if isinstance(exc, sqlite3.Error):
+            if isinstance(exc, (sqlite3.Error, UnicodeDecodeError)):  # a schema not UTF-8
                 raise self._error(exc) from exc
             raise
         self._conn = conn
@@ -126,7 +126,7 @@ class Database:
             with anyio.CancelScope(shield=True):
                 await conn.close()
 
-    def _error(self, exc: sqlite3.Error) -> MemoryStoreError:
+    def _error(self, exc: sqlite3.Error | UnicodeDecodeError) -> MemoryStoreError:
         return translate(exc, path=self.path, timeout=self.timeout)
 
     def connection(self) -> Connection:

@@ -64,7 +64,8 @@ _FAMILY = Family("memory store", MemoryStoreError, MemoryStorePathError,
                  MemoryStoreLockedError, MemoryStoreFullError, MemoryStoreCorruptError)
 
 
-def translate(exc: sqlite3.Error, *, path: str, timeout: float) -> MemoryStoreError:
+def translate(exc: sqlite3.Error | UnicodeDecodeError, *, path: str,
+              timeout: float) -> MemoryStoreError:
     """The typed store error for a driver error raised on the store at ``path``."""
     if isinstance(exc, sqlite3.IntegrityError):
         return MemoryConflictError(
