@@ -94,7 +94,7 @@ def test_config_show_marks_each_widened_key_looser(folder: Path, key: str) -> No
 def test_the_defaults_and_tighter_values_need_nothing(folder: Path) -> None:
     loaded = load_config(env={
         "RECALLBOUND_CAPS_MAX_ITEMS": "4", "RECALLBOUND_CAPS_MAX_BYTES": "4096",
-        "RECALLBOUND_POLICY_SOURCE_READ_FALLBACKS": "0",
+        "RECALLBOUND_POLICY_SOURCE_READ_FALLBACKS": "1",
         "RECALLBOUND_PREPARATION_BUDGET_S": "1", "RECALLBOUND_ADMISSION_TIMEOUT_S": "0.25"})
     assert loaded.looser() == set()
 

@@ -33,7 +33,8 @@ def test_policy_defaults_are_the_adr_values() -> None:
     ("field", "value"),
     [
         ("max_searches", 0), ("max_searches", -1), ("max_rounds", 0), ("max_rounds", -3),
-        ("automatic_slots", 0), ("source_read_fallbacks", -1), ("deadline_s", 0.0),
+        ("automatic_slots", 0), ("source_read_fallbacks", 0), ("source_read_fallbacks", -1),
+        ("deadline_s", 0.0),
         ("deadline_s", -1.0), ("deadline_s", math.nan), ("deadline_s", math.inf),
         ("max_searches", True), ("max_searches", 2.5), ("deadline_s", "10"),
         ("max_rounds", None),

@@ -44,7 +44,6 @@ MAX_DEADLINE_S = 366 * 86_400.0
 """The longest deadline a policy may name (a year): wall times stay exact as floats."""
 
 _positive_int = _int_in(1)
-_non_negative_int = _int_in(0)
 
 
 def _deadline(instance: object, attribute: attrs.Attribute[float], value: object) -> None:
@@ -76,7 +75,7 @@ class AllowancePolicy:
     max_rounds: int = attrs.field(default=2, validator=_positive_int)
     deadline_s: float = attrs.field(default=10.0, validator=_deadline)
     automatic_slots: int = attrs.field(default=2, validator=_positive_int)
-    source_read_fallbacks: int = attrs.field(default=2, validator=_non_negative_int)
+    source_read_fallbacks: int = attrs.field(default=2, validator=_positive_int)
 
     def __attrs_post_init__(self) -> None:
         if self.automatic_slots > self.max_searches:
