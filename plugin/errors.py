@@ -161,10 +161,11 @@ class RetrieverFailedError(RecallboundError):
     ``reason``: ``raised`` (it raised, whatever it raised), ``bad_result`` (its return value is
     not what the protocol asks), ``bad_evidence`` (an item is not a well-formed Evidence),
     ``cannot_reread`` (a re-read of retained evidence by a retriever that has no way to read an
-    item by id, such as a :class:`~plugin.SimpleRetriever` without ``get``).
+    item by id, such as a :class:`~plugin.SimpleRetriever` without ``get``), ``deadline`` (a
+    read with a time bound of its own, corrections or a re-read, ran out of time).
     """
 
-    REASONS = ("raised", "bad_result", "bad_evidence", "cannot_reread")
+    REASONS = ("raised", "bad_result", "bad_evidence", "cannot_reread", "deadline")
 
     def __init__(self, reason: str) -> None:
         if reason not in self.REASONS:

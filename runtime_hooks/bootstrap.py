@@ -28,6 +28,7 @@ from plugin.memory.preparation import QueryPreparation
 from plugin.memory.protocol import Retriever, check_retriever
 from plugin.memory.store import MemoryStore
 
+from ._extras import missing_extra
 from .hooks import RecallHooks
 from .ledgers import open_ledger
 from .settings import ADMISSION_ALWAYS as ADMISSION_ALWAYS
@@ -47,9 +48,13 @@ def load_embedding(choice: Semantic) -> EmbeddingAdapter | None:
     """The adapter for ``choice`` (:mod:`plugin.memory.embedding_choice` loads it).
 
     WordLlama needs the ``semantic`` extra, MiniLM the ``minilm`` extra; ``AUTO`` takes the
-    best installed (see :class:`Semantic`).
+    best installed (see :class:`Semantic`). A missing extra is a
+    :class:`~runtime_hooks._extras.MissingExtraError` naming it.
     """
-    return embedding_choice.load_embedding(Semantic(choice).value)
+    chosen = Semantic(choice)
+    extra = "minilm" if chosen is Semantic.MINILM else "semantic"
+    with missing_extra(extra, f"the {chosen.value} embedding"):
+        return embedding_choice.load_embedding(chosen.value)
 
 
 def best_installed() -> Semantic:

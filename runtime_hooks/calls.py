@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 import attrs
 
-from plugin.errors import InvalidArgumentTypeError, RecallboundError
+from plugin.errors import InvalidArgumentError, InvalidArgumentTypeError, RecallboundError
 from plugin.memory.safe_text import one_line
 from plugin.memory.terms import query_terms
 
@@ -102,7 +102,12 @@ class ToolCall:
         """
         if not isinstance(prefix, str):
             raise InvalidArgumentTypeError(f"prefix must be a str, got {type(prefix).__name__}")
-        return cls(call_id=f"{prefix}{uuid.uuid4().hex}", arguments=arguments)
+        call_id = f"{prefix}{uuid.uuid4().hex}"
+        try:  # the host's own prefix: a bad one is its error now, not the call's later
+            _check_call_id(call_id)
+        except InvalidSearchCallError as exc:
+            raise InvalidArgumentError(f"prefix makes no valid call id: {exc}") from None
+        return cls(call_id=call_id, arguments=arguments)
 
 
 @attrs.frozen(kw_only=True)

@@ -361,3 +361,12 @@ def test_canonical_arguments_read_nested_mappings_and_tuples_as_json_does() -> N
     nested = {"a": ("x", MappingProxyType({"b": 1})), "c": _Arguments({"d": [2]})}
     assert canonical_arguments(nested) == canonical_arguments(
         '{"c": {"d": [2]}, "a": ["x", {"b": 1}]}')
+
+
+@pytest.mark.parametrize("prefix", ["x" * 250, "a\x00", "\ud800"])
+def test_a_prefix_that_makes_no_valid_call_id_is_refused_at_once(prefix: str) -> None:
+    from plugin.errors import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError, match="prefix makes no valid call id"):
+        ToolCall.with_new_id({"query": "cutover"}, prefix=prefix)
+    assert len(ToolCall.with_new_id({"query": "cutover"}, prefix="x" * 200).call_id) == 232

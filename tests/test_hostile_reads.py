@@ -229,3 +229,21 @@ async def test_a_call_id_with_a_nul_is_invalid_and_the_others_keep_exactly_once(
         hooks = recall_hooks(ledger, clock, again)
         bad, good = await hooks.dispatch(calls, run_id="r", scope=CALL_S, principal=CALL_P)
     assert bad.status == "invalid" and good.status == "ok" and again.searches == 0
+
+
+async def test_a_corrections_read_cut_by_its_bound_says_deadline_not_raised(
+    anyio_backend: object,
+) -> None:
+    from plugin.memory.turn import corrections_share
+
+    async def search(request: SearchRequest) -> list[Evidence]:
+        return []
+
+    async def corrections(*, principal: str, scope: str) -> list[Evidence]:
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    share = await corrections_share(SimpleRetriever(search, corrections=corrections),
+                                    ContextCaps(), principal=P, scope=S, run_id="r",
+                                    within_s=0.01)
+    assert (share.shown, share.failure) == ((), "deadline")

@@ -88,3 +88,28 @@ def test_log_event_builds_nothing_when_the_level_is_off(
 
     log_event(logging.getLogger("recallbound.control"), logging.DEBUG, "x", value=Loud())
     assert caplog.records == []
+
+
+def test_an_application_that_configured_no_logging_gets_nothing_printed(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    import textwrap
+
+    program = textwrap.dedent('''
+        import anyio
+        from plugin import SimpleRetriever, WorkingState
+        from runtime_hooks.bootstrap import RecallConfig, open_hooks
+
+        async def search(request):
+            raise RuntimeError("backend down")  # logged at WARNING
+
+        async def main():
+            config = RecallConfig(ledger_path="ledger.db")
+            async with open_hooks(config, retriever=SimpleRetriever(search)) as hooks:
+                await hooks.prepare(WorkingState("hello"), run_id="r", scope="s", principal="p")
+
+        anyio.run(main)
+    ''')
+    done = subprocess.run([sys.executable, "-c", program], cwd=tmp_path, capture_output=True,
+                          text=True, check=True)
+    assert done.stderr == ""

@@ -83,3 +83,21 @@ async def test_a_query_over_256_word_pieces_is_withheld_not_truncated() -> None:
     prepared = await preparation.prepare(WorkingState(long_request), scope="s", principal="p")
     assert adapter.count_tokens(prepared.query.text) > MINILM_TOKEN_LIMIT
     assert prepared.semantic.withheld_reason is WithheldReason.TOKEN_LIMIT
+
+
+@pytest.mark.parametrize(("choice", "module", "extra"), [
+    ("minilm", "onnxruntime", "minilm"), ("wordllama", "wordllama", "semantic")])
+def test_a_missing_models_extra_is_named(
+    monkeypatch: pytest.MonkeyPatch, choice: str, module: str, extra: str
+) -> None:
+    import sys
+
+    from runtime_hooks._extras import MissingExtraError
+    from runtime_hooks.bootstrap import Semantic, load_embedding
+
+    monkeypatch.setitem(sys.modules, module, None)  # as if the extra were not installed
+    for name in [n for n in sys.modules if n.startswith(f"{module}.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.delitem(sys.modules, "plugin.memory.wordllama_adapter", raising=False)
+    with pytest.raises(MissingExtraError, match=rf"pip install 'recallbound\[{extra}\]'"):
+        load_embedding(Semantic(choice))

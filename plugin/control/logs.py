@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import logging
 
+# A library prints nothing of its own: an application that configured no logging does not get
+# recallbound's records on stderr (logging's last resort); one that did gets every record.
+logging.getLogger("recallbound").addHandler(logging.NullHandler())
+
 CONTROL = logging.getLogger("recallbound.control")
 
 

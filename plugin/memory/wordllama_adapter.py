@@ -45,8 +45,9 @@ def _import_wordllama() -> Any:
     ``wordllama.inference`` calls ``logging.basicConfig(level=INFO)`` at import time, which
     would change the host application's logging; the root logger is restored afterwards.
     """
-    if "wordllama" in sys.modules:
-        return sys.modules["wordllama"]
+    imported = sys.modules.get("wordllama")
+    if imported is not None:
+        return imported
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
     try:
