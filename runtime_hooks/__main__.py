@@ -57,7 +57,8 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--data-dir", type=Path, default=None,
                       help="keep the ledger and store here (default: a temporary folder)")
     demo.add_argument("--semantic", choices=[s.value for s in Semantic], default=None,
-                      help="embedding for the semantic arm (default: wordllama if installed)")
+                      help="embedding for the semantic arm (default: auto, the best "
+                           "installed: wordllama, else minilm, else none)")
     from plugin.evaluation import command as evaluation
 
     evaluation.configure(commands.add_parser(

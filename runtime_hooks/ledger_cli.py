@@ -118,7 +118,8 @@ def add_commands(commands: Any) -> None:
                         help="SQLite file, or postgresql:// DSN with an optional "
                              "?schema=NAME (default: the configured ledger)")
     ledger.add_argument("--config", metavar="FILE", default=None,
-                        help="configuration file (default: recallbound.toml if present)")
+                        help="configuration file (default: $RECALLBOUND_CONFIG, then "
+                             "recallbound.toml if present)")
     sub = ledger.add_subparsers(dest="ledger_command", required=True, metavar="COMMAND")
 
     runs = sub.add_parser("runs", help="recent runs and their totals")

@@ -70,7 +70,8 @@ def add_commands(commands: Any) -> None:
                         help="the store file (default: the configured store, else "
                              f"{default_store()})")
     memory.add_argument("--config", metavar="FILE", default=None,
-                        help="configuration file (default: recallbound.toml if present)")
+                        help="configuration file (default: $RECALLBOUND_CONFIG, then "
+                             "recallbound.toml if present)")
     sub = memory.add_subparsers(dest="memory_command", required=True, metavar="COMMAND")
 
     add = sub.add_parser("add", help="remember one memory; prints its id")
