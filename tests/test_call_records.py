@@ -370,3 +370,27 @@ def test_a_prefix_that_makes_no_valid_call_id_is_refused_at_once(prefix: str) ->
     with pytest.raises(InvalidArgumentError, match="prefix makes no valid call id"):
         ToolCall.with_new_id({"query": "cutover"}, prefix=prefix)
     assert len(ToolCall.with_new_id({"query": "cutover"}, prefix="x" * 200).call_id) == 232
+
+
+@pytest.mark.parametrize("query", ["invoice backfill", "what does Priya believe about rounding"])
+async def test_a_replay_re_reads_beliefs_and_sources_as_well_as_memories(
+    tmp_path: Path, query: str
+) -> None:
+    """A call's evidence may hold a person's belief or a cited source besides memories: the
+    replay re-reads each kind and answers with all of it (none taken for gone)."""
+    from plugin.memory.pipeline import MemoryRetriever
+    from runtime_hooks.bootstrap import RecallConfig, open_hooks
+    from runtime_hooks.demo import seed
+
+    clock = ManualClock(wall=WALL, monotonic=1.0)
+    config = RecallConfig(ledger_path=tmp_path / "ledger.db", store_path=tmp_path / "m.db")
+    call = ToolCall(call_id="c0", arguments={"query": query})
+    async with open_hooks(config, clock=clock) as hooks:
+        assert isinstance(hooks.retriever, MemoryRetriever)
+        await seed(hooks.retriever.store)
+        (first,) = await hooks.dispatch([call], run_id="r", scope="atlas", principal="ana")
+    async with open_hooks(config, clock=clock) as hooks:  # another process: only the ledger
+        (replayed,) = await hooks.dispatch([call], run_id="r", scope="atlas", principal="ana")
+    kinds = {item.kind for item in first.evidence}
+    assert kinds - {"memory"}, kinds  # the case: a belief or a source among the evidence
+    assert [(e.id, e.kind) for e in replayed.evidence] == [(e.id, e.kind) for e in first.evidence]

@@ -21,11 +21,13 @@ T = TypeVar("T")
 
 async def finish(work: Callable[[], Awaitable[T]]) -> T:
     """``await work()`` to its end, whatever cancels the caller meanwhile (then re-raised)."""
+    if sniffio.current_async_library() != "asyncio":
+        with anyio.CancelScope(shield=True):
+            done = await work()
+        return done  # noqa: RET504 (a return inside the scope is not seen to return)
+    task = asyncio.ensure_future(work())  # copies the context, as a child task does
+    cancelled: asyncio.CancelledError | None = None
     with anyio.CancelScope(shield=True):
-        if sniffio.current_async_library() != "asyncio":
-            return await work()
-        task = asyncio.ensure_future(work())  # copies the context, as a child task does
-        cancelled: asyncio.CancelledError | None = None
         while not task.done():
             try:
                 await asyncio.shield(task)
@@ -33,7 +35,7 @@ async def finish(work: Callable[[], Awaitable[T]]) -> T:
                 if task.done():
                     break
                 cancelled = exc
-        result = task.result()  # the work's own error, if any, comes first
-        if cancelled is not None:
-            raise cancelled
-        return result
+    result = task.result()  # the work's own error, if any, comes first
+    if cancelled is not None:
+        raise cancelled
+    return result

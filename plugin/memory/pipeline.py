@@ -379,7 +379,7 @@ class MemoryRetriever:
     async def revalidate(
         self, ids: Sequence[str], *, principal: str, scope: str
     ) -> tuple[Evidence, ...]:
-        return tuple(await self.store.get_memories(ids, principal=principal, scope=scope))
+        return tuple(await self.store.get_evidence(ids, principal=principal, scope=scope))
 
 
 def _trusted(principal: str | None, scope: str | None) -> tuple[str, str]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable
+from typing import Literal
 
 import attrs
 
@@ -77,21 +78,14 @@ class Lookups:
     async def get_memories(
         self, ids: Iterable[str], *, principal: str, scope: str
     ) -> list[Evidence]:
-        if isinstance(ids, str):
-            raise TypeError("ids must be an iterable of memory ids, not a str")
-        wanted: dict[str, None] = {}
-        for memory_id in ids:
-            if not isinstance(memory_id, str):
-                raise TypeError(f"memory ids must be str, got {type(memory_id).__name__}")
-            if encodable(memory_id):
-                wanted.setdefault(memory_id)
+        wanted = _wanted(ids)
         if not wanted or not visible(principal, scope):
             return []
         rows = await self.db.fetch(
             f"SELECT {MEMORY_COLUMNS} FROM memories AS m "
             "WHERE m.principal = ? AND m.scope = ? "
             "AND m.id IN (SELECT value FROM json_each(?))",
-            (principal, scope, json.dumps(list(wanted))),
+            (principal, scope, json.dumps(wanted)),
         )
         by_id = {row[0]: row for row in rows}
         return [
@@ -99,6 +93,27 @@ class Lookups:
             for memory_id in wanted
             if memory_id in by_id
         ]
+
+    async def get_evidence(
+        self, ids: Iterable[str], *, principal: str, scope: str
+    ) -> list[Evidence]:
+        wanted = _wanted(ids)
+        found = {item.id: item for item in
+                 await self.get_memories(wanted, principal=principal, scope=scope)}
+        rest = [evidence_id for evidence_id in wanted if evidence_id not in found]
+        kinds: tuple[tuple[str, Literal["belief", "source"]], ...] = (
+            ("beliefs", "belief"), ("sources", "source"))
+        for table, kind in kinds:
+            if not rest:
+                break
+            rows = await self.db.fetch(
+                f"SELECT id, text, principal, scope, created_at FROM {table} "
+                "WHERE principal = ? AND scope = ? AND id IN (SELECT value FROM json_each(?))",
+                (principal, scope, json.dumps(rest)),
+            )
+            found.update((row[0], plain_evidence(row, kind=kind, arm=kind)) for row in rows)
+            rest = [evidence_id for evidence_id in rest if evidence_id not in found]
+        return [found[evidence_id] for evidence_id in wanted if evidence_id in found]
 
     async def discover_people(self, text: str, *, principal: str, scope: str) -> list[Person]:
         if not isinstance(text, str):
@@ -161,3 +176,16 @@ class Lookups:
             (principal, scope, source_id),
         )
         return plain_evidence(rows[0], kind="source", arm="source") if rows else None
+
+
+def _wanted(ids: Iterable[str]) -> list[str]:
+    """The ids asked for, in order, each once; one no store could hold is left out."""
+    if isinstance(ids, str):
+        raise TypeError("ids must be an iterable of ids, not a str")
+    wanted: dict[str, None] = {}
+    for evidence_id in ids:
+        if not isinstance(evidence_id, str):
+            raise TypeError(f"ids must be str, got {type(evidence_id).__name__}")
+        if encodable(evidence_id):
+            wanted.setdefault(evidence_id)
+    return list(wanted)

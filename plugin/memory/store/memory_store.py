@@ -343,6 +343,14 @@ class MemoryStore:
         """
         return await self._lookups.get_memories(ids, principal=principal, scope=scope)
 
+    async def get_evidence(
+        self, ids: Iterable[str], *, principal: str, scope: str
+    ) -> list[Evidence]:
+        """The memories, beliefs and sources with these ids that this principal may see in
+        this scope (a memory first where ids collide), in the order of ``ids`` (repeats once).
+        How evidence a run retained is re-read, whatever kind it was."""
+        return await self._lookups.get_evidence(ids, principal=principal, scope=scope)
+
     async def discover_people(self, text: str, *, principal: str, scope: str) -> list[Person]:
         """Known people whose name occurs in ``text`` as a whole word, in order of appearance.
 
