@@ -697,3 +697,44 @@ def test_roles_do_not_change_the_fingerprint_and_are_checked() -> None:
     with pytest.raises(TypeError, match=r"fragments\[1\] must be str"):
         RecallQuery(fragments=("a", 1),  # type: ignore[arg-type]
                     strategy=QueryStrategy.TASK_CONTEXT, baseline_reason=None)
+
+
+@pytest.mark.parametrize("how", ["a blocking thread", "a shield", "a swallowed cancellation"])
+async def test_an_admission_that_ignores_cancellation_still_gives_the_baseline_in_time(
+    how: str,
+) -> None:
+    """A flag client called in a worker thread (which no cancellation stops), a shielded
+    wait, or one that catches the cancellation and waits on: the plan still answers the
+    baseline at its timeout, not when the admission ends."""
+    import threading
+
+    released, gate = threading.Event(), anyio.Event()
+
+    async def admission(experiment: str) -> bool:
+        if how == "a blocking thread":
+            return await anyio.to_thread.run_sync(released.wait)
+        if how == "a shield":
+            with anyio.CancelScope(shield=True):
+                await gate.wait()
+            return True
+        try:
+            await gate.wait()
+        except anyio.get_cancelled_exc_class():
+            await gate.wait()
+        return True
+
+    async def watchdog() -> None:  # a plan that waits for the admission ends, and fails
+        await anyio.sleep(5)
+        released.set()
+        gate.set()
+
+    planner = QueryPlanner(QueryStrategy.TASK_CONTEXT, admission, admission_timeout_s=0.05)
+    async with anyio.create_task_group() as group:
+        group.start_soon(watchdog)
+        query = await planner.plan(CONTINUATION)
+        answered_alone = not released.is_set() and not gate.is_set()
+        released.set()
+        gate.set()
+        group.cancel_scope.cancel()
+    assert query.baseline_reason is BaselineReason.ADMISSION_TIMEOUT
+    assert answered_alone  # at its timeout, not when the admission ended

@@ -19,7 +19,6 @@ from plugin.control.logs import log_event
 from plugin.control.validate import finite, number_text
 from plugin.memory.state import WorkingState
 
-from .cancellation import really_cancelled
 from .compose import (
     DEFAULT_MAX_BYTES,
     MAX_CONSTRAINTS,
@@ -34,6 +33,7 @@ from .compose import (
     compose_search_call,
     compose_task_context,
 )
+from .detached import within
 from .query import BaselineReason, FragmentRole, QueryStrategy, RecallQuery
 
 __all__ = [
@@ -141,28 +141,24 @@ class QueryPlanner:
         admission = self.admission
         if admission is None:
             return BaselineReason.ADMISSION_UNAVAILABLE
-        answer: object = None
-        with anyio.move_on_after(self.admission_timeout_s) as deadline:
-            try:
-                answer = await admission(QueryStrategy.TASK_CONTEXT.value)
-            except anyio.get_cancelled_exc_class() as exc:
-                if deadline.cancel_called or really_cancelled(exc):
-                    raise  # ours (the timeout) or the caller's: a real cancellation
-                log_event(_log, logging.WARNING, "planning.admission_failed",
-                          error="a cancellation of its own")
-                return BaselineReason.ADMISSION_FAILED
-            except Exception as exc:
-                if deadline.cancel_called:
-                    # The admission turned our timeout into an error of its own.
-                    return BaselineReason.ADMISSION_TIMEOUT
-                # Its message may hold anything (a host's secrets): only its type is logged.
-                log_event(_log, logging.WARNING, "planning.admission_failed",
-                          error=type(exc).__name__)
-                return BaselineReason.ADMISSION_FAILED
-        if deadline.cancel_called or anyio.current_time() >= deadline.deadline:
-            # A late answer is no answer: one that swallowed the timeout, or one that blocked
-            # the loop past it (the timeout could not be delivered while it blocked).
+        # Run apart: an admission that does not take a cancellation (a blocking thread, a
+        # shield) cannot hold the plan past its timeout.
+        deadline = anyio.current_time() + self.admission_timeout_s
+        outcome = await within(lambda: admission(QueryStrategy.TASK_CONTEXT.value),
+                               self.admission_timeout_s)
+        if outcome is None or anyio.current_time() >= deadline:
+            # No answer in time, or a late one: it blocked the loop past the timeout (which
+            # could not be delivered while it blocked).
             return BaselineReason.ADMISSION_TIMEOUT
+        if outcome.error is not None:
+            cancelled = isinstance(outcome.error, anyio.get_cancelled_exc_class())
+            if not (cancelled or isinstance(outcome.error, Exception)):
+                raise outcome.error  # a stop (KeyboardInterrupt, SystemExit) is no failure
+            # Its message may hold anything (a host's secrets): only its type is logged.
+            error = "a cancellation of its own" if cancelled else type(outcome.error).__name__
+            log_event(_log, logging.WARNING, "planning.admission_failed", error=error)
+            return BaselineReason.ADMISSION_FAILED
+        answer = outcome.value
         if answer is True:
             return None
         if answer is False:

@@ -1,0 +1,86 @@
+"""A host callable run apart from its caller, waited for no longer than its time bound.
+
+Awaited in the caller's own task, a callable that does not take a cancellation (a blocking
+thread offload, a shielded wait, one that catches the cancellation and waits on) holds the
+caller past any timeout. Run apart, it cannot: the caller stops waiting at the bound, the
+callable is cancelled and left to end on its own, and what it returns or raises later is
+dropped. A cancellation of the caller cancels it too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import attrs
+import sniffio
+
+
+@attrs.frozen
+class Outcome:
+    """What the callable returned (``value``) or raised (``error``) within its bound."""
+
+    value: object = None
+    error: BaseException | None = None
+
+
+async def within(call: Callable[[], Awaitable[object]], timeout_s: float) -> Outcome | None:
+    """``call()`` run apart, waited for at most ``timeout_s``: its outcome, or None when it
+    did not end in time."""
+    if sniffio.current_async_library() == "asyncio":
+        return await _asyncio(call, timeout_s)
+    return await _trio(call, timeout_s)
+
+
+def _drop(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # retrieved: never "exception was never retrieved"
+
+
+async def _asyncio(call: Callable[[], Awaitable[object]], timeout_s: float) -> Outcome | None:
+    async def run() -> object:
+        return await call()
+
+    task = asyncio.ensure_future(run())  # a task of its own, in a copy of the context
+    try:
+        with anyio.move_on_after(timeout_s):
+            await asyncio.wait({task})
+    finally:
+        if not task.done():  # the bound, or the caller's own cancellation
+            task.cancel()
+            task.add_done_callback(_drop)
+    if not task.done():
+        return None
+    if task.cancelled():
+        return Outcome(error=asyncio.CancelledError())
+    error = task.exception()
+    return Outcome(error=error) if error is not None else Outcome(value=task.result())
+
+
+async def _trio(call: Callable[[], Awaitable[object]], timeout_s: float) -> Outcome | None:
+    import trio
+
+    ended = trio.Event()
+    scope = trio.CancelScope()
+    outcome: list[Outcome] = []
+
+    async def run() -> None:
+        try:
+            with scope:
+                outcome.append(Outcome(value=await call()))
+        except BaseException as exc:
+            outcome.append(Outcome(error=exc))
+        finally:
+            ended.set()
+
+    trio.lowlevel.spawn_system_task(run, context=contextvars.copy_context())
+    try:
+        with anyio.move_on_after(timeout_s):
+            await ended.wait()
+    finally:
+        if not ended.is_set():
+            scope.cancel()
+    return outcome[0] if ended.is_set() and outcome else None
