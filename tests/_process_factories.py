@@ -116,3 +116,14 @@ async def flood_search(request: SearchRequest) -> list[Evidence]:
 
 def flood() -> SimpleRetriever:
     return SimpleRetriever(flood_search)
+
+
+async def environment_search(request: SearchRequest) -> list[Evidence]:
+    """What the worker's environment holds, of the names a test asks about."""
+    names = ("RECALLBOUND_LEDGER", "PGPASSWORD", "DATABASE_URL", "RB_LAUNCHED", "RB_KEPT")
+    seen = " ".join(f"{name}={os.environ.get(name, '-')}" for name in names)
+    return [Evidence(id="env", text=seen)]
+
+
+def environment() -> SimpleRetriever:
+    return SimpleRetriever(environment_search)

@@ -179,3 +179,35 @@ def test_the_factory_must_be_importable_by_name() -> None:
     with pytest.raises(InvalidArgumentError):
         ProcessRetriever(factories.probing, timeout_s=float("nan"))
     ProcessRetriever(_local_factory)  # module level in a test module: importable
+
+
+async def test_a_worker_inherits_nothing_that_reaches_the_ledger(
+    clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its environment lacks the ledger's location and PostgreSQL's password; ``env=`` sets it
+    whole and ``launcher=`` goes before its command (here ``env`` adding a variable)."""
+    for name, value in (("RECALLBOUND_LEDGER", "ledger.db"), ("PGPASSWORD", "hunter2"),
+                        ("DATABASE_URL", "postgresql://x"), ("RB_KEPT", "yes")):
+        monkeypatch.setenv(name, value)
+
+    async def seen(retriever: ProcessRetriever) -> str:
+        hooks = hooks_over(retriever, clock)
+        (result,) = await hooks.dispatch(search_calls("cutover"), run_id="r", scope=S,
+                                         principal=P)
+        return next(e.text for e in result.evidence if e.id == "env")
+
+    async with ProcessRetriever(factories.environment) as retriever:
+        assert await seen(retriever) == ("RECALLBOUND_LEDGER=- PGPASSWORD=- DATABASE_URL=- "
+                                         "RB_LAUNCHED=- RB_KEPT=yes")
+    given = {"PATH": os.environ["PATH"], "PGPASSWORD": "given"}
+    async with ProcessRetriever(factories.environment, env=given,
+                                launcher=("env", "RB_LAUNCHED=1")) as retriever:
+        assert await seen(retriever) == ("RECALLBOUND_LEDGER=- PGPASSWORD=given "
+                                         "DATABASE_URL=- RB_LAUNCHED=1 RB_KEPT=-")
+
+
+@pytest.mark.parametrize(("option", "value"), [("env", {"A": 1}), ("env", ["A=1"]),
+                                               ("launcher", "sudo -u x"), ("launcher", [1])])
+def test_a_bad_env_or_launcher_is_a_typed_error(option: str, value: object) -> None:
+    with pytest.raises(InvalidArgumentTypeError):
+        ProcessRetriever(factories.environment, **{option: value})  # type: ignore[arg-type]

@@ -9,6 +9,11 @@ query, its vector, the trusted principal and scope, the limit, the time left) an
 plain evidence as JSON lines; nothing is ever unpickled from it, and its answer is capped in
 size and rebuilt into :class:`~plugin.memory.store.Evidence` here before the hooks admit it.
 
+A worker inherits this process's environment without what names or opens the ledger and the
+store (``RECALLBOUND_*``, libpq's ``PG*``, ``DATABASE_URL``; ``env=`` sets it whole). It runs
+as your user, so the operating system lets it open any file you can, the ledger's included:
+``launcher=`` starts it as another user, in a sandbox or a container that cannot reach them.
+
 The hooks still take every slot and open every deadline on this side. A call that is cut by
 the deadline or cancelled kills its worker (it may be stuck); a worker that crashes, answers
 junk or does not answer in time is that call's ``failed`` result, and the next call gets a
@@ -30,7 +35,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -163,6 +168,22 @@ class _Worker:
             await self.process.aclose()
 
 
+_HOST_ONLY = ("RECALLBOUND_", "PG", "DATABASE_URL")
+"""Names (prefixes) of the variables a worker does not inherit: the ledger's and the store's
+location, PostgreSQL's connection settings and password."""
+
+
+def _worker_env(env: Mapping[str, str], *, default: bool) -> dict[str, str]:
+    """A worker's environment: ``env`` as given, or (by ``default``) this process's without
+    the :data:`_HOST_ONLY` variables."""
+    if not isinstance(env, Mapping) or not all(
+            isinstance(name, str) and isinstance(value, str) for name, value in env.items()):
+        raise InvalidArgumentTypeError("env must be a mapping of str to str")
+    if not default:
+        return dict(env)
+    return {name: value for name, value in env.items() if not name.startswith(_HOST_ONLY)}
+
+
 class ProcessRetriever:
     """A :class:`~plugin.memory.protocol.Retriever` whose real retriever runs in worker
     processes (see the module doc for what crosses and what a worker can reach).
@@ -171,12 +192,24 @@ class ProcessRetriever:
     raises :class:`~plugin.errors.InvalidArgumentError` here. ``timeout_s`` bounds the calls
     that have no attempt deadline (corrections, re-reads); a search is bounded by its
     attempt. Close it (``await retriever.aclose()`` or ``async with``) to stop idle workers.
+
+    ``env`` is the workers' whole environment; by default this process's, without what
+    names or opens the ledger and the store (``RECALLBOUND_*``, libpq's ``PG*``,
+    ``DATABASE_URL``). ``launcher`` is put before the worker's command: another user
+    (``("sudo", "-u", "retriever", "--")``), a sandbox or a container, which the operating
+    system keeps from the ledger's file or server. Without one, a worker runs as your user
+    and can open any file you can.
     """
 
     def __init__(
-        self, factory: Callable[[], object], *, idle_workers: int = 4, timeout_s: float = 10.0
+        self, factory: Callable[[], object], *, idle_workers: int = 4, timeout_s: float = 10.0,
+        env: Mapping[str, str] | None = None, launcher: Sequence[str] = (),
     ) -> None:
         self._target, self._main_path = _target(factory)
+        self._env = _worker_env(os.environ if env is None else env, default=env is None)
+        if isinstance(launcher, str) or not all(isinstance(part, str) for part in launcher):
+            raise InvalidArgumentTypeError("launcher must be a sequence of str (a command)")
+        self._launcher = tuple(launcher)
         if isinstance(idle_workers, bool) or not isinstance(idle_workers, int):
             raise InvalidArgumentTypeError("idle_workers must be an int")
         if idle_workers < 0:
@@ -221,10 +254,10 @@ class ProcessRetriever:
     # -- the worker pool ---------------------------------------------------------------------
 
     async def _spawn(self) -> _Worker:
-        env = dict(os.environ)
+        env = dict(self._env)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_ROOT, env.get("PYTHONPATH")]))
         process = await anyio.open_process(
-            [sys.executable, "-m", "plugin.memory._process_worker"],
+            [*self._launcher, sys.executable, "-m", "plugin.memory._process_worker"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, env=env,
         )
         self.started += 1
