@@ -269,6 +269,26 @@ class MemoryLedger:
         opened[run_id] = at
         return rules.RunOpening.OPENED
 
+    async def current_run(
+        self, candidate: str, *, prefix: str, principal: str, scope: str, now: WallTime,
+        live_s: float, per_hour: int
+    ) -> str:
+        rules.open_run_arguments(candidate, principal, scope)
+        at = read_time(now)
+        opened = self._open().run_opens.get((principal, scope), {})
+        live = []
+        for run_id, opened_at in opened.items():
+            run = self.runs.get(run_id)
+            alive = (opened_at > at - live_s if run is None
+                     else not run.pruned and run.deadline > at)
+            if run_id.startswith(prefix) and alive:
+                live.append((-opened_at, run_id))
+        if live:
+            return min(live)[1]
+        await self.open_run(candidate, principal=principal, scope=scope, now=now,
+                            per_hour=per_hour)
+        return candidate
+
     async def take_validations(
         self, run_id: str, evidence_ids: Sequence[str], *, limit: int
     ) -> dict[str, Validity]:

@@ -239,6 +239,11 @@ class ServerClockLedger:
     async def reservations(self, run_id: str) -> list[Any]:
         return [self._back(r) for r in await self._ledger.reservations(run_id)]
 
+    async def current_run(self, candidate: str, *, now: Any, **kw: Any) -> Any:
+        # Judged against deadlines the server's clock set: the contract's time, moved as well.
+        return await self._ledger.current_run(candidate, now=read_time(now) + SERVER_CLOCK_SHIFT,
+                                              **kw)
+
     async def usage(self, run_id: str) -> Any:
         usage = await self._ledger.usage(run_id)
         if usage.deadline_wall is None:

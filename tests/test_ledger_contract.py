@@ -43,7 +43,7 @@ from plugin.control import (
     Validity,
     current_permit,
 )
-from plugin.control.ledger import CallRecord
+from plugin.control.ledger import CallRecord, RunOpening
 from plugin.control.refusal import BudgetRefusal
 from plugin.errors import (
     InvalidArgumentTypeError,
@@ -1132,3 +1132,38 @@ async def test_every_ledger_command_on_a_damaged_schema_is_one_line(
         lambda: main(["ledger", "--ledger", str(path), *command], stdout=out, stderr=err))
     assert code == 1 and err.getvalue().startswith("recallbound: ")
     assert err.getvalue().count("\n") == 1 and "damaged" in err.getvalue()
+
+
+async def _current(ledger: Ledger, candidate: str, at: float, principal: str = "alice",
+                   prefix: str = "mcp-cell-") -> str:
+    return await ledger.current_run(candidate, prefix=prefix, principal=principal,
+                                    scope="proj", now=WALL + at, live_s=10.0, per_hour=60)
+
+
+async def test_the_current_run_is_the_pairs_newest_live_one(ledger: Ledger) -> None:
+    assert await _current(ledger, "mcp-cell-a", 0) == "mcp-cell-a"  # none yet: opened
+    assert await _current(ledger, "mcp-cell-b", 5) == "mcp-cell-a"  # opened, not yet reserved
+    assert await _current(ledger, "mcp-other-x", 5, prefix="mcp-other-") == "mcp-other-x"
+    assert await _current(ledger, "mcp-cell-c", 5, principal="bob") == "mcp-cell-c"
+    await ledger.reserve("mcp-cell-a", AUTO, 2, POLICY, WALL + 6)  # its deadline: 16 s
+    assert await _current(ledger, "mcp-cell-d", 15.5) == "mcp-cell-a"
+    assert await _current(ledger, "mcp-cell-d", 16.0) == "mcp-cell-d"  # a's deadline passed
+    assert await _current(ledger, "mcp-cell-e", 25.5) == "mcp-cell-d"
+    assert await _current(ledger, "mcp-cell-e", 26.5) == "mcp-cell-e"  # d never reserved
+    assert await ledger.open_run("mcp-cell-e", principal="alice", scope="proj", now=WALL + 27,
+                                 per_hour=60) is RunOpening.KNOWN  # opened once, counted once
+
+
+async def test_servers_asking_at_once_get_one_current_run(
+    open_ledger: Callable[..., Any]
+) -> None:
+    async with open_ledger() as one, open_ledger() as two:
+        found: list[str] = []
+
+        async def ask(ledger: Ledger, candidate: str) -> None:
+            found.append(await _current(ledger, candidate, 0))
+
+        async with anyio.create_task_group() as group:
+            for n in range(6):
+                group.start_soon(ask, (one, two)[n % 2], f"mcp-cell-{n}")
+    assert len(set(found)) == 1 and len(found) == 6

@@ -224,6 +224,25 @@ async def test_stateless_http_has_one_current_run_per_caller_and_session_ids_nam
                 assert answer.status_code == 404
 
 
+# The SDK's HTTP client (httpx2) under trio leaves its SSE async generators to the garbage
+# collector; that is the client library's own cleanup, not the server's.
+@pytest.mark.filterwarnings("ignore:Async generator .* was garbage collected:ResourceWarning")
+async def test_stateless_http_gives_a_caller_one_current_run_across_two_server_processes(
+    tmp_path: Path,
+) -> None:
+    """Behind a load balancer a caller's requests reach any server: the (principal, scope)'s
+    current run is the ledger's, so two servers on one ledger give it one run's two rounds."""
+    await _seeded(tmp_path)
+    async with _http_server(tmp_path) as (one, _), _http_server(tmp_path) as (two, _):
+        with anyio.fail_after(120):
+            statuses = []
+            for url, query in ((one, "cutover date"), (two, "deploy window"),
+                               (one, "rollback runbook"), (two, "invoice backfill")):
+                async with _http_client(url, TOKEN) as client:
+                    statuses.append((await search(client, query))["status"])
+    assert statuses == ["ok", "ok", "refused", "refused"]
+
+
 def test_the_example_launches_the_server_and_prints_evidence_and_a_refusal() -> None:
     root = Path(__file__).resolve().parent.parent
     env = {k: v for k, v in os.environ.items() if not k.startswith("RECALLBOUND_")}

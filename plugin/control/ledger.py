@@ -381,6 +381,18 @@ class Ledger(Protocol):
         """
         ...
 
+    async def current_run(
+        self, candidate: str, *, prefix: str, principal: str, scope: str, now: WallTime,
+        live_s: float, per_hour: int
+    ) -> str:
+        """The pair's current run among its runs named ``prefix...``: the newest one they
+        opened whose deadline has not passed at ``now`` (or, not yet reserved, opened less
+        than ``live_s`` before ``now``); when none is, ``candidate`` (which starts with
+        ``prefix``), opened as :meth:`open_run` opens it. In one transaction, under the
+        pair's lock: servers sharing the ledger that ask at once get one run.
+        """
+        ...
+
     async def take_validations(
         self, run_id: str, evidence_ids: Sequence[str], *, limit: int
     ) -> dict[str, Validity]:

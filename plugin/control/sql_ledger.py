@@ -66,6 +66,7 @@ from .sql_rows import (
     _SET_USED,
     _USAGE,
     _USED,
+    CURRENT_RUN,
     attempt_row,
     attempts_of,
     call_row,
@@ -301,30 +302,55 @@ class SqlLedger(abc.ABC):
         self, run_id: str, *, principal: str, scope: str, now: WallTime, per_hour: int
     ) -> RunOpening:
         open_run_arguments(run_id, principal, scope)
-        cell = {"principal": principal, "scope": scope}
         at = read_time(now)
 
         async def write(s: Session) -> RunOpening:
-            # One lock per (principal, scope): two processes opening runs for it queue here.
-            await self._lock_run(s, json.dumps(["run_opens", principal, scope]))
-            bound = self._identities.get(run_id)
-            if bound is None:  # bound as bind_identity binds it, in this transaction
-                await s.fetchall(self._sql(_BIND), {**cell, "run_id": run_id})
-                ((first, second),) = await s.fetchall(self._sql(_BOUND), {"run_id": run_id})
-                bound = (str(first), str(second))
-            check_identity(run_id, bound, principal, scope)  # raises: nothing is stored
-            self._identities.put(run_id, bound)
-            if await s.fetchall(self._sql(_OPENED), {**cell, "run_id": run_id}):
-                return RunOpening.KNOWN
-            # Openings older than the window count no more: the pair's rows stay bounded.
-            await s.fetchall(self._sql(_FORGET_OPENS), {**cell, "since": at - RUN_RATE_WINDOW_S})
-            ((opened,),) = await s.fetchall(self._sql(_OPENS), cell)
-            if opened >= per_hour:
-                return RunOpening.REFUSED
-            await s.fetchall(self._sql(_OPEN), {**cell, "run_id": run_id, "now": at})
-            return RunOpening.OPENED
+            return await self._open_run(s, run_id, principal, scope, at, per_hour)
 
         return await self._transact_unsynced(write, f"opening run {run_id!r}")
+
+    async def current_run(
+        self, candidate: str, *, prefix: str, principal: str, scope: str, now: WallTime,
+        live_s: float, per_hour: int
+    ) -> str:
+        open_run_arguments(candidate, principal, scope)
+        at = read_time(now)
+        live = validate.seconds(live_s, field="live_s")
+        cell = {"principal": principal, "scope": scope}
+
+        async def write(s: Session) -> str:
+            await self._lock_run(s, json.dumps(["run_opens", principal, scope]))
+            rows = await s.fetchall(self._sql(CURRENT_RUN), {
+                **cell, "prefix": prefix, "prefix_length": len(prefix), "now": at,
+                "since": at - live})
+            if rows:
+                return str(rows[0][0])
+            await self._open_run(s, candidate, principal, scope, at, per_hour)
+            return candidate
+
+        return await self._transact_unsynced(write, f"finding the current run of {prefix!r}")
+
+    async def _open_run(self, s: Session, run_id: str, principal: str, scope: str, at: float,
+                        per_hour: int) -> RunOpening:
+        cell = {"principal": principal, "scope": scope}
+        # One lock per (principal, scope): two processes opening runs for it queue here.
+        await self._lock_run(s, json.dumps(["run_opens", principal, scope]))
+        bound = self._identities.get(run_id)
+        if bound is None:  # bound as bind_identity binds it, in this transaction
+            await s.fetchall(self._sql(_BIND), {**cell, "run_id": run_id})
+            ((first, second),) = await s.fetchall(self._sql(_BOUND), {"run_id": run_id})
+            bound = (str(first), str(second))
+        check_identity(run_id, bound, principal, scope)  # raises: nothing is stored
+        self._identities.put(run_id, bound)
+        if await s.fetchall(self._sql(_OPENED), {**cell, "run_id": run_id}):
+            return RunOpening.KNOWN
+        # Openings older than the window count no more: the pair's rows stay bounded.
+        await s.fetchall(self._sql(_FORGET_OPENS), {**cell, "since": at - RUN_RATE_WINDOW_S})
+        ((opened,),) = await s.fetchall(self._sql(_OPENS), cell)
+        if opened >= per_hour:
+            return RunOpening.REFUSED
+        await s.fetchall(self._sql(_OPEN), {**cell, "run_id": run_id, "now": at})
+        return RunOpening.OPENED
 
     async def take_validations(
         self, run_id: str, evidence_ids: Sequence[str], *, limit: int

@@ -95,6 +95,14 @@ _OPEN = """
 INSERT INTO {q}run_opens (principal, scope, run_id, opened_wall)
 VALUES (:principal, :scope, :run_id, :now)
 """
+CURRENT_RUN = """
+SELECT o.run_id FROM {q}run_opens o LEFT JOIN {q}runs u ON u.run_id = o.run_id
+WHERE o.principal = :principal AND o.scope = :scope
+  AND substr(o.run_id, 1, :prefix_length) = :prefix
+  AND (u.pruned IS NULL OR u.pruned = false)
+  AND ((u.deadline_wall IS NULL AND o.opened_wall > :since) OR u.deadline_wall > :now)
+ORDER BY o.opened_wall DESC, o.run_id LIMIT 1
+"""
 
 _USAGE = """
 SELECT u.rounds, u.reserved, u.deadline_wall,

@@ -99,6 +99,10 @@ def client_call(meta: Mapping[str, object] | None, arguments: Mapping[str, objec
     return ToolCall(call_id=call_id, arguments=arguments)
 
 
+CELL = "cell"
+"""The kind of a (principal, scope)'s current run (stateless HTTP), shared through the ledger."""
+
+
 @attrs.define(eq=False)
 class CurrentRun:
     """The run of a caller's calls that name none, until its deadline passes.
@@ -113,16 +117,25 @@ class CurrentRun:
     run_id: str = attrs.field(init=False)
     deadline: float | None = None
     touched: bool = False
+    shared: bool = False
+    """Whether ``run_id`` is the one the ledger holds as the caller's current run (a run that
+    every server sharing the ledger gives the caller; see :meth:`Ledger.current_run`)."""
     lock: anyio.Lock = attrs.field(factory=anyio.Lock)
 
     def __attrs_post_init__(self) -> None:
         self.run_id = self._fresh()
 
     def _fresh(self) -> str:
-        return f"mcp-{self.kind}-{uuid.uuid4().hex}"
+        return f"{self.prefix}{uuid.uuid4().hex}"
 
     def expire(self) -> None:
         """Start the next run: a fresh id, nothing read yet."""
         self.run_id = self._fresh()
         self.deadline = None
         self.touched = False
+        self.shared = False
+
+    @property
+    def prefix(self) -> str:
+        """What every run id of this kind starts with."""
+        return f"mcp-{self.kind}-"

@@ -45,7 +45,7 @@ from runtime_hooks.results import rejected_call
 
 from . import tools
 from .errors import McpAuthError
-from .identity import CurrentRun, client_call, client_run_id, ledger_run_id
+from .identity import CELL, CurrentRun, client_call, client_run_id, ledger_run_id
 from .lane import FastLane
 from .session import Session, ToolRequest
 from .trust import Caller, caller_of_token
@@ -232,25 +232,35 @@ class RecallServer:
             key: tuple[str, ...] = ("session", session_id, caller.principal, caller.scope)
             kind = "http-session"
         else:
-            key, kind = ("cell", caller.principal, caller.scope), "http"
+            key, kind = ("cell", caller.principal, caller.scope), CELL
         current = self._current_runs.get(key)
         if current is None:
             current = self._current_runs.put(key, CurrentRun(kind))
         return caller, current
 
-    async def _current_run_id(self, current: CurrentRun) -> str:
-        """The current run's id; the next run's once its deadline has passed."""
+    async def _current_run_id(self, current: CurrentRun, caller: Caller) -> str:
+        """The current run's id; the next run's once its deadline has passed. A (principal,
+        scope)'s current run (stateless HTTP) is the ledger's: every server that shares the
+        ledger gives the caller the same one."""
         allowance = self.hooks.allowance
         async with current.lock:
-            if current.touched and current.deadline is None:
-                current.touched = False
-                known = allowance.known_room(current.run_id)  # this process's own rounds
-                current.deadline = (known.deadline_wall if known is not None
-                                    and known.deadline_wall is not None
-                                    else (await allowance.usage(current.run_id)).deadline_wall)
-            if current.deadline is not None and (
-                allowance.now_for(current.run_id) >= current.deadline
-            ):
+            for _ in range(2):  # once more after an expiry: the next run, as the ledger has it
+                if current.kind == CELL and not current.shared and not allowance.is_legacy:
+                    current.run_id = await allowance.ledger.current_run(
+                        current.run_id, prefix=current.prefix, principal=caller.principal,
+                        scope=caller.scope, now=allowance.clock.wall(),
+                        live_s=allowance.policy.deadline_s, per_hour=self.max_runs_per_hour)
+                    current.shared = current.touched = True  # its deadline is read below
+                if current.touched and current.deadline is None:
+                    current.touched = False
+                    known = allowance.known_room(current.run_id)  # this process's own rounds
+                    current.deadline = (
+                        known.deadline_wall if known is not None
+                        and known.deadline_wall is not None
+                        else (await allowance.usage(current.run_id)).deadline_wall)
+                if current.deadline is None or (
+                        allowance.now_for(current.run_id) < current.deadline):
+                    break
                 current.expire()
             return current.run_id
 
@@ -331,7 +341,7 @@ class RecallServer:
             if named is not None:
                 run_id = ledger_run_id(named, principal=caller.principal, scope=caller.scope)
             else:
-                run_id = await self._current_run_id(current)
+                run_id = await self._current_run_id(current, caller)
             if not await self._admit(run_id, caller):
                 refusal = BudgetRefusal(reason=RefusalReason.RUN_RATE, run_id=run_id,
                                         reserved=0, executed=0)
