@@ -35,7 +35,9 @@ _R = TypeVar("_R")
 
 class RecallState(AgentState[Any]):
     """The agent state with the invocation's prepared recall context (private to the
-    middleware: neither input nor output of the agent; cleared when the invocation ends)."""
+    middleware: in neither the agent's input nor its output schema, though ``astream``'s
+    ``values`` and ``updates`` modes show it, as every state field; cleared when the
+    invocation ends)."""
 
     recall_context: NotRequired[Annotated[str | None, PrivateStateAttr]]
 
