@@ -200,6 +200,7 @@ async def waiting_server(folder: Path) -> AsyncIterator[tuple[RecallServer, Wait
 async def test_a_cancelled_call_is_never_answered_and_its_round_runs_on(tmp_path: Path) -> None:
     async with waiting_server(tmp_path) as (server, retriever):
         async with connection(server) as conn:
+            await conn.ask(request(0, "tools/list"))  # the first request is the SDK's
             await conn.send(tool_call(1, "search_memory", {"query": "cutover"}, run_id="r",
                                       call_id="c"))
             await retriever.entered.wait()
@@ -314,3 +315,25 @@ async def test_a_server_process_answers_modern_calls_and_cancellations(
     assert sorted(answers) == [1, 2, 3, 5]
     statuses = [answers[i]["result"]["structuredContent"]["status"] for i in (1, 2, 3)]
     assert statuses == ["ok", "ok", "ok"]  # one burst, one round, three slots
+
+
+async def test_a_connection_that_opens_with_a_call_keeps_the_era_the_sdk_would_pick(
+    tmp_path: Path,
+) -> None:
+    """The SDK picks a connection's era from the first request it sees: the lane leaves it
+    the first one, so a later request without an envelope cannot make it pick another."""
+    sequence = [
+        tool_call(1, "search_memory", {"query": "invoice backfill dry-run"}, run_id="r1"),
+        json.dumps({"jsonrpc": "2.0", "id": 2, "method": "ping"}).encode(),  # no envelope
+        request(3, "tools/list"),
+    ]
+
+    async def answers(folder: Path, lane: bool) -> list[Any]:
+        folder.mkdir()
+        async with recall_server(folder) as server, connection(server, lane=lane) as conn:
+            return [await conn.ask(line) for line in sequence]
+
+    through_sdk = await answers(tmp_path / "sdk", False)
+    through_lane = await answers(tmp_path / "lane", True)
+    assert "result" in through_sdk[2]
+    assert [sorted(a) for a in through_lane] == [sorted(a) for a in through_sdk]

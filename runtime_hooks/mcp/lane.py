@@ -10,8 +10,9 @@ instead, by the same handler (:meth:`RecallServer.call_tool
 ladder and its ``tools/call`` params surface), shaped by the SDK's own result sieve and written
 as the same line (tests compare the two byte for byte).
 
-Everything else goes to the SDK unchanged: a connection that opens with the ``initialize``
-handshake, any other method, a ``tools/call`` the SDK would answer with an error, a request
+Everything else goes to the SDK unchanged: a connection's first request (from which the SDK
+picks the connection's era), a connection that opens with the ``initialize`` handshake, any
+other method, a ``tools/call`` the SDK would answer with an error, a request
 whose id is still in flight here, and every request while the SDK has something to add to it
 (an OpenTelemetry tracer provider is set, so its span would be recorded, or a middleware was
 added to the server). A ``notifications/cancelled`` naming a call in flight here cancels it,
@@ -110,7 +111,10 @@ class FastLane:
         if not isinstance(sent, types.JSONRPCRequest):
             return False
         if self._modern is None:
+            # The connection's first request goes to the SDK whatever it is: the SDK picks the
+            # connection's era from the first request it sees, so it must see this one.
             self._modern = _opens_modern(sent)
+            return False
         serving = self._serving
         if not self._modern or serving is None or sent.method != TOOLS_CALL \
                 or not _sdk_adds_nothing(self.server.server):
