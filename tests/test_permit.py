@@ -569,3 +569,29 @@ async def test_one_attempt_object_entered_twice_takes_no_second_slot() -> None:
             async with attempt:
                 pass
         assert (slot, permit.remaining) == (1, 2)
+
+
+async def test_a_refusal_counts_the_attempts_of_every_open_round_of_the_run() -> None:
+    """Run-wide totals at the moment of refusal: with two rounds of a run open at once, each
+    refusal counts the other's attempts too (the ledger learns of them only at round ends)."""
+    clock = ManualClock(wall=1_800_000_000.0, monotonic=10.0)
+    allowance = RecallAllowance(MemoryLedger(), clock=clock,
+                                policy=AllowancePolicy(max_searches=4, max_rounds=2))
+    async with allowance.round("r", RoundKind.DELIBERATE, slots=1) as first:
+        async with first.attempt():
+            pass
+        async with allowance.round("r", RoundKind.DELIBERATE, slots=2) as second:
+            for _ in range(2):
+                async with second.attempt():
+                    pass
+            with pytest.raises(RecallBudgetExceeded) as refused_round:
+                async with allowance.round("r", RoundKind.DELIBERATE, slots=2):
+                    pass
+        with pytest.raises(RecallBudgetExceeded) as refused_attempt:
+            async with first.attempt():
+                pass
+    round_refusal = refused_round.value.refusal
+    assert (round_refusal.reason, round_refusal.reserved, round_refusal.executed) == (
+        RefusalReason.ROUNDS, 3, 3)
+    refusal = refused_attempt.value.refusal
+    assert (refusal.reason, refusal.reserved, refusal.executed) == (RefusalReason.SLOTS, 3, 3)

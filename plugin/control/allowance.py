@@ -26,6 +26,7 @@ from .permit import LEGACY_SLOTS, Permit
 from .policy import MAX_COUNT, AllowancePolicy, RoundKind
 from .refusal import BudgetRefusal, RecallBudgetExceeded
 from .rounds import Round
+from .tally import RunTally
 from .validate import MAX_RUN_ID_BYTES as MAX_RUN_ID_BYTES
 
 Checkpoint = Callable[[str, int], Awaitable[None]]
@@ -121,6 +122,9 @@ class RecallAllowance:
     is_legacy: bool = attrs.field(default=False, kw_only=True)
     _known: OrderedDict[str, Room] = attrs.field(factory=OrderedDict, init=False, repr=False)
     """What this allowance last learned of each run from its own reservations (bounded)."""
+    _tallies: OrderedDict[str, RunTally] = attrs.field(factory=OrderedDict, init=False,
+                                                       repr=False)
+    """The totals this process saw of each run, shared by the run's permits (bounded)."""
     _owed: list[Permit] = attrs.field(factory=list, init=False, repr=False)
     """Permits whose records a failed write left unwritten (see :meth:`flush`)."""
     _flushing: anyio.Lock = attrs.field(factory=anyio.Lock, init=False, repr=False)
@@ -276,6 +280,15 @@ class RecallAllowance:
             if all(owed is not permit for owed in self._owed):
                 self._owed.append(permit)
 
+    def _tally(self, run_id: str) -> RunTally:
+        tally = self._tallies.get(run_id)
+        if tally is None:
+            tally = self._tallies[run_id] = RunTally()
+            while len(self._tallies) > KNOWN_ROOMS:
+                self._tallies.popitem(last=False)
+        self._tallies.move_to_end(run_id)
+        return tally
+
     def _hand_over(self, permit: Permit) -> Permit:
         """``permit``, holding what earlier permits owe: its flush writes it with its own."""
         while self._owed:
@@ -304,9 +317,14 @@ class RecallAllowance:
         # A caller cancelled while its reservation was committed (a shared batch, a lock
         # handed over as the cancellation arrived) gets no permit: the slots stay consumed.
         await anyio.lowlevel.checkpoint_if_cancelled()
+        tally = self._tally(run_id)
         if isinstance(result, BudgetRefusal):
             self._learn(run_id, Room(slots=0, rounds=0))  # every refusal leaves the run spent
-            raise RecallBudgetExceeded(result)
+            # The ledger counts attempts whose round ended; this process's rounds still open
+            # count theirs here.
+            reserved, executed = tally.totals(reserved=result.reserved, executed=result.executed)
+            raise RecallBudgetExceeded(attrs.evolve(result, reserved=reserved, executed=executed))
+        tally.saw(reserved=result.reserved, executed=result.executed)
         rounds_left = max(0, self.policy.max_rounds - result.round_index)
         self._learn(run_id, Room(
             slots=max(0, self.policy.max_searches - result.reserved) if rounds_left else 0,
@@ -325,5 +343,5 @@ class RecallAllowance:
             issued_mono=mono_before, left_at_issue=left,
             source_reads_limit=self.policy.source_read_fallbacks,
             reserved_total=result.reserved, executed_before=result.executed,
-            owner=self._owe,
+            owner=self._owe, tally=tally,
         ))

@@ -52,6 +52,7 @@ from .ledger import AttemptTrace, CallRecord, RefusalRecord
 from .policy import AttemptKind, RoundKind
 from .refusal import BudgetRefusal, RecallBudgetExceeded, RefusalReason
 from .shield import finish
+from .tally import RunTally
 
 if TYPE_CHECKING:
     from .ledger import Ledger
@@ -108,6 +109,7 @@ class Permit(metaclass=NoPublicConstructor):
     _executed_before: int = attrs.field(repr=False)
     _owner: Callable[[Permit], None] | None = attrs.field(default=None, repr=False)
     """Told of this permit when a write of its records fails: it owes them (the allowance)."""
+    _tally: RunTally = attrs.field(factory=RunTally, repr=False)  # the run's, in this process
     _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False, repr=False)
     _taken: int = attrs.field(default=0, init=False, repr=False)
     _closed: bool = attrs.field(default=False, init=False, repr=False)
@@ -190,12 +192,12 @@ class Permit(metaclass=NoPublicConstructor):
         self._closed = True
 
     def refusal(self, reason: RefusalReason) -> BudgetRefusal:
-        """A refusal carrying the run's totals as this permit knows them."""
+        """A refusal carrying the run's totals as this process knows them."""
         with self._lock:
             executed = self._executed_before + self._taken
-        return BudgetRefusal(
-            reason=reason, run_id=self.run_id, reserved=self._reserved_total, executed=executed
-        )
+        reserved, executed = self._tally.totals(reserved=self._reserved_total, executed=executed)
+        return BudgetRefusal(reason=reason, run_id=self.run_id, reserved=reserved,
+                             executed=executed)
 
     # -- taking slots ------------------------------------------------------------------------
 
@@ -228,19 +230,15 @@ class Permit(metaclass=NoPublicConstructor):
                 )
         if reason is not None:
             raise RecallBudgetExceeded(self.refusal(reason))
+        self._tally.started()
         return slot
 
     def _trace(self, trace: AttemptTrace) -> None:
         with self._lock:
             self._traces[trace.attempt_id] = trace
 
-    def attempt(
-        self,
-        kind: AttemptKind = AttemptKind.DELIBERATE,
-        *,
-        strategy: str | None = None,
-        fingerprint: str | None = None,
-    ) -> Attempt:
+    def attempt(self, kind: AttemptKind = AttemptKind.DELIBERATE, *,
+                strategy: str | None = None, fingerprint: str | None = None) -> Attempt:
         """One search attempt: ``async with permit.attempt() as slot: ...``.
 
         Takes a slot (its number is distinct across the run) and runs the body in a cancel
@@ -253,13 +251,8 @@ class Permit(metaclass=NoPublicConstructor):
         """
         return Attempt(self, kind, strategy, fingerprint)
 
-    def attempt_sync(
-        self,
-        kind: AttemptKind = AttemptKind.DELIBERATE,
-        *,
-        strategy: str | None = None,
-        fingerprint: str | None = None,
-    ) -> SyncAttempt:
+    def attempt_sync(self, kind: AttemptKind = AttemptKind.DELIBERATE, *,
+                     strategy: str | None = None, fingerprint: str | None = None) -> SyncAttempt:
         """:meth:`attempt` as a plain context manager, for tools running in worker threads.
 
         The deadline is checked when the slot is taken; there is no cancel scope.
