@@ -44,7 +44,16 @@ from plugin.control.dsn import is_connection_string, parse_location, redact
 from plugin.errors import ConfigError, RecallboundError
 from plugin.memory.planning import Admission
 
-from .config_fields import _BY_ENV, _BY_KEY, _SECTIONS, FIELDS, _Bad, _Field, _shown, _unknown
+from .config_fields import (
+    _BY_ENV,
+    _BY_KEY,
+    _SECTIONS,
+    FIELDS,
+    _Bad,
+    _Field,
+    _shown,
+    unknown_setting,
+)
 from .config_fields import settings_table as settings_table
 from .ledgers import redact_location
 from .settings import (
@@ -294,7 +303,7 @@ def _read_file(path: Path) -> dict[str, tuple[object, str]]:
             elif key == "mcp":
                 pass  # the MCP server's own table: checked below, as the server reads it
             else:
-                raise _unknown(key, f"in {path}", [*_BY_KEY, *_SECTIONS])
+                raise unknown_setting(key, f"in {path}", [*_BY_KEY, *_SECTIONS])
 
     walk(document, "")
     if "mcp" in document:
@@ -338,7 +347,7 @@ def load_config(
         if name.startswith(TEST_PREFIX) or name in TEST_VARIABLES:
             continue  # the test suite's, not a setting
         if name not in _BY_ENV:
-            raise _unknown(name, "environment variable", [*_BY_ENV, ENV_FILE])
+            raise unknown_setting(name, "environment variable", [*_BY_ENV, ENV_FILE])
         env_values[_BY_ENV[name].key] = (text, name)
     if server_env:
         from .mcp.cli import check_settings
@@ -349,7 +358,7 @@ def load_config(
     explicit: dict[str, tuple[object, str]] = {}
     for key, value in (overrides or {}).items():
         if key not in _BY_KEY:
-            raise _unknown(key, "argument", list(_BY_KEY))
+            raise unknown_setting(key, "argument", list(_BY_KEY))
         explicit[key] = (value, f"argument {key}")
     layers.append(("explicit", explicit, lambda f, value: f.check(value)))
 

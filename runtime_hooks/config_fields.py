@@ -180,7 +180,7 @@ _BY_ENV = {f.env: f for f in FIELDS}
 _SECTIONS = {f.key.split(".")[0] for f in FIELDS if f.part is not None}
 
 
-def _unknown(name: str, where: str, known: list[str]) -> ConfigError:
+def unknown_setting(name: str, where: str, known: list[str]) -> ConfigError:
     """The one error for a key nobody declared, with the nearest declared one."""
     near = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
     hint = f"; did you mean {near[0]!r}?" if near else ""

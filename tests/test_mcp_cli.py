@@ -70,7 +70,8 @@ def test_the_mcp_table_is_read_and_the_command_line_wins(tmp_path: Path) -> None
 
 def test_an_unknown_mcp_key_is_an_error(tmp_path: Path) -> None:
     (tmp_path / "recallbound.toml").write_text('[mcp]\nprincipial = "ana"\n')
-    with pytest.raises(ConfigError, match=r"mcp\.principial"):
+    one_format = r"^unknown setting 'mcp\.principial' \(in .*\); did you mean 'mcp\.principal'\?$"
+    with pytest.raises(ConfigError, match=one_format):
         cli.settings(_parser().parse_args(["mcp", "--config", str(tmp_path / "recallbound.toml")]),
                      {})
 
@@ -191,7 +192,7 @@ def test_the_default_window_is_the_servers(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("name", "value", "words"), [
-    ("RECALLBOUND_MCP_MAX_RUNS_PER_HUOR", "2", "unknown environment variable"),
+    ("RECALLBOUND_MCP_MAX_RUNS_PER_HUOR", "2", "did you mean 'RECALLBOUND_MCP_MAX_RUNS_PER_HOUR'"),
     ("RECALLBOUND_MCP_MAX_RUNS_PER_HOUR", "two", "must be an integer"),
     ("RECALLBOUND_MCP_MAX_RUNS_PER_HOUR", "0", "must be an integer >= 1"),
     ("RECALLBOUND_MCP_WINDOW_MS", "soon", "milliseconds"),

@@ -40,7 +40,7 @@ import attrs
 
 from plugin.errors import ConfigError
 
-from ..config_fields import FLOAT_TEXT, INT_TEXT
+from ..config_fields import FLOAT_TEXT, INT_TEXT, unknown_setting
 from .errors import McpAuthError
 
 if sys.version_info >= (3, 11):
@@ -137,8 +137,8 @@ def check_settings(table: object, path: Path, env: Mapping[str, str]) -> None:
             raise ConfigError(f"{path}: mcp must be a table ([mcp])")
         unknown = sorted(set(table) - _KEYS)
         if unknown:
-            raise ConfigError(f"{path}: unknown key mcp.{unknown[0]} "
-                              f"(known: {', '.join(sorted(_KEYS))})")
+            raise unknown_setting(f"mcp.{unknown[0]}", f"in {path.resolve()}",
+                                  [f"mcp.{key}" for key in sorted(_KEYS)])
         _check_table(table, lambda key: f"{path}: mcp.{key}")
     _mcp_env(env, TOKENS_ENV)
 
@@ -174,8 +174,7 @@ def _mcp_env(env: Mapping[str, str], tokens_env: str) -> dict[str, Any]:
             continue
         key = _ENV_KEYS.get(name)
         if key is None:
-            raise ConfigError(f"unknown environment variable {name} (known: "
-                              f"{', '.join(sorted([*_ENV_KEYS, TOKENS_ENV]))})")
+            raise unknown_setting(name, "environment variable", sorted([*_ENV_KEYS, TOKENS_ENV]))
         if key in ("max_runs_per_hour", "max_memory_bytes"):  # plain decimal, as elsewhere
             if not INT_TEXT.fullmatch(text):
                 raise ConfigError(f"environment variable {name} must be an integer >= 1, "
