@@ -465,3 +465,17 @@ async def test_check_reports_the_schema_version(sql_pair: Pair) -> None:
         pair.raw("UPDATE recallbound_meta SET version = 1")
     result = await pair.admin.check()
     assert (result.schema_version, result.expected_version, result.ok) == (1, current, False)
+
+
+async def test_check_reports_a_call_whose_recorded_outcome_is_damaged(sql_pair: Pair) -> None:
+    from plugin.control.ledger import CallRecord
+
+    pair = sql_pair
+    await _run(pair.ledger, "a", WALL)
+    await pair.ledger.record([], [], [CallRecord(run_id="a", call_id="c1", digest="d",
+                                                 status="ok", slot=1, evidence_ids=("m1",))])
+    assert (await pair.admin.check()).ok
+    pair.raw("UPDATE calls SET evidence = '[\"m1\"' WHERE call_id = 'c1'")  # a torn JSON text
+    result = await pair.admin.check()
+    assert not result.ok
+    assert any("'c1'" in problem and "damaged" in problem for problem in result.problems)

@@ -32,6 +32,7 @@ from plugin.errors import InvalidArgumentError, LedgerCorruptError
 
 from .ledger import CALL_STATUSES, PENDING
 from .ledger_admin import PRUNED_TABLES, LedgerCheck, PruneReport, RunSummary, check_limit
+from .sql_rows import call_record
 from .sql_schema import EXECUTED, Session, SqlStorage
 
 _SUMMARY = (
@@ -40,6 +41,9 @@ _SUMMARY = (
     "(SELECT count(*) FROM {q}refusals f WHERE f.run_id = u.run_id) FROM {q}runs u "
     "WHERE u.pruned = false"
 )
+
+_CALL_ROWS = ("SELECT run_id, call_id, digest, status, slot, reason, evidence, more, reserved, "
+              "executed FROM {q}calls ORDER BY run_id, call_id")
 
 _PRUNABLE = (
     "SELECT run_id FROM {q}runs WHERE deadline_wall < :before AND deadline_wall <= :now "
@@ -221,6 +225,11 @@ class SqlAdmin:
                 for _, template, query in INVARIANTS:
                     for row in await s.fetchall(self.ledger._sql(query + " ORDER BY 1, 2"), {}):
                         problems.append(template.format(*row))
+                for run_id, *call in await s.fetchall(self.ledger._sql(_CALL_ROWS), {}):
+                    try:  # read back as a replay reads it
+                        call_record(str(run_id), tuple(call))
+                    except (ValueError, TypeError) as exc:
+                        problems.append(f"run {run_id!r}: call {call[0]!r} is damaged: {exc}")
             return version
 
         try:
@@ -232,5 +241,6 @@ class SqlAdmin:
             backend=self.ledger.backend, location=self.ledger.location,
             schema_version=version, expected_version=self.ledger.schema_version,
             problems=tuple(problems),
-            checked=(*self.ledger.storage_checks, "the schema version", _INVARIANTS_CHECKED),
+            checked=(*self.ledger.storage_checks, "the schema version",
+                     "every call's recorded outcome", _INVARIANTS_CHECKED),
         )
