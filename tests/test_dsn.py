@@ -355,3 +355,20 @@ def test_an_unparseable_dsns_error_holds_no_password_in_its_chain() -> None:
         chain.append(seen)
         seen = seen.__cause__ or seen.__context__
     assert SECRET not in " ".join(str(error) for error in chain)
+
+
+@pytest.mark.parametrize("argv", [
+    ["evaluate", "--scenarios", "s.jsonl", "--out", "o", "--ledger",
+     f"postgresql://app:{SECRET}@db/x"],
+    ["evaluate", "--semantic", f"postgresql://app:{SECRET}@db/x"],
+    ["evaluate", "--k", f"host=db password={SECRET}"],
+], ids=["an unknown option", "a bad choice", "a bad value"])
+def test_the_evaluators_usage_errors_never_print_the_password(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from plugin.evaluation.command import cli
+
+    assert main(argv) == 2
+    assert cli(argv[1:]) == 2
+    printed = capsys.readouterr()
+    assert printed.err.count("recallbound:") == 2 and SECRET not in printed.out + printed.err

@@ -39,6 +39,7 @@ from typing import NoReturn
 
 import anyio
 
+from plugin.control.dsn import redact
 from plugin.errors import RecallboundError
 from plugin.memory.embedding import EmbeddingAdapter
 from plugin.memory.embedding_choice import load_embedding
@@ -110,7 +111,8 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 def _usage_error(parser: argparse.ArgumentParser) -> Callable[[str], NoReturn]:
     def error(message: str) -> NoReturn:
         usage = " ".join(parser.format_usage().split())
-        print(f"recallbound: {' '.join(message.split())} ({usage})", file=sys.stderr)
+        # argparse quotes the arguments it could not read: a password among them is hidden.
+        print(f"recallbound: {redact(' '.join(message.split()))} ({usage})", file=sys.stderr)
         raise SystemExit(2)
 
     return error
