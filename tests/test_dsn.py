@@ -340,11 +340,26 @@ def test_a_usage_error_never_prints_the_password(
 def test_a_path_that_reads_as_a_connection_string_is_refused(text: str, tmp_path: Path) -> None:
     """Given as a str the same text opens PostgreSQL: as a path it is neither (one value, one
     ledger), and no SQLite file is made of it."""
-    with pytest.raises(LedgerConfigError, match="reads as a connection string"):
+    with pytest.raises(LedgerConfigError, match=r"connection string|PostgreSQL DSN"):
         parse_location(Path(text))
     with pytest.raises(ConfigError):
         RecallConfig(ledger_path=Path(text), store_path=tmp_path / "m.db")
     assert parse_location(tmp_path / "host=x.db").kind == "sqlite"  # an absolute path is a file
+
+
+@pytest.mark.parametrize("text", ["ledger-2024-06-01T10:30.db", "run:2.db", "ledger.db",
+                                  "'host=db dbname=fleet password=pw'", "\ufeffhost=db dbname=x",
+                                  "\u200bpostgresql://app@db/fleet"])
+def test_a_path_names_the_ledger_its_text_names(text: str) -> None:
+    """Refused as a path exactly when refused as a str; a file otherwise, of the same name."""
+    try:
+        as_text = parse_location(text)
+    except LedgerConfigError:
+        with pytest.raises(LedgerConfigError):
+            parse_location(Path(text))
+        return
+    assert as_text.kind == "sqlite"
+    assert parse_location(Path(text)).target == str(Path(text))
 
 
 def test_an_unparseable_dsns_error_holds_no_password_in_its_chain() -> None:

@@ -128,9 +128,6 @@ def _query_mark(dsn: str) -> int:
     return dsn.find("?", userinfo.end() if userinfo is not None else scheme.end())
 
 
-_PATH_SCHEME = re.compile(r"(?i)[a-z][a-z0-9+.-]+:")
-"""A scheme at the start of a path's text (a path keeps one slash of ``postgresql://``)."""
-
 SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 """A ledger schema's name: a lowercase identifier PostgreSQL keeps as written."""
 
@@ -177,14 +174,13 @@ def parse_location(location: str | os.PathLike[str]) -> LedgerLocation:
     like a connection string and cannot be used as one; its message never holds a password.
     """
     if not isinstance(location, str):
-        target = os.fspath(location)
-        text = target.strip()
-        if ((_PATH_SCHEME.match(text) and not text.lower().startswith("file:"))
-                or _KEYWORD.match(text)):
-            # The same text given as a str opens PostgreSQL: one value, one ledger.
+        # A path is read as its text is: one value, one ledger, however it is given (a
+        # connection string, a quoted one, one that cannot be used: the str's own errors).
+        target = os.fsdecode(os.fspath(location))
+        if parse_location(target).kind != "sqlite":
             raise LedgerConfigError(
-                f"the ledger path ({_form(text)}) reads as a connection string: give a "
-                f"connection string as a str, a file of that name as an absolute path")
+                f"the ledger path ({_form(target.strip())}) reads as a connection string: give "
+                f"a connection string as a str, a file of that name as an absolute path")
         return LedgerLocation(kind="sqlite", target=target)
     text = location.strip()
     if text.startswith(POSTGRES_SCHEMES):
