@@ -353,3 +353,25 @@ async def test_a_store_whose_schema_is_not_utf8_is_a_corrupt_store(tmp_path: Pat
     with pytest.raises(MemoryStoreCorruptError):
         async with MemoryStore(path):
             pytest.fail("a damaged store must not open")
+
+
+@pytest.mark.parametrize("statement", [
+    "INSERT OR REPLACE INTO memories (principal, scope, id, text, created_at) "
+    "VALUES ('u1', 's', 'b', 'edited text', 1.0)",
+    "UPDATE memories SET text = 'lunch menu' WHERE id = 'b'",
+])
+async def test_a_memory_rewritten_with_plain_sql_keeps_no_stale_vector(
+    tmp_path: Path, statement: str
+) -> None:
+    path = tmp_path / "memory.db"
+    async with MemoryStore(path, embedding=HashingEmbedding()) as store:
+        await store.remember("u1 private salary negotiation notes", id="b", principal="u1",
+                             scope="s")
+        await store.remember("salary negotiation notes again", id="c", principal="u1",
+                             scope="s")
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute(statement)
+        conn.commit()
+        left = conn.execute("SELECT m.id FROM embeddings e LEFT JOIN memories m "
+                            "ON m.seq = e.memory_seq ORDER BY 1").fetchall()
+    assert left == [("c",)]  # b's vector described its old text (or a row gone): dropped

@@ -225,6 +225,22 @@ END;
 CREATE TRIGGER IF NOT EXISTS memories_vectors_delete AFTER DELETE ON memories BEGIN
     DELETE FROM embeddings WHERE memory_seq = old.seq;
 END;
+-- A REPLACE deletes the row it replaces without a delete trigger: its vectors go first (unless
+-- its text stays, as in an upsert of the same text). A new
+-- row's seq holds no vector yet (one left there is another memory's), and a changed text's
+-- vector is stale.
+CREATE TRIGGER IF NOT EXISTS memories_vectors_replace BEFORE INSERT ON memories BEGIN
+    DELETE FROM embeddings WHERE memory_seq IN (SELECT seq FROM memories WHERE
+        principal = new.principal AND scope = new.scope AND id = new.id
+        AND text IS NOT new.text);
+END;
+CREATE TRIGGER IF NOT EXISTS memories_vectors_insert AFTER INSERT ON memories BEGIN
+    DELETE FROM embeddings WHERE memory_seq = new.seq;
+END;
+CREATE TRIGGER IF NOT EXISTS memories_vectors_update AFTER UPDATE OF seq, text ON memories
+    WHEN old.text IS NOT new.text OR old.seq IS NOT new.seq BEGIN
+    DELETE FROM embeddings WHERE memory_seq IN (old.seq, new.seq);
+END;
 CREATE TRIGGER IF NOT EXISTS memories_generation_delete AFTER DELETE ON memories BEGIN
     INSERT INTO vector_generations (principal, scope, generation, resets, watermark)
         VALUES (old.principal, old.scope, 1, 1, old.seq)
