@@ -22,14 +22,13 @@ from __future__ import annotations
 import enum
 import importlib
 import os
-import urllib.parse
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import attrs
 
 from plugin.control import AllowancePolicy, validate
-from plugin.control.dsn import is_connection_string, parse_location, redact
+from plugin.control.dsn import is_connection_string, is_ephemeral, parse_location, redact
 from plugin.control.dsn import shown_location as _displayed
 from plugin.errors import (
     ConfigError,
@@ -221,20 +220,6 @@ def _flag(instance: object, attribute: attrs.Attribute[Any], value: object) -> N
 
 def _telemetry_choice(value: object) -> Telemetry:
     return _choice(Telemetry, "telemetry", value)
-
-
-def is_ephemeral(location: str | os.PathLike[str]) -> bool:
-    """Whether a ledger location keeps nothing once closed (an in-memory SQLite database)."""
-    text = os.fspath(location)
-    if text in ("", ":memory:"):  # "" is SQLite's private temporary database
-        return True
-    if text[:5].lower() == "file:":
-        name, _, query = text[5:].partition("?")
-        name = urllib.parse.unquote(name.partition("#")[0])
-        options = urllib.parse.parse_qs(query)
-        return (name in ("", ":memory:") or name.startswith(":memory:")
-                or "memory" in options.get("mode", []) or "memdb" in options.get("vfs", []))
-    return False
 
 
 @attrs.frozen(kw_only=True)

@@ -3,6 +3,7 @@ input as one ``recallbound:`` line with exit status 2."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import sqlite3
@@ -223,7 +224,7 @@ def test_a_memory_whose_time_is_no_date_is_listed_not_a_traceback(
         async with MemoryStore(store) as opened:
             await opened.remember("a note", id="m1", principal="u", scope="s")
     anyio.run(seed)
-    with sqlite3.connect(store) as conn:
+    with contextlib.closing(sqlite3.connect(store)) as conn, conn:
         conn.execute("UPDATE memories SET created_at = ?", (created_at,))
     code, out, err = cli("memory", "--store", str(store), "list", "--principal", "u",
                          "--scope", "s")

@@ -44,7 +44,9 @@ QUERIES = ["release budget", "invoice", "database migration", "holds memory", "D
 def meta(path: Path) -> tuple[list[tuple[str, str]], set[str]]:
     conn = sqlite3.connect(path)
     try:
-        version = conn.execute("SELECT key, value FROM memory_store_meta").fetchall()
+        version = conn.execute(  # the sweep's once-per-file mark is no version
+            "SELECT key, value FROM memory_store_meta WHERE key != 'orphan_vectors_swept'"
+        ).fetchall()
         names = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
     finally:
         conn.close()

@@ -31,11 +31,15 @@ import attrs
 
 from plugin.errors import LedgerConfigError
 
+from .dsn_schema import SCHEMA_PARAMETER as SCHEMA_PARAMETER
+from .dsn_schema import URI_START, USERINFO, query_mark
+from .dsn_schema import check_schema as check_schema
+from .dsn_schema import split_schema as split_schema
+
 __all__ = ["LedgerLocation", "POSTGRES_SCHEMES", "SCHEMA_PARAMETER", "is_connection_string",
            "parse_location", "password_of", "redact"]
 
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
-SCHEMA_PARAMETER = "schema"
 """The DSN query parameter that names the ledger's schema (recallbound's, not libpq's)."""
 
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:")
@@ -59,9 +63,6 @@ def _wrapper(char: str) -> bool:
     return char in _QUOTES or char in _SPACE or unicodedata.category(char) == "Cf"
 
 
-_URI_START = re.compile(r"(?i)[ \t\n\r\f\v]*postgres(?:ql)?://")
-_USERINFO = re.compile(r"[^@/]*@")
-"""A URI's userinfo, just past ``://``: libpq looks for an ``@`` before any ``/``."""
 
 # A password inside a longer text (a message that quotes a location): a URI's userinfo
 # (``//user:secret@``), a ``password=`` or ``sslpassword=`` keyword or query parameter, its value
@@ -114,59 +115,6 @@ def conninfo_dict(dsn: str) -> dict[str, Any]:
         f"used as one: {redact(message)}")
 
 
-def _query_mark(dsn: str) -> int:
-    """Where a URI's query begins (its ``?``), or -1.
-
-    libpq reads the userinfo up to the first ``@`` before any ``/`` (a password may hold a raw
-    ``?`` or ``#``); the query is everything after the next ``?``. It knows no fragment: a
-    ``#`` is an ordinary character of the value it is in.
-    """
-    scheme = _URI_START.match(dsn)
-    if scheme is None:
-        return -1  # a key=value string has no query: a ``?`` is part of a value
-    userinfo = _USERINFO.match(dsn, scheme.end())
-    return dsn.find("?", userinfo.end() if userinfo is not None else scheme.end())
-
-
-SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
-"""A ledger schema's name: a lowercase identifier PostgreSQL keeps as written."""
-
-
-def check_schema(schema: object) -> str:
-    """``schema`` if it is a valid ledger schema name, else a ``LedgerConfigError``."""
-    if not isinstance(schema, str) or not SCHEMA_NAME.fullmatch(schema):
-        raise LedgerConfigError(
-            f"schema {schema!r} must be a lowercase identifier ([a-z_][a-z0-9_]*, <= 63)")
-    return schema
-
-
-def split_schema(dsn: str) -> tuple[str, str | None]:
-    """A URI's own ``?schema=`` taken out: (the DSN libpq sees, the schema or None). A
-    key=value string is returned whole (it has no query; it names no schema)."""
-    mark = _query_mark(dsn)
-    if mark < 0:
-        return dsn, None
-    base, query = dsn[:mark], dsn[mark + 1:]
-    kept: list[str] = []
-    schemas: list[str] = []
-    for item in query.split("&"):
-        key, _, value = item.partition("=")
-        if urllib.parse.unquote_plus(key) == SCHEMA_PARAMETER:
-            schemas.append(urllib.parse.unquote_plus(value))
-        elif item:
-            kept.append(item)
-    if len(schemas) > 1:
-        raise LedgerConfigError(f"the ledger DSN names the {SCHEMA_PARAMETER!r} parameter "
-                                f"{len(schemas)} times; give it once")
-    if schemas and not schemas[0]:
-        raise LedgerConfigError(f"the ledger DSN's {SCHEMA_PARAMETER!r} parameter is empty")
-    if schemas:
-        check_schema(schemas[0])
-    query = "&".join(kept)
-    rebuilt = base + ("?" + query if query else "")
-    return rebuilt, schemas[0] if schemas else None
-
-
 def parse_location(location: str | os.PathLike[str]) -> LedgerLocation:
     """Which ledger ``location`` names (see the module doc).
 
@@ -215,6 +163,20 @@ def parse_location(location: str | os.PathLike[str]) -> LedgerLocation:
             f"the ledger ({_form(unwrapped)}) is a connection string inside quotes or after an "
             f"invisible character: give it without them")
     return LedgerLocation(kind="sqlite", target=location)
+
+
+def is_ephemeral(location: str | os.PathLike[str]) -> bool:
+    """Whether a ledger location keeps nothing once closed (an in-memory SQLite database)."""
+    text = os.fspath(location)
+    if text in ("", ":memory:"):  # "" is SQLite's private temporary database
+        return True
+    if text[:5].lower() == "file:":
+        name, _, query = text[5:].partition("?")
+        name = urllib.parse.unquote(name.partition("#")[0])
+        options = urllib.parse.parse_qs(query)
+        return (name in ("", ":memory:") or name.startswith(":memory:")
+                or "memory" in options.get("mode", []) or "memdb" in options.get("vfs", []))
+    return False
 
 
 def password_of(dsn: str) -> str | None:
@@ -268,13 +230,13 @@ def _uri_spans(dsn: str, start: int) -> list[tuple[int, int]]:
     parameter (its key percent-decoded) runs to the next ``&`` or the end.
     """
     spans: list[tuple[int, int]] = []
-    userinfo = _USERINFO.match(dsn, start)
+    userinfo = USERINFO.match(dsn, start)
     if userinfo is not None:
         at = userinfo.end() - 1
         colon = dsn.find(":", start, at)
         if colon >= 0:
             spans.append((colon + 1, at))
-    mark = _query_mark(dsn)
+    mark = query_mark(dsn)
     if mark >= 0:
         position = mark + 1
         for item in dsn[mark + 1:].split("&"):
@@ -361,7 +323,7 @@ def _checked(location: str, shown: str) -> str:
 
     def read(dsn: str) -> dict[str, Any] | None:
         try:
-            if _URI_START.match(dsn):
+            if URI_START.match(dsn):
                 dsn = split_schema(dsn.strip())[0]
             return conninfo_to_dict(dsn)
         except Exception:  # libpq cannot read it (psycopg.ProgrammingError), a bad schema
@@ -379,7 +341,7 @@ def _checked(location: str, shown: str) -> str:
 def _redact_location(text: str) -> str | None:
     """``text`` with its passwords hidden if the whole of it is a PostgreSQL location (the
     rest of it unchanged), else ``None``."""
-    uri = _URI_START.match(text)
+    uri = URI_START.match(text)
     if uri is not None:
         if any(char in _SPACE for char in text.strip(_SPACE)):
             return None  # libpq refuses white space in a URI: a message that starts with one

@@ -18,6 +18,7 @@ import attrs
 from plugin.errors import InvalidArgumentTypeError, RunIdentityError
 
 from . import validate
+from .identity_cache import IdentityCache as IdentityCache
 from .policy import AllowancePolicy, RoundKind
 from .refusal import BudgetRefusal, RefusalReason
 
@@ -109,24 +110,6 @@ class RunOpening(enum.Enum):
 
     def __bool__(self) -> bool:
         return self is not RunOpening.REFUSED
-
-
-class IdentityCache:
-    """Bindings a ledger object has already read back: a binding never changes once written,
-    so a repeated check of one run costs no statement. Bounded (oldest dropped first)."""
-
-    def __init__(self, size: int = 4096) -> None:
-        self._size = size
-        self._bound: dict[str, tuple[str, str]] = {}
-
-    def get(self, run_id: str) -> tuple[str, str] | None:
-        return self._bound.get(run_id)
-
-    def put(self, run_id: str, bound: tuple[str, str]) -> tuple[str, str]:
-        self._bound[run_id] = bound
-        while len(self._bound) > self._size:
-            del self._bound[next(iter(self._bound))]
-        return bound
 
 
 class AttemptOutcome(enum.Enum):
@@ -381,16 +364,12 @@ class Ledger(Protocol):
         """
         ...
 
-    async def current_run(
-        self, candidate: str, *, prefix: str, principal: str, scope: str, now: WallTime,
-        live_s: float, per_hour: int
-    ) -> str:
-        """The pair's current run among its runs named ``prefix...``: the newest one they
-        opened whose deadline has not passed at ``now`` (or, not yet reserved, opened less
-        than ``live_s`` before ``now``); when none is, ``candidate`` (which starts with
-        ``prefix``), opened as :meth:`open_run` opens it. In one transaction, under the
-        pair's lock: servers sharing the ledger that ask at once get one run.
-        """
+    async def current_run(self, candidate: str, *, prefix: str, principal: str, scope: str,
+                          now: WallTime, live_s: float, per_hour: int) -> str:
+        """The pair's newest run named ``prefix...`` whose deadline has not passed at ``now``
+        (not yet reserved: opened less than ``live_s`` before); else ``candidate``, opened as
+        :meth:`open_run` does. One transaction under the pair's lock: servers asking at once
+        get one run."""
         ...
 
     async def take_validations(

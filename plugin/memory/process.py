@@ -47,6 +47,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from plugin.control import RecallBudgetExceeded, validate
 from plugin.errors import InvalidArgumentError, InvalidArgumentTypeError, RetrieverFailedError
 
+from ._process_launch import GROUPS, LAUNCHER_GRACE_S, kill_group, worker_env
 from ._process_values import caps_values, evidence_list, names, prepared_values, read_limit
 from .preparation import PreparedRecall
 from .protocol import AttemptHandle, ContextCaps, Found
@@ -109,9 +110,11 @@ def _target(factory: object) -> tuple[str, str | None]:
 class _Worker:
     """One worker process and its two pipes."""
 
-    def __init__(self, process: anyio.abc.Process, token: object) -> None:
+    def __init__(self, process: anyio.abc.Process, token: object, *,
+                 launched: bool = False) -> None:
         self.process = process
         self.token = token
+        self.launched = launched
         assert process.stdout is not None and process.stdin is not None
         self._reader = BufferedByteReceiveStream(process.stdout)
         self._writer = process.stdin
@@ -158,30 +161,28 @@ class _Worker:
             raise _WorkerLost
 
     def kill(self) -> None:
-        """Kill the process, whichever event loop started it."""
-        with contextlib.suppress(ProcessLookupError, OSError):
-            os.kill(self.process.pid, getattr(signal, "SIGKILL", signal.SIGTERM))
+        """Kill the process and what it started (its own process group), whichever event loop
+        started it. Through a launcher, the group gets SIGTERM first (``sudo`` relays it to a
+        worker of another user, which this process may not signal) and SIGKILL a moment
+        later, from a timer thread: nothing waits here."""
+        pid = self.process.pid
+        if not GROUPS:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGTERM)
+            return
+        if not self.launched:
+            kill_group(pid)
+            return
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signal.SIGTERM)
+        timer = threading.Timer(LAUNCHER_GRACE_S, kill_group, (pid,))
+        timer.daemon = True
+        timer.start()
 
     async def aclose(self) -> None:
         self.kill()
         with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
             await self.process.aclose()
-
-
-_HOST_ONLY = ("RECALLBOUND_", "PG", "DATABASE_URL")
-"""Names (prefixes) of the variables a worker does not inherit: the ledger's and the store's
-location, PostgreSQL's connection settings and password."""
-
-
-def _worker_env(env: Mapping[str, str], *, default: bool) -> dict[str, str]:
-    """A worker's environment: ``env`` as given, or (by ``default``) this process's without
-    the :data:`_HOST_ONLY` variables."""
-    if not isinstance(env, Mapping) or not all(
-            isinstance(name, str) and isinstance(value, str) for name, value in env.items()):
-        raise InvalidArgumentTypeError("env must be a mapping of str to str")
-    if not default:
-        return dict(env)
-    return {name: value for name, value in env.items() if not name.startswith(_HOST_ONLY)}
 
 
 class ProcessRetriever:
@@ -206,10 +207,12 @@ class ProcessRetriever:
         env: Mapping[str, str] | None = None, launcher: Sequence[str] = (),
     ) -> None:
         self._target, self._main_path = _target(factory)
-        self._env = _worker_env(os.environ if env is None else env, default=env is None)
-        if isinstance(launcher, str) or not all(isinstance(part, str) for part in launcher):
+        self._env = worker_env(os.environ if env is None else env, default=env is None)
+        if isinstance(launcher, str):
             raise InvalidArgumentTypeError("launcher must be a sequence of str (a command)")
         self._launcher = tuple(launcher)
+        if not all(isinstance(part, str) for part in self._launcher):
+            raise InvalidArgumentTypeError("launcher must be a sequence of str (a command)")
         if isinstance(idle_workers, bool) or not isinstance(idle_workers, int):
             raise InvalidArgumentTypeError("idle_workers must be an int")
         if idle_workers < 0:
@@ -246,8 +249,18 @@ class ProcessRetriever:
                 worker.kill()
 
     async def start(self, workers: int = 1) -> None:
-        """Start ``workers`` idle workers now, so that the first searches do not wait."""
-        started = [await self._spawn() for _ in range(workers)]
+        """Start ``workers`` idle workers now, so that the first searches do not wait.
+
+        Raises :class:`~plugin.errors.RetrieverFailedError` when one cannot start (a launcher
+        that is missing or exits, a factory that fails); none of them is kept then."""
+        started: list[_Worker] = []
+        try:
+            for _ in range(workers):
+                started.append(await self._spawn())
+        except (_WorkerLost, OSError):
+            for worker in started:
+                await worker.aclose()
+            raise RetrieverFailedError("raised") from None
         for worker in started:
             await self._checkin(worker)
 
@@ -259,9 +272,11 @@ class ProcessRetriever:
         process = await anyio.open_process(
             [*self._launcher, sys.executable, "-m", "plugin.memory._process_worker"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, env=env,
+            start_new_session=GROUPS,  # a group of its own: killed with what it started
         )
         self.started += 1
-        worker = _Worker(process, anyio.lowlevel.current_token())
+        worker = _Worker(process, anyio.lowlevel.current_token(),
+                         launched=bool(self._launcher))
         try:
             await worker.send({"factory": self._target, "main": self._main_path,
                                "path": [entry or os.getcwd() for entry in sys.path]})
