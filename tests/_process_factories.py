@@ -127,3 +127,21 @@ async def environment_search(request: SearchRequest) -> list[Evidence]:
 
 def environment() -> SimpleRetriever:
     return SimpleRetriever(environment_search)
+
+
+async def pid_then_hang_search(request: SearchRequest) -> list[Evidence]:
+    """Write this worker's pid where the test said (``RB_PIDFILE``), then block for good."""
+    import time
+
+    with open(os.environ["RB_PIDFILE"], "w") as file:
+        file.write(str(os.getpid()))
+    time.sleep(3600)
+    return []
+
+
+def pid_then_hang() -> SimpleRetriever:
+    return SimpleRetriever(pid_then_hang_search)
+
+
+def failing() -> SimpleRetriever:
+    raise RuntimeError("cannot connect to the vector database")

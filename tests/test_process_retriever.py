@@ -211,3 +211,55 @@ async def test_a_worker_inherits_nothing_that_reaches_the_ledger(
 def test_a_bad_env_or_launcher_is_a_typed_error(option: str, value: object) -> None:
     with pytest.raises(InvalidArgumentTypeError):
         ProcessRetriever(factories.environment, **{option: value})  # type: ignore[arg-type]
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie no init reaps, in a container, has ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads /proc (Linux)")
+@pytest.mark.parametrize("launcher", [(), ("timeout", "3600")], ids=["plain", "a forking one"])
+async def test_a_worker_cut_by_the_deadline_is_killed_through_its_launcher(
+    tmp_path: Path, launcher: tuple[str, ...]
+) -> None:
+    """A launcher that forks and waits (``timeout``, ``sudo``, ``runuser``) is not the
+    worker: the worker's whole process group is killed."""
+    import anyio
+
+    pidfile = tmp_path / "worker.pid"
+    env = {**os.environ, "RB_PIDFILE": str(pidfile)}
+    async with ProcessRetriever(factories.pid_then_hang, env=env,
+                                launcher=launcher) as retriever:
+        hooks = hooks_over(retriever, SystemClock(), deadline_s=1.0)
+        (hung,) = await hooks.dispatch(search_calls("hang here"), run_id="r", scope=S,
+                                       principal=P)
+    assert hung.status == "refused"
+    pid = int(pidfile.read_text())
+    with anyio.fail_after(10):
+        while _running(pid):
+            await anyio.sleep(0.05)
+
+
+def test_a_launcher_given_as_an_iterator_is_kept() -> None:
+    retriever = ProcessRetriever(factories.probing, launcher=iter(["env", "X=1"]))
+    assert retriever._launcher == ("env", "X=1")
+
+
+@pytest.mark.parametrize(("factory", "launcher"), [
+    (factories.probing, ("false",)),  # a launcher that exits at once
+    (factories.failing, ()),  # a factory that raises
+])
+async def test_start_says_typed_that_a_worker_cannot_start(
+    factory: Any, launcher: tuple[str, ...]
+) -> None:
+    from plugin.errors import RetrieverFailedError
+
+    async with ProcessRetriever(factory, launcher=launcher) as retriever:
+        with pytest.raises(RetrieverFailedError):
+            await retriever.start(workers=2)
+        assert retriever._idle == []
