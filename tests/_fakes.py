@@ -271,10 +271,10 @@ class MemoryLedger:
 
     async def current_run(
         self, candidate: str, *, prefix: str, principal: str, scope: str, now: WallTime,
-        live_s: float, per_hour: int
+        live_s: float, per_hour: int, floor: WallTime = -math.inf
     ) -> str:
         rules.open_run_arguments(candidate, principal, scope)
-        at = read_time(now)
+        at = max(read_time(now), read_time(floor))
         opened = self._open().run_opens.get((principal, scope), {})
         live = []
         for run_id, opened_at in opened.items():
@@ -285,7 +285,7 @@ class MemoryLedger:
                 live.append((-opened_at, run_id))
         if live:
             return min(live)[1]
-        await self.open_run(candidate, principal=principal, scope=scope, now=now,
+        await self.open_run(candidate, principal=principal, scope=scope, now=at,
                             per_hour=per_hour)
         return candidate
 

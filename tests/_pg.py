@@ -240,9 +240,9 @@ class ServerClockLedger:
         return [self._back(r) for r in await self._ledger.reservations(run_id)]
 
     async def current_run(self, candidate: str, *, now: Any, **kw: Any) -> Any:
-        # Judged against deadlines the server's clock set: the contract's time, moved as well.
-        return await self._ledger.current_run(candidate, now=read_time(now) + SERVER_CLOCK_SHIFT,
-                                              **kw)
+        # Judged by the server's clock, never before the floor: the contract's time, moved.
+        return await self._ledger.current_run(candidate, now=0.0,
+                                              floor=read_time(now) + SERVER_CLOCK_SHIFT, **kw)
 
     async def usage(self, run_id: str) -> Any:
         usage = await self._ledger.usage(run_id)

@@ -123,7 +123,7 @@ async def test_finish_completes_its_work_and_then_re_raises_the_callers_cancel()
     assert done == ["written"]
 
 
-async def test_finish_raises_the_works_own_error_first() -> None:
+async def test_finish_raises_the_callers_cancel_from_the_works_own_error() -> None:
     async def work() -> None:
         await asyncio.sleep(0)
         raise LookupError("the write failed")
@@ -131,5 +131,76 @@ async def test_finish_raises_the_works_own_error_first() -> None:
     task = asyncio.ensure_future(finish(work))
     await asyncio.sleep(0)
     task.cancel()
-    with pytest.raises(LookupError):
+    with pytest.raises(asyncio.CancelledError) as caught:
         await task
+    assert isinstance(caught.value.__cause__, LookupError)
+    with pytest.raises(LookupError):  # uncancelled, the work's error is the caller's
+        await finish(work)
+
+
+async def test_finish_re_raises_a_cancel_that_lands_as_the_work_ends() -> None:
+    async def work() -> str:
+        asyncio.get_running_loop().call_soon(caller.cancel)  # the host's cancel, right now
+        return "ok"
+
+    caller = asyncio.ensure_future(finish(work))
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+
+
+async def test_a_cancel_during_a_write_that_fails_still_cancels_and_the_records_stay_owed(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    """The trace write meets a locked ledger while the host cancels: the host's task ends
+    cancelled (never carries on as if not), and the records are owed, written later."""
+    import sqlite3
+
+    from plugin import AttemptKind, RecallAllowance, RoundKind, SqliteLedger
+
+    path = tmp_path / "ledger.db"
+    async with SqliteLedger(path, timeout=0.1) as ledger:
+        allowance = RecallAllowance(ledger, clock=clock)
+        locker = sqlite3.connect(path, isolation_level=None)
+        carried_on: list[str] = []
+
+        async def host() -> None:
+            async with allowance.round("r1", RoundKind.AUTOMATIC) as permit:
+                async with permit.attempt(kind=AttemptKind.BASE):
+                    pass
+                locker.execute("BEGIN IMMEDIATE")  # another process writes meanwhile
+                asyncio.get_running_loop().call_soon(task.cancel)  # the host cancels now
+            carried_on.append("after the round")
+
+        task = asyncio.ensure_future(host())
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        locker.execute("ROLLBACK")
+        locker.close()
+        assert carried_on == []
+        await allowance.flush()
+        assert [trace.slot for trace in await ledger.attempts("r1")] == [1]
+
+
+async def test_no_task_of_finish_or_of_an_admission_leaves_an_unread_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from plugin.memory.planning import QueryPlanner, QueryStrategy
+
+    class Stop(BaseException):
+        pass
+
+    async def work() -> None:
+        raise Stop
+
+    async def admission(experiment: str) -> bool:
+        raise Stop
+
+    with pytest.raises(Stop):
+        await finish(work)
+    with pytest.raises(Stop):
+        await QueryPlanner(QueryStrategy.TASK_CONTEXT, admission).plan(WorkingState("x"))
+    import gc
+
+    gc.collect()
+    await asyncio.sleep(0)
+    assert "never retrieved" not in caplog.text

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 

@@ -365,11 +365,12 @@ class Ledger(Protocol):
         ...
 
     async def current_run(self, candidate: str, *, prefix: str, principal: str, scope: str,
-                          now: WallTime, live_s: float, per_hour: int) -> str:
-        """The pair's newest run named ``prefix...`` whose deadline has not passed at ``now``
-        (not yet reserved: opened less than ``live_s`` before); else ``candidate``, opened as
-        :meth:`open_run` does. One transaction under the pair's lock: servers asking at once
-        get one run."""
+                          now: WallTime, live_s: float, per_hour: int,
+                          floor: WallTime = -math.inf) -> str:
+        """The pair's newest run named ``prefix...`` whose deadline has not passed (not yet
+        reserved: opened less than ``live_s`` before), judged at ``now`` or the ledger's own
+        clock as :meth:`reserve` is, never before ``floor``; else ``candidate``, opened as
+        :meth:`open_run` does. One transaction under the pair's lock."""
         ...
 
     async def take_validations(

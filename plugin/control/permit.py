@@ -306,40 +306,44 @@ class Permit(metaclass=NoPublicConstructor):
             self._retain_limit.append(retain_limit)
 
     async def flush(self) -> None:
-        """Write buffered traces and refusals to the ledger (finished whatever cancels the
-        caller, a native asyncio cancel included: :func:`~plugin.control.shield.finish`).
-
-        A flush takes what is buffered out of the buffer, so flushes running at once (late
-        attempts ending in parallel) never write a record twice. A failed write (a locked or
-        closed ledger) puts it back for the next flush, behind nothing newer, and its error
-        propagates: nothing leaves for good before the ledger committed it. The permit's owner
-        (its allowance) then owes it: a later round of the allowance writes it with its own.
-        """
+        """Write buffered traces and refusals to the ledger, to the end whatever cancels the
+        caller (:func:`~plugin.control.shield.finish`). A flush takes what is buffered out of
+        the buffer, so flushes at once never write a record twice. A failed write puts it
+        back, behind nothing newer, and its error propagates: nothing leaves before the ledger
+        committed it; past a locked, unreachable or full ledger the allowance owes it."""
         traces, refusals, calls, _ = self._take_records()
         if not traces and not refusals and not calls:
             return
 
+        failed: list[BaseException] = []  # the write's own error, if it ended in one
+
         async def write() -> None:
-            for delay in _RECORD_RETRIES:
-                try:
-                    if calls:
-                        await self._ledger.record(
-                            list(traces.values()), refusals, calls,
-                            retain_limit=max(self._retain_limit, default=0))
-                    else:  # a ledger written before call records still takes this
-                        await self._ledger.record(list(traces.values()), refusals)
-                    return
-                except LedgerLockedError:
-                    if delay is None:
-                        raise
-                    await anyio.sleep(delay)
+            try:
+                for delay in _RECORD_RETRIES:
+                    try:
+                        if calls:
+                            await self._ledger.record(
+                                list(traces.values()), refusals, calls,
+                                retain_limit=max(self._retain_limit, default=0))
+                        else:  # a ledger written before call records still takes this
+                            await self._ledger.record(list(traces.values()), refusals)
+                        return
+                    except LedgerLockedError:
+                        if delay is None:
+                            raise
+                        await anyio.sleep(delay)
+            except BaseException as exc:
+                failed.append(exc)
+                raise
 
         try:
-            await finish(write)
+            await finish(write)  # a caller's cancellation comes through after the write ended
         except BaseException as exc:
-            # Owed only past a failure that passes: a record no write can ever store must not
-            # ride along with every later round's records and fail them too.
-            self._put_back((traces, refusals, calls, []), owed=isinstance(exc, PASSING_FAILURES))
+            if failed or not isinstance(exc, anyio.get_cancelled_exc_class()):  # not written:
+                # owed only past a failure that passes (one no write can store would ride
+                # along with every later round's records and fail them too)
+                owed = bool(failed) and isinstance(failed[0], PASSING_FAILURES)
+                self._put_back((traces, refusals, calls, []), owed=owed)
             raise
 
     def _take_records(self) -> Records:

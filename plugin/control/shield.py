@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import sniffio
@@ -19,23 +19,31 @@ import sniffio
 T = TypeVar("T")
 
 
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # whoever awaits it raises it; never "exception was never retrieved"
+
+
 async def finish(work: Callable[[], Awaitable[T]]) -> T:
-    """``await work()`` to its end, whatever cancels the caller meanwhile (then re-raised)."""
+    """``await work()`` to its end, whatever cancels the caller meanwhile. A cancellation of
+    the caller is raised once the work is done, whatever the work's own outcome (its error is
+    then the cancellation's context)."""
     if sniffio.current_async_library() != "asyncio":
         with anyio.CancelScope(shield=True):
             done = await work()
         return done  # noqa: RET504 (a return inside the scope is not seen to return)
     task = asyncio.ensure_future(work())  # copies the context, as a child task does
+    task.add_done_callback(_retrieved)
     cancelled: asyncio.CancelledError | None = None
     with anyio.CancelScope(shield=True):
         while not task.done():
             try:
                 await asyncio.shield(task)
             except asyncio.CancelledError as exc:  # the caller's native cancel: keep waiting
-                if task.done():
-                    break
-                cancelled = exc
-    result = task.result()  # the work's own error, if any, comes first
+                cancelled = exc  # even when the work ended in the same step
+            except BaseException:  # the work's own outcome: read below
+                pass
     if cancelled is not None:
-        raise cancelled
-    return result
+        error = None if task.cancelled() else task.exception()
+        raise cancelled from error
+    return task.result()

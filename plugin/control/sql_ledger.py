@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import abc
 import json
+import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -311,7 +312,7 @@ class SqlLedger(abc.ABC):
 
     async def current_run(
         self, candidate: str, *, prefix: str, principal: str, scope: str, now: WallTime,
-        live_s: float, per_hour: int
+        live_s: float, per_hour: int, floor: WallTime = -math.inf
     ) -> str:
         open_run_arguments(candidate, principal, scope)
         at = read_time(now)
@@ -320,12 +321,16 @@ class SqlLedger(abc.ABC):
 
         async def write(s: Session) -> str:
             await self._lock_run(s, json.dumps(["run_opens", principal, scope]))
+            now = at
+            if self._dialect.clock is not None:  # judged by the clock deadlines are set by
+                ((now,),) = await s.fetchall(self._sql("SELECT " + self._dialect.clock), {})
+            now = max(float(now), read_time(floor))
             rows = await s.fetchall(self._sql(CURRENT_RUN), {
-                **cell, "prefix": prefix, "prefix_length": len(prefix), "now": at,
-                "since": at - live})
+                **cell, "prefix": prefix, "prefix_length": len(prefix), "now": now,
+                "since": now - live})
             if rows:
                 return str(rows[0][0])
-            await self._open_run(s, candidate, principal, scope, at, per_hour)
+            await self._open_run(s, candidate, principal, scope, float(now), per_hour)
             return candidate
 
         return await self._transact_unsynced(write, f"finding the current run of {prefix!r}")

@@ -45,13 +45,13 @@ async def _asyncio(call: Callable[[], Awaitable[object]], timeout_s: float) -> O
         return await call()
 
     task = asyncio.ensure_future(run())  # a task of its own, in a copy of the context
+    task.add_done_callback(_drop)  # its error is read here: never "never retrieved"
     try:
         with anyio.move_on_after(timeout_s):
             await asyncio.wait({task})
     finally:
         if not task.done():  # the bound, or the caller's own cancellation
             task.cancel()
-            task.add_done_callback(_drop)
     if not task.done():
         return None
     if task.cancelled():

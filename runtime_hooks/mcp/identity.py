@@ -117,9 +117,6 @@ class CurrentRun:
     run_id: str = attrs.field(init=False)
     deadline: float | None = None
     touched: bool = False
-    shared: bool = False
-    """Whether ``run_id`` is the one the ledger holds as the caller's current run (a run that
-    every server sharing the ledger gives the caller; see :meth:`Ledger.current_run`)."""
     lock: anyio.Lock = attrs.field(factory=anyio.Lock)
 
     def __attrs_post_init__(self) -> None:
@@ -133,7 +130,6 @@ class CurrentRun:
         self.run_id = self._fresh()
         self.deadline = None
         self.touched = False
-        self.shared = False
 
     @property
     def prefix(self) -> str:

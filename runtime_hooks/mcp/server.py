@@ -244,23 +244,24 @@ class RecallServer:
         ledger gives the caller the same one."""
         allowance = self.hooks.allowance
         async with current.lock:
-            for _ in range(2):  # once more after an expiry: the next run, as the ledger has it
-                if current.kind == CELL and not current.shared and not allowance.is_legacy:
-                    current.run_id = await allowance.ledger.current_run(
-                        current.run_id, prefix=current.prefix, principal=caller.principal,
-                        scope=caller.scope, now=allowance.clock.wall(),
-                        live_s=allowance.policy.deadline_s, per_hour=self.max_runs_per_hour)
-                    current.shared = current.touched = True  # its deadline is read below
-                if current.touched and current.deadline is None:
-                    current.touched = False
-                    known = allowance.known_room(current.run_id)  # this process's own rounds
-                    current.deadline = (
-                        known.deadline_wall if known is not None
-                        and known.deadline_wall is not None
-                        else (await allowance.usage(current.run_id)).deadline_wall)
-                if current.deadline is None or (
-                        allowance.now_for(current.run_id) < current.deadline):
-                    break
+            if current.kind == CELL and not allowance.is_legacy:
+                # Asked on every call, judged by the ledger's clock: a run opened (or refused)
+                # by any server, and its end, are the same for all of them.
+                current.expire()  # a fresh candidate: opened only if the pair has no live run
+                current.run_id = await allowance.ledger.current_run(
+                    current.run_id, prefix=current.prefix, principal=caller.principal,
+                    scope=caller.scope, now=allowance.clock.wall(),
+                    live_s=allowance.policy.deadline_s, per_hour=self.max_runs_per_hour)
+                return current.run_id
+            if current.touched and current.deadline is None:
+                current.touched = False
+                known = allowance.known_room(current.run_id)  # this process's own rounds
+                current.deadline = (known.deadline_wall if known is not None
+                                    and known.deadline_wall is not None
+                                    else (await allowance.usage(current.run_id)).deadline_wall)
+            if current.deadline is not None and (
+                allowance.now_for(current.run_id) >= current.deadline
+            ):
                 current.expire()
             return current.run_id
 
