@@ -375,3 +375,25 @@ async def test_a_memory_rewritten_with_plain_sql_keeps_no_stale_vector(
         left = conn.execute("SELECT m.id FROM embeddings e LEFT JOIN memories m "
                             "ON m.seq = e.memory_seq ORDER BY 1").fetchall()
     assert left == [("c",)]  # b's vector described its old text (or a row gone): dropped
+
+
+async def test_an_id_names_one_item_of_a_cell_whatever_its_kind(tmp_path: Path) -> None:
+    """A call's recorded evidence is ids alone: a memory, a belief and a source of one cell
+    never share an id, so a replay re-reads each as what it was (other cells may reuse it)."""
+    async with MemoryStore(tmp_path / "memory.db") as store:
+        await store.add_belief("b-priya", "Priya", "Priya believes rounding is half even",
+                               principal="u1", scope="s")
+        await store.add_source("src-1", "the backfill runbook", principal="u1", scope="s")
+        await store.remember("a memory", id="m-1", principal="u1", scope="s")
+        for write in (
+            store.remember("lunch is at noon", id="b-priya", principal="u1", scope="s"),
+            store.add_belief("m-1", "Ana", "Ana owns it", principal="u1", scope="s"),
+            store.add_source("b-priya", "a source", principal="u1", scope="s"),
+            store.add_belief("src-1", "Ana", "Ana owns it", principal="u1", scope="s"),
+        ):
+            with pytest.raises(MemoryConflictError):
+                await write
+        await store.remember("lunch is at noon", id="b-priya", principal="u2", scope="s")
+        found = await store.get_evidence(["b-priya", "src-1", "m-1"], principal="u1", scope="s")
+    assert [(item.id, item.kind) for item in found] == [
+        ("b-priya", "belief"), ("src-1", "source"), ("m-1", "memory")]

@@ -241,6 +241,29 @@ CREATE TRIGGER IF NOT EXISTS memories_vectors_update AFTER UPDATE OF seq, text O
     WHEN old.text IS NOT new.text OR old.seq IS NOT new.seq BEGIN
     DELETE FROM embeddings WHERE memory_seq IN (old.seq, new.seq);
 END;
+-- An id names one item of a cell, whatever its kind: a call's recorded evidence (ids
+-- alone) is re-read as what it was.
+CREATE TRIGGER IF NOT EXISTS memories_id_unique BEFORE INSERT ON memories
+    WHEN EXISTS (SELECT 1 FROM beliefs WHERE principal = new.principal
+        AND scope = new.scope AND id = new.id)
+        OR EXISTS (SELECT 1 FROM sources WHERE principal = new.principal
+        AND scope = new.scope AND id = new.id) BEGIN
+    SELECT RAISE(ABORT, 'an item of another kind holds this id');
+END;
+CREATE TRIGGER IF NOT EXISTS beliefs_id_unique BEFORE INSERT ON beliefs
+    WHEN EXISTS (SELECT 1 FROM memories WHERE principal = new.principal
+        AND scope = new.scope AND id = new.id)
+        OR EXISTS (SELECT 1 FROM sources WHERE principal = new.principal
+        AND scope = new.scope AND id = new.id) BEGIN
+    SELECT RAISE(ABORT, 'an item of another kind holds this id');
+END;
+CREATE TRIGGER IF NOT EXISTS sources_id_unique BEFORE INSERT ON sources
+    WHEN EXISTS (SELECT 1 FROM memories WHERE principal = new.principal
+        AND scope = new.scope AND id = new.id)
+        OR EXISTS (SELECT 1 FROM beliefs WHERE principal = new.principal
+        AND scope = new.scope AND id = new.id) BEGIN
+    SELECT RAISE(ABORT, 'an item of another kind holds this id');
+END;
 CREATE TRIGGER IF NOT EXISTS memories_generation_delete AFTER DELETE ON memories BEGIN
     INSERT INTO vector_generations (principal, scope, generation, resets, watermark)
         VALUES (old.principal, old.scope, 1, 1, old.seq)
