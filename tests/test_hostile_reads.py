@@ -155,29 +155,6 @@ class Hanging(Counting):
         raise AssertionError("unreachable")
 
 
-async def test_a_replay_whose_re_read_never_returns_ends_within_the_deadline(
-    opener: Callable[[], Any],
-) -> None:
-    clock = ManualClock(wall=WALL, monotonic=1.0)
-    call = ToolCall(call_id="c1", arguments={"query": "cutover"})
-    async with opener() as ledger:
-        hooks = recall_hooks(ledger, clock, Counting(), deadline_s=0.05)
-        (ran,) = await hooks.dispatch([call], run_id="r", scope=CALL_S, principal=CALL_P)
-        assert ran.status == "ok" and ran.evidence
-    hanging = Hanging()
-    async with opener() as ledger:
-        hooks = recall_hooks(ledger, clock, hanging, deadline_s=0.05)
-        with anyio.fail_after(60):
-            (replayed,) = await hooks.dispatch([call], run_id="r", scope=CALL_S,
-                                               principal=CALL_P)
-            checks = await hooks.validate_retained(["m0"], run_id="r", scope=CALL_S,
-                                                   principal=CALL_P)
-    assert replayed.status == "ok" and replayed.slot == ran.slot and replayed.evidence == ()
-    assert "could not be re-read" in replayed.content
-    assert [c.status for c in checks] == ["failed"]
-    assert hanging.searches == 0 and hanging.reads >= 1
-
-
 class Late(Counting):
     """A retriever whose re-read swallows the bound's cancellation and answers anyway."""
 
@@ -191,25 +168,30 @@ class Late(Counting):
                         scope=CALL_S)
 
 
-async def test_a_re_read_answered_past_its_bound_is_failed_never_shown(
-    opener: Callable[[], Any],
+@pytest.mark.parametrize("slow", [Hanging, Late], ids=["never returns", "answers late"])
+async def test_a_replay_whose_re_read_misses_its_bound_says_so_and_shows_nothing(
+    opener: Callable[[], Any], slow: type[Counting],
 ) -> None:
+    """A re-read never answered, or answered past the bound (a swallowed cancellation): its
+    ids are failed, the replay ends within the deadline and shows nothing late."""
     clock = ManualClock(wall=WALL, monotonic=1.0)
     call = ToolCall(call_id="c1", arguments={"query": "cutover"})
     async with opener() as ledger:
         hooks = recall_hooks(ledger, clock, Counting(), deadline_s=0.05)
         (ran,) = await hooks.dispatch([call], run_id="r", scope=CALL_S, principal=CALL_P)
         assert ran.status == "ok" and ran.evidence
-    late = Late()
+    reader = slow()
     async with opener() as ledger:
-        hooks = recall_hooks(ledger, clock, late, deadline_s=0.05)
-        (replayed,) = await hooks.dispatch([call], run_id="r", scope=CALL_S, principal=CALL_P)
-        checks = await hooks.validate_retained(["m0"], run_id="r", scope=CALL_S,
+        hooks = recall_hooks(ledger, clock, reader, deadline_s=0.05)
+        with anyio.fail_after(60):
+            (replayed,) = await hooks.dispatch([call], run_id="r", scope=CALL_S,
                                                principal=CALL_P)
-    assert "LATE" not in replayed.content and replayed.evidence == ()
-    assert "could not be re-read" in replayed.content
+            checks = await hooks.validate_retained(["m0"], run_id="r", scope=CALL_S,
+                                                   principal=CALL_P)
+    assert replayed.status == "ok" and replayed.slot == ran.slot and replayed.evidence == ()
+    assert "could not be re-read" in replayed.content and "LATE" not in replayed.content
     assert [c.status for c in checks] == ["failed"]
-    assert late.searches == 0 and late.reads >= 1
+    assert reader.searches == 0 and reader.reads >= 1
 
 
 async def test_a_call_id_with_a_nul_is_invalid_and_the_others_keep_exactly_once(

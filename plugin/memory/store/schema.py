@@ -121,6 +121,19 @@ def upgrade(conn: sqlite3.Connection) -> None:
         raise
 
 
+_KINDS = ("memories", "beliefs", "sources")
+# An id names one item of a cell, whatever its kind: a call's recorded evidence (ids alone) is
+# re-read as what it was. One trigger a table: a row whose id another kind holds is refused.
+_ONE_ID_SQL = "".join(
+    f"""CREATE TRIGGER IF NOT EXISTS {table}_id_unique BEFORE INSERT ON {table}
+    WHEN """ + " OR ".join(
+        f"EXISTS (SELECT 1 FROM {other} WHERE principal = new.principal AND scope = new.scope "
+        f"AND id = new.id)" for other in _KINDS if other != table) + """ BEGIN
+    SELECT RAISE(ABORT, 'an item of another kind holds this id');
+END;
+""" for table in _KINDS)
+
+
 # Memories get an INTEGER PRIMARY KEY so the term index's seqs survive VACUUM.
 # Ids are unique per (principal, scope): scenario files reuse short ids such as "m1".
 SCHEMA = f"""
@@ -241,30 +254,7 @@ CREATE TRIGGER IF NOT EXISTS memories_vectors_update AFTER UPDATE OF seq, text O
     WHEN old.text IS NOT new.text OR old.seq IS NOT new.seq BEGIN
     DELETE FROM embeddings WHERE memory_seq IN (old.seq, new.seq);
 END;
--- An id names one item of a cell, whatever its kind: a call's recorded evidence (ids
--- alone) is re-read as what it was.
-CREATE TRIGGER IF NOT EXISTS memories_id_unique BEFORE INSERT ON memories
-    WHEN EXISTS (SELECT 1 FROM beliefs WHERE principal = new.principal
-        AND scope = new.scope AND id = new.id)
-        OR EXISTS (SELECT 1 FROM sources WHERE principal = new.principal
-        AND scope = new.scope AND id = new.id) BEGIN
-    SELECT RAISE(ABORT, 'an item of another kind holds this id');
-END;
-CREATE TRIGGER IF NOT EXISTS beliefs_id_unique BEFORE INSERT ON beliefs
-    WHEN EXISTS (SELECT 1 FROM memories WHERE principal = new.principal
-        AND scope = new.scope AND id = new.id)
-        OR EXISTS (SELECT 1 FROM sources WHERE principal = new.principal
-        AND scope = new.scope AND id = new.id) BEGIN
-    SELECT RAISE(ABORT, 'an item of another kind holds this id');
-END;
-CREATE TRIGGER IF NOT EXISTS sources_id_unique BEFORE INSERT ON sources
-    WHEN EXISTS (SELECT 1 FROM memories WHERE principal = new.principal
-        AND scope = new.scope AND id = new.id)
-        OR EXISTS (SELECT 1 FROM beliefs WHERE principal = new.principal
-        AND scope = new.scope AND id = new.id) BEGIN
-    SELECT RAISE(ABORT, 'an item of another kind holds this id');
-END;
-CREATE TRIGGER IF NOT EXISTS memories_generation_delete AFTER DELETE ON memories BEGIN
+{_ONE_ID_SQL}CREATE TRIGGER IF NOT EXISTS memories_generation_delete AFTER DELETE ON memories BEGIN
     INSERT INTO vector_generations (principal, scope, generation, resets, watermark)
         VALUES (old.principal, old.scope, 1, 1, old.seq)
         ON CONFLICT (principal, scope) DO UPDATE SET
