@@ -5,6 +5,7 @@ executed (asyncio only: trio has no native cancel)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -204,3 +205,51 @@ async def test_no_task_of_finish_or_of_an_admission_leaves_an_unread_error(
     gc.collect()
     await asyncio.sleep(0)
     assert "never retrieved" not in caplog.text
+
+
+async def _round_beside_a_cancelled_batch(path: Path, steps: int) -> tuple[int, int]:
+    """A round (2 attempts, 1 refusal) whose end writes in one group-commit batch with other
+    host tasks' writes, one of which (maybe the batch's runner) is cancelled natively after
+    ``steps`` loop steps; then a late refusal on the closed permit. The run's usage."""
+    from plugin import AttemptKind, RecallAllowance, RecallBudgetExceeded, RoundKind, SqliteLedger
+    from plugin.control.ledger import RefusalRecord
+    from plugin.control.refusal import RefusalReason
+
+    def other(run_id: str) -> RefusalRecord:
+        return RefusalRecord(run_id=run_id, round_index=0, what="attempt", kind="base",
+                             reason=RefusalReason.CLOSED, at_wall=1_800_000_000.0)
+
+    def cancel_later(task: asyncio.Future[None], left: int) -> None:
+        if left == 0:
+            task.cancel()
+        else:
+            asyncio.get_running_loop().call_soon(cancel_later, task, left - 1)
+
+    async with SqliteLedger(path) as ledger:
+        allowance = RecallAllowance(ledger, clock=ManualClock(wall=1.8e9, monotonic=1.0))
+        async with allowance.round("r", RoundKind.AUTOMATIC) as permit:
+            for _ in range(3):  # two attempts, then a refused one (SLOTS)
+                with contextlib.suppress(RecallBudgetExceeded):
+                    async with permit.attempt(kind=AttemptKind.BASE):
+                        pass
+            first = asyncio.ensure_future(ledger.record([], [other("x")]))
+            await asyncio.sleep(0)
+            cancelled = asyncio.ensure_future(ledger.record([], [other("y")]))
+            await asyncio.sleep(0)
+            asyncio.get_running_loop().call_soon(cancel_later, cancelled, steps)
+        await asyncio.gather(first, cancelled, return_exceptions=True)
+        with contextlib.suppress(RecallBudgetExceeded):  # a late one: refused, CLOSED
+            async with permit.attempt(kind=AttemptKind.BASE):
+                pass
+        await allowance.flush()
+        usage = await ledger.usage("r")
+    return usage.executed, usage.refused
+
+
+async def test_a_batch_whose_runner_is_cancelled_writes_every_request_once(
+    tmp_path: Path,
+) -> None:
+    """Another task's native cancel never fails this round's write, nor writes it twice:
+    whichever step the cancel lands on, the run holds its 2 attempts and 2 refusals."""
+    for steps in range(0, 60, 3):
+        assert await _round_beside_a_cancelled_batch(tmp_path / f"l{steps}.db", steps) == (2, 2)

@@ -17,6 +17,8 @@ from typing import Generic, TypeVar
 import anyio
 import attrs
 
+from .shield import finish
+
 R = TypeVar("R")
 Out = TypeVar("Out")
 
@@ -65,12 +67,22 @@ class GroupCommit(Generic[R, Out]):
 
     async def _run_pending(self) -> None:
         batch, self._pending = self._pending, []
-        with anyio.CancelScope(shield=True):
-            try:
-                outcomes = await self.run([entry.request for entry in batch])
-            except BaseException as exc:
-                for entry in batch:
-                    entry.outcome, entry.done = self.shared_failure(exc), True
-                raise
-        for entry, outcome in zip(batch, outcomes, strict=True):
+        ran: list[Sequence[Out | BaseException]] = []
+
+        async def run() -> None:
+            ran.append(await self.run([entry.request for entry in batch]))
+
+        try:
+            # To its end whatever cancels this task (a native asyncio cancel too): the batch
+            # holds other tasks' requests, which must each learn their real outcome.
+            await finish(run)
+        except BaseException as exc:
+            failure = exc  # the batch's own failure, behind this task's cancellation if any
+            if isinstance(exc, anyio.get_cancelled_exc_class()) and exc.__cause__ is not None:
+                failure = exc.__cause__
+            for index, entry in enumerate(batch):
+                entry.outcome = ran[0][index] if ran else self.shared_failure(failure)
+                entry.done = True
+            raise
+        for entry, outcome in zip(batch, ran[0], strict=True):
             entry.outcome, entry.done = outcome, True
