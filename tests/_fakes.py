@@ -258,14 +258,14 @@ class MemoryLedger:
         at = read_time(now)
         identities = self._open().identities
         rules.check_identity(run_id, identities.get(run_id, (principal, scope)), principal, scope)
-        identities.setdefault(run_id, (principal, scope))
         opened = self._open().run_opens.setdefault((principal, scope), {})
         if run_id in opened:
             return rules.RunOpening.KNOWN
         for old in [r for r, at_ in opened.items() if at_ <= at - rules.RUN_RATE_WINDOW_S]:
             del opened[old]
         if len(opened) >= per_hour:
-            return rules.RunOpening.REFUSED
+            return rules.RunOpening.REFUSED  # nothing stored: the run is not bound either
+        identities.setdefault(run_id, (principal, scope))
         opened[run_id] = at
         return rules.RunOpening.OPENED
 

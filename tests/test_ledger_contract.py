@@ -1167,3 +1167,15 @@ async def test_servers_asking_at_once_get_one_current_run(
             for n in range(6):
                 group.start_soon(ask, (one, two)[n % 2], f"mcp-cell-{n}")
     assert len(set(found)) == 1 and len(found) == 6
+
+
+async def test_a_refused_opening_binds_nothing(ledger: Ledger) -> None:
+    """Refused by the hourly cap, a new run id is stored nowhere, not even bound: another
+    caller may still take it, and a caller over its cap cannot grow the ledger."""
+    assert await ledger.open_run("r0", principal="alice", scope="proj", now=WALL, per_hour=1)
+    assert not await ledger.open_run("r1", principal="alice", scope="proj", now=WALL + 1,
+                                     per_hour=1)
+    await ledger.bind_identity("r1", principal="bob", scope="proj")  # free: no error
+    with pytest.raises(RunIdentityError):
+        await ledger.open_run("r1", principal="alice", scope="proj", now=WALL + HOUR + 1,
+                              per_hour=1)

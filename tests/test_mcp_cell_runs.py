@@ -73,3 +73,36 @@ async def test_two_servers_give_a_caller_one_current_run_through_its_rate_cap(
         clock.advance(3600)  # an hour later: one new run, whichever server opens it
         assert [await s.search("invoice backfill") for s in (one, two, one, two)] == [
             "ok", "ok", "rounds", "rounds"]
+
+
+async def test_a_wall_clock_stepped_back_never_revives_the_callers_ended_run(
+    tmp_path: Path,
+) -> None:
+    clock = ManualClock(wall=1_700_000_000.0, monotonic=1000.0)
+    async with _server(tmp_path, clock, 60) as server:
+        assert await server.search("cutover date") == "ok"  # a run, its deadline 10 s on
+        clock.advance(11)
+        assert await server.search("deploy window") == "ok"  # the next run
+        clock.advance(11)  # it has ended too
+        clock.step_wall(-5)  # an NTP step back: by the wall clock it would still be live
+        assert [await server.search(q) for q in ("rollback runbook", "invoice backfill")] == [
+            "ok", "ok"]  # the next run's two rounds
+
+
+async def test_a_call_refused_by_the_hourly_cap_stores_nothing(tmp_path: Path) -> None:
+    """A caller over its cap sends request after request: no row of theirs piles up."""
+    import contextlib
+    import sqlite3
+
+    clock = ManualClock(wall=1_700_000_000.0, monotonic=1000.0)
+    async with _server(tmp_path, clock, 1) as server:
+        assert await server.search("cutover date") == "ok"
+        clock.advance(11)
+
+        def bindings() -> int:
+            with contextlib.closing(sqlite3.connect(tmp_path / "ledger.db")) as conn:
+                return int(conn.execute("SELECT count(*) FROM run_identity").fetchone()[0])
+
+        before = bindings()
+        assert [await server.search("deploy window") for _ in range(5)] == ["run_rate"] * 5
+        assert bindings() == before

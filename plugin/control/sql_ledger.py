@@ -1,16 +1,12 @@
 """The one SQL layer under both durable ledgers: a small dialect and a ledger base.
 
-:class:`SqlLedger` holds everything the SQLite and PostgreSQL ledgers share: the lifecycle
-(``async with``), the trace writes (``record``), retained evidence and its re-check bound
-(``retain``, ``take_validations``), the reads (``usage``, ``reservations``, ``attempts``,
-``refusals``) and the operator's admin (:meth:`SqlLedger.admin`). A subclass keeps only what
-really differs: opening and migrating its storage, ``reserve`` (SQLite's group commit,
-PostgreSQL's batched statement) and the translation of its driver's errors, behind two
-methods, :meth:`SqlLedger._fetch` (one read) and :meth:`SqlLedger._transact` (one shielded
-transaction).
-
-Every statement is written once, with named ``:name`` parameters and ``{q}`` before each
-table name; the :class:`Dialect` turns it into what the driver expects.
+:class:`SqlLedger` holds all the SQLite and PostgreSQL ledgers share: the lifecycle, the trace
+writes, retained evidence and its re-check bound, run identities and openings, the reads and
+the operator's admin (:meth:`SqlLedger.admin`). A subclass keeps what really differs: its
+storage, ``reserve`` (SQLite's group commit, PostgreSQL's batched statement) and its driver's
+errors, behind :meth:`SqlLedger._fetch` (one read) and :meth:`SqlLedger._transact` (one
+shielded transaction). Every statement is written once, with named ``:name`` parameters and
+``{q}`` before each table name; the :class:`Dialect` turns it into what the driver expects.
 """
 
 from __future__ import annotations
@@ -310,10 +306,9 @@ class SqlLedger(abc.ABC):
 
         return await self._transact_unsynced(write, f"opening run {run_id!r}")
 
-    async def current_run(
-        self, candidate: str, *, prefix: str, principal: str, scope: str, now: WallTime,
-        live_s: float, per_hour: int, floor: WallTime = -math.inf
-    ) -> str:
+    async def current_run(self, candidate: str, *, prefix: str, principal: str, scope: str,
+                          now: WallTime, live_s: float, per_hour: int,
+                          floor: WallTime = -math.inf) -> str:
         open_run_arguments(candidate, principal, scope)
         at = read_time(now)
         live = validate.seconds(live_s, field="live_s")
@@ -341,19 +336,24 @@ class SqlLedger(abc.ABC):
         # One lock per (principal, scope): two processes opening runs for it queue here.
         await self._lock_run(s, json.dumps(["run_opens", principal, scope]))
         bound = self._identities.get(run_id)
-        if bound is None:  # bound as bind_identity binds it, in this transaction
-            await s.fetchall(self._sql(_BIND), {**cell, "run_id": run_id})
-            ((first, second),) = await s.fetchall(self._sql(_BOUND), {"run_id": run_id})
-            bound = (str(first), str(second))
-        check_identity(run_id, bound, principal, scope)  # raises: nothing is stored
-        self._identities.put(run_id, bound)
-        if await s.fetchall(self._sql(_OPENED), {**cell, "run_id": run_id}):
-            return RunOpening.KNOWN
+        if bound is None:
+            rows = await s.fetchall(self._sql(_BOUND), {"run_id": run_id})
+            bound = (str(rows[0][0]), str(rows[0][1])) if rows else None
+        if bound is not None:
+            check_identity(run_id, bound, principal, scope)  # raises: nothing is stored
+            self._identities.put(run_id, bound)
+            if await s.fetchall(self._sql(_OPENED), {**cell, "run_id": run_id}):
+                return RunOpening.KNOWN
         # Openings older than the window count no more: the pair's rows stay bounded.
         await s.fetchall(self._sql(_FORGET_OPENS), {**cell, "since": at - RUN_RATE_WINDOW_S})
         ((opened,),) = await s.fetchall(self._sql(_OPENS), cell)
         if opened >= per_hour:
-            return RunOpening.REFUSED
+            return RunOpening.REFUSED  # nothing of a refused run is stored, its binding neither
+        if bound is None:  # bound as bind_identity binds it, in this transaction
+            await s.fetchall(self._sql(_BIND), {**cell, "run_id": run_id})
+            ((first, second),) = await s.fetchall(self._sql(_BOUND), {"run_id": run_id})
+            check_identity(run_id, (str(first), str(second)), principal, scope)
+            self._identities.put(run_id, (str(first), str(second)))
         await s.fetchall(self._sql(_OPEN), {**cell, "run_id": run_id, "now": at})
         return RunOpening.OPENED
 

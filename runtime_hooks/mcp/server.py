@@ -247,10 +247,11 @@ class RecallServer:
             if current.kind == CELL and not allowance.is_legacy:
                 # Asked on every call, judged by the ledger's clock: a run opened (or refused)
                 # by any server, and its end, are the same for all of them.
+                last = current.run_id  # its time as this process watched it pass is a floor
                 current.expire()  # a fresh candidate: opened only if the pair has no live run
                 current.run_id = await allowance.ledger.current_run(
                     current.run_id, prefix=current.prefix, principal=caller.principal,
-                    scope=caller.scope, now=allowance.clock.wall(),
+                    scope=caller.scope, now=allowance.clock.wall(), floor=allowance.now_for(last),
                     live_s=allowance.policy.deadline_s, per_hour=self.max_runs_per_hour)
                 return current.run_id
             if current.touched and current.deadline is None:
