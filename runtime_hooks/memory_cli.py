@@ -36,6 +36,7 @@ from plugin.errors import RecallboundError
 from plugin.memory.embedding import EmbeddingAdapter
 from plugin.memory.store import (
     InvalidMemoryError,
+    MemoryIdTakenError,
     MemoryOwnershipError,
     MemoryStore,
     MemoryWrite,
@@ -172,7 +173,7 @@ async def _import(
 ) -> int:
     try:
         ids = await store.remember_many(memory for _, memory in lines)
-    except MemoryOwnershipError as exc:
+    except (MemoryOwnershipError, MemoryIdTakenError) as exc:
         number = next(n for n, memory in lines if memory.id == exc.id)
         raise MemoryInputError(f"{where} line {number}: {exc}") from None
     out.write(f"imported {len(ids)} {'memory' if len(ids) == 1 else 'memories'}\n")

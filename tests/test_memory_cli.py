@@ -238,3 +238,23 @@ def test_import_from_a_closed_standard_input_is_one_line(
     monkeypatch.setattr(sys, "stdin", None)
     code, _, err = cli("memory", "--store", str(tmp_path / "m.db"), "import", "-")
     assert code == 2 and err.startswith("recallbound: ") and err.count("\n") == 1
+
+
+def test_an_import_line_whose_id_a_belief_holds_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from plugin.memory.store import MemoryStore
+
+    store = tmp_path / "m.db"
+
+    async def seed() -> None:
+        async with MemoryStore(store) as opened:
+            await opened.add_belief("b1", "Ana", "Ana thinks the cutover is on Friday",
+                                    principal="u", scope="s")
+    anyio.run(seed)
+    path = tmp_path / "in.jsonl"
+    path.write_text('{"text": "ok", "principal": "u", "scope": "s"}\n'
+                    '{"text": "t", "principal": "u", "scope": "s", "id": "b1"}\n')
+    code, out, err = cli("memory", "--store", str(store), "import", str(path))
+    assert (code, out) == (2, "")
+    assert "line 2" in err and "'b1'" in err and err.count("\n") == 1

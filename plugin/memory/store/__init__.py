@@ -11,6 +11,7 @@ and ``scope`` and filters by both inside its query.
 
 from .errors import InvalidMemoryError as InvalidMemoryError
 from .errors import MemoryConflictError as MemoryConflictError
+from .errors import MemoryIdTakenError as MemoryIdTakenError
 from .errors import MemoryOwnershipError as MemoryOwnershipError
 from .errors import MemoryStoreClosedError as MemoryStoreClosedError
 from .errors import MemoryStoreCorruptError as MemoryStoreCorruptError
@@ -33,6 +34,7 @@ __all__ = [
     "EvidenceKind",
     "InvalidMemoryError",
     "MemoryConflictError",
+    "MemoryIdTakenError",
     "MemoryOwnershipError",
     "MemoryRecord",
     "MemoryStore",

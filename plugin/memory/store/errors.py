@@ -56,6 +56,15 @@ class MemoryOwnershipError(MemoryConflictError):
         self.id = id
 
 
+class MemoryIdTakenError(MemoryConflictError):
+    """A write named a memory id that a belief or a source of the same cell holds (an id
+    names one item of a cell): nothing was written. ``id`` is the id."""
+
+    def __init__(self, id: str) -> None:
+        super().__init__(f"memory id {id!r} is held by a belief or a source of this cell")
+        self.id = id
+
+
 class InvalidMemoryError(MemoryStoreError, ValueError):
     """A value handed to a write method is malformed (the message names the field)."""
 

@@ -17,7 +17,7 @@ from ...control.clock import Clock
 from ...errors import MemoryStoreError
 from ..embedding import EmbeddingAdapter
 from .database import Database, Statement
-from .errors import InvalidMemoryError, MemoryOwnershipError
+from .errors import InvalidMemoryError, MemoryIdTakenError, MemoryOwnershipError
 from .sparse_index import index_logged
 from .values import (
     MemoryRecord,
@@ -169,6 +169,12 @@ class Writer:
                 ).fetchone()
                 if held is not None:
                     raise MemoryOwnershipError(memory_id)
+                if conn.execute(
+                    "SELECT 1 FROM beliefs WHERE principal = ? AND scope = ? AND id = ? UNION ALL "
+                    "SELECT 1 FROM sources WHERE principal = ? AND scope = ? AND id = ?",
+                    (principal, scope, memory_id) * 2,
+                ).fetchone() is not None:
+                    raise MemoryIdTakenError(memory_id)
             # A replaced memory's vectors describe its old text: drop them with it.
             conn.executemany(
                 "DELETE FROM embeddings WHERE memory_seq = ("
