@@ -20,7 +20,7 @@ from plugin.control.logs import log_event
 from plugin.memory.turn import deliberate_turn
 
 from .calls import SearchCall
-from .replay import replay_call
+from .replay import cut_short, replay_call
 from .results import ToolResult, failure_message, in_flight, preparation_bounded, search_content
 
 if TYPE_CHECKING:
@@ -41,12 +41,13 @@ def call_records(
     refusal or failure reason, and the evidence ids the model was shown, bounded)."""
     records = []
     for (index, call), search in zip(valid, searches, strict=True):
+        reason: str | None
         if search.refusal is not None:
             status, reason = "refused", search.refusal.reason.value
         elif search.failure is not None:
             status, reason = "failed", search.failure
-        else:
-            status, reason = "ok", None
+        else:  # what the allowance cut short is kept too: a replay says it again
+            status, reason = "ok", cut_short(search.bounded)
         ids, more = bound_evidence([item.id for item in search.evidence])
         records.append(CallRecord(
             run_id=run_id, call_id=call.call_id, digest=digests[index], status=status,

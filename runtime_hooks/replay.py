@@ -6,7 +6,9 @@ process or another, answers from it:
 
 - a search that ran answers with its evidence re-read under the run's validation bound
   (:meth:`RecallHooks.validate_retained`, kept in the ledger): what is gone is left out, and
-  what the bound no longer lets be re-checked is said in the bounded wording;
+  what the bound no longer lets be re-checked is said in the bounded wording, as is each part
+  of the search the allowance cut short (kept in the record's ``reason``: never "nothing
+  found" for a search that did not wholly run);
 - a refused call keeps its refusal, a failed one its failure;
 - a call claimed but without an outcome (still searching elsewhere, or interrupted before its
   outcome was written) is ``failed`` with the reason ``in_flight``: never searched again.
@@ -14,17 +16,48 @@ process or another, answers from it:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import json
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, get_args
 
 from plugin.control import BudgetRefusal, RefusalReason, wording
 from plugin.control.ledger import PENDING, CallRecord
 from plugin.memory.enforce import Bounded
 from plugin.memory.pipeline import render
+from plugin.memory.protocol import Part
 
 from .results import NOTHING_FOUND, PARTLY_FOUND, ToolResult, failure_message, in_flight
 
 if TYPE_CHECKING:
     from .hooks import RecallHooks
+
+
+CUT_SHORT = "bounded:"
+"""How an ``ok`` call's record keeps the parts the allowance cut short, as the model read
+them: ``bounded:`` and a JSON list of ``[part, reason, message]`` in its ``reason``."""
+_MESSAGE_LIMIT = 2048
+
+
+def cut_short(parts: Sequence[Bounded]) -> str | None:
+    """The ``reason`` an ``ok`` call's record keeps for ``parts`` (None when none)."""
+    kept = [[part.part, part.reason, part.message] for part in parts]
+    return CUT_SHORT + json.dumps(kept, ensure_ascii=False) if kept else None
+
+
+def recorded_cut_short(reason: str | None) -> tuple[Bounded, ...]:
+    """The parts an ``ok`` call's record says were cut short, worded as the model read them
+    (what a damaged record holds beyond that is left out)."""
+    if not reason or not reason.startswith(CUT_SHORT):
+        return ()
+    try:
+        kept = json.loads(reason[len(CUT_SHORT):])
+    except ValueError:
+        return ()
+    return tuple(Bounded(part=item[0], reason=item[1], message=item[2])
+                 for item in (kept if isinstance(kept, list) else [])
+                 if isinstance(item, list) and len(item) == 3
+                 and all(isinstance(value, str) for value in item)
+                 and item[0] in get_args(Part) and len(item[2]) <= _MESSAGE_LIMIT)
 
 
 def recorded_refusal(record: CallRecord) -> BudgetRefusal | None:
@@ -58,9 +91,9 @@ async def replay_call(
     valid = [c.evidence for c in checks if c.status == "valid" and c.evidence is not None]
     unchecked = record.more + sum(1 for c in checks if c.status in ("bounded", "not_retained"))
     rendered = render(valid, hooks.caps)
-    bounded: tuple[Bounded, ...] = ()
+    bounded = recorded_cut_short(record.reason)
     if unchecked:
-        bounded = (Bounded(
+        bounded += (Bounded(
             part="recheck", reason="validation",
             message=wording.bounded(f"{unchecked} item(s) this search found before could not "
                                     f"be re-checked (the run's re-check bound is spent)")),)

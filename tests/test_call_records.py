@@ -394,3 +394,27 @@ async def test_a_replay_re_reads_beliefs_and_sources_as_well_as_memories(
     kinds = {item.kind for item in first.evidence}
     assert kinds - {"memory"}, kinds  # the case: a belief or a source among the evidence
     assert [(e.id, e.kind) for e in replayed.evidence] == [(e.id, e.kind) for e in first.evidence]
+
+
+@pytest.mark.parametrize("query", ["Priya", "Priya rounding directive"])
+async def test_a_replay_says_again_what_the_allowance_cut_short(tmp_path: Path, query: str) -> None:
+    """A search whose belief read was refused (no slot left) said so, in the bounded wording:
+    its replay, in another process, says the same, never "No matching memory was found"."""
+    from plugin import AllowancePolicy
+    from plugin.memory.pipeline import MemoryRetriever
+    from runtime_hooks.bootstrap import RecallConfig, open_hooks
+    from runtime_hooks.demo import seed
+
+    clock = ManualClock(wall=WALL, monotonic=1.0)
+    config = RecallConfig(ledger_path=tmp_path / "ledger.db", store_path=tmp_path / "m.db",
+                          policy=AllowancePolicy(max_searches=1, automatic_slots=1))
+    call = ToolCall(call_id="c0", arguments={"query": query})
+    async with open_hooks(config, clock=clock) as hooks:
+        assert isinstance(hooks.retriever, MemoryRetriever)
+        await seed(hooks.retriever.store)
+        (first,) = await hooks.dispatch([call], run_id="r", scope="atlas", principal="ana")
+    async with open_hooks(config, clock=clock) as hooks:  # another process: only the ledger
+        (replayed,) = await hooks.dispatch([call], run_id="r", scope="atlas", principal="ana")
+    assert [part.part for part in first.bounded] == ["nested_read"]  # the case
+    assert (replayed.content, replayed.bounded) == (first.content, first.bounded)
+    assert "No matching memory was found" not in replayed.content
