@@ -372,25 +372,34 @@ def test_a_prefix_that_makes_no_valid_call_id_is_refused_at_once(prefix: str) ->
     assert len(ToolCall.with_new_id({"query": "cutover"}, prefix="x" * 200).call_id) == 232
 
 
+async def _first_and_replayed(folder: Path, query: str, **policy: Any) -> tuple[Any, Any]:
+    """A search on the demo's store, then the same call replayed by another hooks object (as
+    another process would: only the ledger is shared)."""
+    from plugin import AllowancePolicy
+    from plugin.memory.pipeline import MemoryRetriever
+    from runtime_hooks.bootstrap import RecallConfig, open_hooks
+    from runtime_hooks.demo import seed
+
+    clock = ManualClock(wall=WALL, monotonic=1.0)
+    config = RecallConfig(ledger_path=folder / "ledger.db", store_path=folder / "m.db",
+                          policy=AllowancePolicy(**policy))
+    call = ToolCall(call_id="c0", arguments={"query": query})
+    async with open_hooks(config, clock=clock) as hooks:
+        assert isinstance(hooks.retriever, MemoryRetriever)
+        await seed(hooks.retriever.store)
+        (first,) = await hooks.dispatch([call], run_id="r", scope="atlas", principal="ana")
+    async with open_hooks(config, clock=clock) as hooks:
+        (replayed,) = await hooks.dispatch([call], run_id="r", scope="atlas", principal="ana")
+    return first, replayed
+
+
 @pytest.mark.parametrize("query", ["invoice backfill", "what does Priya believe about rounding"])
 async def test_a_replay_re_reads_beliefs_and_sources_as_well_as_memories(
     tmp_path: Path, query: str
 ) -> None:
     """A call's evidence may hold a person's belief or a cited source besides memories: the
     replay re-reads each kind and answers with all of it (none taken for gone)."""
-    from plugin.memory.pipeline import MemoryRetriever
-    from runtime_hooks.bootstrap import RecallConfig, open_hooks
-    from runtime_hooks.demo import seed
-
-    clock = ManualClock(wall=WALL, monotonic=1.0)
-    config = RecallConfig(ledger_path=tmp_path / "ledger.db", store_path=tmp_path / "m.db")
-    call = ToolCall(call_id="c0", arguments={"query": query})
-    async with open_hooks(config, clock=clock) as hooks:
-        assert isinstance(hooks.retriever, MemoryRetriever)
-        await seed(hooks.retriever.store)
-        (first,) = await hooks.dispatch([call], run_id="r", scope="atlas", principal="ana")
-    async with open_hooks(config, clock=clock) as hooks:  # another process: only the ledger
-        (replayed,) = await hooks.dispatch([call], run_id="r", scope="atlas", principal="ana")
+    first, replayed = await _first_and_replayed(tmp_path, query)
     kinds = {item.kind for item in first.evidence}
     assert kinds - {"memory"}, kinds  # the case: a belief or a source among the evidence
     assert [(e.id, e.kind) for e in replayed.evidence] == [(e.id, e.kind) for e in first.evidence]
@@ -400,21 +409,8 @@ async def test_a_replay_re_reads_beliefs_and_sources_as_well_as_memories(
 async def test_a_replay_says_again_what_the_allowance_cut_short(tmp_path: Path, query: str) -> None:
     """A search whose belief read was refused (no slot left) said so, in the bounded wording:
     its replay, in another process, says the same, never "No matching memory was found"."""
-    from plugin import AllowancePolicy
-    from plugin.memory.pipeline import MemoryRetriever
-    from runtime_hooks.bootstrap import RecallConfig, open_hooks
-    from runtime_hooks.demo import seed
-
-    clock = ManualClock(wall=WALL, monotonic=1.0)
-    config = RecallConfig(ledger_path=tmp_path / "ledger.db", store_path=tmp_path / "m.db",
-                          policy=AllowancePolicy(max_searches=1, automatic_slots=1))
-    call = ToolCall(call_id="c0", arguments={"query": query})
-    async with open_hooks(config, clock=clock) as hooks:
-        assert isinstance(hooks.retriever, MemoryRetriever)
-        await seed(hooks.retriever.store)
-        (first,) = await hooks.dispatch([call], run_id="r", scope="atlas", principal="ana")
-    async with open_hooks(config, clock=clock) as hooks:  # another process: only the ledger
-        (replayed,) = await hooks.dispatch([call], run_id="r", scope="atlas", principal="ana")
+    first, replayed = await _first_and_replayed(tmp_path, query, max_searches=1,
+                                                automatic_slots=1)
     assert [part.part for part in first.bounded] == ["nested_read"]  # the case
     assert (replayed.content, replayed.bounded) == (first.content, first.bounded)
     assert "No matching memory was found" not in replayed.content
