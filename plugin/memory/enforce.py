@@ -279,6 +279,7 @@ async def search_attempt(
     if principal is None or scope is None:
         raise ValueError("a search needs the trusted principal and scope of the run")
     belief_slot: list[int] = []
+    nested_cut: list[Bounded] = []  # what the allowance cut short inside a nested read
     dropped = 0
 
     async def nested(people: Sequence[str]) -> NestedRead:
@@ -286,7 +287,7 @@ async def search_attempt(
         if nested_after is not None:
             await nested_after.wait()
         try:
-            slot, beliefs, foreign = await beliefs_read(
+            slot, beliefs, foreign, cut = await beliefs_read(
                 permit, retriever, people, kind=AttemptKind.NESTED, principal=principal,
                 scope=scope, caps=caps,
             )
@@ -294,6 +295,7 @@ async def search_attempt(
             return NestedRead(refusal=exc.refusal)
         dropped += foreign
         belief_slot.append(slot)
+        nested_cut.extend(cut)
         return NestedRead(beliefs=beliefs, slot=slot)
 
     def read_source(slot: int) -> int:
@@ -317,7 +319,7 @@ async def search_attempt(
         permit.note_dropped(slot, foreign)
         found = Found(evidence=evidence, people=found.people, arms=found.arms,
                       notes=tuple(one_line(note, limit=200) for note in found.notes))
-    return Attempted(slot=slot, found=found, bounded=bounded,
+    return Attempted(slot=slot, found=found, bounded=(*bounded, *nested_cut),
                      belief_slot=belief_slot[0] if belief_slot else None,
                      dropped=dropped + foreign, unexamined=unread)
 
@@ -331,17 +333,18 @@ async def beliefs_read(
     principal: str,
     scope: str,
     caps: ContextCaps,
-) -> tuple[int, tuple[Evidence, ...], int]:
-    """A People-to-belief read on a slot of its own: its slot, the admitted beliefs, and how
-    many were dropped for naming another principal or scope."""
+) -> tuple[int, tuple[Evidence, ...], int, tuple[Bounded, ...]]:
+    """A People-to-belief read on a slot of its own: its slot, the admitted beliefs, how many
+    were dropped for naming another principal or scope, and what the allowance cut short in
+    it (source reads past the fallbacks: said to the model as any attempt's are)."""
     async with permit.attempt(kind) as slot:
         handle = AttemptHandle(permit, slot, kind, None, permit.source_read)
         try:
             beliefs = await contained(lambda: retriever.read_beliefs(
                 tuple(people), handle, principal=principal, scope=scope, caps=caps))
         finally:
-            handle._end()
+            cut = handle._end()
         admitted, dropped = admit(beliefs, principal=principal, scope=scope,
                                   run_id=permit.run_id, what="beliefs", caps=caps)
         permit.note_dropped(slot, dropped)
-    return slot, admitted, dropped
+    return slot, admitted, dropped, tuple(cut)

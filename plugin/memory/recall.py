@@ -125,7 +125,7 @@ async def automatic_round(
                     people = base.found.people
                     if people:
                         try:
-                            slot, beliefs, foreign = await beliefs_read(
+                            slot, beliefs, foreign, cut = await beliefs_read(
                                 permit, retriever, people, kind=AttemptKind.DELTA,
                                 principal=principal, scope=scope, caps=caps,
                             )
@@ -135,6 +135,7 @@ async def automatic_round(
                         else:
                             slots.append(slot)
                             dropped += foreign
+                            bounded = (*bounded, *cut)  # the delta's own cut-short parts
                             ranked = with_beliefs(ranked, beliefs, query=query,
                                                   policy=_policy(retriever))
             except RetrieverFailedError as exc:

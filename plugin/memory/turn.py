@@ -115,7 +115,8 @@ async def corrections_share(
         with anyio.move_on_after(within_s) as bound:  # None: no bound
             found = await contained(
                 lambda: retriever.corrections(principal=principal, scope=scope))
-        if bound.cancelled_caught:
+        if bound.cancel_called or anyio.current_time() >= bound.deadline:
+            # Cut, or answered past the bound (a swallowed cancellation, a blocked loop).
             raise RetrieverFailedError("deadline")
         admitted, _ = admit(found, principal=principal, scope=scope, run_id=run_id,
                             what="corrections", caps=caps)
