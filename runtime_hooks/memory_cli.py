@@ -31,7 +31,7 @@ from typing import Any, BinaryIO, TextIO
 import anyio
 
 from plugin import strict_json
-from plugin.control.dsn import is_connection_string, shown_location
+from plugin.control.dsn import is_connection_string, redact, shown_location
 from plugin.errors import RecallboundError
 from plugin.memory.embedding import EmbeddingAdapter
 from plugin.memory.store import (
@@ -216,7 +216,7 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     try:
         return _run(args, out, err)
     except (RecallboundError, OSError) as exc:
-        err.write(f"recallbound: {safe(exc)}\n")
+        err.write(f"recallbound: {safe(redact(str(exc)))}\n")
         return BAD_INPUT
 
 

@@ -387,3 +387,25 @@ def test_the_evaluators_usage_errors_never_print_the_password(
     assert cli(argv[1:]) == 2
     printed = capsys.readouterr()
     assert printed.err.count("recallbound:") == 2 and SECRET not in printed.out + printed.err
+
+
+@pytest.mark.parametrize("argv", [
+    ["memory", "import", f"postgresql://u:{SECRET}@h/d"],
+    ["evaluate", "--scenarios", f"postgresql://u:{SECRET}@h/d", "--out", "out"],
+    ["config", "show", "--config", f"postgresql://u:{SECRET}@h/d"],
+], ids=["memory import", "evaluate", "config show"])
+def test_a_connection_string_given_for_a_file_is_shown_without_its_password(
+    argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Taken for a file name (a path keeps one slash of ``postgresql://``), its password is
+    still hidden in the one-line error."""
+    monkeypatch.chdir(tmp_path)
+    code, out, err = _cli(*argv)
+    printed = capsys.readouterr()
+    assert code in (1, 2) and SECRET not in out + err + printed.out + printed.err
+    assert "***" in err + printed.err
+
+
+def test_redact_hides_a_uri_password_after_one_slash() -> None:
+    assert redact(f"cannot use postgresql:/u:{SECRET}@h/d") == "cannot use postgresql:/u:***@h/d"

@@ -68,7 +68,8 @@ def _wrapper(char: str) -> bool:
 # (``//user:secret@``), a ``password=`` or ``sslpassword=`` keyword or query parameter, its value
 # quoted or not, read as libpq reads a key=value value (a backslash escapes the next character,
 # only white space ends it: ``#`` and ``&`` belong to the value).
-_URI_PASSWORD = re.compile(r"(://[^:/@ \t\n\r\f\v]*:)[^ \t\n\r\f\v]*@")
+_URI_PASSWORD = re.compile(r"(:/{1,2}[^:/@ \t\n\r\f\v]*:)[^ \t\n\r\f\v]*@")
+"""A URI's ``user:secret@`` (one slash as well: a path keeps one of ``postgresql://``)."""
 _KEYWORD_PASSWORD = re.compile(
     r"(?is)(\b(?:ssl)?password[ \t\n\r\f\v]*=[ \t\n\r\f\v]*)"
     r"('(?:[^'\\]|\\.)*'?|(?:\\.|[^ \t\n\r\f\v])*)")

@@ -173,7 +173,7 @@ def embedding_for(choice: str | None) -> EmbeddingAdapter:
 
 
 def _fail(message: str, status: int = 1) -> int:
-    print(f"recallbound: {one_line(message)}", file=sys.stderr)  # a file name cannot forge
+    print(f"recallbound: {one_line(redact(message))}", file=sys.stderr)  # a file name cannot forge
     return status
 
 
