@@ -142,3 +142,37 @@ async def test_source_reads_cut_in_the_delta_read_are_said(anyio_backend: object
     context = await hooks.prepare(WorkingState("cutover"), run_id="r", scope=S, principal=P)
     assert [part.part for part in context.bounded] == ["source_read"]
     assert "bounded" in context.render()
+
+
+class LooksUpPeopleItself(Base):
+    """Names People for a query that mentions Priya; every search asks for a nested read
+    (allowed: each deliberate search is offered one)."""
+
+    async def named_people(self, prepared: Any) -> tuple[str, ...]:
+        return ("Priya",) if "Priya" in prepared.query.text else ()
+
+    async def search(self, prepared: Any, handle: Any, *, caps: Any,
+                     nested_beliefs: bool) -> Found:
+        read = await handle.nested(["Priya"])
+        return Found(evidence=[_item("m-" + prepared.query.text.split()[0]), *read.beliefs])
+
+    async def read_beliefs(self, people: Sequence[str], handle: Any, *, principal: str,
+                           scope: str, caps: Any) -> tuple[Evidence, ...]:
+        return (_item("b1", "Priya believes x", kind="belief"),)
+
+
+async def test_the_call_that_named_people_gets_the_nested_slot_on_every_loop(
+    anyio_backend: object,
+) -> None:
+    """Two calls and one nested slot (reserved for the call that named People): that call's
+    read gets it every time, whatever order the loop runs the tasks in (trio's is random)."""
+    for _ in range(30):
+        allowance = RecallAllowance(MemoryLedger(), policy=AllowancePolicy(max_searches=3),
+                                    clock=SystemClock())
+        hooks = RecallHooks(allowance=allowance, preparer=QueryPreparation(QueryPlanner()),
+                            retriever=LooksUpPeopleItself())
+        calls = [ToolCall(call_id="c0", arguments={"query": "alpha Priya"}),
+                 ToolCall(call_id="c1", arguments={"query": "beta"})]
+        alpha, beta = await hooks.dispatch(calls, run_id="r", scope=S, principal=P)
+        assert "b1" in [item.id for item in alpha.evidence] and alpha.bounded == ()
+        assert [part.part for part in beta.bounded] == ["nested_read"]  # said, not hidden

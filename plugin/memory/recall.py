@@ -217,6 +217,14 @@ async def deliberate_round(
             # and the calls that get a slot are the same on every event loop.
             turns = [anyio.Event() for _ in searches]
             placed = turns[-1]
+            # The nested reads of the calls that named People come first: another call's read
+            # takes only a slot left once those searches ended, on every event loop.
+            naming = [bool(search.people) for search in searches]
+            later = anyio.Event()
+
+            def release_later() -> None:
+                if placed.is_set() and not any(naming):
+                    later.set()
 
             async def search_one(position: int) -> None:
                 if position:
@@ -226,11 +234,13 @@ async def deliberate_round(
                 def on_slot(slot: int) -> None:
                     taken.append(slot)
                     turns[position].set()
+                    release_later()
 
                 try:
                     attempted = await search_attempt(
                         permit, retriever, searches[position], kind=AttemptKind.DELIBERATE,
-                        caps=caps, nested_beliefs=True, on_slot=on_slot, nested_after=placed,
+                        caps=caps, nested_beliefs=True, on_slot=on_slot,
+                        nested_after=placed if naming[position] else later,
                     )
                 except RecallBudgetExceeded as exc:
                     results[position] = DeliberateSearch(slot=taken[0] if taken else None,
@@ -248,6 +258,8 @@ async def deliberate_round(
                     )
                 finally:
                     turns[position].set()
+                    naming[position] = False
+                    release_later()
 
             async with anyio.create_task_group() as tg:
                 for position in range(len(searches)):
