@@ -344,3 +344,31 @@ async def test_what_a_thread_records_after_the_phase_is_owed_and_written(
         outcomes = [trace.outcome.value for trace in await ledger.attempts("r")]
         usage = await ledger.usage("r")
     assert (outcomes, refused, usage.refused) == (["ok"], ["closed"], 1)
+
+
+async def test_records_owed_to_a_ledger_locked_for_good_stay_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Legacy mode opens rounds whatever the ledger does: with its writes failing for good,
+    what the allowance owes is held up to a bound, the oldest records going first, logged."""
+    from plugin.control import allowance as allowance_module
+
+    monkeypatch.setattr(allowance_module, "MAX_OWED_RECORDS", 2)
+    clock = ManualClock(wall=WALL, monotonic=1.0)
+    async with SqliteLedger(tmp_path / "ledger.sqlite3") as ledger:
+        allowance = RecallAllowance.legacy(ledger, clock=clock)
+        write = ledger.record
+
+        async def locked(*args: Any, **kwargs: Any) -> None:
+            raise LedgerLockedError("locked")
+
+        ledger.record = locked  # type: ignore[method-assign]
+        for _ in range(5):
+            async with allowance.round("r", RoundKind.DELIBERATE, slots=1) as permit:
+                async with permit.attempt():
+                    pass
+        ledger.record = write  # type: ignore[method-assign]
+        await allowance.flush()
+        written = len(await ledger.attempts("r"))
+    assert 1 <= written <= 3  # the bound, and the newest permit's own record
+    assert "round.traces_dropped" in caplog.text

@@ -8,6 +8,7 @@ issues a :class:`~plugin.control.permit.Permit`, bound to
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 from collections import OrderedDict
@@ -22,6 +23,7 @@ from . import validate
 from .clock import Clock, FiniteClock, SystemClock, finite_clock
 from .headroom import Headroom
 from .ledger import Ledger, Usage
+from .logs import CONTROL, log_event
 from .permit import LEGACY_SLOTS, Permit
 from .policy import MAX_COUNT, AllowancePolicy, RoundKind
 from .refusal import BudgetRefusal, RecallBudgetExceeded
@@ -86,6 +88,8 @@ class _Anchors:
 _ANCHORS = _Anchors()
 
 KNOWN_ROOMS = 4096
+MAX_OWED_RECORDS = 10_000
+"""The most records an allowance holds for a ledger it cannot write (see ``_hand_over``)."""
 """How many runs an allowance remembers what it learned of (least recently used go)."""
 
 
@@ -290,9 +294,28 @@ class RecallAllowance:
         return tally
 
     def _hand_over(self, permit: Permit) -> Permit:
-        """``permit``, holding what earlier permits owe: its flush writes it with its own."""
+        """``permit``, holding what earlier permits owe: its flush writes it with its own.
+
+        At most :data:`MAX_OWED_RECORDS` are held, the oldest going first (traces, then
+        refusals, then call outcomes), logged: a ledger that stays locked for good (legacy
+        mode opens rounds all the same) must not grow them without end."""
+        dropped = 0
         while self._owed:
-            permit._put_back(self._owed.pop(0)._take_records(), owed=False)
+            traces, refusals, calls, limits = self._owed.pop(0)._take_records()
+            excess = len(traces) + len(refusals) + len(calls) - MAX_OWED_RECORDS
+            if excess > 0:
+                dropped += excess
+                oldest = list(traces)[:excess]
+                for attempt_id in oldest:
+                    del traces[attempt_id]
+                excess -= len(oldest)
+                cut = min(excess, len(refusals))
+                del refusals[:cut]
+                del calls[:excess - cut]
+            permit._put_back((traces, refusals, calls, limits), owed=False)
+        if dropped:
+            log_event(CONTROL, logging.WARNING, "round.traces_dropped", run_id=permit.run_id,
+                      records=dropped, reason="the ledger could not be written for too long")
         return permit
 
     async def _issue(self, run_id: str, kind: RoundKind, requested: int) -> Permit:
