@@ -19,9 +19,11 @@ import sniffio
 T = TypeVar("T")
 
 
-def _retrieved(task: asyncio.Future[Any]) -> None:
+def read_outcome(task: asyncio.Future[Any]) -> None:
+    """A done callback that reads a task's error, so asyncio never logs it as "never
+    retrieved" (whoever awaits the task still gets it)."""
     if not task.cancelled():
-        task.exception()  # whoever awaits it raises it; never "exception was never retrieved"
+        task.exception()
 
 
 async def finish(work: Callable[[], Awaitable[T]]) -> T:
@@ -33,7 +35,7 @@ async def finish(work: Callable[[], Awaitable[T]]) -> T:
             done = await work()
         return done  # noqa: RET504 (a return inside the scope is not seen to return)
     task = asyncio.ensure_future(work())  # copies the context, as a child task does
-    task.add_done_callback(_retrieved)
+    task.add_done_callback(read_outcome)
     cancelled: asyncio.CancelledError | None = None
     with anyio.CancelScope(shield=True):
         while not task.done():

@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import anyio
 import attrs
 import sniffio
+
+from plugin.control.shield import read_outcome
 
 
 @attrs.frozen
@@ -35,17 +36,12 @@ async def within(call: Callable[[], Awaitable[object]], timeout_s: float) -> Out
     return await _trio(call, timeout_s)
 
 
-def _drop(task: asyncio.Future[Any]) -> None:
-    if not task.cancelled():
-        task.exception()  # retrieved: never "exception was never retrieved"
-
-
 async def _asyncio(call: Callable[[], Awaitable[object]], timeout_s: float) -> Outcome | None:
     async def run() -> object:
         return await call()
 
     task = asyncio.ensure_future(run())  # a task of its own, in a copy of the context
-    task.add_done_callback(_drop)  # its error is read here: never "never retrieved"
+    task.add_done_callback(read_outcome)
     try:
         with anyio.move_on_after(timeout_s):
             await asyncio.wait({task})
