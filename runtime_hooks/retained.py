@@ -13,12 +13,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-import anyio
-
 from plugin.control import Ledger, Validity, validate
 from plugin.control.logs import log_event
 from plugin.errors import RetrieverFailedError
-from plugin.memory.enforce import admit, contained
+from plugin.memory.enforce import admit, contained_within
 from plugin.memory.protocol import ContextCaps, Retriever
 from plugin.memory.store import Evidence
 
@@ -51,12 +49,8 @@ async def revalidate_retained(
     found: dict[str, Evidence] | None = {}
     if to_read:
         try:
-            with anyio.move_on_after(within_s) as bound:
-                read = await contained(
-                    lambda: retriever.revalidate(to_read, principal=principal, scope=scope))
-            if bound.cancel_called or anyio.current_time() >= bound.deadline:
-                # Cut, or answered past the bound (a swallowed cancellation, a blocked loop).
-                raise RetrieverFailedError("deadline")
+            read = await contained_within(
+                lambda: retriever.revalidate(to_read, principal=principal, scope=scope), within_s)
             admitted, _ = admit(read, principal=principal, scope=scope, run_id=run_id,
                                 what="revalidate", caps=caps)
             found = {item.id: item for item in admitted}

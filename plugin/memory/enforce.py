@@ -115,6 +115,18 @@ async def contained(call: Callable[[], Awaitable[T]]) -> T:
     raise failure
 
 
+async def contained_within(call: Callable[[], Awaitable[T]], within_s: float | None) -> T:
+    """:func:`contained`, cut after ``within_s`` seconds (None: no bound). A read cut there,
+    or one that answered past it (a swallowed cancellation, a blocked loop), is a
+    :class:`~plugin.errors.RetrieverFailedError` with the reason ``deadline``: late is none."""
+    answered: list[T] = []
+    with anyio.move_on_after(within_s) as bound:
+        answered.append(await contained(call))
+    if bound.cancel_called or anyio.current_time() >= bound.deadline:
+        raise RetrieverFailedError("deadline")
+    return answered[0]
+
+
 def contained_sync(call: Callable[[], T]) -> T:
     """:func:`contained` for the protocol's one synchronous method."""
     try:

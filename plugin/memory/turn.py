@@ -38,7 +38,7 @@ from plugin.control import RecallAllowance
 from plugin.control.ledger import CallRecord
 from plugin.errors import RetrieverFailedError
 
-from .enforce import admit, contained
+from .enforce import admit, contained, contained_within
 from .preparation import PreparationBound, PreparedRecall, RecallPreparer, WithheldReason
 from .protocol import ContextCaps, Retriever
 from .recall import (
@@ -112,12 +112,8 @@ async def corrections_share(
     seconds is cancelled and fails the same way (reason ``deadline``).
     """
     try:
-        with anyio.move_on_after(within_s) as bound:  # None: no bound
-            found = await contained(
-                lambda: retriever.corrections(principal=principal, scope=scope))
-        if bound.cancel_called or anyio.current_time() >= bound.deadline:
-            # Cut, or answered past the bound (a swallowed cancellation, a blocked loop).
-            raise RetrieverFailedError("deadline")
+        found = await contained_within(
+            lambda: retriever.corrections(principal=principal, scope=scope), within_s)
         admitted, _ = admit(found, principal=principal, scope=scope, run_id=run_id,
                             what="corrections", caps=caps)
     except RetrieverFailedError as exc:
