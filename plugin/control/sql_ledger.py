@@ -302,6 +302,8 @@ class SqlLedger(abc.ABC):
         at = read_time(now)
 
         async def write(s: Session) -> RunOpening:
+            # One lock per (principal, scope): two processes opening runs for it queue here.
+            await self._lock_run(s, json.dumps(["run_opens", principal, scope]))
             return await self._open_run(s, run_id, principal, scope, at, per_hour)
 
         return await self._transact_unsynced(write, f"opening run {run_id!r}")
@@ -332,9 +334,7 @@ class SqlLedger(abc.ABC):
 
     async def _open_run(self, s: Session, run_id: str, principal: str, scope: str, at: float,
                         per_hour: int) -> RunOpening:
-        cell = {"principal": principal, "scope": scope}
-        # One lock per (principal, scope): two processes opening runs for it queue here.
-        await self._lock_run(s, json.dumps(["run_opens", principal, scope]))
+        cell = {"principal": principal, "scope": scope}  # the pair's lock is held
         bound = self._identities.get(run_id)
         if bound is None:
             rows = await s.fetchall(self._sql(_BOUND), {"run_id": run_id})
