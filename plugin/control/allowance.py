@@ -88,9 +88,9 @@ class _Anchors:
 _ANCHORS = _Anchors()
 
 KNOWN_ROOMS = 4096
+"""How many runs an allowance remembers what it learned of (least recently used go)."""
 MAX_OWED_RECORDS = 10_000
 """The most records an allowance holds for a ledger it cannot write (see ``_hand_over``)."""
-"""How many runs an allowance remembers what it learned of (least recently used go)."""
 
 
 @attrs.frozen(kw_only=True)

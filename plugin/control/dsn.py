@@ -40,7 +40,7 @@ __all__ = ["LedgerLocation", "POSTGRES_SCHEMES", "SCHEMA_PARAMETER", "is_connect
            "parse_location", "password_of", "redact"]
 
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
-"""The DSN query parameter that names the ledger's schema (recallbound's, not libpq's)."""
+"""The schemes of a PostgreSQL URI (libpq's two)."""
 
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:")
 _URI = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://")
@@ -61,7 +61,6 @@ def _wrapper(char: str) -> bool:
     """A quote, white space, or an invisible (format) character such as a BOM, a zero-width
     space or a direction mark: what a connection string is pasted inside, or after."""
     return char in _QUOTES or char in _SPACE or unicodedata.category(char) == "Cf"
-
 
 
 # A password inside a longer text (a message that quotes a location): a URI's userinfo

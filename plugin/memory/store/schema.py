@@ -239,9 +239,8 @@ CREATE TRIGGER IF NOT EXISTS memories_vectors_delete AFTER DELETE ON memories BE
     DELETE FROM embeddings WHERE memory_seq = old.seq;
 END;
 -- A REPLACE deletes the row it replaces without a delete trigger: its vectors go first (unless
--- its text stays, as in an upsert of the same text). A new
--- row's seq holds no vector yet (one left there is another memory's), and a changed text's
--- vector is stale.
+-- its text stays, as in an upsert of the same text). A new row's seq holds no vector yet (one
+-- left there is another memory's), and a changed text's vector is stale.
 CREATE TRIGGER IF NOT EXISTS memories_vectors_replace BEFORE INSERT ON memories BEGIN
     DELETE FROM embeddings WHERE memory_seq IN (SELECT seq FROM memories WHERE
         principal = new.principal AND scope = new.scope AND id = new.id
