@@ -258,8 +258,11 @@ def test_a_server_restart_fails_the_permit_in_flight_and_loses_nothing(
                         policy=policy, pool_timeout=30.0)
         children.append(blocked)
         deadline = time.monotonic() + TIMEOUT
-        while not _rows("SELECT 1 FROM pg_stat_activity WHERE wait_event = 'advisory' "
-                        "AND application_name = %s", f"recallbound-{schema}"):
+        # Wait for this run's lock to have a waiter: the stream workers wait on advisory
+        # locks of their own too, so a wait event alone can name one of theirs.
+        while not _rows("SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+                        "AND objsubid = 2 AND classid::int8 = (%s::int8 & 4294967295) "
+                        "AND objid::int8 = (hashtext('blocked')::int8 & 4294967295)", space):
             assert time.monotonic() < deadline
             time.sleep(0.02)
         before = [len(child.of("granted")) for child in streams]
