@@ -151,6 +151,8 @@ class MemoryLedger:
         run = self.runs.get(run_id)
         recorded = [r.reserved_wall for r in run.rounds] if run is not None else []
         recorded += [r.at_wall for r in self.refused if r.run_id == run_id]
+        recorded += [t.started_wall + (t.elapsed_s or 0.0)
+                     for t in self.traces.values() if t.run_id == run_id]
         now_wall = max(read_time(now), read_time(floor), *recorded)
         if run is None:
             run = self.runs[run_id] = _Run(

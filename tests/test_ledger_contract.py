@@ -58,7 +58,7 @@ from plugin.errors import (
 )
 
 from ._fakes import MemoryLedger, MemoryStore
-from ._pg import DSN, ServerClockLedger, fresh_schema, pooled_dsn
+from ._pg import DSN, SERVER_CLOCK_SHIFT, ServerClockLedger, fresh_schema, pooled_dsn
 
 pytestmark = pytest.mark.anyio
 
@@ -256,6 +256,37 @@ async def test_a_clock_behind_the_runs_record_never_reopens_its_deadline(ledger:
     _granted(await ledger.reserve("other", AUTO, 1, policy, WALL + 6))
     behind = _granted(await ledger.reserve("other", AUTO, 1, policy, WALL + 2))
     assert behind.reserved_wall >= WALL + 6  # 4 s left at most, never 8
+    assert behind.deadline_wall == WALL + 10
+
+
+async def test_a_recorded_attempt_that_ran_past_the_deadline_ends_the_run_for_a_clock_behind(
+    ledger: Ledger, ledger_kind: str
+) -> None:
+    # The ledger saw the deadline pass through the attempt's own record (it started at
+    # WALL + 1 and ran 12 s); a worker restarted with its clock behind is judged after it.
+    # Judged by the server's clock, the callers' clocks (an attempt's times among them) move
+    # nothing: the server's own judgments alone are the run's clock.
+    by_server = ledger_kind == "postgres-server-clock"
+    shift = SERVER_CLOCK_SHIFT if by_server else 0.0
+    policy = AllowancePolicy(max_searches=10, max_rounds=5)
+
+    def ran(attempt_id: str, run_id: str, elapsed_s: float) -> AttemptTrace:
+        trace = _trace(attempt_id, run_id, 1, outcome=AttemptOutcome.DEADLINE,
+                       elapsed_s=elapsed_s)
+        return attrs.evolve(trace, started_wall=trace.started_wall + shift)
+
+    _granted(await ledger.reserve("run", AUTO, 2, policy, WALL))
+    await ledger.record([ran("late", "run", 12.0)], [])
+    later = await ledger.reserve("run", DELIB, 1, policy, WALL - 1000)
+    if by_server:
+        assert _granted(later).reserved_wall == WALL
+    else:
+        _refused(later, RefusalReason.DEADLINE)
+    # One that ended in time moves the run's clock to its end, no further.
+    _granted(await ledger.reserve("other", AUTO, 2, policy, WALL))
+    await ledger.record([ran("early", "other", 4.0)], [])
+    behind = _granted(await ledger.reserve("other", DELIB, 1, policy, WALL - 1000))
+    assert behind.reserved_wall == (WALL if by_server else WALL + 5)
     assert behind.deadline_wall == WALL + 10
 
 

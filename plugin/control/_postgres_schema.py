@@ -37,7 +37,10 @@ WITH req AS MATERIALIZED (
                     (SELECT max(rd.reserved_wall) FROM {s}.rounds rd
                      WHERE rd.run_id = req.run_id),
                     (SELECT max(rf.at_wall) FROM {s}.refusals rf
-                     WHERE rf.run_id = req.run_id)) AS now
+                     WHERE rf.run_id = req.run_id),
+                    -- a recorded attempt's end, read on the caller's clock like the attempt
+                    (SELECT max(a.started_wall + coalesce(a.elapsed_s, 0)) FROM {s}.attempts a
+                     WHERE a.run_id = req.run_id AND NOT p_server)) AS now
     FROM req
 ), cur AS MATERIALIZED (
     SELECT u.run_id, u.reserved, """ + REFUSAL_REASON + """ AS reason
@@ -131,6 +134,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         RESERVE_LONE,
     ),
     # version 8: a round is judged never before the latest time its run was judged at
+    (RESERVE_WAVE.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1),),
+    # version 9: ... or the end of its latest recorded attempt, on the callers' clock
     (RESERVE_WAVE.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1),),
 )
 SCHEMA_VERSION = len(MIGRATIONS)

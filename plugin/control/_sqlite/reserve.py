@@ -30,10 +30,14 @@ RETURNING rounds, reserved, last_grant, deadline_wall, opened_wall, {_EXECUTED}
 _RECORDED = """
 SELECT max(at) FROM (
     SELECT max(reserved_wall) AS at FROM rounds WHERE run_id = :run_id
-    UNION ALL SELECT max(at_wall) FROM refusals WHERE run_id = :run_id)
+    UNION ALL SELECT max(at_wall) FROM refusals WHERE run_id = :run_id
+    UNION ALL SELECT max(started_wall + coalesce(elapsed_s, 0)) FROM attempts
+              WHERE run_id = :run_id)
 """
-"""The latest time the ledger judged the run at (a round or a refusal), or NULL: the earliest
-time any later round of the run may be judged at, whatever the caller's clock says."""
+"""The latest time the ledger saw the run at (a round, a refusal, or the end of a recorded
+attempt), or NULL: the earliest time any later round of the run may be judged at, whatever the
+caller's clock says. An attempt's end counts: a search recorded as running past the deadline
+has seen the deadline pass."""
 
 _RUN_STATE = f"""
 SELECT reserved, {_EXECUTED} FROM runs WHERE run_id = ?
