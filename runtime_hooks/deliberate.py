@@ -9,7 +9,7 @@ this module answers a call the ledger already recorded from its record
 from __future__ import annotations
 
 import logging
-from collections.abc import Container, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import anyio
@@ -17,6 +17,8 @@ import attrs
 
 from plugin.control.ledger import CallRecord, bound_evidence
 from plugin.control.logs import log_event
+from plugin.control.shield import finish
+from plugin.errors import LedgerError
 from plugin.memory.turn import deliberate_turn
 
 from .calls import SearchCall
@@ -129,15 +131,12 @@ async def run_once(turn: Turn, valid: list[tuple[int, SearchCall]],
         claims = [(call.call_id, digests[index]) for index, call in mine
                   if index not in unclaimed]
         held = await hooks.allowance.ledger.claim_calls(turn.run_id, claims) if claims else {}
-        ours = []
-        for index, call in mine:
-            record = held.get((call.call_id, digests[index]))
-            if record is None:
-                ours.append((index, call))
-            else:
-                await turn.answer_from(index, record)
-        if ours:
-            await run_calls(turn, ours)
+        ours = [(index, call) for index, call in mine
+                if (call.call_id, digests[index]) not in held]
+        theirs = [(index, held[call.call_id, digests[index]]) for index, call in mine
+                  if (call.call_id, digests[index]) in held]
+        await _run_claimed(turn, ours, [claim for claim in claims if claim not in held],
+                           theirs)
     finally:
         for key in keys:
             hooks._running.pop(key).set()
@@ -148,11 +147,38 @@ async def run_once(turn: Turn, valid: list[tuple[int, SearchCall]],
             turn.results[index] = in_flight(call.call_id)  # its claimant failed to claim
 
 
-async def run_calls(turn: Turn, valid: list[tuple[int, SearchCall]]) -> None:
+async def _run_claimed(turn: Turn, ours: list[tuple[int, SearchCall]],
+                       claimed: list[tuple[str, str]],
+                       theirs: list[tuple[int, CallRecord]]) -> None:
+    """Answer the calls recorded or claimed before (``theirs``) from their records, then
+    :func:`run_calls` for those this turn claimed. When that fails before a round was granted
+    (the ledger failed or was busy, the caller was cancelled), nothing searched: the claims
+    are withdrawn, so the same calls sent again run rather than being answered ``in_flight``
+    for ever. After a grant they stay: a search may have run."""
+    granted: list[bool] = []
+    try:
+        for index, record in theirs:
+            await turn.answer_from(index, record)
+        if ours:
+            await run_calls(turn, ours, granted=lambda: granted.append(True))
+    except BaseException:
+        if claimed and not granted:
+            ledger = turn.hooks.allowance.ledger
+            try:
+                await finish(lambda: ledger.release_calls(turn.run_id, claimed))
+            except LedgerError as error:  # the claims stay: answered in_flight, never run twice
+                log_event(_log, logging.WARNING, "search_call.claims_kept", run_id=turn.run_id,
+                          calls=len(claimed), error=type(error).__name__)
+        raise
+
+
+async def run_calls(turn: Turn, valid: list[tuple[int, SearchCall]],
+                    granted: Callable[[], object] | None = None) -> None:
     """Run the deliberate round for the valid calls and put each one's result at its index.
 
     Off the legacy path each call's record is written with the round, or alone when the round
-    itself was refused; evidence shown is retained.
+    itself was refused; evidence shown is retained. ``granted`` is told when the round is
+    granted, before anything searches.
     """
     hooks, run_id, results, digests = turn.hooks, turn.run_id, turn.results, turn.digests
     scope, principal = turn.scope, turn.principal
@@ -168,7 +194,7 @@ async def run_calls(turn: Turn, valid: list[tuple[int, SearchCall]]) -> None:
         run_id=run_id, scope=scope, principal=principal, caps=hooks.caps,
         budget_s=hooks.preparation_budget_s,
         settle=None if hooks.legacy else settle,
-        retain_limit=hooks.max_retained,
+        retain_limit=hooks.max_retained, granted=granted,
     )
     prepared, recall = done.prepared, done.recall
     if not hooks.legacy and not settled:

@@ -214,6 +214,13 @@ class MemoryLedger:
                                               status=PENDING)
         return there
 
+    async def release_calls(self, run_id: str, calls: Sequence[CallIdentity]) -> None:
+        store = self._open()
+        for call_id, digest in calls:
+            key = (run_id, call_id, digest)
+            if key in store.calls and store.calls[key].status == PENDING:
+                del store.calls[key]
+
     async def recorded_calls(self, run_id: str, call_ids: Sequence[str]) -> list[CallRecord]:
         wanted = set(call_ids)
         return [call for (run, call_id, _), call in self._open().calls.items()

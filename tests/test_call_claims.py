@@ -21,6 +21,7 @@ import pytest
 
 from plugin import Evidence, ManualClock, SimpleRetriever
 from plugin.control import SqliteLedger
+from plugin.errors import LedgerUnavailableError
 from runtime_hooks import RecallHooks, ToolCall
 from runtime_hooks.adapters.batch import RunRecalls
 
@@ -202,6 +203,7 @@ _KILLED_WORKER = """
 import sys, anyio
 from plugin import Evidence, ManualClock, SimpleRetriever
 from plugin.control import SqliteLedger
+from plugin.errors import LedgerUnavailableError
 from runtime_hooks import ToolCall
 from tests._calls_env import WALL, Counting, P, S, recall_hooks
 
@@ -239,5 +241,72 @@ async def test_a_call_whose_process_was_killed_mid_search_is_not_searched_again(
         (again,) = await hooks.dispatch([CALL], run_id="r", scope=S, principal=P)
         assert (again.status, again.failure, fresh.searches) == ("failed", "in_flight", 0)
         assert await _counts(hooks) == (1, 1)  # the killed attempt's round, and no other
+        report = await hooks.allowance.ledger.admin().check()
+        assert report.ok, report
+
+
+class _Failing:
+    """A ledger whose next reservation fails as if the database were gone (all else passes)."""
+
+    def __init__(self, ledger: Any) -> None:
+        self._ledger, self.fail_next = ledger, False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ledger, name)
+
+    async def reserve(self, *args: Any, **kwargs: Any) -> Any:
+        if self.fail_next:
+            self.fail_next = False
+            raise LedgerUnavailableError("the database went away")
+        return await self._ledger.reserve(*args, **kwargs)
+
+
+class _Stalling(Counting):
+    """A retriever that, while ``stall`` is set, waits in ``named_people``: after the call was
+    claimed and before its round is reserved."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stall, self.stalled = False, anyio.Event()
+        counting = self
+
+        class Retriever(SimpleRetriever):
+            async def named_people(self, prepared: Any) -> Any:
+                if counting.stall:
+                    counting.stalled.set()
+                    await anyio.sleep_forever()
+                return await super().named_people(prepared)
+
+        self.retriever = Retriever(self.search, get=self.get)
+
+
+@pytest.mark.parametrize("failure", ["cancelled", "ledger"])
+async def test_a_call_that_failed_before_its_round_was_granted_runs_when_sent_again(
+    opener: Callable[[], Any], failure: str
+) -> None:
+    # Nothing searched and nothing was reserved: the call's claim is withdrawn, so it is not
+    # answered in_flight for ever, here or in another process.
+    clock, retriever = ManualClock(wall=WALL, monotonic=1.0), _Stalling()
+    async with opener() as opened:
+        ledger = _Failing(opened)
+        hooks = recall_hooks(ledger, clock, retriever)
+        if failure == "cancelled":
+            retriever.stall = True
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(functools.partial(hooks.dispatch, [CALL], run_id="r", scope=S,
+                                                principal=P))
+                await retriever.stalled.wait()
+                tg.cancel_scope.cancel()
+            retriever.stall = False
+        else:
+            ledger.fail_next = True
+            with pytest.raises(LedgerUnavailableError):
+                await hooks.dispatch([CALL], run_id="r", scope=S, principal=P)
+        assert retriever.searches == 0 and await _counts(hooks) == (0, 0)
+    fresh = Counting()
+    async with _hooks(opener, clock, fresh) as hooks:  # another process, later
+        (again,) = await hooks.dispatch([CALL], run_id="r", scope=S, principal=P)
+        assert (again.status, again.slot, fresh.searches) == ("ok", 1, 1)
+        assert await _counts(hooks) == (1, 1)
         report = await hooks.allowance.ledger.admin().check()
         assert report.ok, report

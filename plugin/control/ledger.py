@@ -309,6 +309,12 @@ class Ledger(Protocol):
         outcome later replaces its claim (:meth:`record`)."""
         ...
 
+    async def release_calls(self, run_id: str, calls: Sequence[CallIdentity]) -> None:
+        """Withdraw this caller's claims on ``calls`` (from :meth:`claim_calls`), for calls that
+        never searched because no round was granted to them: their :data:`PENDING` records go,
+        so the same call sent again runs. An outcome already recorded stays."""
+        ...
+
     async def recorded_calls(self, run_id: str, call_ids: Sequence[str]) -> list[CallRecord]:
         """The recorded outcomes (and claims) of the run's calls with these ids (any
         arguments)."""

@@ -57,6 +57,7 @@ from .sql_rows import (
     _RECORD_CALL,
     _RECORD_REFUSAL,
     _REFUSALS,
+    _RELEASE_CALL,
     _RESERVATIONS,
     _RETAIN,
     _RETAINED_AMONG,
@@ -73,6 +74,7 @@ from .sql_rows import (
     refusal_row,
     refusals_of,
     reservations_of,
+    usage_of,
 )
 from .sql_schema import Dialect, Row, Rows, Session
 
@@ -199,6 +201,11 @@ class SqlLedger(abc.ABC):
         token, rows = claim_rows(run_id, calls)
         await self._writes.submit((run_id, [(self._sql(_CLAIM_CALL), rows)]))
         return held(await self.recorded_calls(run_id, [c for c, _ in calls]), calls, token)
+
+    async def release_calls(self, run_id: str, calls: Sequence[CallIdentity]) -> None:
+        validate.run_id(run_id)
+        rows = [{"run_id": run_id, "call_id": c, "digest": d} for c, d in calls]
+        await self._writes.submit((run_id, [(self._sql(_RELEASE_CALL), rows)]))
 
     async def recorded_calls(self, run_id: str, call_ids: Sequence[str]) -> list[CallRecord]:
         validate.run_id(run_id)
@@ -376,15 +383,8 @@ class SqlLedger(abc.ABC):
         return await self._transact(write, f"taking validations of run {run_id!r}")
 
     async def usage(self, run_id: str) -> Usage:
-        validate.run_id(run_id)
-        ((rounds, reserved, deadline, executed, refused, legacy),) = await self._read(
-            _USAGE, {"run_id": run_id}, f"reading the usage of run {run_id!r}")
-        if rounds is None:
-            return Usage(run_id=run_id, legacy_attempts=legacy, refused=refused)
-        return Usage(
-            run_id=run_id, rounds=rounds, reserved=reserved, executed=executed, refused=refused,
-            deadline_wall=float(deadline), legacy_attempts=legacy,
-        )
+        where = f"reading the usage of run {validate.run_id(run_id)!r}"
+        return usage_of(run_id, (await self._read(_USAGE, {"run_id": run_id}, where))[0])
 
     async def reservations(self, run_id: str) -> list[Reservation]:
         where = f"reading the rounds of run {validate.run_id(run_id)!r}"

@@ -23,6 +23,7 @@ from .ledger import (
     CallRecord,
     RefusalRecord,
     Reservation,
+    Usage,
 )
 from .policy import RoundKind
 from .refusal import RefusalReason
@@ -54,6 +55,11 @@ VALUES (:run_id, :call_id, :digest, :status, :slot, :reason, :evidence, :more, :
 ON CONFLICT (run_id, call_id, digest) DO """
 _CLAIM_CALL = _INSERT_CALL + "NOTHING"
 """A call's claim (status ``pending``), written before it searches; the first claim stays."""
+_RELEASE_CALL = f"""
+DELETE FROM {{q}}calls WHERE run_id = :run_id AND call_id = :call_id AND digest = :digest
+AND status = '{PENDING}'
+"""
+"""A claim withdrawn by its claimant (the call never searched); an outcome stays."""
 _RECORD_CALL = _INSERT_CALL + f"""UPDATE SET status = excluded.status, slot = excluded.slot,
     reason = excluded.reason, evidence = excluded.evidence, more = excluded.more,
     reserved = excluded.reserved, executed = excluded.executed
@@ -211,6 +217,15 @@ def stored_values(where: str) -> Iterator[None]:
         yield
     except (ValueError, TypeError) as exc:
         raise LedgerCorruptError(f"{where}: a stored value is damaged: {exc}") from None
+
+
+def usage_of(run_id: str, row: Row) -> Usage:
+    """A run's totals from the row of :data:`_USAGE`."""
+    rounds, reserved, deadline, executed, refused, legacy = row
+    if rounds is None:
+        return Usage(run_id=run_id, legacy_attempts=legacy, refused=refused)
+    return Usage(run_id=run_id, rounds=rounds, reserved=reserved, executed=executed,
+                 refused=refused, deadline_wall=float(deadline), legacy_attempts=legacy)
 
 
 def reservations_of(run_id: str, rows: Sequence[Row], where: str) -> list[Reservation]:

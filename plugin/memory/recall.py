@@ -194,6 +194,7 @@ async def deliberate_round(
     nested: int = 0,
     settle: Callable[[Sequence[DeliberateSearch]], Sequence[CallRecord]] | None = None,
     retain_limit: int = 0,
+    granted: Callable[[], object] | None = None,
 ) -> DeliberateRecall:
     """Run one deliberate round for ``searches`` (prepared by the caller); one result each,
     in order.
@@ -202,7 +203,8 @@ async def deliberate_round(
     refused round refuses every search; a failing retriever fails only its own search. Ledger
     failures propagate. ``settle``, when given, turns the searches' outcomes into call records
     inside a granted round: they are written in the same commit as the round's traces, with
-    the evidence of the ``ok`` calls retained within ``retain_limit``.
+    the evidence of the ``ok`` calls retained within ``retain_limit``. ``granted``, when
+    given, is called once the round's permit is issued, before anything searches.
     """
     if not searches:
         return DeliberateRecall(searches=())
@@ -212,6 +214,8 @@ async def deliberate_round(
         async with allowance.round(
             run_id, RoundKind.DELIBERATE, slots=min(len(searches) + nested, MAX_COUNT)
         ) as permit:
+            if granted is not None:
+                granted()
             # Calls take their slots one after another, in order, and every nested read
             # waits until all calls have theirs: a nested read never takes a call's slot,
             # and the calls that get a slot are the same on every event loop.

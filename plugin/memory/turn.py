@@ -205,12 +205,14 @@ async def deliberate_turn(
     budget_s: float,
     settle: Callable[[Sequence[DeliberateSearch]], Sequence[CallRecord]] | None = None,
     retain_limit: int = 0,
+    granted: Callable[[], object] | None = None,
 ) -> DeliberateTurn:
     """Prepare every call's query, then run one deliberate round for them (see the module
     docstring). ``queries`` are the validated calls' texts, in order; ``scope`` and
     ``principal`` are the caller's checked, trusted values. Ledger failures propagate.
-    ``settle`` and ``retain_limit``: as :func:`~plugin.memory.recall.deliberate_round`'s (the
-    calls' outcomes recorded in the round's own commit).
+    ``settle``, ``retain_limit`` and ``granted``: as
+    :func:`~plugin.memory.recall.deliberate_round`'s (the calls' outcomes recorded in the
+    round's own commit; told when the round is granted).
     """
     bound = PreparationBound(budget_s, allowance.clock)
     left = await allowance.slots_estimate(run_id)
@@ -232,5 +234,6 @@ async def deliberate_turn(
                     naming += bool(people)
         prepared.append(one)
     recall = await deliberate_round(allowance, retriever, prepared, run_id=run_id, caps=caps,
-                                    nested=naming, settle=settle, retain_limit=retain_limit)
+                                    nested=naming, settle=settle, retain_limit=retain_limit,
+                                    granted=granted)
     return DeliberateTurn(prepared=tuple(prepared), recall=recall)
