@@ -225,16 +225,7 @@ class RecallHooks:
         A call whose retriever failed gets a ``failed`` result (typed ``failure``).
         """
         scope, principal = self._check(run_id, scope, principal)
-        given: object = calls
-        if isinstance(given, (str, bytes)) or not isinstance(given, Sequence):
-            raise InvalidArgumentTypeError(
-                f"calls must be a sequence of ToolCall, got {type(calls).__name__}"
-            )
-        for position, call in enumerate(calls):
-            if not isinstance(call, ToolCall):
-                raise InvalidArgumentTypeError(
-                    f"calls[{position}] must be a ToolCall, got {type(call).__name__}"
-                )
+        _check_calls(calls)
         results: list[ToolResult | None] = [None] * len(calls)
         valid: list[tuple[int, SearchCall]] = []
         seen: set[str] = set()
@@ -271,6 +262,7 @@ class RecallHooks:
         before it concludes that its call was never dispatched.
         """
         scope, principal = self._check(run_id, scope, principal)
+        _check_calls(calls)
         results: list[ToolResult | None] = [None] * len(calls)
         valid: list[tuple[int, SearchCall]] = []
         for index, call in enumerate(calls):
@@ -309,3 +301,16 @@ class RecallHooks:
             principal=principal, limit=self.validation_limit,
             within_s=self.allowance.policy.deadline_s, caps=self.caps,
         )
+
+
+def _check_calls(calls: object) -> None:
+    """``calls`` must be a sequence (not a string) of :class:`ToolCall`, or a typed error."""
+    if isinstance(calls, (str, bytes)) or not isinstance(calls, Sequence):
+        raise InvalidArgumentTypeError(
+            f"calls must be a sequence of ToolCall, got {type(calls).__name__}"
+        )
+    for position, call in enumerate(calls):
+        if not isinstance(call, ToolCall):
+            raise InvalidArgumentTypeError(
+                f"calls[{position}] must be a ToolCall, got {type(call).__name__}"
+            )

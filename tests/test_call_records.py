@@ -26,6 +26,7 @@ from plugin import (
 )
 from plugin.control import RefusalReason, SqliteLedger
 from plugin.control.ledger import MAX_CALL_EVIDENCE, CallRecord
+from plugin.errors import InvalidArgumentTypeError
 from runtime_hooks import RecallHooks, ToolCall
 from runtime_hooks.adapters.batch import RunRecalls
 from runtime_hooks.hooks import SearchCall, call_records
@@ -81,6 +82,20 @@ async def test_a_replay_in_another_process_answers_from_the_ledger(
         assert [e.id for e in replayed.evidence] == ["m0", "m1", "m2"]
         assert await _counts(hooks, "r") == before
         assert again.searches == 0 and again.reads == 3  # re-read, never searched
+
+
+@pytest.mark.parametrize("calls", ["abc", b"abc", None, 5, {"c1": "x"}, [None],
+                                   [{"call_id": "c1", "arguments": {"query": "x"}}]])
+async def test_replay_refuses_what_dispatch_refuses(
+    opener: Callable[[], Any], calls: Any
+) -> None:
+    # Never read as "never dispatched": a string is not three calls, a dict is not a call.
+    retriever = Counting()
+    async with _hooks(opener, ManualClock(wall=WALL, monotonic=1.0), retriever) as hooks:
+        for method in (hooks.dispatch, hooks.replay):
+            with pytest.raises(InvalidArgumentTypeError):
+                await method(calls, run_id="r", scope=S, principal=P)
+        assert await _counts(hooks, "r") == (0, 0, 0) and retriever.searches == 0
 
 
 async def test_a_replay_past_the_validation_bound_says_bounded(
