@@ -506,6 +506,26 @@ async def test_admission_base_exceptions_propagate() -> None:
         await planner.plan(CONTINUATION)
 
 
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, SystemExit])
+def test_an_admissions_stop_signal_reaches_the_caller_and_the_loop_runs_on(
+    backend: str, stop: type[BaseException]
+) -> None:
+    # The admission runs as a task of its own: on asyncio a stop raised there would stop the
+    # loop itself, past the caller's ``except``.
+    planner = QueryPlanner(QueryStrategy.TASK_CONTEXT, CountingAdmission(stop()))
+
+    async def main() -> str:
+        try:
+            await planner.plan(CONTINUATION)
+        except stop:
+            await anyio.sleep(0)  # the loop still runs
+            return "caught"
+        return "not raised"
+
+    assert anyio.run(main, backend=backend) == "caught"
+
+
 async def test_hanging_admission_times_out_to_baseline() -> None:
     calls = 0
 

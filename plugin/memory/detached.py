@@ -28,6 +28,13 @@ class Outcome:
     error: BaseException | None = None
 
 
+@attrs.frozen
+class _Stop:
+    """A ``KeyboardInterrupt`` or ``SystemExit`` the callable raised, carried out of its task."""
+
+    stop: BaseException
+
+
 async def within(call: Callable[[], Awaitable[object]], timeout_s: float) -> Outcome | None:
     """``call()`` run apart, waited for at most ``timeout_s``: its outcome, or None when it
     did not end in time."""
@@ -38,7 +45,10 @@ async def within(call: Callable[[], Awaitable[object]], timeout_s: float) -> Out
 
 async def _asyncio(call: Callable[[], Awaitable[object]], timeout_s: float) -> Outcome | None:
     async def run() -> object:
-        return await call()
+        try:
+            return await call()
+        except (KeyboardInterrupt, SystemExit) as exc:  # raised by a task, it stops the loop
+            return _Stop(exc)
 
     task = asyncio.ensure_future(run())  # a task of its own, in a copy of the context
     task.add_done_callback(read_outcome)
@@ -53,7 +63,10 @@ async def _asyncio(call: Callable[[], Awaitable[object]], timeout_s: float) -> O
     if task.cancelled():
         return Outcome(error=asyncio.CancelledError())
     error = task.exception()
-    return Outcome(error=error) if error is not None else Outcome(value=task.result())
+    if error is not None:
+        return Outcome(error=error)
+    value = task.result()
+    return Outcome(error=value.stop) if isinstance(value, _Stop) else Outcome(value=value)
 
 
 async def _trio(call: Callable[[], Awaitable[object]], timeout_s: float) -> Outcome | None:

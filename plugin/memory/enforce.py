@@ -65,9 +65,11 @@ _log = logging.getLogger("recallbound.memory")
 T = TypeVar("T")
 P = ParamSpec("P")
 
-_NEVER_CONTAINED = (KeyboardInterrupt, SystemExit)
+STOPS = (KeyboardInterrupt, SystemExit)
 """What a retriever raises that is never its own failure: the process is being stopped.
-A ``GeneratorExit`` it leaks (from a generator it closed) is a failure like any other."""
+A ``GeneratorExit`` it leaks (from a generator it closed) is a failure like any other. Raised
+in a child task on asyncio, one stops the event loop itself: a child task catches it and the
+caller's task raises it."""
 
 
 def stop_unwrapped(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
@@ -89,7 +91,7 @@ def stop_unwrapped(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
 
 
 def _stop_in(exc: BaseException) -> BaseException | None:
-    if isinstance(exc, _NEVER_CONTAINED):
+    if isinstance(exc, STOPS):
         return exc
     for inner in getattr(exc, "exceptions", ()):  # an exception group, on every Python
         if isinstance(inner, BaseException) and (stop := _stop_in(inner)) is not None:

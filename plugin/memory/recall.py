@@ -33,7 +33,7 @@ from plugin.control.ledger import CallRecord
 from plugin.control.policy import MAX_COUNT
 from plugin.errors import RetrieverFailedError
 
-from .enforce import beliefs_read, contained_sync, search_attempt
+from .enforce import STOPS, beliefs_read, contained_sync, search_attempt
 from .preparation import PreparedRecall
 from .protocol import Bounded, ContextCaps, Retriever
 from .ranking import RankingPolicy, with_beliefs
@@ -230,7 +230,16 @@ async def deliberate_round(
                 if placed.is_set() and not any(naming):
                     later.set()
 
+            stopped: list[BaseException] = []
+
             async def search_one(position: int) -> None:
+                try:
+                    await attempt_one(position)
+                except STOPS as exc:  # raised by a child task, it would stop asyncio's loop
+                    stopped.append(exc)
+                    tg.cancel_scope.cancel()
+
+            async def attempt_one(position: int) -> None:
                 if position:
                     await turns[position - 1].wait()
                 taken: list[int] = []
@@ -268,6 +277,8 @@ async def deliberate_round(
             async with anyio.create_task_group() as tg:
                 for position in range(len(searches)):
                     tg.start_soon(search_one, position)
+            if stopped:
+                raise stopped[0]  # in the caller's task, as itself
             if settle is not None:
                 permit.record_calls(settle(_settled(results)), retain_limit=retain_limit)
     except RecallBudgetExceeded as exc:
