@@ -209,7 +209,7 @@ class RecallHooks:
             notes=(*corrections.notes, *recall.notes),
             bounded=bounded,
             failure=recall.failure,
-            dropped=recall.dropped,
+            dropped=recall.dropped + corrections.dropped,
         )
 
     # -- tool dispatch ----------------------------------------------------------------------

@@ -144,7 +144,8 @@ class PreparedContext:
     failure: str | None = None
     """How the memory backend failed this round, if it did (said in :meth:`render`)."""
     dropped: int = 0
-    """Evidence items the retriever returned for another principal or scope (not shown)."""
+    """Evidence items and corrections the retriever returned for another principal or scope,
+    or with a bad id (not shown)."""
 
     def render(self) -> str:
         """The context block: corrections first, then evidence, then what was bounded.

@@ -12,7 +12,14 @@ import attrs
 import numpy as np
 import pytest
 
-from plugin import AllowancePolicy, ManualClock, RefusalReason, WorkingState
+from plugin import (
+    AllowancePolicy,
+    Evidence,
+    ManualClock,
+    RefusalReason,
+    SimpleRetriever,
+    WorkingState,
+)
 from plugin.errors import RecallboundError
 from plugin.memory.pipeline import ContextCaps
 from runtime_hooks import RecallHooks
@@ -232,6 +239,36 @@ async def test_source_reads_cut_by_the_allowance_are_said(hooks: RecallHooks) ->
                                      principal=PRINCIPAL)
     assert [b.part for b in result.bounded] == ["source_read"]
     assert "not evidence" in result.content
+
+
+@pytest.mark.parametrize(("count", "newest_first"), [(200, False), (1100, True)])
+async def test_every_correction_read_is_shown_newest_first_or_counted_as_left_out(
+    tmp_path: Path, clock: ManualClock, count: int, newest_first: bool
+) -> None:
+    # Up to 1,024 corrections are examined and sorted by date, whatever order the retriever
+    # gives them in; any past those are counted as left out too. One of another principal's
+    # and one with a bad id are dropped, and counted.
+    items = [Evidence(id=f"c{i}", text=f"correction {i}", kind="correction",
+                      created_at=1_900_000_000.0 + i) for i in range(count)]
+    if newest_first:
+        items.reverse()
+    foreign = [Evidence(id="x1", text="FOREIGN", kind="correction", principal="someone-else"),
+               Evidence(id="bad id\n", text="BAD", kind="correction")]
+
+    async def corrections(*, principal: str, scope: str) -> list[Evidence]:
+        return [*foreign, *items]
+
+    async def search(request: Any) -> list[Evidence]:
+        return [Evidence(id="m1", text="the cutover is on friday")]
+
+    retriever = SimpleRetriever(search, corrections=corrections)
+    async with open_hooks(_config(tmp_path), clock=clock, retriever=retriever) as hooks:
+        context = await hooks.prepare(STATE, run_id="r", scope=SCOPE, principal=PRINCIPAL)
+    shown = [c.id for c in context.corrections]
+    assert shown[0] == f"c{count - 1}"
+    assert context.corrections_omitted == count - len(shown)
+    assert context.dropped == 2
+    assert "FOREIGN" not in context.render() and "BAD" not in context.render()
 
 
 async def test_current_corrections_respect_the_context_caps(

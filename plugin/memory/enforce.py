@@ -191,11 +191,13 @@ def admit(
     run_id: str,
     what: str = "search",
     caps: ContextCaps | None = None,
+    examined: int | None = None,
 ) -> tuple[tuple[Evidence, ...], int]:
     """Check a retriever's evidence; return what the run may see and how many were dropped
     (for naming another principal or scope, or for a bad id).
 
-    With ``caps``, only the first :attr:`ContextCaps.examined` items are looked at, and each
+    With ``caps``, only the first :attr:`ContextCaps.examined` items (or ``examined``) are
+    looked at, and each
     text is cut to ``caps.max_bytes + 1`` characters (a longer one cannot fit anyway) before
     anything reads it. Raises :class:`~plugin.errors.RetrieverFailedError` (``bad_result``,
     ``bad_evidence``) for junk (an item that is not an Evidence of the exact types). An item
@@ -207,7 +209,7 @@ def admit(
         raise RetrieverFailedError("bad_result")
     assert isinstance(items, (tuple, list))
     if caps is not None:
-        items = items[: caps.examined]
+        items = items[: caps.examined if examined is None else examined]
         longest = caps.max_bytes + 1
     kept: list[Evidence] = []
     dropped = invalid = 0

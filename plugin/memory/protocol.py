@@ -64,6 +64,11 @@ class ContextCaps:
         return 4 * max(self.max_items, self.candidates_per_arm)
 
 
+CORRECTIONS_EXAMINED = 1024
+"""How many current corrections of one read the hooks examine (they are sorted newest first
+among these); the rest are never looked at and are counted as left out."""
+
+
 Part = Literal["nested_read", "source_read", "semantic_arm", "delta"]
 
 _PART_WORDS: dict[str, str] = {

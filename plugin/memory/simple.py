@@ -24,7 +24,7 @@ from plugin.errors import RetrieverFailedError, RetrieverProtocolError
 
 from .embedding import Vector
 from .preparation import PreparedRecall
-from .protocol import AttemptHandle, ContextCaps, Found, is_async_callable
+from .protocol import CORRECTIONS_EXAMINED, AttemptHandle, ContextCaps, Found, is_async_callable
 from .query import RecallQuery
 from .store import Evidence
 
@@ -72,7 +72,7 @@ def _async(name: str) -> Callable[[object, attrs.Attribute[Any], object], None]:
     return check
 
 
-LAZY_CORRECTIONS = 1024
+LAZY_CORRECTIONS = CORRECTIONS_EXAMINED
 """The most items read from a lazy iterable of corrections (a list or a tuple is kept whole)."""
 
 

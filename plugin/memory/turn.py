@@ -40,7 +40,7 @@ from plugin.errors import RetrieverFailedError
 
 from .enforce import admit, contained, contained_within
 from .preparation import PreparationBound, PreparedRecall, RecallPreparer, WithheldReason
-from .protocol import ContextCaps, Retriever
+from .protocol import CORRECTIONS_EXAMINED, ContextCaps, Retriever
 from .recall import (
     AutomaticRecall,
     DeliberateRecall,
@@ -83,6 +83,8 @@ class CorrectionsShare:
     """Current corrections left out by their share of the caps."""
     caps_left: ContextCaps
     """The caps left for the round's evidence."""
+    dropped: int = 0
+    """Corrections dropped for naming another principal or scope, or for a bad id."""
     failure: str | None = None
     """How the retriever failed to give the corrections (then none are shown), or None."""
 
@@ -114,10 +116,11 @@ async def corrections_share(
     try:
         found = await contained_within(
             lambda: retriever.corrections(principal=principal, scope=scope), within_s)
-        admitted, _ = admit(found, principal=principal, scope=scope, run_id=run_id,
-                            what="corrections", caps=caps)
+        admitted, dropped = admit(found, principal=principal, scope=scope, run_id=run_id,
+                                  what="corrections", caps=caps, examined=CORRECTIONS_EXAMINED)
     except RetrieverFailedError as exc:
         return CorrectionsShare(shown=(), omitted=0, caps_left=caps, failure=exc.reason)
+    unexamined = max(0, len(found) - CORRECTIONS_EXAMINED)  # admit took a list or a tuple
     newest = sorted(admitted, key=lambda c: (-c.created_at, c.id))
     share = ContextCaps(max_items=max(1, caps.max_items // 2),
                         max_bytes=max(1, caps.max_bytes // 2))
@@ -128,7 +131,8 @@ async def corrections_share(
         max_items=max(1, caps.max_items - len(kept)),
         max_bytes=max(1, caps.max_bytes - used - 1),
     )
-    return CorrectionsShare(shown=tuple(kept), omitted=len(newest) - len(kept), caps_left=left)
+    return CorrectionsShare(shown=tuple(kept), omitted=len(newest) - len(kept) + unexamined,
+                            caps_left=left, dropped=dropped)
 
 
 @attrs.frozen(kw_only=True)
