@@ -118,6 +118,27 @@ def flood() -> SimpleRetriever:
     return SimpleRetriever(flood_search)
 
 
+async def long_texts_search(request: SearchRequest) -> list[Evidence]:
+    """Eight short notes, then 73 documents of 300 KB and one of 20 MB: far more text than the
+    pipe carries, all of it past what the caps could render."""
+    short = [Evidence(id=f"m{i}", text=f"cutover note {i}") for i in range(8)]
+    return [*short, *(Evidence(id=f"d{i}", text="cutover " + "y" * 300_000) for i in range(73)),
+            Evidence(id="huge", text="cutover " + "z" * 20_000_000)]
+
+
+def long_texts() -> SimpleRetriever:
+    return SimpleRetriever(long_texts_search)
+
+
+async def long_corrections(*, principal: str, scope: str) -> list[Evidence]:
+    return [Evidence(id=f"c{i}", text="correction " + "w" * 200_000, kind="correction",
+                     created_at=float(i)) for i in range(20)]
+
+
+def long_texts_and_corrections() -> SimpleRetriever:
+    return SimpleRetriever(long_texts_search, corrections=long_corrections)
+
+
 async def environment_search(request: SearchRequest) -> list[Evidence]:
     """What the worker's environment holds, of the names a test asks about."""
     names = ("RECALLBOUND_LEDGER", "PGPASSWORD", "DATABASE_URL", "RB_LAUNCHED", "RB_KEPT")

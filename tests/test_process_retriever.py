@@ -8,6 +8,7 @@ call's ``failed`` result, and the next call gets a fresh worker.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -23,6 +24,7 @@ from plugin import (
     RefusalReason,
     SimpleRetriever,
     SystemClock,
+    WorkingState,
 )
 from plugin.memory.process import ProcessRetriever as FromModule
 
@@ -77,7 +79,6 @@ async def test_a_walking_retriever_in_a_worker_reaches_nothing_and_the_slots_hol
 async def test_the_automatic_round_runs_through_a_worker(
     clock: ManualClock, probing: ProcessRetriever
 ) -> None:
-    from plugin import WorkingState
 
     hooks = hooks_over(probing, clock)
     context = await hooks.prepare(WorkingState("cutover friday"), run_id="r", scope=S,
@@ -162,6 +163,28 @@ async def test_a_worker_cuts_a_huge_result_to_the_caps_before_sending_it(
                                          principal=P)
     assert result.status == "ok" and {e.id for e in result.evidence} == {"m-same"}
     assert result.omitted >= 1  # more were left out, and the result says so
+
+
+async def test_a_worker_cuts_long_texts_as_the_host_would_and_the_search_stands(
+    clock: ManualClock,
+) -> None:
+    # The same retriever in process and in a worker: the same evidence and the same count of
+    # what was left out (the texts cut in the worker, not a failed search).
+    answers = []
+    for retriever in (factories.long_texts_and_corrections(),
+                      ProcessRetriever(factories.long_texts_and_corrections)):
+        async with contextlib.AsyncExitStack() as stack:
+            if isinstance(retriever, ProcessRetriever):
+                await stack.enter_async_context(retriever)
+            hooks = hooks_over(retriever, clock)
+            (result,) = await hooks.dispatch(search_calls("cutover"), run_id="r", scope=S,
+                                             principal=P)
+            context = await hooks.prepare(WorkingState("cutover"), run_id="r2", scope=S,
+                                          principal=P)
+        assert result.status == "ok" and result.evidence, result.content
+        assert result.omitted >= 73 and not context.notes  # the corrections were read
+        answers.append(([e.id for e in result.evidence], context.corrections_omitted))
+    assert answers[0] == answers[1]
 
 
 def _local_factory() -> SimpleRetriever:

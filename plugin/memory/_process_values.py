@@ -14,6 +14,11 @@ from .protocol import ContextCaps
 from .simple import LAZY_CORRECTIONS
 from .store import Evidence
 
+UNCAPPED_TEXT_CHARS = ContextCaps().max_bytes + 1
+"""Where the worker cuts a text of a read that takes no caps (corrections, re-reads of
+retained evidence): the default caps' own cut. A search's and a belief read's texts are cut to
+their caps' ``max_bytes + 1`` characters, as in the host."""
+
 _EVIDENCE_FIELDS = ("id", "text", "kind", "score", "arm", "principal", "scope", "created_at")
 
 

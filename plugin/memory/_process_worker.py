@@ -24,7 +24,7 @@ import numpy as np
 from plugin.control import AttemptKind, BudgetRefusal, RecallBudgetExceeded, RefusalReason
 from plugin.errors import InvalidArgumentError, RetrieverFailedError
 
-from ._process_values import read_limit
+from ._process_values import UNCAPPED_TEXT_CHARS, read_limit
 from .preparation import PreparedRecall, SemanticPreparation, WithheldReason
 from .process import load
 from .protocol import ContextCaps, Found, NestedRead, Retriever, check_retriever
@@ -134,7 +134,9 @@ class BadResult(Exception):
     """What the retriever returned cannot be sent as plain evidence."""
 
 
-def evidence_to_json(item: object) -> dict[str, Any]:
+def evidence_to_json(item: object, longest: int) -> dict[str, Any]:
+    """An evidence item as plain values, its text cut to ``longest`` characters (a longer one
+    cannot be rendered whole anyway)."""
     if not isinstance(item, Evidence):
         raise BadResult
     try:
@@ -143,16 +145,18 @@ def evidence_to_json(item: object) -> dict[str, Any]:
         raise BadResult from None
     if not (math.isfinite(score) and math.isfinite(created)):
         raise BadResult
-    return {"id": item.id, "text": item.text, "kind": item.kind, "score": score,
+    return {"id": item.id, "text": item.text[:longest], "kind": item.kind, "score": score,
             "arm": item.arm, "principal": item.principal, "scope": item.scope,
             "created_at": created, "cites": list(item.cites)}
 
 
-def _items(values: object, limit: int) -> list[dict[str, Any]]:
-    """The first ``limit`` items as JSON values (the rest are never sent)."""
+def _items(values: object, limit: int, longest: int = UNCAPPED_TEXT_CHARS
+           ) -> list[dict[str, Any]]:
+    """The first ``limit`` items as JSON values (the rest are never sent), each text cut to
+    ``longest`` characters."""
     if not isinstance(values, (tuple, list)):
         raise BadResult
-    return [evidence_to_json(item) for item in values[:limit]]
+    return [evidence_to_json(item, longest) for item in values[:limit]]
 
 
 def _caps(data: dict[str, Any]) -> ContextCaps:
@@ -173,8 +177,10 @@ async def serve(retriever: Retriever, request: dict[str, Any], channel: Channel)
             handle.ended = True
         if not isinstance(found, Found):
             raise BadResult
-        return {"evidence": _items(found.evidence, limit), "people": list(found.people[:limit]),
-                "arms": list(found.arms[:limit]), "notes": list(found.notes[:limit])}
+        longest = _caps(request["caps"]).max_bytes + 1
+        return {"evidence": _items(found.evidence, limit, longest),
+                "people": list(found.people[:limit]), "arms": list(found.arms[:limit]),
+                "notes": list(found.notes[:limit])}
     if op == "read_beliefs":
         handle = WorkerHandle(request["slot"], AttemptKind(request["kind"]),
                               request["seconds_left"], channel)
@@ -185,7 +191,7 @@ async def serve(retriever: Retriever, request: dict[str, Any], channel: Channel)
                 caps=_caps(request["caps"]))
         finally:
             handle.ended = True
-        return _items(beliefs, limit)
+        return _items(beliefs, limit, _caps(request["caps"]).max_bytes + 1)
     if op == "corrections":
         return _items(await retriever.corrections(principal=request["principal"],
                                                   scope=request["scope"]), limit)
