@@ -10,7 +10,10 @@ packaged WordLlama model (the hashing adapter, which has no word-level match, wh
 median and p95 of each in milliseconds, their ratio, and, apart, the first call with the word
 match (it builds the cell's word index: its texts read back and its vocabulary embedded), and
 the median of 20 searches each right after a memory was written (the index is rebuilt; the
-words seen before are not embedded again).
+words seen before are not embedded again). Then, over ``--cells`` cells of 3 memories each
+searched once in turn (each search builds and keeps that cell's word index), the median search
+of cells 11 to 210 (past the first words embedded) and of the last 200, and their ratio:
+keeping one more cell's index must not cost more when many are kept (a ratio near 1).
 """
 
 from __future__ import annotations
@@ -82,10 +85,32 @@ async def _size(count: int, folder: Path) -> None:
               f"after a write {_ms(written)[0]:6.1f} ms")
 
 
+async def _cells(cells: int, folder: Path) -> None:
+    adapter = wordllama_adapter.WordLlamaAdapter.load()
+    who = [{"principal": f"p{c}", "scope": "words"} for c in range(cells)]
+    texts = _texts(3 * cells)
+    async with MemoryStore(folder / "cells.db", embedding=adapter,
+                           clock=ManualClock(wall=1_000.0)) as store:
+        await store.remember_many(MemoryWrite(text=text, **who[i // 3])
+                                  for i, text in enumerate(texts))
+        vector = adapter.embed([" ".join(text for text, _ in FRAGMENTS)])[0]
+        words = WordQuery(FRAGMENTS, 0.5)
+        samples: list[float] = []
+        for cell in who:
+            started = time.perf_counter()
+            await store.semantic_candidates(vector, limit=40, words=words, **cell)
+            samples.append(time.perf_counter() - started)
+    first, last = _ms(samples[10:210])[0], _ms(samples[-200:])[0]
+    print(f"   {cells:>6} cells searched in turn  cells 11-210 {first:6.2f} ms   "
+          f"last 200 {last:6.2f} ms   ratio {last / first:5.2f}x")
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="500,2000,4000")
-    sizes = [int(size) for size in parser.parse_args().sizes.split(",")]
+    parser.add_argument("--cells", type=int, default=5_000)
+    arguments = parser.parse_args()
+    sizes = [int(size) for size in arguments.sizes.split(",")]
     if not wordllama_adapter.available():
         print("   (the semantic extra is not installed: no word-level match to measure)")
         return
@@ -93,6 +118,7 @@ async def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         for count in sizes:
             await _size(count, Path(folder))
+        await _cells(arguments.cells, Path(folder))
 
 
 if __name__ == "__main__":

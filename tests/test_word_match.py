@@ -22,7 +22,7 @@ from plugin.control.clock import ManualClock
 from plugin.memory import pipeline as pipeline_module
 from plugin.memory.fusion import weighted_fuse
 from plugin.memory.ranking import RankingPolicy
-from plugin.memory.store import Evidence, MemoryStore, WordQuery
+from plugin.memory.store import Evidence, MemoryStore, MemoryWrite, WordQuery
 from plugin.memory.store import vectors as vectors_module
 from plugin.memory.store.words import (
     MAX_WORDS,
@@ -280,6 +280,72 @@ async def test_a_cell_too_big_for_words_is_ranked_by_cosine(
     await seed(flat_store, {"m1": "Invoice paid", "m2": "Zanzibar trip"})
     monkeypatch.setattr(vectors_module, "MAX_WORD_MEMORIES", 1)
     assert await found(flat_store, "zanzibar") == ["m1", "m2"]  # the cosine ties: by id
+
+
+async def test_keeping_a_word_index_costs_the_same_however_many_are_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sized: list[WordIndex] = []
+    real = WordIndex.nbytes
+
+    def counted(index: WordIndex) -> int:
+        sized.append(index)
+        return real.fget(index)  # type: ignore[attr-defined,no-any-return]
+
+    monkeypatch.setattr(WordIndex, "nbytes", property(counted))
+    async with MemoryStore(tmp_path / "m.db", embedding=StaticWords(flat=True),
+                           clock=ManualClock(wall=1_000.0)) as store:
+        cells = [{"principal": f"u{c}", "scope": "proj"} for c in range(60)]
+        await store.remember_many(MemoryWrite(text=f"Invoice {c} paid", **cell)
+                                  for c, cell in enumerate(cells))
+        assert store.embedding is not None
+        vector = store.embedding.embed(["zanzibar invoice"])[0]
+        words = WordQuery((("zanzibar invoice", 1.0),), 0.5)
+        sizings = []
+        for cell in cells:  # each cell's first search builds and keeps its word index
+            sized.clear()
+            await store.semantic_candidates(vector, limit=5, words=words, **cell)
+            sizings.append(len(sized))
+        assert sizings == [1] * len(cells)  # never the indexes kept before it
+
+
+async def test_the_word_indexes_kept_are_counted_exactly_and_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cap = 6_000
+    monkeypatch.setattr(vectors_module, "WORD_CACHE_BYTES", cap)
+    rng = np.random.default_rng(7)
+    cells = [{"principal": f"u{c}", "scope": "proj"} for c in range(12)]
+    texts = ["Invoice paid", "Zanzibar trip booked", "Kate moved to ProPublica",
+             "Pitch the dam story", "vegan lunch with pins"]
+    async with MemoryStore(tmp_path / "m.db", embedding=StaticWords(flat=True),
+                           clock=ManualClock(wall=1_000.0), vector_cache_bytes=30_000) as store:
+        assert store.embedding is not None
+        vector = store.embedding.embed(["zanzibar invoice"])[0]
+        words = WordQuery((("zanzibar invoice", 1.0),), 0.5)
+        cache = store._vectors
+        searched: set[str] = set()
+        most = 0
+        for step in range(300):
+            cell = cells[int(rng.integers(len(cells)))]
+            action = int(rng.integers(4))
+            if action == 0:  # a new memory: the cell's matrix and word index are extended
+                await store.remember(str(rng.choice(texts)), id=f"m{step}", **cell)
+            elif action == 1:  # a memory replaced or forgotten: both are rebuilt
+                for newest in await store.recent_candidates(limit=1, **cell):
+                    if step % 2:
+                        await store.remember(str(rng.choice(texts)), id=newest.id, **cell)
+                    else:
+                        await store.forget(newest.id, **cell)
+            else:
+                await store.semantic_candidates(vector, limit=5, words=words, **cell)
+            kept = [entry[1].nbytes for entry in cache._words.values()]
+            assert cache.held_word_bytes == sum(kept) <= cap
+            most = max(most, len(kept))
+            if action > 1:
+                searched.add(cell["principal"])
+        assert 1 < most < len(searched)  # indexes were kept, and some evicted on the way
+    assert cache.held_word_bytes == 0
 
 
 async def test_hostile_query_words_rank_without_error(flat_store: MemoryStore) -> None:

@@ -197,20 +197,28 @@ class VectorCache:
     # Each matrix with the bytes it was charged when kept (storage may grow under it later).
     _matrices: OrderedDict[_Key, tuple[Matrix, int]] = attrs.field(factory=OrderedDict, init=False)
     _held: int = attrs.field(default=0, init=False)
-    _words: OrderedDict[_Key, tuple[Matrix, WordIndex]] = attrs.field(
+    # Each word index with the matrix it indexes and the bytes it was charged when kept.
+    _words: OrderedDict[_Key, tuple[Matrix, WordIndex, int]] = attrs.field(
         factory=OrderedDict, init=False
     )
+    _held_words: int = attrs.field(default=0, init=False)
 
     @property
     def held_bytes(self) -> int:
         """Bytes of the matrices held now (at most ``budget_bytes``)."""
         return self._held
 
+    @property
+    def held_word_bytes(self) -> int:
+        """Bytes of the word indexes held now (at most :data:`WORD_CACHE_BYTES`)."""
+        return self._held_words
+
     def clear(self) -> None:
         """Forget every matrix (on close)."""
         self._matrices.clear()
         self._words.clear()
         self._held = 0
+        self._held_words = 0
 
     async def generation(self, principal: str, scope: str) -> tuple[int, int]:
         """The cell's ``(generation, resets)``: see the module's docstring."""
@@ -279,8 +287,24 @@ class VectorCache:
         keeps it: the next word search extends it by the appended rows)."""
         _, charged = self._matrices.pop(key)
         if words:
-            self._words.pop(key, None)
+            self._drop_words(key)
         self._held -= charged
+
+    def _keep_words(self, key: _Key, matrix: Matrix, index: WordIndex) -> None:
+        """Keep ``index`` as the cell's word index, then drop the least recently used ones
+        while they hold more than :data:`WORD_CACHE_BYTES`. A running total, so keeping one
+        costs the same however many are kept."""
+        self._drop_words(key)
+        charged = index.nbytes
+        self._words[key] = (matrix, index, charged)
+        self._held_words += charged
+        while self._held_words > WORD_CACHE_BYTES:
+            self._drop_words(next(iter(self._words)))
+
+    def _drop_words(self, key: _Key) -> None:
+        entry = self._words.pop(key, None)
+        if entry is not None:
+            self._held_words -= entry[2]
 
     async def search(
         self,
@@ -347,7 +371,7 @@ class VectorCache:
             return entry[1]
         base: WordIndex | None = None
         if entry is not None:
-            older, index = entry
+            older, index, _ = entry
             if older.resets == matrix.resets and older.count <= matrix.count \
                     and np.array_equal(matrix.seqs[: older.count], older.seqs):
                 base = index  # the matrix only grew: index the new rows alone
@@ -362,8 +386,5 @@ class VectorCache:
             index = await anyio.to_thread.run_sync(base.extended, ordered, vectors)
         kept = self._matrices.get(key)
         if kept is not None and kept[0] is matrix:  # a matrix too big to keep keeps no index
-            self._words[key] = (matrix, index)
-            self._words.move_to_end(key)
-            while sum(held.nbytes for _, held in self._words.values()) > WORD_CACHE_BYTES:
-                self._words.popitem(last=False)
+            self._keep_words(key, matrix, index)
         return index
