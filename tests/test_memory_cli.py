@@ -258,3 +258,17 @@ def test_an_import_line_whose_id_a_belief_holds_is_named(
     code, out, err = cli("memory", "--store", str(store), "import", str(path))
     assert (code, out) == (2, "")
     assert "line 2" in err and "'b1'" in err and err.count("\n") == 1
+
+
+def test_list_reads_while_another_process_writes(tmp_path: Path) -> None:
+    store = str(tmp_path / "m.db")
+    assert cli("memory", "--store", store, "add", "Committed note.", "--id", "m1", *WHO)[0] == 0
+    other = sqlite3.connect(store, isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")  # an import in progress holds the write lock
+        status, out, err = cli("memory", "--store", store, "list", *WHO, "--json")
+        other.execute("ROLLBACK")
+    finally:
+        other.close()
+    assert (status, err) == (0, "")
+    assert [m["id"] for m in json.loads(out)] == ["m1"]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from functools import partial
 from pathlib import Path
@@ -176,6 +178,94 @@ async def test_locked_file_is_a_locked_error(tmp_path: Path) -> None:
             other.close()
         # The failed write left no transaction behind: the next one works.
         await store.add_memory("m1", "text", created_at=1.0, **ME)
+
+
+async def test_a_store_opens_and_reads_while_another_connection_writes(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+    async with MemoryStore(path) as store:
+        await store.add_memory("m1", "committed", created_at=1.0, **ME)
+    other = sqlite3.connect(path, isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")  # a long write (an import) holds the write lock
+        other.execute(
+            "INSERT INTO memories (principal, scope, id, text, created_at) "
+            "VALUES ('u1', 'proj', 'm2', 'not committed yet', 2.0)"
+        )
+        async with MemoryStore(path, timeout=0.05) as reader:
+            assert [e.id for e in await reader.recent_candidates(limit=5, **ME)] == ["m1"]
+            with pytest.raises(MemoryStoreLockedError):  # a write still waits its turn
+                await reader.add_memory("m3", "text", created_at=3.0, **ME)
+        other.execute("COMMIT")
+    finally:
+        other.close()
+    async with MemoryStore(path) as reader:
+        assert [e.id for e in await reader.recent_candidates(limit=5, **ME)] == ["m2", "m1"]
+
+
+async def test_an_incomplete_store_file_is_completed_on_open(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+    async with MemoryStore(path) as store:
+        await store.add_memory("m1", "text", created_at=1.0, **ME)
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute("DROP TRIGGER memories_vectors_delete")
+        conn.execute("DROP INDEX memories_id")
+        conn.execute("DELETE FROM memory_store_meta WHERE key = 'orphan_vectors_swept'")
+        conn.commit()
+    finally:
+        conn.close()
+    async with MemoryStore(path) as store:
+        assert [e.id for e in await store.recent_candidates(limit=5, **ME)] == ["m1"]
+    conn = sqlite3.connect(path)
+    try:
+        names = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+        swept = conn.execute(
+            "SELECT value FROM memory_store_meta WHERE key = 'orphan_vectors_swept'"
+        ).fetchall()
+    finally:
+        conn.close()
+    assert {"memories_vectors_delete", "memories_id"} <= names and swept == [('1',)]
+
+
+OPENING_CHILD = """
+import os, sys, time, anyio
+from plugin.memory.store import MemoryStore
+path, go = sys.argv[1], sys.argv[2]
+print("ready", flush=True)
+while not os.path.exists(go):
+    time.sleep(0.001)
+async def main():
+    async with MemoryStore(path, timeout=30.0) as store:
+        await store.remember("text", principal=str(os.getpid()), scope="s")
+anyio.run(main)
+"""
+
+
+def test_processes_creating_one_new_store_at_once_all_open_it(tmp_path: Path) -> None:
+    path, go = tmp_path / "m.db", tmp_path / "go"
+    children = [
+        subprocess.Popen([sys.executable, "-c", OPENING_CHILD, str(path), str(go)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(4)
+    ]
+    try:
+        for child in children:
+            assert child.stdout is not None
+            assert child.stdout.readline() == "ready\n", child.stderr
+        go.touch()  # all at once: each finds no file, or one another is creating
+        for child in children:
+            _, err = child.communicate(timeout=60)
+            assert child.returncode == 0, err
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("SELECT count(*) FROM memories").fetchone() == (4,)
+        assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    finally:
+        conn.close()
 
 
 async def test_closed_store_raises(tmp_path: Path) -> None:

@@ -35,6 +35,7 @@ from .schema import (
     SCHEMA,
     SCHEMA_VERSION,
     SWEEP_ORPHAN_VECTORS,
+    schema_objects,
     upgrade,
 )
 
@@ -81,7 +82,11 @@ class Database:
         """Check that the file is empty or ours, then switch to WAL and create the schema.
 
         A database that is not a memory store (other tables, no store metadata, another
-        schema version) is refused before anything in it changes, journal mode included.
+        schema version) is refused before anything in it changes, journal mode included. A
+        current and complete store is only read: opening it never waits for the write lock,
+        so it opens while another process writes. A new, older or incomplete file is
+        created, migrated or completed under the write lock, by statements that skip what
+        another process did first.
         """
         tables = {
             row[0]
@@ -96,13 +101,26 @@ class Database:
             try:
                 if tables:
                     await conn.run(upgrade)
-                await conn.executescript(SCHEMA)
+                if not await self._complete(conn):
+                    await conn.executescript(SCHEMA)
                 if not await conn.fetchall(ORPHAN_VECTORS_SWEPT):
                     await conn.executescript(SWEEP_ORPHAN_VECTORS)
             except BaseException:
                 await self._rollback(conn)
                 raise
         await self._check_version(conn, {"memory_store_meta"})
+
+    @staticmethod
+    async def _complete(conn: Connection) -> bool:
+        """Whether the file holds every object of the schema at its current version (read
+        without the write lock: a file only ever gains them)."""
+        present = set(await conn.fetchall("SELECT type, name FROM sqlite_master"))
+        if not schema_objects() <= present:
+            return False
+        rows = await conn.fetchall(
+            "SELECT value FROM memory_store_meta WHERE key = 'schema_version'"
+        )
+        return rows == [(str(SCHEMA_VERSION),)]
 
     async def _check_version(
         self, conn: Connection, tables: set[str], versions: tuple[int, ...] = (SCHEMA_VERSION,)

@@ -16,6 +16,7 @@ untouched; the next open starts over.
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 
@@ -36,6 +37,7 @@ __all__ = [
     "index_logged",
     "memory_evidence",
     "plain_evidence",
+    "schema_objects",
     "upgrade",
 ]
 
@@ -268,6 +270,19 @@ CREATE TRIGGER IF NOT EXISTS memories_generation_move
 END;
 COMMIT;
 """
+
+
+@functools.cache
+def schema_objects() -> frozenset[tuple[str, str]]:
+    """The ``(type, name)`` of every table, index and trigger :data:`SCHEMA` creates: a file
+    holding them all at :data:`SCHEMA_VERSION` opens without running it (nor taking the write
+    lock it begins with)."""
+    conn = sqlite3.connect(":memory:")
+    try:
+        conn.executescript(SCHEMA)
+        return frozenset(conn.execute("SELECT type, name FROM sqlite_master").fetchall())
+    finally:
+        conn.close()
 
 
 #: Whether a file was swept of the vectors a plain SQL delete left before the trigger that
