@@ -20,6 +20,7 @@ from plugin.memory.store import (
     InvalidMemoryError,
     MemoryConflictError,
     MemoryOwnershipError,
+    MemoryRecord,
     MemoryStore,
     MemoryStoreCorruptError,
     MemoryWrite,
@@ -131,6 +132,38 @@ async def test_an_id_of_another_principal_or_scope_is_refused_and_changes_nothin
     assert dump(tmp_path / "memory.db") == before
     assert await store.forget("shared-id", **ME) is False  # not there for u1
     assert [m.text async for m in store.memories(**THEM)] == ["u2's private plan"]
+
+
+async def test_upserting_an_id_many_cells_hold_costs_the_same_as_when_few_do(
+    store: MemoryStore,
+) -> None:
+    steps = 0
+
+    def step() -> int:
+        nonlocal steps
+        steps += 1
+        return 0
+
+    async def upsert_steps(text: str) -> int:
+        nonlocal steps
+        steps = 0
+        await store.remember(text, id="m1", **ME)  # the owner updates its own memory
+        return steps
+
+    async def hold_m1(cells: range) -> None:  # scenario files reuse short ids in every cell
+        await store.add_memories(
+            MemoryRecord(id="m1", text="theirs", principal=f"p{c}", scope="s") for c in cells
+        )
+
+    await store.remember("mine, first", id="m1", **ME)
+    await hold_m1(range(10))
+    await store._db.connection().run(lambda raw: raw.set_progress_handler(step, 1))
+    few = await upsert_steps("mine, second")
+    await hold_m1(range(10, 2_010))
+    many = await upsert_steps("mine, thirds")
+    assert many == few  # no row of another cell is visited
+    with pytest.raises(MemoryOwnershipError):
+        await store.remember("overwrite attempt", id="m1", **THEM)
 
 
 async def test_remember_many_is_all_or_nothing(store: MemoryStore, tmp_path: Path) -> None:

@@ -53,6 +53,17 @@ async def _vectors(adapter: EmbeddingAdapter, texts: list[str]) -> list[bytes]:
     return [little[i].tobytes() for i in range(len(texts))]
 
 
+def _held_elsewhere(conn: sqlite3.Connection, principal: str, scope: str, id: str) -> bool:
+    """Whether another principal or scope holds memory ``id`` and this cell does not: two
+    lookups of one row each, however many cells hold the id."""
+    if conn.execute(
+        "SELECT 1 FROM memories WHERE principal = ? AND scope = ? AND id = ?",
+        (principal, scope, id),
+    ).fetchone() is not None:
+        return False  # the cell's own memory: an update
+    return conn.execute("SELECT 1 FROM memories WHERE id = ? LIMIT 1", (id,)).fetchone() is not None
+
+
 def _person_statement(name: str, principal: str, scope: str) -> Statement:
     for field, value in (("name", name), ("principal", principal), ("scope", scope)):
         check_key(value, field)
@@ -161,13 +172,7 @@ class Writer:
 
         def write(conn: sqlite3.Connection) -> None:
             for principal, scope, memory_id, _, _ in rows:
-                held = conn.execute(
-                    "SELECT 1 FROM memories WHERE id = ? AND NOT (principal = ? AND scope = ?) "
-                    "AND NOT EXISTS (SELECT 1 FROM memories "
-                    "WHERE principal = ? AND scope = ? AND id = ?) LIMIT 1",
-                    (memory_id, principal, scope, principal, scope, memory_id),
-                ).fetchone()
-                if held is not None:
+                if _held_elsewhere(conn, principal, scope, memory_id):
                     raise MemoryOwnershipError(memory_id)
                 if conn.execute(
                     "SELECT 1 FROM beliefs WHERE principal = ? AND scope = ? AND id = ? UNION ALL "
