@@ -311,6 +311,23 @@ async def test_invalid_writes_name_the_field(tmp_path: Path) -> None:
         assert await store.add_memories([]) == 0
 
 
+async def test_a_limit_past_what_sqlite_counts_is_refused(store: MemoryStore) -> None:
+    await seed(store)
+    vector = HashingEmbedding().embed(["deployment"])[0]
+    reads = {
+        "recent": partial(store.recent_candidates, **ME),
+        "sparse": partial(store.sparse_candidates, "deployment", **ME),
+        "semantic": partial(store.semantic_candidates, vector, **ME),
+        "beliefs": partial(store.beliefs_of, "ana", **ME),
+        "corrections": partial(store.current_corrections, **ME),
+    }
+    for name, read in reads.items():
+        with pytest.raises(ValueError, match="limit"):
+            await read(limit=2**63)
+        largest = await read(limit=2**63 - 1)  # the largest SQLite counts: everything
+        assert largest == await read(limit=100), name
+
+
 # -- the sparse arm -----------------------------------------------------------------------------
 
 

@@ -300,9 +300,11 @@ async def test_memories_pages_through_a_cell_newest_first_with_ties_by_id(
     got = [m async for m in store.memories(page=3, **ME)]
     assert [m.id for m in got] == expected
     assert all(isinstance(m, Evidence) and m.principal == "u1" for m in got)
-    with pytest.raises(ValueError, match="page"):
-        async for _ in store.memories(page=0, **ME):
-            pass
+    for page in (0, 2**63):
+        with pytest.raises(ValueError, match="page"):
+            async for _ in store.memories(page=page, **ME):
+                pass
+    assert [m.id async for m in store.memories(page=2**63 - 1, **ME)] == expected
 
 
 async def test_a_memory_updated_while_listing_behind_a_stepped_back_clock_is_listed_once(

@@ -22,7 +22,7 @@ from .database import Database
 from .errors import InvalidMemoryError, MemoryStorePathError
 from .lookups import Lookups
 from .search import Search
-from .values import Evidence, MemoryRecord, MemoryWrite, Person, check_key
+from .values import MAX_LIMIT, Evidence, MemoryRecord, MemoryWrite, Person, check_key
 from .vectors import DEFAULT_CACHE_BYTES, VectorCache
 from .words import WordQuery
 from .writes import Writer
@@ -164,12 +164,12 @@ class MemoryStore:
         """Every memory of one principal and scope, newest first (ties by id).
 
         Read ``page`` at a time: a write made while iterating may or may not be seen, but no
-        memory is yielded twice.
+        memory is yielded twice. ``page`` is an int from 1 to 2**63 - 1, else ``ValueError``.
         """
         for field, value in (("principal", principal), ("scope", scope)):
             check_key(value, field)
-        if isinstance(page, bool) or not isinstance(page, int) or page < 1:
-            raise ValueError(f"page must be an int >= 1, got {page!r}")
+        if isinstance(page, bool) or not isinstance(page, int) or not 1 <= page <= MAX_LIMIT:
+            raise ValueError(f"page must be an int from 1 to 2**63 - 1, got {page!r}")
         after: tuple[float, str] | None = None
         while True:
             found = await self._lookups.memories_page(

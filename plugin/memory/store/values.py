@@ -22,6 +22,7 @@ __all__ = [
     "Arm",
     "Evidence",
     "EvidenceKind",
+    "MAX_LIMIT",
     "MAX_MEMORY_ID_BYTES",
     "MAX_MEMORY_TEXT_BYTES",
     "MemoryRecord",
@@ -248,10 +249,14 @@ def person_key(name: str) -> str:
     return unicodedata.normalize("NFKC", remove_lone_surrogates(name)).casefold().strip()
 
 
+#: The largest ``limit`` or ``page`` a read takes: the largest integer SQLite holds.
+MAX_LIMIT = 2**63 - 1
+
+
 def check_limit(limit: object) -> int:
-    """A read's ``limit``: an int >= 0."""
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-        raise ValueError(f"limit must be an int >= 0, got {limit!r}")
+    """A read's ``limit``: an int from 0 to :data:`MAX_LIMIT`, else ``ValueError``."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= MAX_LIMIT:
+        raise ValueError(f"limit must be an int from 0 to 2**63 - 1, got {limit!r}")
     return limit
 
 
