@@ -409,3 +409,64 @@ def test_a_connection_string_given_for_a_file_is_shown_without_its_password(
 
 def test_redact_hides_a_uri_password_after_one_slash() -> None:
     assert redact(f"cannot use postgresql:/u:{SECRET}@h/d") == "cannot use postgresql:/u:***@h/d"
+
+
+# -- a mistyped connection string is an error, never a file, and never shows its password --------
+
+
+def _chain(error: BaseException) -> str:
+    """The error's text, its repr and those of its whole cause/context chain."""
+    seen: list[str] = []
+    current: BaseException | None = error
+    while current is not None and len(seen) < 20:
+        seen += [str(current), repr(current)]
+        current = current.__cause__ or current.__context__
+    return " ".join(seen)
+
+
+TYPO_DSNS = [
+    "host 127.0.0.1 dbname=test user=root",  # no "=" after the first keyword
+    "psql host=127.0.0.1 dbname=test user=root",  # the command pasted with it
+    "dbname test host=127.0.0.1",
+    "host:127.0.0.1 dbname=test user=root",
+    "host 127.0.0.1 dbname = test",
+    "127.0.0.1 sslmode=require",
+]
+
+
+@pytest.mark.parametrize("password", ["", f" password={SECRET}", f" password=my\\ {SECRET}",
+                                      f" password='it\\'s {SECRET}'"],
+                         ids=["none", "plain", "escaped", "quoted"])
+@pytest.mark.parametrize("typo", TYPO_DSNS)
+def test_a_keyword_string_with_a_typo_anywhere_is_an_error_never_a_file(
+    typo: str, password: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    text = typo + password
+    (tmp_path / "r.toml").write_text(f'ledger = {json.dumps(text)}\nstore = "m.db"\n')
+    attempts = [
+        lambda: parse_location(text),
+        lambda: RecallConfig(ledger_path=text, store_path=tmp_path / "m.db"),
+        lambda: load_config(env={"RECALLBOUND_LEDGER": text, "RECALLBOUND_STORE": "m.db"},
+                            cwd=tmp_path),
+        lambda: load_config(tmp_path / "r.toml", env={}),
+    ]
+    for attempt in attempts:
+        with pytest.raises(ConfigError) as caught:
+            attempt()
+        assert isinstance(caught.value, LedgerConfigError) or "ledger" in str(caught.value)
+        assert SECRET not in _chain(caught.value)
+    code, out, err = _cli("ledger", "--ledger", text, "runs")
+    assert code == 1 and SECRET not in out + err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.toml"]  # no SQLite file made
+
+
+@pytest.mark.parametrize("location", [
+    "./psql host=x.db", "/var/lib/recall/psql host=x.db", "notes v2=final.db", "data/x=1.db",
+    "a b.db", "host.db", "./dbname=x.db",
+])
+def test_a_path_without_a_keyword_token_is_still_a_sqlite_file(location: str) -> None:
+    parsed = parse_location(location)
+    assert (parsed.kind, parsed.target) == ("sqlite", location)
+
+

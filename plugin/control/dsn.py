@@ -9,10 +9,11 @@ A location is one of:
   ledger's schema is then the default ``recallbound``);
 - anything else is a SQLite file path (or a ``file:`` URI, or ``:memory:``).
 
-A value that looks like a connection string (a ``scheme://``, a leading ``word=``) and cannot
-be used as one is a :class:`~plugin.errors.LedgerConfigError`, never a SQLite file name: a
-worker that silently opened a file of its own would grant a fleet's run its allowance again.
-To name a SQLite file whose name starts with ``word=``, write ``./word=...``.
+A value that looks like a connection string (a ``scheme://``, a leading ``word=``, or a libpq
+keyword such as ``host=`` or ``dbname=`` as a word anywhere in it) and cannot be used as one is
+a :class:`~plugin.errors.LedgerConfigError`, never a SQLite file name: a worker that silently
+opened a file of its own would grant a fleet's run its allowance again. To name a SQLite file
+whose name holds such a word, start it with ``./`` (or give it as an absolute path).
 
 :func:`redact` is the one redaction every output uses (``config show``, the ledger CLI, logs,
 error messages): a password never appears, in any form.
@@ -35,6 +36,7 @@ from .dsn_schema import SCHEMA_PARAMETER as SCHEMA_PARAMETER
 from .dsn_schema import URI_START, USERINFO, query_mark
 from .dsn_schema import check_schema as check_schema
 from .dsn_schema import split_schema as split_schema
+from .dsn_text import names_keyword
 
 __all__ = ["LedgerLocation", "POSTGRES_SCHEMES", "SCHEMA_PARAMETER", "is_connection_string",
            "parse_location", "password_of", "redact"]
@@ -88,10 +90,15 @@ class LedgerLocation:
     schema: str | None = None
 
 
+def _keywords(text: str) -> bool:
+    """Whether ``text`` is meant as a libpq key=value string (see the module doc)."""
+    return _KEYWORD.match(text) is not None or names_keyword(text)
+
+
 def _form(text: str) -> str:
     """What an unusable location is, for an error, without its text (it may hold a password)."""
     scheme = _SCHEME.match(text.strip())
-    if scheme is not None and not _KEYWORD.match(text):
+    if scheme is not None and not _keywords(text):
         return f"a {scheme.group(0)} URI"
     return "a key=value string"
 
@@ -139,7 +146,7 @@ def parse_location(location: str | os.PathLike[str]) -> LedgerLocation:
         raise LedgerConfigError(
             f"the ledger ({_form(text)}) is a URI recallbound cannot open: a ledger is a "
             f"postgresql:// or postgres:// DSN, a libpq key=value string, or a SQLite file path")
-    if _KEYWORD.match(text):
+    if _keywords(text):
         # Unstripped: libpq skips white space itself, and a final backslash-escaped space
         # belongs to the last value.
         conninfo_dict(location)

@@ -1,0 +1,34 @@
+"""What a ledger location's text says before libpq reads it: whether it names a libpq keyword
+anywhere (so it is meant as a connection string), and whether a URI's userinfo holds a raw
+``@`` (so libpq would read part of a password as the host)."""
+
+from __future__ import annotations
+
+import re
+
+LIBPQ_KEYWORDS = frozenset({
+    "application_name", "channel_binding", "client_encoding", "connect_timeout", "dbname",
+    "fallback_application_name", "gssdelegation", "gssencmode", "gsslib", "host", "hostaddr",
+    "keepalives", "keepalives_count", "keepalives_idle", "keepalives_interval", "krbsrvname",
+    "load_balance_hosts", "max_protocol_version", "min_protocol_version", "oauth_client_id",
+    "oauth_client_secret", "oauth_issuer", "oauth_scope", "options", "passfile", "password", "port",
+    "replication", "require_auth", "requirepeer", "requiressl", "scram_client_key",
+    "scram_server_key", "service", "ssl_max_protocol_version", "ssl_min_protocol_version",
+    "sslcert", "sslcertmode", "sslcompression", "sslcrl", "sslcrldir", "sslkey", "sslkeylogfile",
+    "sslmode", "sslnegotiation", "sslpassword", "sslrootcert", "sslsni", "target_session_attrs",
+    "tcp_user_timeout", "user",
+})
+"""libpq's connection keywords (``PQconndefaults``)."""
+
+_KEYWORD_TOKEN = re.compile(
+    r"(?i)(?:^|[ \t\n\r\f\v])(?:" + "|".join(sorted(LIBPQ_KEYWORDS)) + r")[ \t\n\r\f\v]*=")
+_EXPLICIT_PATH = re.compile(r"[ \t\n\r\f\v]*\.{0,2}/")
+"""A path that starts with ``/``, ``./`` or ``../``: a file, whatever its name holds."""
+
+
+def names_keyword(text: str) -> bool:
+    """Whether ``text`` holds a libpq keyword followed by ``=`` (white space around it allowed)
+    as a word of its own, anywhere: ``host 127.0.0.1 dbname=test`` or ``psql host=db`` is a
+    connection string with a typo, never a file name. A path that starts with ``/``, ``./``
+    or ``../`` names a file whatever it holds."""
+    return _EXPLICIT_PATH.match(text) is None and _KEYWORD_TOKEN.search(text) is not None
