@@ -470,3 +470,48 @@ def test_a_path_without_a_keyword_token_is_still_a_sqlite_file(location: str) ->
     assert (parsed.kind, parsed.target) == ("sqlite", location)
 
 
+AT_PASSWORDS = [
+    "postgresql://root:Zq9x@SECRETtail@127.0.0.1:5432/test",
+    "postgres://root:Zq9x@SECRETtail@localhost/test",
+    "postgresql://root:Zq9x@SECRETtail@127.0.0.1",
+    "postgresql://root:Zq9x@SECRETtail@127.0.0.1?sslmode=disable",
+    "postgresql://root@SECRETtail:pw@127.0.0.1/test",
+]
+
+
+@pytest.mark.parametrize("dsn", AT_PASSWORDS)
+def test_a_uri_with_a_raw_at_sign_in_its_userinfo_is_refused_without_showing_it(
+    dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """libpq ends the userinfo at the first ``@``: the password's tail would be the host, shown
+    in every message that names it."""
+    from plugin.control import PostgresLedger
+
+    monkeypatch.chdir(tmp_path)
+    for attempt in (
+        lambda: parse_location(dsn),
+        lambda: PostgresLedger(dsn),
+        lambda: RecallConfig(ledger_path=dsn, store_path=tmp_path / "m.db"),
+        lambda: load_config(env={"RECALLBOUND_LEDGER": dsn, "RECALLBOUND_STORE": "m.db"}),
+    ):
+        with pytest.raises(ConfigError, match="%40") as caught:
+            attempt()
+        assert "SECRETtail" not in _chain(caught.value)
+    assert "SECRETtail" not in redact(dsn) and "SECRETtail" not in redact(f"cannot open {dsn}")
+    monkeypatch.setenv("RECALLBOUND_LEDGER", dsn)
+    monkeypatch.setenv("RECALLBOUND_STORE", "m.db")
+    for argv in (["config", "show"], ["config", "show", "--json"], ["ledger", "runs"],
+                 ["ledger", "--ledger", dsn, "runs"]):
+        code, out, err = _cli(*argv)
+        assert code == 1 and "SECRETtail" not in out + err, argv
+
+
+@pytest.mark.parametrize("dsn", [
+    "postgresql://root:Zq9x%40tail@127.0.0.1/test",
+    "postgresql://127.0.0.1/test?options=-c%20a%3Db&application_name=a@b",
+    "postgresql://root@127.0.0.1/test",
+])
+def test_a_uri_with_its_at_signs_encoded_or_after_the_host_is_a_postgres_ledger(dsn: str) -> None:
+    assert parse_location(dsn).kind == "postgres"
+
+

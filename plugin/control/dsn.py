@@ -36,7 +36,7 @@ from .dsn_schema import SCHEMA_PARAMETER as SCHEMA_PARAMETER
 from .dsn_schema import URI_START, USERINFO, query_mark
 from .dsn_schema import check_schema as check_schema
 from .dsn_schema import split_schema as split_schema
-from .dsn_text import names_keyword
+from .dsn_text import doubled_at, hide_userinfo_ats, names_keyword
 
 __all__ = ["LedgerLocation", "POSTGRES_SCHEMES", "SCHEMA_PARAMETER", "is_connection_string",
            "parse_location", "password_of", "redact"]
@@ -104,7 +104,12 @@ def _form(text: str) -> str:
 
 
 def conninfo_dict(dsn: str) -> dict[str, Any]:
-    """psycopg's own parser; without the ``postgres`` extra a connection string is an error."""
+    """psycopg's own parser; without the ``postgres`` extra a connection string is an error,
+    and so is a URI holding more than one ``@`` before its host (:func:`doubled_at`)."""
+    if URI_START.match(dsn) and doubled_at(dsn):
+        raise LedgerConfigError(
+            f"the ledger ({_form(dsn)}) holds more than one '@' before its host: "
+            f"percent-encode '@' in a user name or password as %40")
     try:
         from psycopg.conninfo import conninfo_to_dict
     except ImportError:
@@ -313,6 +318,7 @@ def _hide(text: str, spans: Iterable[tuple[int, int]]) -> str:
 
 
 def _hide_in_message(text: str) -> str:
+    text = hide_userinfo_ats(text, _HIDDEN)
     text = _URI_PASSWORD.sub(rf"\1{_HIDDEN}@", text)
     return _KEYWORD_PASSWORD.sub(rf"\1{_HIDDEN}", text)
 
@@ -352,6 +358,8 @@ def _redact_location(text: str) -> str | None:
     if uri is not None:
         if any(char in _SPACE for char in text.strip(_SPACE)):
             return None  # libpq refuses white space in a URI: a message that starts with one
+        if doubled_at(text):
+            return hide_userinfo_ats(text, _HIDDEN)
         shown = _URI_PASSWORD.sub(rf"\1{_HIDDEN}@", _hide(text, _uri_spans(text, uri.end())))
         loose = _URI_PASSWORD.search(text)
         if loose is not None and "/" in loose.group(0)[3:]:

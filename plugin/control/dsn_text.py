@@ -32,3 +32,23 @@ def names_keyword(text: str) -> bool:
     connection string with a typo, never a file name. A path that starts with ``/``, ``./``
     or ``../`` names a file whatever it holds."""
     return _EXPLICIT_PATH.match(text) is None and _KEYWORD_TOKEN.search(text) is not None
+
+
+_USERINFO_ATS = re.compile(
+    r"(?i)(postgres(?:ql)?:/{1,2})[^/@ \t\n\r\f\v]*@[^/ \t\n\r\f\v]*@")
+"""A URI's authority holding two ``@`` or more, in a longer text: up to its last ``@``."""
+
+
+def doubled_at(uri: str) -> bool:
+    """Whether the URI ``uri`` holds more than one ``@`` before the first ``/`` after its
+    ``//``. A host never holds an ``@``; libpq ends the userinfo at the first one, so the rest
+    of a password with a raw ``@`` in it would be read (and shown) as the host."""
+    start = uri.find("//") + 2
+    end = uri.find("/", start)
+    return uri.count("@", start, end if end >= 0 else len(uri)) > 1
+
+
+def hide_userinfo_ats(text: str, hidden: str) -> str:
+    """``text`` with the userinfo of each PostgreSQL URI in it that holds more than one ``@``
+    replaced by ``hidden``: which ``@`` ends a password there cannot be known."""
+    return _USERINFO_ATS.sub(rf"\1{hidden}@", text)
