@@ -263,13 +263,15 @@ def _find_file(file: str | os.PathLike[str] | None, env: Mapping[str, str],
     if file is not None:
         path = cwd / Path(file)
         if not path.is_file():
-            raise ConfigError(f"configuration file {str(path)!r} (given explicitly) does not exist")
+            raise ConfigError(f"configuration file {shown_location(str(path))} (given "
+                              f"explicitly) does not exist")
         return path
     named = env.get(ENV_FILE)
     if named is not None:
         path = cwd / Path(named)
         if not named or not path.is_file():
-            raise ConfigError(f"configuration file {named!r} (from {ENV_FILE}) does not exist")
+            raise ConfigError(f"configuration file {shown_location(named)} (from {ENV_FILE}) "
+                              f"does not exist")
         return path
     default = cwd / FILE_NAME
     return default if default.is_file() else None

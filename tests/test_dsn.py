@@ -515,3 +515,49 @@ def test_a_uri_with_its_at_signs_encoded_or_after_the_host_is_a_postgres_ledger(
     assert parse_location(dsn).kind == "postgres"
 
 
+CONFIG_FILE_DSNS = [
+    f"postgresql://root:{SECRET}@127.0.0.1/test",
+    f"host=127.0.0.1 password={SECRET}",
+    f"host=127.0.0.1 password=my\\ {SECRET}",
+    f"host=127.0.0.1 password='it\\'s {SECRET}'",
+    f"psql host=127.0.0.1 password={SECRET}",
+]
+
+
+@pytest.mark.parametrize("dsn", CONFIG_FILE_DSNS)
+def test_a_connection_string_named_as_the_configuration_file_is_never_shown(
+    dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RECALLBOUND_CONFIG (or ``--config``) given the ledger's DSN: the missing file's error
+    hides the password, as given or escaped."""
+    monkeypatch.chdir(tmp_path)
+    for name in [n for n in __import__("os").environ if n.startswith("RECALLBOUND_")]:
+        monkeypatch.delenv(name)
+    for attempt in (lambda: RecallConfig.from_sources(env={"RECALLBOUND_CONFIG": dsn}),
+                    lambda: RecallConfig.from_sources(dsn, env={}),
+                    lambda: load_config(Path(dsn), env={})):
+        with pytest.raises(ConfigError, match="configuration file") as caught:
+            attempt()
+        assert SECRET not in _chain(caught.value)
+    for argv in (["config", "show", "--config", dsn], ["ledger", "--config", dsn, "runs"]):
+        code, out, err = _cli(*argv)
+        assert code == 1 and SECRET not in out + err, argv
+    monkeypatch.setenv("RECALLBOUND_CONFIG", dsn)
+    code, out, err = _cli("config", "show")
+    assert code == 1 and "configuration file" in err and SECRET not in out + err
+
+
+@pytest.mark.parametrize("dsn", CONFIG_FILE_DSNS)
+@pytest.mark.parametrize("argv", [
+    ["ledger", "{dsn}", "runs"],  # --ledger forgotten: an invalid choice, quoted with repr
+    ["evaluate", "--k", "{dsn}"],
+    ["demo", "--backend", "{dsn}"],
+    ["ledger", "runs", "{dsn}"],
+])
+def test_a_usage_error_quoting_an_escaped_password_never_prints_it(
+    argv: list[str], dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([dsn if part == "{dsn}" else part for part in argv]) == 2
+    printed = capsys.readouterr()
+    assert printed.err.startswith(("usage", "recallbound"))
+    assert SECRET not in printed.out + printed.err

@@ -36,7 +36,7 @@ from .dsn_schema import SCHEMA_PARAMETER as SCHEMA_PARAMETER
 from .dsn_schema import URI_START, USERINFO, query_mark
 from .dsn_schema import check_schema as check_schema
 from .dsn_schema import split_schema as split_schema
-from .dsn_text import doubled_at, hide_userinfo_ats, names_keyword
+from .dsn_text import doubled_at, hide_userinfo_ats, names_keyword, replace_literals
 
 __all__ = ["LedgerLocation", "POSTGRES_SCHEMES", "SCHEMA_PARAMETER", "is_connection_string",
            "parse_location", "password_of", "redact"]
@@ -382,13 +382,14 @@ def redact(text: str | os.PathLike[str], *, secrets: Iterable[str | None] = ()) 
     query parameter, percent-encoded key included, and a key=value ``password`` quoted or with
     backslash escapes; with psycopg installed, the result is checked with libpq's own parser.
     In a longer text, a URI's userinfo password and a ``password=`` value (quoted, or up to
-    white space) are hidden. Each of ``secrets`` and the value of ``PGPASSWORD`` are hidden
+    white space) are hidden, and so is any value it quotes as ``repr`` does (read before its
+    backslashes were doubled). Each of ``secrets`` and the value of ``PGPASSWORD`` are hidden
     wherever they appear (also percent-encoded).
     """
     original = os.fspath(text)
     shown = _redact_location(original)
     if shown is None:
-        shown = _hide_in_message(original)
+        shown = replace_literals(original, shown_location, _hide_in_message)
     literal = {s for s in (*secrets, *_secrets()) if s}
     for secret in sorted(literal, key=len, reverse=True):
         for form in {secret, urllib.parse.quote(secret, safe=""),

@@ -1,10 +1,13 @@
 """What a ledger location's text says before libpq reads it: whether it names a libpq keyword
-anywhere (so it is meant as a connection string), and whether a URI's userinfo holds a raw
-``@`` (so libpq would read part of a password as the host)."""
+anywhere (so it is meant as a connection string), whether a URI's userinfo holds a raw ``@``
+(so libpq would read part of a password as the host), and the values a message quotes with
+``repr``."""
 
 from __future__ import annotations
 
+import ast
 import re
+from collections.abc import Callable
 
 LIBPQ_KEYWORDS = frozenset({
     "application_name", "channel_binding", "client_encoding", "connect_timeout", "dbname",
@@ -52,3 +55,27 @@ def hide_userinfo_ats(text: str, hidden: str) -> str:
     """``text`` with the userinfo of each PostgreSQL URI in it that holds more than one ``@``
     replaced by ``hidden``: which ``@`` ends a password there cannot be known."""
     return _USERINFO_ATS.sub(rf"\1{hidden}@", text)
+
+
+_LITERAL = re.compile(r"(?<!\w)(?:'(?:[^'\\\n]|\\.)*'" + r'|"(?:[^"\\\n]|\\.)*")')
+"""A Python string literal, as ``repr`` writes one into a message (not an apostrophe)."""
+
+
+def replace_literals(text: str, shown: Callable[[str], str],
+                     elsewhere: Callable[[str], str]) -> str:
+    """``text`` with each value it quotes as ``repr`` does (``'...'``) replaced by the
+    ``repr`` of ``shown(value)`` where that differs (a password read in the value itself,
+    before ``repr`` doubled its backslashes and escaped its quotes), and ``elsewhere`` applied
+    to the text around those."""
+    pieces: list[str] = []
+    last = 0
+    for match in _LITERAL.finditer(text):
+        try:
+            value = ast.literal_eval(match.group(0))
+        except (ValueError, SyntaxError):  # quotes that are not a literal: left as they are
+            continue
+        if isinstance(value, str) and shown(value) != value:
+            pieces += [elsewhere(text[last:match.start()]), repr(shown(value))]
+            last = match.end()
+    pieces.append(elsewhere(text[last:]))
+    return "".join(pieces)
