@@ -30,6 +30,7 @@ import attrs
 from plugin.control import AllowancePolicy, validate
 from plugin.control.dsn import is_connection_string, is_ephemeral, parse_location, redact
 from plugin.control.dsn import shown_location as _displayed
+from plugin.control.dsn_text import location_problem
 from plugin.errors import (
     ConfigError,
     InvalidConfigTypeError,
@@ -120,8 +121,9 @@ def _path(instance: object, attribute: attrs.Attribute[Any], value: object) -> N
         raise InvalidConfigTypeError(
             f"RecallConfig.{attribute.name} must be a str or path, got {type(value).__name__}"
         )
-    if not os.fspath(value):
-        raise ConfigError(f"RecallConfig.{attribute.name} must not be empty")
+    problem = location_problem(os.fsdecode(os.fspath(value)))
+    if problem is not None:
+        raise ConfigError(f"RecallConfig.{attribute.name} {problem}")
 
 
 def shown_location(value: object) -> str:

@@ -412,3 +412,39 @@ async def test_otel_telemetry_without_the_extra_is_a_config_error(
         async with open_hooks(config):
             pass  # pragma: no cover
     assert observe.current_observer() is None
+
+
+# -- a path no file system can name: a typed error, at construction or at open -------------------
+
+
+@pytest.mark.parametrize("value", ["l\ud800.db", "data/\udfff.db", "host=h password=S\ud800"])
+@pytest.mark.parametrize("key", ["ledger", "store"])
+def test_a_path_with_a_lone_surrogate_is_a_config_error(folder: Path, key: str,
+                                                        value: str) -> None:
+    field = f"{key}_path"
+    given = {"ledger_path": folder / "l.db", "store_path": folder / "m.db", field: value}
+    with pytest.raises(ConfigError, match=field) as caught:
+        RecallConfig(**given)
+    assert "\ud800" not in str(caught.value) and "\udfff" not in str(caught.value)
+    with pytest.raises(ConfigError, match=f"{key} from"):
+        load_config(env={"RECALLBOUND_LEDGER": "l.db", "RECALLBOUND_STORE": "m.db",
+                         f"RECALLBOUND_{key.upper()}": value})
+    assert list(folder.iterdir()) == []
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("name", ["x" * 5000, "l\ud800.db", "y" * 300 + "/l.db"])
+async def test_a_path_the_file_system_refuses_is_a_path_error_at_open(
+    folder: Path, name: str
+) -> None:
+    from plugin.errors import LedgerPathError
+    from plugin.memory import MemoryStore
+    from plugin.memory.store.errors import MemoryStorePathError
+
+    with pytest.raises(LedgerPathError):
+        async with SqliteLedger(str(folder / name)):
+            pass  # pragma: no cover
+    with pytest.raises(MemoryStorePathError):
+        async with MemoryStore(str(folder / name)):
+            pass  # pragma: no cover
+    assert list(folder.iterdir()) == []

@@ -6,6 +6,7 @@ anywhere (so it is meant as a connection string), whether a URI's userinfo holds
 from __future__ import annotations
 
 import ast
+import os
 import re
 from collections.abc import Callable
 
@@ -79,3 +80,16 @@ def replace_literals(text: str, shown: Callable[[str], str],
             last = match.end()
     pieces.append(elsewhere(text[last:]))
     return "".join(pieces)
+
+
+def location_problem(text: str) -> str | None:
+    """Why ``text`` can name no location, or None; the value itself is never repeated (it may
+    hold a password). Empty or blank, or not encodable as a file name (a lone surrogate, which
+    would fail only when the file is opened)."""
+    if not text.strip():
+        return "must not be empty or blank"
+    try:
+        os.fsencode(text)
+    except UnicodeError:
+        return "holds a character no file name can hold (a lone surrogate)"
+    return None

@@ -9,6 +9,7 @@ transactions are explicit (``BEGIN IMMEDIATE`` … ``COMMIT``).
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -110,7 +111,8 @@ def is_cantopen(exc: BaseException) -> bool:
 
 
 async def path_problem(path: str) -> str | None:
-    """Why ``path`` cannot be a database file (a folder, or in a missing folder), or None.
+    """Why ``path`` cannot be a database file (a folder, in a missing folder, a name the file
+    system refuses: too long, a lone surrogate), or None.
 
     Checked before SQLite opens it: a clearer message, and no failed ``aiosqlite.connect``
     whose worker thread may call back into an event loop that has closed meanwhile.
@@ -118,10 +120,16 @@ async def path_problem(path: str) -> str | None:
     if path == ":memory:" or path.startswith("file:"):
         return None
     candidate = anyio.Path(path)
-    if await candidate.is_dir():
-        return "is a folder, not a file"
-    if not await (await candidate.absolute()).parent.is_dir():
-        return "its folder does not exist"
+    try:
+        if await candidate.is_dir():
+            return "is a folder, not a file"
+        if not await (await candidate.absolute()).parent.is_dir():
+            return "its folder does not exist"
+        os.fsencode(path)  # a lone surrogate: SQLite could not be given the name
+    except OSError as exc:  # a name too long
+        return f"cannot be a file name: {exc.strerror}"
+    except UnicodeError:
+        return "cannot be a file name: it holds a lone surrogate"
     return None
 
 
