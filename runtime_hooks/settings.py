@@ -121,7 +121,8 @@ def _path(instance: object, attribute: attrs.Attribute[Any], value: object) -> N
         raise InvalidConfigTypeError(
             f"RecallConfig.{attribute.name} must be a str or path, got {type(value).__name__}"
         )
-    problem = location_problem(os.fsdecode(os.fspath(value)))
+    text = os.fsdecode(os.fspath(value))
+    problem = location_problem(text, file=not is_connection_string(text))
     if problem is not None:
         raise ConfigError(f"RecallConfig.{attribute.name} {problem}")
 

@@ -448,3 +448,36 @@ async def test_a_path_the_file_system_refuses_is_a_path_error_at_open(
         async with MemoryStore(str(folder / name)):
             pass  # pragma: no cover
     assert list(folder.iterdir()) == []
+
+
+# -- a path in code follows the loader's rule: no blank, no control or invisible character -------
+
+
+@pytest.mark.parametrize("value", ["   ", "\ufeffl.db", "l.db\n", "\tl.db", "l\u200b.db",
+                                   "l\x00.db", "l\x1b[31m.db", "l.db\r"])
+@pytest.mark.parametrize("key", ["ledger", "store"])
+def test_a_blank_or_invisible_path_is_refused_in_code_as_from_a_file(
+    folder: Path, key: str, value: str
+) -> None:
+    field = f"{key}_path"
+    for make in (
+        lambda: RecallConfig(**{"ledger_path": folder / "l.db", "store_path": "m.db",
+                                field: value}),
+        lambda: RecallConfig(**{"ledger_path": folder / "l.db", "store_path": "m.db",
+                                field: Path(value)}),
+        lambda: load_config(env={"RECALLBOUND_LEDGER": "l.db", "RECALLBOUND_STORE": "m.db",
+                                 f"RECALLBOUND_{key.upper()}": value}),
+    ):
+        with pytest.raises(ConfigError, match=rf"{field}|{key} from"):
+            make()
+    other = "store" if key == "ledger" else "ledger"
+    _write(folder, f"{other} = \"o.db\"\n{key} = {json.dumps(value)}\n")
+    with pytest.raises(ConfigError, match=f"{key} from"):
+        load_config(env={})
+    assert [p.name for p in folder.iterdir()] == ["recallbound.toml"]
+
+
+@pytest.mark.parametrize("value", ["l.db", "data/my ledger.db", "./host=x.db", "ledger-é.db",
+                                   "host=h dbname=x\n", "postgresql://h/db\n"])
+def test_a_file_name_or_a_dsn_with_its_white_space_is_kept(value: str) -> None:
+    assert RecallConfig(ledger_path=value).ledger_path == value

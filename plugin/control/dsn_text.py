@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+import unicodedata
 from collections.abc import Callable
 
 LIBPQ_KEYWORDS = frozenset({
@@ -82,14 +83,19 @@ def replace_literals(text: str, shown: Callable[[str], str],
     return "".join(pieces)
 
 
-def location_problem(text: str) -> str | None:
+def location_problem(text: str, *, file: bool) -> str | None:
     """Why ``text`` can name no location, or None; the value itself is never repeated (it may
     hold a password). Empty or blank, or not encodable as a file name (a lone surrogate, which
-    would fail only when the file is opened)."""
+    would fail only when the file is opened); and a ``file`` name holding a control or
+    invisible character (a newline or a BOM an env file left on, a NUL, an escape sequence),
+    which would name a file no one meant."""
     if not text.strip():
         return "must not be empty or blank"
     try:
         os.fsencode(text)
     except UnicodeError:
         return "holds a character no file name can hold (a lone surrogate)"
+    if file and any(unicodedata.category(char) in ("Cc", "Cf") for char in text):
+        return ("holds a control or invisible character (a newline, a tab, a BOM, a "
+                "zero-width space): give the file's name without it")
     return None
