@@ -64,6 +64,9 @@ FORMS: dict[str, Callable[[str], str]] = {
     "keyword quoted": lambda p: f"host=h password = {_quoted(p)} user=app",
     "keyword quoted, no space after": lambda p: f"host=h password={_quoted(p)}user=app",
     "sslpassword": lambda p: f"host=h sslpassword={_quoted(p)} user=app",
+    "oauth_client_secret": lambda p: f"host=h oauth_client_secret={_quoted(p)} user=app",
+    "scram_client_key": lambda p: f"host=h scram_client_key={_escaped(p)} user=app",
+    "scram_server_key": lambda p: f"scram_server_key={_quoted(p)} host=h",
     "uri userinfo": lambda p: f"postgresql://app:{urllib.parse.quote(p, safe='')}@h:5432/db",
     "uri userinfo raw": lambda p: f"postgres://app:{_raw_uri(p, '@/%')}@h/db?sslmode=require",
     "uri query": lambda p: (
@@ -123,7 +126,9 @@ def test_no_form_of_a_location_shows_its_password(
     location = parse_location(target)
     assert location.kind == "postgres"
     parsed = conninfo_to_dict(location.target)
-    assert parsed.get("sslpassword", parsed.get("password")) == password  # a form libpq reads
+    secrets = [value for key, value in parsed.items() if key in (
+        "password", "sslpassword", "oauth_client_secret", "scram_client_key", "scram_server_key")]
+    assert secrets == [password]  # a form libpq reads
     with contextlib.nullcontext() if psycopg else _without_psycopg():
         _assert_hidden(form, password)
 

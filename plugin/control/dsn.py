@@ -54,7 +54,8 @@ PHP's ``pgsql:``, ``postgresql+psycopg://``, ``POSTGRES://``): an error, never a
 
 # libpq's white space (C ``isspace``): a Unicode space is an ordinary character to it.
 _SPACE = " \t\n\r\f\v"
-_SECRET_KEYWORDS = frozenset({"password", "sslpassword"})
+_SECRET_KEYWORDS = frozenset({"password", "sslpassword", "oauth_client_secret",
+                              "scram_client_key", "scram_server_key"})
 """The libpq keywords (and URI query parameters) whose value is a secret."""
 _QUOTES = "'\"`\u2018\u2019\u201a\u201b\u201c\u201d\u201e\u201f\u00ab\u00bb\u2039\u203a"
 
@@ -72,7 +73,8 @@ def _wrapper(char: str) -> bool:
 _URI_PASSWORD = re.compile(r"(:/{1,2}[^:/@ \t\n\r\f\v]*:)[^ \t\n\r\f\v]*@")
 """A URI's ``user:secret@`` (one slash as well: a path keeps one of ``postgresql://``)."""
 _KEYWORD_PASSWORD = re.compile(
-    r"(?is)(\b(?:ssl)?password[ \t\n\r\f\v]*=[ \t\n\r\f\v]*)"
+    r"(?is)(\b(?:(?:ssl)?password|oauth_client_secret|scram_(?:client|server)_key)"
+    r"[ \t\n\r\f\v]*=[ \t\n\r\f\v]*)"
     r"('(?:[^'\\]|\\.)*'?|(?:\\.|[^ \t\n\r\f\v])*)")
 _QUOTED = re.compile(r'"[^"]*"')
 _SECRET_ENV = "PGPASSWORD"
