@@ -84,7 +84,7 @@ class Driver(Protocol):
 
     async def invoke(
         self, adapter: Any, *steps: Step, run_id: str = RUN, principal: str = PRINCIPAL,
-        on_request: Callable[[int], None] | None = None,
+        on_request: Callable[[int], None] | None = None, scope: str = SCOPE,
     ) -> list[ModelRequest]: ...
 
 
@@ -100,7 +100,7 @@ class PydanticAI:
 
     async def invoke(
         self, adapter: Any, *steps: Step, run_id: str = RUN, principal: str = PRINCIPAL,
-        on_request: Callable[[int], None] | None = None,
+        on_request: Callable[[int], None] | None = None, scope: str = SCOPE,
     ) -> list[ModelRequest]:
         from pydantic_ai import Agent
 
@@ -109,7 +109,7 @@ class PydanticAI:
 
         model = ScriptedModel(*steps, on_request=on_request)
         agent = Agent(model, deps_type=RunIdentity, capabilities=[adapter])
-        await agent.run("Continue", deps=RunIdentity(run_id=run_id, scope=SCOPE,
+        await agent.run("Continue", deps=RunIdentity(run_id=run_id, scope=scope,
                                                      principal=principal))
         return model.requests
 
@@ -126,7 +126,7 @@ class LangChain:
 
     async def invoke(
         self, adapter: Any, *steps: Step, run_id: str = RUN, principal: str = PRINCIPAL,
-        on_request: Callable[[int], None] | None = None,
+        on_request: Callable[[int], None] | None = None, scope: str = SCOPE,
     ) -> list[ModelRequest]:
         from langchain.agents import create_agent
         from langchain_core.messages import HumanMessage
@@ -137,7 +137,7 @@ class LangChain:
         model = ScriptedChatModel(*steps, on_request=on_request)
         agent = create_agent(model, middleware=[adapter], context_schema=RecallContext)
         await agent.ainvoke({"messages": [HumanMessage("Continue")]},
-                            context=RecallContext(run_id=run_id, scope=SCOPE,
+                            context=RecallContext(run_id=run_id, scope=scope,
                                                   principal=principal))
         return model.requests
 
@@ -153,7 +153,7 @@ class OpenAIAgents:
 
     async def invoke(
         self, adapter: Any, *steps: Step, run_id: str = RUN, principal: str = PRINCIPAL,
-        on_request: Callable[[int], None] | None = None,
+        on_request: Callable[[int], None] | None = None, scope: str = SCOPE,
     ) -> list[ModelRequest]:
         from agents import Agent, RunConfig
 
@@ -162,7 +162,7 @@ class OpenAIAgents:
         model = ScriptedAgentsModel(*steps, on_request=on_request)
         agent = Agent(name="assistant", instructions="You help Ana.", model=model,
                       tools=[adapter.tool])
-        await adapter.run(agent, "Continue", run_id=run_id, scope=SCOPE, principal=principal,
+        await adapter.run(agent, "Continue", run_id=run_id, scope=scope, principal=principal,
                           run_config=RunConfig(tracing_disabled=True))
         return model.requests
 
@@ -342,3 +342,30 @@ async def test_a_run_id_used_by_another_principal_is_refused(
     with pytest.raises(RunIdentityError):
         await driver.invoke(adapter, searches(*QUERIES[:1]), "Done.", principal="mallory")
     assert await _usage(hooks) == (1, 1, 1, 0)  # the other principal reserved nothing
+
+
+@pytest.mark.parametrize("automatic", [True, False])
+async def test_a_refused_first_use_never_locks_the_owner_out(
+    hooks: RecallHooks, driver: Driver, automatic: bool
+) -> None:
+    """The ledger decides whose run it is: another principal's refused request, first in this
+    process, leaves the run to the principal the ledger bound it to."""
+    await hooks.allowance.ledger.bind_identity(RUN, principal=PRINCIPAL, scope=SCOPE)
+    adapter = driver.adapter(hooks, automatic=automatic)
+    with pytest.raises(RunIdentityError):
+        await driver.invoke(adapter, searches(*QUERIES[:1]), "Done.", principal="mallory")
+    _, second = await driver.invoke(adapter, searches(*QUERIES[:1]), "Done.")
+    assert _status(second) == {"call-0": "ok"}
+    with pytest.raises(RunIdentityError):  # and the registry now keeps the bound owner
+        await driver.invoke(adapter, searches(*QUERIES[:1]), "Done.", principal="mallory")
+
+
+async def test_a_blank_scope_on_first_use_binds_nothing(
+    hooks: RecallHooks, driver: Driver
+) -> None:
+    adapter = driver.adapter(hooks, automatic=False)
+    with pytest.raises(InvalidArgumentError, match="scope"):
+        await driver.invoke(adapter, searches(*QUERIES[:1]), "Done.", scope="   ")
+    _, second = await driver.invoke(adapter, searches(*QUERIES[:1]), "Done.")
+    assert _status(second) == {"call-0": "ok"}
+    assert await _usage(hooks) == (1, 1, 1, 0)

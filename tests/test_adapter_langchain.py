@@ -376,10 +376,16 @@ async def test_the_run_identity_comes_from_the_context_only(hooks: RecallHooks) 
     with pytest.raises(MissingRecallContextError):
         await agent.ainvoke({"messages": [HumanMessage("Continue")]})
     recall = LangChainRecall(hooks)
-    recall.run(CONTEXT)
+    owner = recall.run(CONTEXT)
+    # Nothing bound yet: the registry leaves another identity for the ledger to judge.
+    stranger = recall.run(dataclasses.replace(CONTEXT, principal="bo"))
+    await owner.dispatch_batch([ToolCall(call_id="c0", arguments={"query": QUERIES[0]})])
+    assert recall.run(CONTEXT) is owner  # the ledger bound it: the registry keeps it
     with pytest.raises(RecallContextMismatchError):
         recall.run(dataclasses.replace(CONTEXT, principal="bo"))
-    assert await _usage(hooks) == (0, 0, 0)
+    with pytest.raises(RecallContextMismatchError):
+        await stranger.dispatch_batch([ToolCall(call_id="c1", arguments={"query": QUERIES[1]})])
+    assert await _usage(hooks) == (1, 1, 1)
 
 
 

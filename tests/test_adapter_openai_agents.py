@@ -416,11 +416,17 @@ async def test_tool_is_rendered_from_the_one_definition(hooks: RecallHooks) -> N
 
 async def test_identity_comes_from_the_host_and_cannot_change(hooks: RecallHooks) -> None:
     recall = agents_recall(hooks)
-    recall.runner.recall_for(RUN, scope=SCOPE, principal=PRINCIPAL)
+    owner = recall.runner.recall_for(RUN, scope=SCOPE, principal=PRINCIPAL)
+    # Nothing bound yet: the registry leaves another identity for the ledger to judge.
+    stranger = recall.runner.recall_for(RUN, scope=SCOPE, principal="bo")
+    await owner.dispatch_batch([ToolCall(call_id="c0", arguments={"query": QUERIES[0]})])
+    assert recall.runner.recall_for(RUN, scope=SCOPE, principal=PRINCIPAL) is owner
     with pytest.raises(RunIdentityError):
         recall.runner.recall_for(RUN, scope=SCOPE, principal="bo")
     with pytest.raises(RunIdentityError):
         recall.runner.recall_for(RUN, scope="personal", principal=PRINCIPAL)
+    with pytest.raises(RunIdentityError):
+        await stranger.dispatch_batch([ToolCall(call_id="c1", arguments={"query": QUERIES[1]})])
 
 
 @pytest.mark.parametrize("piece", ["hooks", "filter", "tool"])

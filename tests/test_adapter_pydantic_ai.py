@@ -48,6 +48,7 @@ from runtime_hooks.adapters.pydantic_ai import (
 )
 from runtime_hooks.bootstrap import RecallConfig, open_hooks
 from runtime_hooks.demo import PRINCIPAL, SCOPE, STATE, seed
+from runtime_hooks.hooks import ToolCall
 
 pytestmark = [pytest.mark.anyio]
 
@@ -474,10 +475,16 @@ async def test_the_run_identity_comes_from_the_host(hooks: RecallHooks) -> None:
     with pytest.raises(RunIdentityError, match="RunIdentity"):
         await agent.run("Continue", deps=None)
     capability = RecallCapability(hooks)
-    capability.recall(IDENTITY)
+    owner = capability.recall(IDENTITY)
+    # Nothing bound yet: the registry leaves another identity for the ledger to judge.
+    stranger = capability.recall(attrs.evolve(IDENTITY, scope="personal"))
+    await owner.dispatch_batch([ToolCall(call_id="c0", arguments={"query": QUERIES[0]})])
+    assert capability.recall(IDENTITY) is owner  # the ledger bound it: the registry keeps it
     with pytest.raises(RunIdentityError, match="another scope"):
         capability.recall(attrs.evolve(IDENTITY, scope="personal"))
-    assert await _usage(hooks) == (0, 0, 0, 0)
+    with pytest.raises(RunIdentityError):
+        await stranger.dispatch_batch([ToolCall(call_id="c1", arguments={"query": QUERIES[1]})])
+    assert await _usage(hooks) == (1, 1, 1, 0)
 
 
 

@@ -85,7 +85,10 @@ class RunRecall:
     """The recall of one agent run: trusted identity, and the results of its search calls.
 
     ``run_id``, ``scope`` and ``principal`` come from the host (the framework's deps or
-    context), never from the model or from task text.
+    context), never from the model or from task text. ``bound`` says whether the ledger has
+    accepted that identity for the run through this object (a round, a search or a replay
+    answered); until then it is only what the host asked for. ``on_bound`` is told once, when
+    it becomes bound.
     """
 
     hooks: RecallHooks
@@ -95,12 +98,28 @@ class RunRecall:
     _results: dict[CallKey, ToolResult] = attrs.field(factory=dict, init=False, repr=False)
     _latest: dict[str, ToolResult] = attrs.field(factory=dict, init=False, repr=False)
     _lock: anyio.Lock = attrs.field(factory=anyio.Lock, init=False, repr=False)
+    on_bound: Callable[[RunRecall], None] | None = attrs.field(default=None, kw_only=True,
+                                                                repr=False)
+    _bound: bool = attrs.field(default=False, init=False, repr=False)
+
+    @property
+    def bound(self) -> bool:
+        """Whether the ledger accepted this run's identity through this object."""
+        return self._bound
+
+    def _accepted(self) -> None:
+        if not self._bound:
+            self._bound = True
+            if self.on_bound is not None:
+                self.on_bound(self)
 
     async def prepare(self, state: WorkingState) -> PreparedContext:
         """The automatic round, now (an adapter calls it through its :class:`Invocation`)."""
-        return await self.hooks.prepare(
+        context = await self.hooks.prepare(
             state, run_id=self.run_id, scope=self.scope, principal=self.principal
         )
+        self._accepted()  # a round is only prepared for the identity the ledger bound
+        return context
 
     async def dispatch_batch(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
         """One deliberate round for the calls of one model response that have no result yet.
@@ -121,6 +140,10 @@ class RunRecall:
                     list(pending.values()), run_id=self.run_id, scope=self.scope,
                     principal=self.principal,
                 )
+                # An invalid call binds nothing; any other answer came after the ledger
+                # accepted the identity.
+                if any(result.status != "invalid" for result in results):
+                    self._accepted()
                 for key, result in zip(pending, results, strict=True):
                     self._latest[key[0]] = result
                     if result.failure != IN_FLIGHT:  # no outcome yet: asked again, it may have
@@ -141,6 +164,7 @@ class RunRecall:
                     scope=self.scope, principal=self.principal)
                 if result is None:
                     return None
+                self._accepted()  # the ledger answered from this identity's record
                 if result.failure == IN_FLIGHT:
                     return result  # a claim with no outcome yet: asked again, it may have one
                 self._results[key] = result
@@ -215,6 +239,7 @@ class RunRecall:
                 [ToolCall(call_id=call_id, arguments=str(record["arguments"]))],
                 run_id=self.run_id, scope=self.scope, principal=self.principal)
             if answer is not None:
+                self._accepted()
                 return answer
         found = record.get("evidence_ids")
         ids = [str(i) for i in found] if isinstance(found, list) else []
@@ -224,7 +249,9 @@ class RunRecall:
                               refusal=self._refusal(record.get("refusal")))
         ran = CallRecord(run_id=self.run_id, call_id=call_id, digest="", status="ok",
                          evidence_ids=tuple(ids))
-        return await replay_call(self.hooks, ran, scope=self.scope, principal=self.principal)
+        result = await replay_call(self.hooks, ran, scope=self.scope, principal=self.principal)
+        self._accepted()  # its evidence was re-checked for this identity
+        return result
 
 
 @attrs.define(eq=False)
@@ -261,10 +288,16 @@ class RunRecalls:
     """One :class:`RunRecall` per host run id, so a run's stored results outlive one hook call.
 
     A run continued, resumed or re-run in this process finds the answers its batches stored.
-    The most recent ``max_runs`` runs are kept (oldest forgotten first). A run id asked for
-    again with another scope or principal raises :class:`~plugin.errors.RunIdentityError`
-    here; the ledger binds every run to its first principal and scope durably, so the same
-    mismatch is refused after this registry forgot the run, and in every other process.
+    The most recent ``max_runs`` runs are kept (oldest forgotten first).
+
+    The ledger decides whose run it is: it binds every run to its first principal and scope
+    durably, and refuses any other (:class:`~plugin.errors.RunIdentityError`), in every
+    process and after this registry forgot the run. The registry only caches that: a run id
+    asked for again with another scope or principal raises ``mismatch`` here once the ledger
+    has accepted the kept identity (:attr:`RunRecall.bound`). An entry the ledger never
+    accepted (its first request was refused, or named a blank scope) is replaced, so one bad
+    first request cannot lock the run's owner out; and a run the ledger accepts takes the
+    place of such an entry again (two first requests at once).
     """
 
     hooks: RecallHooks
@@ -275,14 +308,25 @@ class RunRecalls:
     )
 
     def get(self, run_id: str, *, scope: str, principal: str) -> RunRecall:
-        """The run's recall; created on first use, checked against its identity after."""
+        """The run's recall; created on first use, checked against its bound identity after."""
         run = self._runs.get(run_id)
+        if run is not None and (run.scope, run.principal) != (scope, principal):
+            if run.bound:
+                raise self.mismatch(
+                    f"run {run_id!r} was opened for another scope or principal")
+            run = None  # never accepted by the ledger: the ledger judges the new identity
         if run is None:
-            run = self._runs[run_id] = RunRecall(self.hooks, run_id, scope, principal)
+            run = self._runs[run_id] = RunRecall(self.hooks, run_id, scope, principal,
+                                                 on_bound=self._keep)
+            self._runs.move_to_end(run_id)
             while len(self._runs) > self.max_runs:
                 self._runs.popitem(last=False)
-        elif (run.scope, run.principal) != (scope, principal):
-            raise self.mismatch(f"run {run_id!r} was opened for another scope or principal")
         else:
             self._runs.move_to_end(run_id)
         return run
+
+    def _keep(self, run: RunRecall) -> None:
+        """``run`` is bound: it replaces an entry for its id that the ledger never bound."""
+        current = self._runs.get(run.run_id)
+        if current is not None and current is not run and not current.bound:
+            self._runs[run.run_id] = run
