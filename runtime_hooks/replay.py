@@ -6,9 +6,10 @@ process or another, answers from it:
 
 - a search that ran answers with its evidence re-read under the run's validation bound
   (:meth:`RecallHooks.validate_retained`, kept in the ledger): what is gone is left out, and
-  what the bound no longer lets be re-checked is said in the bounded wording, as is each part
-  of the search the allowance cut short (kept in the record's ``reason``: never "nothing
-  found" for a search that did not wholly run);
+  what the bound no longer lets be re-checked, or the memory backend cannot re-read, is said
+  in the bounded wording (in ``bounded`` too: never "nothing found" for items the search did
+  find), as is each part of the search the allowance cut short (kept in the record's
+  ``reason``: never "nothing found" for a search that did not wholly run);
 - a refused call keeps its refusal, a failed one its failure;
 - a call claimed but without an outcome (still searching elsewhere, or interrupted before its
   outcome was written) is ``failed`` with the reason ``in_flight``: never searched again.
@@ -26,7 +27,7 @@ from plugin.memory.enforce import Bounded
 from plugin.memory.pipeline import render
 from plugin.memory.protocol import Part
 
-from .results import NOTHING_FOUND, PARTLY_FOUND, ToolResult, failure_message, in_flight
+from .results import ToolResult, failure_message, in_flight, search_content
 
 if TYPE_CHECKING:
     from .hooks import RecallHooks
@@ -70,6 +71,15 @@ def recorded_refusal(record: CallRecord) -> BudgetRefusal | None:
                          executed=record.executed)
 
 
+def _not_shown(count: int, why: str, reason: str) -> tuple[Bounded, ...]:
+    """Items a replayed search found before but cannot show again, as a bounded part."""
+    if not count:
+        return ()
+    return (Bounded(part="recheck", reason=reason, message=wording.bounded(
+        f"{count} item(s) this search found before could not be {why}, so they are not "
+        f"shown again")),)
+
+
 async def replay_call(
     hooks: RecallHooks, record: CallRecord, *, scope: str, principal: str
 ) -> ToolResult:
@@ -91,19 +101,16 @@ async def replay_call(
     valid = [c.evidence for c in checks if c.status == "valid" and c.evidence is not None]
     unchecked = record.more + sum(1 for c in checks if c.status in ("bounded", "not_retained"))
     rendered = render(valid, hooks.caps)
-    bounded = recorded_cut_short(record.reason)
-    if unchecked:
-        bounded += (Bounded(
-            part="recheck", reason="validation",
-            message=wording.bounded(f"{unchecked} item(s) this search found before could not "
-                                    f"be re-checked (the run's re-check bound is spent)")),)
-    notes = [f"Note: {part.message}" for part in bounded]
     unread = sum(1 for c in checks if c.status == "failed")
-    if unread:
-        notes.append(f"Note: {unread} item(s) this search found before could not be re-read "
-                     f"(the memory backend cannot re-read items, failed, or did not answer in "
-                     f"time). {wording.NOT_EVIDENCE}")
-    text = "\n".join([rendered.text or (PARTLY_FOUND if notes else NOTHING_FOUND), *notes])
+    not_shown = (_not_shown(unchecked, "re-checked (the run's re-check bound is spent)",
+                            "validation")
+                 + _not_shown(unread, "re-read (the memory backend cannot re-read items, "
+                                      "failed, or did not answer in time)", "reread"))
+    bounded = recorded_cut_short(record.reason) + not_shown
+    if not_shown and not rendered.text:  # it found items: never "nothing found" for them
+        text = "\n".join(f"Note: {part.message}" for part in bounded)
+    else:
+        text = search_content(rendered.text, bounded)
     return ToolResult(call_id=record.call_id, status="ok", content=text, slot=record.slot,
                       evidence=tuple(rendered.items), bounded=bounded,
                       omitted=rendered.omitted)

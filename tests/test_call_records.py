@@ -23,6 +23,7 @@ import pytest
 from plugin import (
     Evidence,
     ManualClock,
+    SimpleRetriever,
 )
 from plugin.control import RefusalReason, SqliteLedger
 from plugin.control.ledger import MAX_CALL_EVIDENCE, CallRecord
@@ -115,6 +116,42 @@ async def test_a_replay_past_the_validation_bound_says_bounded(
         assert spent.status == "ok" and spent.evidence == ()
         assert "3 item(s)" in spent.content and "bounded" in spent.content
         assert retriever.searches == 0
+
+
+class _CannotReRead(Counting):
+    """A retriever with no way to re-read an item by id (a SimpleRetriever without ``get``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.retriever = SimpleRetriever(self.search)
+
+
+async def test_a_replay_whose_items_cannot_be_shown_again_never_says_nothing_was_found(
+    opener: Callable[[], Any],
+) -> None:
+    """A search that found memory, replayed where its items cannot be re-read, then once the
+    run's re-check bound is spent: each answer says so in the bounded wording (and in
+    ``bounded``), never that no memory was found."""
+    clock = ManualClock(wall=WALL, monotonic=1.0)
+    async with _hooks(opener, clock, Counting()) as hooks:
+        hooks.validation_limit = 3
+        (ran,) = await hooks.dispatch([_call("c1")], run_id="r", scope=S, principal=P)
+        assert len(ran.evidence) == 3
+    retriever = _CannotReRead()
+    async with _hooks(opener, clock, retriever) as hooks:
+        hooks.validation_limit = 3
+        (unread,) = await hooks.dispatch([_call("c1")], run_id="r", scope=S, principal=P)
+        (spent,) = await hooks.dispatch([_call("c1")], run_id="r", scope=S, principal=P)
+    for replayed, words in ((unread, "could not be re-read"), (spent, "could not be re-checked")):
+        assert replayed.status == "ok" and replayed.slot == ran.slot and replayed.evidence == ()
+        assert "No memory was found" not in replayed.content
+        assert "No matching memory" not in replayed.content
+        (part,) = replayed.bounded
+        assert part.part == "recheck" and "3 item(s)" in part.message and words in part.message
+        assert part.message.startswith("Memory recall was bounded") and "not evidence" in (
+            part.message)
+        assert replayed.content == f"Note: {part.message}"
+    assert retriever.searches == 0
 
 
 async def test_a_refused_call_keeps_its_refusal(opener: Callable[[], Any]) -> None:
