@@ -7,6 +7,7 @@ beside the ledger's counts. Queries are about the demo's seeded memories.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -644,6 +645,75 @@ async def test_a_response_the_framework_refuses_for_a_repeated_call_id_reserves_
     with pytest.raises(Exception, match="tool_call_id"):
         await _drive(model.agent(RecallCapability(hooks, automatic=False)), "run")
     assert await _usage(hooks) == (0, 0, 0, 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Answer:
+    answer: str
+
+
+@attrs.define
+class OutputWithSearches:
+    """A FunctionModel script: one response with an output tool call (``final_result`` with
+    ``answer``) and two searches, then a valid output call."""
+
+    answer: object
+    searched: list[str] = attrs.Factory(list)
+    requests: int = 0
+
+    def _parts(self) -> list[ToolCallPart]:
+        self.requests += 1
+        if self.requests > 1:
+            return [ToolCallPart("final_result", {"answer": "done"}, tool_call_id="out-2")]
+        return [ToolCallPart("final_result", {"answer": self.answer}, tool_call_id="out"),
+                *(ToolCallPart(SEARCH_TOOL.name, {"query": query}, tool_call_id=f"c{i}")
+                  for i, query in enumerate(QUERIES[:2]))]
+
+    async def respond(self, messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        return ModelResponse(parts=self._parts())
+
+    async def stream(
+        self, messages: list[ModelMessage], info: AgentInfo
+    ) -> AsyncIterator[DeltaToolCalls]:
+        yield {i: DeltaToolCall(part.tool_name, json.dumps(part.args),
+                                tool_call_id=part.tool_call_id)
+               for i, part in enumerate(self._parts())}
+
+    def model(self) -> FunctionModel:
+        return FunctionModel(self.respond, stream_function=self.stream)
+
+
+def _with_output(hooks: RecallHooks, script: OutputWithSearches, end_strategy: str) -> Agent[Any]:
+    return Agent(script.model(), deps_type=RunIdentity, output_type=_Answer,
+                 end_strategy=end_strategy,  # type: ignore[arg-type]
+                 capabilities=[RecallCapability(hooks, automatic=False)])
+
+
+async def test_under_run_stream_a_search_skipped_by_early_is_never_reserved(
+    hooks: RecallHooks,
+) -> None:
+    await _drive(_with_output(hooks, OutputWithSearches("42"), "early"), "run_stream")
+    assert await _usage(hooks) == (0, 0, 0, 0)
+
+
+@pytest.mark.parametrize(("end_strategy", "answer", "expected"), [
+    ("early", "42", (0, 0, 0, 0)),  # the output call succeeds: "Tool not executed"
+    ("early", ["not", "text"], (1, 2, 2, 0)),  # every output call failed: the searches run
+    ("graceful", "42", (1, 2, 2, 0)),
+    ("exhaustive", "42", (1, 2, 2, 0)),
+])
+@pytest.mark.parametrize("mode", ["run", "iter", "events"])
+async def test_searches_the_end_strategy_skips_are_never_reserved(
+    hooks: RecallHooks, end_strategy: str, answer: object, expected: tuple[int, ...], mode: str
+) -> None:
+    """Under ``end_strategy="early"`` pydantic-ai runs no function tool of a response whose
+    output tool call succeeds: its searches get no round and no search; when the output call
+    fails, they run as one batch. Under the other strategies they always run."""
+    await _drive(_with_output(hooks, OutputWithSearches(answer), end_strategy), mode)
+    assert await _usage(hooks) == expected
+    recorded = await hooks.replay([ToolCall(call_id="c0", arguments={"query": QUERIES[0]})],
+                                  run_id=IDENTITY.run_id, scope=SCOPE, principal=PRINCIPAL)
+    assert (recorded[0] is None) == (expected[0] == 0)  # no record of a search never run
 
 
 async def test_a_reused_call_id_with_other_arguments_is_a_new_call(hooks: RecallHooks) -> None:

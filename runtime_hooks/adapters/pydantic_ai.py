@@ -17,7 +17,10 @@ hooks, each a thin translation to :class:`~runtime_hooks.adapters.RunRecall`:
   reserves ONE deliberate round for all its search calls. (``wrap_node_run`` would not do:
   under ``run_stream`` the tools run before it is entered.) Calls already answered
   (``node.tool_call_results``, as on an approval resume) are left out, so a resume never
-  reserves them again;
+  reserves them again. Under ``end_strategy="early"`` pydantic-ai runs a response's function
+  tools only if none of its output calls (nor another final output) succeeds, which it learns
+  only as it runs them; there the batch waits, and is dispatched whole when pydantic-ai runs
+  the first of its search calls, so a search it skips ("Tool not executed") reserves nothing;
 * ``before_tool_execute`` raises ``SkipToolExecution`` with the typed refusal for a call that
   got no slot; a call that did returns its stored result from the tool. A stored result
   answers only the call with the same id and the same arguments.
@@ -47,7 +50,7 @@ from plugin.memory.state import WorkingState
 from runtime_hooks._extras import missing_extra
 from runtime_hooks.hooks import PreparedContext, RecallHooks, ToolCall, ToolResult
 
-from .batch import AutomaticMode, Invocation, RunRecall, RunRecalls, automatic_mode
+from .batch import AutomaticMode, Invocation, RunRecall, RunRecalls, automatic_mode, call_key
 from .tool import SEARCH_TOOL
 
 with missing_extra("pydantic-ai", "runtime_hooks.adapters.pydantic_ai"):
@@ -140,6 +143,21 @@ def _framework_deadline_passed(ctx: RunContext[Any]) -> bool:
     return left is not None and left <= 0
 
 
+def _may_skip_function_tools(ctx: RunContext[Any]) -> bool:
+    """Whether pydantic-ai may leave a response's function tools unrun: only under
+    ``end_strategy="early"``, once an output call (or another final output) of the response
+    succeeds; under ``"graceful"`` and ``"exhaustive"`` every function tool runs."""
+    return getattr(ctx.agent, "end_strategy", None) == "early"
+
+
+@attrs.define(eq=False)
+class _Invocation(Invocation):
+    """One pydantic-ai run, with the search calls of its latest response that wait for
+    pydantic-ai to run one of them (``end_strategy="early"``)."""
+
+    waiting: list[ToolCall] = attrs.field(factory=list, init=False)
+
+
 @dataclass
 class RecallCapability(AbstractCapability[Any]):
     """Bounded memory recall for a pydantic-ai agent: the search tool and its hooks.
@@ -213,7 +231,7 @@ class RecallCapability(AbstractCapability[Any]):
     ) -> AgentRunResult[Any]:
         # One invocation per run: its automatic context dies with it (never reused by the
         # next run, a resume included).
-        token = self._invocation.set(Invocation())
+        token = self._invocation.set(_Invocation())
         try:
             with self.hooks.bind_run():
                 return await handler()
@@ -280,7 +298,10 @@ class RecallCapability(AbstractCapability[Any]):
                 for part in node.model_response.tool_calls
                 if part.tool_name == SEARCH_TOOL.name and _pending(part, answered)
             ]
-            if calls:
+            invocation = self._invocation.get()
+            if isinstance(invocation, _Invocation) and _may_skip_function_tools(ctx):
+                invocation.waiting = calls  # dispatched when pydantic-ai runs one of them
+            elif calls:
                 await self._dispatch(ctx, self._run_recall(ctx), calls)
         return node
 
@@ -307,8 +328,16 @@ class RecallCapability(AbstractCapability[Any]):
         stored = recall.result(call_id, _arguments(arguments))
         if stored is not None:
             return stored
-        # Not dispatched with a batch (the framework's deadline cut the batch short, or the
-        # call reached the tool on a path without a CallToolsNode): a round of its own.
+        # Its response's batch waits for pydantic-ai to run one of its searches: the whole batch
+        # now, one round. Else it was not dispatched with a batch (the framework's deadline cut
+        # the batch short, or the call reached the tool on a path without a CallToolsNode): a
+        # round of its own.
+        invocation = self._invocation.get()
+        waiting = invocation.waiting if isinstance(invocation, _Invocation) else []
+        keys = [call_key(c.call_id, c.arguments) for c in waiting]
+        key = call_key(call_id, _arguments(arguments))
+        if key in keys:
+            return (await self._dispatch(ctx, recall, waiting))[keys.index(key)]
         call = ToolCall(call_id=call_id, arguments=_arguments(arguments))
         return (await self._dispatch(ctx, recall, [call]))[0]
 
