@@ -389,6 +389,22 @@ async def test_the_run_identity_comes_from_the_context_only(hooks: RecallHooks) 
 
 
 
+@pytest.mark.parametrize(("identity", "returned"), [
+    (lambda context: {"run_id": RUN, "scope": SCOPE, "principal": PRINCIPAL}, "dict"),
+    (lambda context: None, "NoneType"),
+], ids=["dict", "None"])
+@pytest.mark.parametrize("automatic", [True, False])
+async def test_an_identity_callable_of_the_wrong_type_is_a_typed_error(
+    hooks: RecallHooks, identity: Any, returned: str, automatic: bool
+) -> None:
+    model = fake_model(*search_calls(QUERIES[:1]))
+    agent = _agent(model, RecallMiddleware(hooks, identity=identity, automatic=automatic))
+    with pytest.raises(MissingRecallContextError, match=f"got {returned}"):
+        await agent.ainvoke({"messages": [HumanMessage("Continue")]}, context=CONTEXT)
+    assert issubclass(MissingRecallContextError, TypeError)
+    assert await _usage(hooks) == (0, 0, 0)
+
+
 async def test_the_tool_without_its_hook_searches_nothing(hooks: RecallHooks) -> None:
     recall = LangChainRecall(hooks)
     model = fake_model(*search_calls(QUERIES[:1]))

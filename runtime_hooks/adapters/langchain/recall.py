@@ -15,7 +15,13 @@ from runtime_hooks.hooks import RecallHooks, ToolCall, ToolResult
 from .._options import deprecated_alias
 from ..batch import CallKey, Invocation, RunRecall, RunRecalls, call_key
 from ..tool import SEARCH_TOOL
-from .identity import Identify, RecallContextMismatchError, context_of
+from .identity import (
+    Identify,
+    MissingRecallContextError,
+    RecallContext,
+    RecallContextMismatchError,
+    context_of,
+)
 from .kept import dispatch_kept
 from .messages import StateOf, latest_request, not_dispatched, pending_search_calls, tool_message
 
@@ -78,9 +84,18 @@ class LangChainRecall:
         self._runs = RunRecalls(self.hooks, RecallContextMismatchError, self.max_runs)
         self.tool = self._search_tool()
 
+    def _trusted(self, context: object) -> RecallContext:
+        """The run's identity from ``identity``; raises :class:`MissingRecallContextError` (a
+        ``TypeError``) naming the type it returned when that is not a :class:`RecallContext`."""
+        trusted = self.identity(context)
+        if not isinstance(trusted, RecallContext):
+            raise MissingRecallContextError(
+                f"identity must return a RecallContext, got {type(trusted).__name__}")
+        return trusted
+
     def run(self, context: object) -> RunRecall:
         """The run's recall, keyed by the host's run id (checked against scope and principal)."""
-        trusted = self.identity(context)
+        trusted = self._trusted(context)
         return self._runs.get(trusted.run_id, scope=trusted.scope, principal=trusted.principal)
 
     async def automatic_context(self, messages: Sequence[AnyMessage], context: object) -> str:
@@ -147,7 +162,7 @@ class LangChainRecall:
         """The tool's answer: the result its batch stored for this id and these arguments
         (never a search of its own)."""
         call_id = runtime.tool_call_id or ""
-        trusted = self.identity(runtime.context)
+        trusted = self._trusted(runtime.context)
         batch = node_run.get()
         if batch is not None and (batch.run.run_id, batch.run.scope, batch.run.principal) != (
                 trusted.run_id, trusted.scope, trusted.principal):
