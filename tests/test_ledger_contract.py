@@ -1148,6 +1148,29 @@ async def test_a_run_opening_says_whether_it_was_counted_now_before_or_refused(
     assert refused is RunOpening.REFUSED and not refused
 
 
+async def test_a_run_opened_more_than_an_hour_ago_is_known_and_never_counted_again(
+    open_ledger: Callable[..., Any],
+) -> None:
+    """Openings older than the hour count no more, but the runs they opened still exist: a
+    run already bound to the pair, or already used, goes on whatever the pair opened since,
+    and takes none of this hour's room."""
+    kw: dict[str, Any] = {"principal": "alice", "scope": "proj", "per_hour": 2}
+    async with open_ledger() as ledger:
+        assert await ledger.open_run("old", now=WALL, **kw) is RunOpening.OPENED
+        _granted(await ledger.reserve("used", AUTO, 1, POLICY, WALL))  # used, never opened
+    later = WALL + 2 * HOUR
+    async with open_ledger() as ledger:  # another process: nothing of "old" in its memory
+        assert await ledger.open_run("new1", now=later, **kw) is RunOpening.OPENED
+        assert await ledger.open_run("old", now=later + 1, **kw) is RunOpening.KNOWN
+        assert await ledger.open_run("used", now=later + 1, **kw) is RunOpening.KNOWN
+        assert await ledger.open_run("new2", now=later + 2, **kw) is RunOpening.OPENED
+        assert await ledger.open_run("new3", now=later + 3, **kw) is RunOpening.REFUSED
+        assert await ledger.open_run("old", now=later + 3, **kw) is RunOpening.KNOWN
+        with pytest.raises(RunIdentityError):  # bound by its opening as ever
+            await ledger.open_run("used", principal="bob", scope="proj", now=later + 3,
+                                  per_hour=2)
+
+
 @pytest.mark.parametrize("command", [["check"], ["runs"], ["show", "run-one"]])
 async def test_every_ledger_command_on_a_damaged_schema_is_one_line(
     anyio_backend: object, tmp_path: Path, command: list[str]

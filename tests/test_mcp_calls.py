@@ -60,9 +60,9 @@ def opener(ledger_kind: str, where: str) -> Callable[[], Any]:
 
 
 @contextlib.asynccontextmanager
-async def _server(opener: Callable[[], Any], retriever: Counting,
+async def _server(opener: Callable[[], Any], retriever: Counting, *, wall: float = WALL,
                   **kw: Any) -> AsyncIterator[RecallServer]:
-    clock = ManualClock(wall=WALL, monotonic=1.0)
+    clock = ManualClock(wall=wall, monotonic=1.0)
     async with opener() as ledger:
         yield RecallServer(recall_hooks(ledger, clock, retriever), caller=CALLER, **kw)
 
@@ -101,6 +101,34 @@ async def test_a_resent_call_answers_from_the_ledger_in_another_server(
         other = await _search(client, {"query": "deploy window"}, run_id="r1", call_id="c1")
         assert other["status"] == "ok" and again.searches == 1
         assert (await _reserved(server, "r1"))[1:] == (2, 2)
+
+
+async def test_a_call_resent_to_a_run_opened_hours_ago_is_answered_and_opens_no_run(
+    opener: Callable[[], Any],
+) -> None:
+    """A run opened more than an hour ago is no new run: a re-sent call of it answers from
+    the record though the caller opened all its runs for this hour, and a re-send while
+    there is room takes none of it."""
+    async with _server(opener, Counting(), max_runs_per_hour=2) as server, \
+            Client(server.server) as client:
+        ran = await _search(client, {"query": "cutover"}, run_id="old", call_id="c1")
+        assert ran["status"] == "ok"
+    later = WALL + 2 * 3600.0
+    retriever = Counting()
+    async with _server(opener, retriever, wall=later, max_runs_per_hour=2) as server, \
+            Client(server.server) as client:
+        assert (await _search(client, {"query": "cutover"}, run_id="new-1"))["status"] == "ok"
+        replayed = await _search(client, {"query": "cutover"}, run_id="old", call_id="c1")
+        assert replayed == ran
+        # the re-send took none of the hour's runs: the second new run still opens
+        assert (await _search(client, {"query": "cutover"}, run_id="new-2"))["status"] == "ok"
+        capped = await _search(client, {"query": "cutover"}, run_id="new-3")
+        assert capped["refusal"]["reason"] == "run_rate"
+    async with _server(opener, retriever, wall=later + 1, max_runs_per_hour=2) as server, \
+            Client(server.server) as client:  # no room left, in a server that never saw it
+        replayed = await _search(client, {"query": "cutover"}, run_id="old", call_id="c1")
+        assert replayed == ran
+    assert retriever.searches == 2
 
 
 async def test_without_a_call_id_each_request_is_a_new_call(

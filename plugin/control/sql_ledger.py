@@ -49,9 +49,9 @@ from .sql_rows import (
     _BOUND,
     _CALLS,
     _CLAIM_CALL,
+    _EXISTING,
     _FORGET_OPENS,
     _OPEN,
-    _OPENED,
     _OPENS,
     _RECORD_ATTEMPT,
     _RECORD_CALL,
@@ -341,26 +341,26 @@ class SqlLedger(abc.ABC):
 
     async def _open_run(self, s: Session, run_id: str, principal: str, scope: str, at: float,
                         per_hour: int) -> RunOpening:
-        cell = {"principal": principal, "scope": scope}  # the pair's lock is held
+        """:meth:`open_run`, the pair's lock held; a run that exists is never counted again."""
+        cell = {"principal": principal, "scope": scope}
         bound = self._identities.get(run_id)
-        if bound is None:
-            rows = await s.fetchall(self._sql(_BOUND), {"run_id": run_id})
-            bound = (str(rows[0][0]), str(rows[0][1])) if rows else None
-        if bound is not None:
-            check_identity(run_id, bound, principal, scope)  # raises: nothing is stored
-            self._identities.put(run_id, bound)
-            if await s.fetchall(self._sql(_OPENED), {**cell, "run_id": run_id}):
-                return RunOpening.KNOWN
-        # Openings older than the window count no more: the pair's rows stay bounded.
-        await s.fetchall(self._sql(_FORGET_OPENS), {**cell, "since": at - RUN_RATE_WINDOW_S})
-        ((opened,),) = await s.fetchall(self._sql(_OPENS), cell)
-        if opened >= per_hour:
-            return RunOpening.REFUSED  # nothing of a refused run is stored, its binding neither
+        rows = [] if bound else await s.fetchall(self._sql(_EXISTING), {"run_id": run_id})
+        bound = bound or next(((str(p), str(c)) for p, c in rows if p is not None), None)
+        known = bound is not None or bool(rows)  # bound, or used: whatever run_opens holds
+        if not known:
+            # Openings older than the window count no more: the pair's rows stay bounded.
+            await s.fetchall(self._sql(_FORGET_OPENS), {**cell, "since": at - RUN_RATE_WINDOW_S})
+            ((opened,),) = await s.fetchall(self._sql(_OPENS), cell)
+            if opened >= per_hour:
+                return RunOpening.REFUSED  # nothing of a refused run is stored, its binding neither
         if bound is None:  # bound as bind_identity binds it, in this transaction
             await s.fetchall(self._sql(_BIND), {**cell, "run_id": run_id})
             ((first, second),) = await s.fetchall(self._sql(_BOUND), {"run_id": run_id})
-            check_identity(run_id, (str(first), str(second)), principal, scope)
-            self._identities.put(run_id, (str(first), str(second)))
+            bound = (str(first), str(second))
+        check_identity(run_id, bound, principal, scope)  # raises: nothing is stored
+        self._identities.put(run_id, bound)
+        if known:
+            return RunOpening.KNOWN
         await s.fetchall(self._sql(_OPEN), {**cell, "run_id": run_id, "now": at})
         return RunOpening.OPENED
 
