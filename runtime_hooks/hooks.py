@@ -44,6 +44,7 @@ import attrs
 
 from plugin.control import (
     BoundedRecallNotice,
+    BudgetRefusal,
     PermitHolder,
     RecallAllowance,
     bind_permits,
@@ -52,12 +53,18 @@ from plugin.control import (
 from plugin.control.logs import log_event
 from plugin.errors import InvalidArgumentError, InvalidArgumentTypeError
 from plugin.memory.enforce import stop_unwrapped
-from plugin.memory.preparation import RecallPreparer
+from plugin.memory.preparation import (
+    PreparationBound,
+    PreparedRecall,
+    RecallPreparer,
+    WithheldReason,
+)
 from plugin.memory.protocol import ContextCaps, Retriever, check_retriever
 from plugin.memory.state import WorkingState
 from plugin.memory.turn import (
     PREPARATION_BUDGET_S,
     CorrectionsShare,
+    corrections_share,
     prepare_turn,
 )
 
@@ -106,6 +113,18 @@ def _positive_seconds(instance: object, attribute: attrs.Attribute[float], value
 
 def _retriever(instance: object, attribute: attrs.Attribute[Retriever], value: object) -> None:
     check_retriever(value)
+
+
+def _check_state(state: object) -> None:
+    if not isinstance(state, WorkingState):
+        raise InvalidArgumentTypeError(f"state must be a WorkingState, got {type(state).__name__}")
+
+
+def _log_corrections(run_id: str, share: CorrectionsShare) -> None:
+    """Log a failed read of the current corrections (the turn goes on without them)."""
+    if share.failure is not None:
+        log_event(_log, logging.WARNING, "corrections.retriever_failed", run_id=run_id,
+                  reason=share.failure)
 
 @attrs.define(eq=False)
 class RecallHooks:
@@ -167,21 +186,12 @@ class RecallHooks:
         is said in the context (``failure``), never raised.
         """
         scope, principal = self._check(run_id, scope, principal)
-        if not isinstance(state, WorkingState):
-            raise InvalidArgumentTypeError(
-                f"state must be a WorkingState, got {type(state).__name__}"
-            )
+        _check_state(state)
         await self._bind(run_id, scope, principal)
-
-        def log_failed(share: CorrectionsShare) -> None:
-            if share.failure is not None:
-                log_event(_log, logging.WARNING, "corrections.retriever_failed", run_id=run_id,
-                          reason=share.failure)
-
         turn = await prepare_turn(
             self.allowance, self.preparer, self.retriever, state, run_id=run_id, scope=scope,
             principal=principal, caps=self.caps, budget_s=self.preparation_budget_s,
-            on_corrections=log_failed,
+            on_corrections=lambda share: _log_corrections(run_id, share),
         )
         prepared, corrections, recall = turn.prepared, turn.corrections, turn.recall
         if recall.refusal is not None:
@@ -211,6 +221,33 @@ class RecallHooks:
             failure=recall.failure,
             dropped=recall.dropped + corrections.dropped,
         )
+
+    @stop_unwrapped
+    async def refused_context(
+        self, state: WorkingState, refusal: BudgetRefusal, *, scope: str, principal: str
+    ) -> PreparedContext:
+        """The context of a turn refused before its round (``refusal``; the caller may open
+        no more runs, say): the current corrections, which take no slot, then the bounded
+        notice, as :meth:`prepare` gives them for a refused round. The query is planned
+        without its semantic arm; nothing is bound, reserved or searched."""
+        run_id = refusal.run_id
+        scope, principal = self._check(run_id, scope, principal)
+        _check_state(state)
+
+        async def plan(reason: WithheldReason | None) -> PreparedRecall:
+            return await self.preparer.prepare(state, scope=scope, principal=principal,
+                                               withhold=reason)
+
+        bound = PreparationBound(self.preparation_budget_s, self.allowance.clock)
+        prepared = await bound.prepare(plan, WithheldReason.NO_SLOT)
+        corrections = await corrections_share(
+            self.retriever, self.caps, principal=principal, scope=scope, run_id=run_id,
+            within_s=self.preparation_budget_s)
+        _log_corrections(run_id, corrections)
+        return PreparedContext(
+            run_id=run_id, query=prepared.query, corrections=corrections.shown,
+            corrections_omitted=corrections.omitted,
+            notice=BoundedRecallNotice.from_refusal(refusal), notes=corrections.notes)
 
     # -- tool dispatch ----------------------------------------------------------------------
 

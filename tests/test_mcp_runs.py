@@ -126,6 +126,35 @@ async def test_the_current_run_is_capped_too_and_opens_once_there_is_room(
             assert (await search(client, QUERIES[3]))["status"] == "ok"
 
 
+async def test_recall_context_refused_for_run_rate_keeps_the_current_corrections(
+    tmp_path: Path,
+) -> None:
+    """Current corrections take no slot: a ``recall_context`` refused for the caller's runs
+    per hour shows them first, then the bounded notice, as a refusal for rounds does."""
+    state = {"current_request": "Continue the invoice backfill"}
+    async with recall_server(tmp_path) as plain:
+        server = RecallServer(plain.hooks, caller=ANA, max_runs_per_hour=1)
+        async with Client(server.server) as client:
+
+            async def context(run_id: str) -> Mapping[str, Any]:
+                return structured(await client.call_tool(
+                    "recall_context", state, meta={"recallbound/run_id": run_id}))
+
+            ok = await context("run-a")
+            await context("run-a")
+            by_rounds = await context("run-a")  # its two rounds are used
+            by_rate = await context("run-b")  # a second run this hour
+        assert (await plain.hooks.allowance.ledger.usage(ledger_id("run-b"))).rounds == 0
+    assert ok["status"] == "ok" and ok["correction_ids"]
+    assert by_rounds["notice"]["reason"] == "rounds"
+    assert by_rate["notice"] == {"reason": "run_rate", "reserved": 0, "executed": 0}
+    for refused in (by_rounds, by_rate):
+        assert refused["status"] == "refused" and refused["evidence_ids"] == []
+        assert refused["correction_ids"] == ok["correction_ids"]
+        assert refused["context"].startswith("Current corrections:")
+        assert refused["context"].count(NOT_EVIDENCE) == 1
+
+
 def test_max_runs_per_hour_must_be_a_positive_int() -> None:
     for bad, error in ((0, ValueError), (-1, ValueError), (1.5, TypeError), (True, TypeError)):
         with pytest.raises(error, match="max_runs_per_hour"):

@@ -347,7 +347,11 @@ class RecallServer:
             if not await self._admit(run_id, caller):
                 refusal = BudgetRefusal(reason=RefusalReason.RUN_RATE, run_id=run_id,
                                         reserved=0, executed=0)
-                return tools.refused_result(name, refusal)
+                if state is None:
+                    return tools.refused_result(refusal)
+                # the current corrections take no slot: shown before the bounded notice
+                return tools.context_result(await self.hooks.refused_context(
+                    state, refusal, scope=caller.scope, principal=caller.principal))
             window = call.session.window
             try:
                 if search is not None:

@@ -305,21 +305,10 @@ def search_result(result: ToolResult) -> types.CallToolResult:
     )
 
 
-def refused_result(tool: str, refusal: BudgetRefusal) -> types.CallToolResult:
-    """A call refused before any round (the caller's runs per hour): data, not an error."""
-    if tool == SEARCH_MEMORY:
-        return search_result(ToolResult(call_id="", status="refused", content=refusal.message,
-                                        refusal=refusal))
-    structured: dict[str, Any] = {
-        "status": "refused", "context": refusal.message, "evidence_ids": [],
-        "correction_ids": [], "notice": {"reason": refusal.reason.value,
-                                         "reserved": refusal.reserved,
-                                         "executed": refusal.executed},
-    }
-    return types.CallToolResult(
-        content=[types.TextContent(type="text", text=refusal.message)],
-        structured_content=structured, is_error=False,
-    )
+def refused_result(refusal: BudgetRefusal) -> types.CallToolResult:
+    """A search refused before any round (the caller's runs per hour): data, not an error."""
+    return search_result(ToolResult(call_id="", status="refused", content=refusal.message,
+                                    refusal=refusal))
 
 
 def context_result(context: PreparedContext) -> types.CallToolResult:
