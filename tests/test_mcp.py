@@ -221,6 +221,19 @@ async def test_an_oversized_working_state_and_a_bad_run_id_are_typed_errors(
         assert await usage(server, "run-big") == (0, 0, 0)
 
 
+async def test_the_working_state_is_bounded_in_bytes_of_json(tmp_path: Path) -> None:
+    """At most 64 KiB of JSON, counted in UTF-8 bytes: 30,000 three-byte characters are
+    over (though 30,000 characters are not), 21,000 are within."""
+    async with recall_server(tmp_path) as server, Client(server.server) as client:
+        for run_id, text, status in (("run-wide", "界" * 30_000, "invalid"),
+                                     ("run-fits", "界" * 21_000, "ok")):
+            found = await client.call_tool(
+                "recall_context", {"current_request": "continue", "constraints": [text]},
+                meta={"recallbound/run_id": run_id})
+            assert structured(found)["status"] == status, structured(found)
+        assert await usage(server, "run-wide") == (0, 0, 0)
+
+
 async def test_an_unknown_tool_is_a_typed_error_and_the_server_keeps_serving(
     tmp_path: Path,
 ) -> None:

@@ -44,8 +44,8 @@ RECALL_CONTEXT = "recall_context"
 REMEMBER = "remember"
 FORGET = "forget"
 
-MAX_STATE_CHARS = 64 * 1024
-"""The longest working state read by ``recall_context`` (characters of its JSON form)."""
+MAX_STATE_BYTES = 64 * 1024
+"""The largest working state read by ``recall_context`` (UTF-8 bytes of its JSON form)."""
 
 INSTRUCTIONS = (
     "Long-term memory with a bounded recall allowance per run. A refusal that says recall was "
@@ -273,12 +273,13 @@ def tools(policy: AllowancePolicy | None = None) -> list[types.Tool]:
 def working_state(arguments: Mapping[str, Any]) -> WorkingState:
     """The working state in ``recall_context``'s arguments (bounded in size first)."""
     try:
-        size = len(json.dumps(arguments, ensure_ascii=False))
+        # a lone surrogate counts as its three bytes here; the state's own check names it
+        size = len(json.dumps(arguments, ensure_ascii=False).encode("utf-8", "surrogatepass"))
     except (TypeError, ValueError):  # pragma: no cover - the SDK hands parsed JSON
         raise InvalidArgumentError("the working state is not JSON") from None
-    if size > MAX_STATE_CHARS:
+    if size > MAX_STATE_BYTES:
         raise InvalidArgumentError(
-            f"the working state is longer than {MAX_STATE_CHARS} characters"
+            f"the working state is larger than {MAX_STATE_BYTES} bytes of UTF-8 JSON"
         )
     return WorkingState.from_dict(arguments)
 
