@@ -75,6 +75,12 @@ class RunModel:
     """The latest time the run was judged at: a later round is never judged before it."""
     attempts: dict[str, tuple[int, int, bool]] = attrs.field(factory=dict)
     """attempt_id -> (round_index, slot, legacy) as first recorded."""
+    ends: dict[str, float] = attrs.field(factory=dict)
+    """attempt_id -> when it ended as recorded (its first trace's start: these run 0 s)."""
+
+    def floor(self) -> float:
+        """The latest time the ledger saw the run at: a judgement or a recorded attempt's end."""
+        return max([self.judged, *self.ends.values()])
 
     @property
     def rounds(self) -> int:
@@ -136,7 +142,7 @@ class LedgerMachine(RuleBasedStateMachine):
     def reserve(self, run_id: str, kind: RoundKind, requested: int) -> Any:
         run = self.model.get(run_id)
         # a wall clock stepped back is judged at the run's latest judgement
-        now = max(self.clock.wall(), run.judged if run is not None else -math.inf)
+        now = max(self.clock.wall(), run.floor() if run is not None else -math.inf)
         result = self.call(self.ledger.reserve, run_id, kind, requested, self.policy,
                            self.clock.wall())
         if run is None:
@@ -214,6 +220,7 @@ class LedgerMachine(RuleBasedStateMachine):
                     label="slot",
                 )
             run.attempts.setdefault(attempt_id, (round_index, slot, legacy))
+            run.ends.setdefault(attempt_id, self.clock.wall())
             traces.append(
                 AttemptTrace(
                     attempt_id=attempt_id, run_id=reservation.run_id, round_index=round_index,
