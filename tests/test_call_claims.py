@@ -21,7 +21,7 @@ import pytest
 
 from plugin import Evidence, ManualClock, SimpleRetriever
 from plugin.control import SqliteLedger
-from plugin.errors import LedgerUnavailableError
+from plugin.errors import LedgerLockedError, LedgerUnavailableError
 from runtime_hooks import RecallHooks, ToolCall
 from runtime_hooks.adapters.batch import RunRecalls
 
@@ -203,7 +203,7 @@ _KILLED_WORKER = """
 import sys, anyio
 from plugin import Evidence, ManualClock, SimpleRetriever
 from plugin.control import SqliteLedger
-from plugin.errors import LedgerUnavailableError
+from plugin.errors import LedgerLockedError, LedgerUnavailableError
 from runtime_hooks import ToolCall
 from tests._calls_env import WALL, Counting, P, S, recall_hooks
 
@@ -310,3 +310,93 @@ async def test_a_call_that_failed_before_its_round_was_granted_runs_when_sent_ag
         assert await _counts(hooks) == (1, 1)
         report = await hooks.allowance.ledger.admin().check()
         assert report.ok, report
+
+
+async def test_a_claim_withdrawn_while_another_sender_claims_is_never_searched_twice(
+    opener: Callable[[], Any],
+) -> None:
+    # B claims the call and fails before its round, so it withdraws its claim. A sent the
+    # call meanwhile: its claim wrote nothing (B's was there) and its read-back comes after
+    # B's withdrawal. A must claim again rather than search with no claim in the ledger, or a
+    # third sender C claims afresh and searches a second time.
+    clock = ManualClock(wall=WALL, monotonic=1.0)
+    a_wrote, b_withdrew, b_claimed = anyio.Event(), anyio.Event(), anyio.Event()
+    first, second, third = Held(), Counting(), Counting()
+    async with opener() as one, opener() as two, opener() as three:
+        read_a, claim_b, release_b = one.recorded_calls, two.claim_calls, two.release_calls
+
+        async def a_reads(run_id: str, ids: Any) -> Any:
+            a_wrote.set()
+            await b_withdrew.wait()
+            return await read_a(run_id, ids)
+
+        async def b_claims(run_id: str, calls: Any) -> Any:
+            held = await claim_b(run_id, calls)
+            b_claimed.set()
+            return held
+
+        async def b_fails(*args: Any, **kwargs: Any) -> Any:
+            await a_wrote.wait()
+            raise LedgerUnavailableError("the database went away")
+
+        async def b_withdraws(run_id: str, calls: Any) -> None:
+            await release_b(run_id, calls)
+            b_withdrew.set()
+
+        one.recorded_calls = a_reads
+        two.claim_calls, two.reserve, two.release_calls = b_claims, b_fails, b_withdraws
+        a, b, c = (recall_hooks(one, clock, first), recall_hooks(two, clock, second),
+                   recall_hooks(three, clock, third))
+        answers: dict[str, Any] = {}
+
+        async def send_b() -> None:
+            with pytest.raises(LedgerUnavailableError):
+                await b.dispatch([CALL], run_id="r", scope=S, principal=P)
+
+        async def send_a() -> None:
+            await b_claimed.wait()
+            (answers["a"],) = await a.dispatch([CALL], run_id="r", scope=S, principal=P)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(send_b)
+            tg.start_soon(send_a)
+            await first.started.wait()  # A searches, under a claim of its own
+            (answers["c"],) = await c.dispatch([CALL], run_id="r", scope=S, principal=P)
+            first.release.set()
+        assert (first.searches, second.searches, third.searches) == (1, 0, 0)
+        assert (answers["c"].status, answers["c"].failure) == ("failed", "in_flight")
+        assert answers["a"].status == "ok" and await _counts(c) == (1, 1)
+
+
+@pytest.mark.parametrize("failure", ["locked", "cancelled"])
+async def test_a_claim_whose_read_back_failed_is_withdrawn(
+    opener: Callable[[], Any], failure: str
+) -> None:
+    # The claim was written, then reading it back failed or was cancelled: nothing ran, so
+    # the claim goes and the call sent again runs.
+    clock, retriever = ManualClock(wall=WALL, monotonic=1.0), Counting()
+    async with opener() as ledger:
+        read, reading, armed = ledger.recorded_calls, anyio.Event(), [True]
+
+        async def reads(run_id: str, call_ids: Any) -> Any:
+            if armed.pop() if armed else False:
+                if failure == "locked":
+                    raise LedgerLockedError("database is locked")
+                reading.set()
+                await anyio.sleep_forever()
+            return await read(run_id, call_ids)
+
+        ledger.recorded_calls = reads
+        hooks = recall_hooks(ledger, clock, retriever)
+        if failure == "locked":
+            with pytest.raises(LedgerLockedError):
+                await hooks.dispatch([CALL], run_id="r", scope=S, principal=P)
+        else:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(functools.partial(hooks.dispatch, [CALL], run_id="r", scope=S,
+                                                principal=P))
+                await reading.wait()
+                tg.cancel_scope.cancel()
+        assert await read("r", ["c1"]) == [] and retriever.searches == 0
+        (again,) = await hooks.dispatch([CALL], run_id="r", scope=S, principal=P)
+        assert (again.status, again.slot, retriever.searches) == ("ok", 1, 1)

@@ -26,7 +26,6 @@ from ._group import GroupCommit
 from .ledger import (
     RUN_RATE_WINDOW_S,
     AttemptTrace,
-    CallIdentity,
     CallRecord,
     IdentityCache,
     RefusalRecord,
@@ -43,12 +42,11 @@ from .ledger import (
 )
 from .ledger_admin import LedgerAdmin
 from .sql_admin import SqlAdmin
+from .sql_calls import SqlCalls
 from .sql_rows import (
     _ATTEMPTS,
     _BIND,
     _BOUND,
-    _CALLS,
-    _CLAIM_CALL,
     _EXISTING,
     _FORGET_OPENS,
     _OPEN,
@@ -57,7 +55,6 @@ from .sql_rows import (
     _RECORD_CALL,
     _RECORD_REFUSAL,
     _REFUSALS,
-    _RELEASE_CALL,
     _RESERVATIONS,
     _RETAIN,
     _RETAINED_AMONG,
@@ -68,9 +65,6 @@ from .sql_rows import (
     attempt_row,
     attempts_of,
     call_row,
-    calls_of,
-    claim_rows,
-    held,
     refusal_row,
     refusals_of,
     reservations_of,
@@ -82,7 +76,7 @@ T = TypeVar("T")
 Self = TypeVar("Self", bound="SqlLedger")
 
 
-class SqlLedger(abc.ABC):
+class SqlLedger(SqlCalls, abc.ABC):
     """The shared part of the SQL ledgers (see the module). Not a ledger on its own."""
 
     _dialect: Dialect
@@ -194,28 +188,6 @@ class SqlLedger(abc.ABC):
         for run_id in sorted(found):  # the runs' locks in one order, as a batch takes them
             statements.extend(self._retaining(run_id, found[run_id], retain_limit))
         await self._writes.submit((min(found, default=""), statements))
-
-    async def claim_calls(self, run_id: str, calls: Sequence[CallIdentity]
-                          ) -> dict[CallIdentity, CallRecord]:
-        validate.run_id(run_id)  # a claim is a pending record bearing its claimant's token
-        token, rows = claim_rows(run_id, calls)
-        await self._writes.submit((run_id, [(self._sql(_CLAIM_CALL), rows)]))
-        return held(await self.recorded_calls(run_id, [c for c, _ in calls]), calls, token)
-
-    async def release_calls(self, run_id: str, calls: Sequence[CallIdentity]) -> None:
-        validate.run_id(run_id)
-        rows = [{"run_id": run_id, "call_id": c, "digest": d} for c, d in calls]
-        await self._writes.submit((run_id, [(self._sql(_RELEASE_CALL), rows)]))
-
-    async def recorded_calls(self, run_id: str, call_ids: Sequence[str]) -> list[CallRecord]:
-        validate.run_id(run_id)
-        ids = list(dict.fromkeys(call_ids))
-        if not ids:
-            return []
-        where = f"reading the calls of run {run_id!r}"
-        rows = await self._read(_CALLS + self._dialect.in_ids("ids"),
-                                {"run_id": run_id, "ids": self._dialect.ids(ids)}, where)
-        return calls_of(run_id, rows, where)
 
     async def _write_batch(
         self, batch: Sequence[tuple[str, Rows]]

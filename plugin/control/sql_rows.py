@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import secrets
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -60,6 +59,10 @@ DELETE FROM {{q}}calls WHERE run_id = :run_id AND call_id = :call_id AND digest 
 AND status = '{PENDING}'
 """
 """A claim withdrawn by its claimant (the call never searched); an outcome stays."""
+_WITHDRAW_CLAIMS = f"""
+DELETE FROM {{q}}calls WHERE run_id = :run_id AND status = '{PENDING}' AND reason = :reason
+"""
+"""Every claim of one claimant (by its token), withdrawn: its calls never ran."""
 _RECORD_CALL = _INSERT_CALL + f"""UPDATE SET status = excluded.status, slot = excluded.slot,
     reason = excluded.reason, evidence = excluded.evidence, more = excluded.more,
     reserved = excluded.reserved, executed = excluded.executed
@@ -159,21 +162,27 @@ def call_row(record: CallRecord) -> dict[str, Any]:
     }
 
 
-def claim_rows(run_id: str, calls: Sequence[CallIdentity]) -> tuple[str, list[dict[str, Any]]]:
-    """A fresh claimant's token, and its claims on ``calls`` as the parameters of their inserts
-    (a claim is a ``pending`` record whose reason is its claimant's token)."""
-    token = secrets.token_hex(16)
-    return token, [call_row(CallRecord(run_id=run_id, call_id=call_id, digest=digest,
-                                       status=PENDING, reason=token))
-                   for call_id, digest in calls]
+def claim_rows(run_id: str, calls: Sequence[CallIdentity], token: str) -> list[dict[str, Any]]:
+    """The claims of the claimant with ``token`` on ``calls``, as the parameters of their
+    inserts (a claim is a ``pending`` record whose reason is its claimant's token)."""
+    return [call_row(CallRecord(run_id=run_id, call_id=call_id, digest=digest, status=PENDING,
+                                reason=token))
+            for call_id, digest in calls]
 
 
-def held(records: Iterable[CallRecord], calls: Sequence[CallIdentity],
-         token: str) -> dict[CallIdentity, CallRecord]:
-    """The records of ``calls`` that are not the claims of the claimant with ``token``."""
-    wanted = set(calls)
-    return {(r.call_id, r.digest): r for r in records if (r.call_id, r.digest) in wanted
-            and not (r.status == PENDING and r.reason == token)}
+def held(run_id: str, records: Iterable[CallRecord], calls: Sequence[CallIdentity], token: str,
+         *, last: bool) -> tuple[dict[CallIdentity, CallRecord], list[CallIdentity]]:
+    """The records of ``calls`` that are not the claims of the claimant with ``token``, and
+    the calls with no record at all, to claim again: a claim is this claimant's only when its
+    token is read back. On the ``last`` try those are held as claimed (never searched)."""
+    found = {(r.call_id, r.digest): r for r in records}
+    there = {call: record for call, record in found.items() if call in set(calls)
+             and not (record.status == PENDING and record.reason == token)}
+    missing = [call for call in calls if call not in found]
+    if last:
+        there.update((call, CallRecord(run_id=run_id, call_id=call[0], digest=call[1],
+                                       status=PENDING)) for call in missing)
+    return there, [] if last else missing
 
 
 def call_record(run_id: str, row: Row) -> CallRecord:
