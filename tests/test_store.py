@@ -29,6 +29,7 @@ from plugin.memory.store import (
     MemoryStoreCorruptError,
     MemoryStoreLockedError,
     MemoryStorePathError,
+    MemoryWrite,
     Person,
 )
 
@@ -577,3 +578,26 @@ async def test_a_cancelled_write_leaves_no_transaction_behind(store: MemoryStore
     assert len(await store.recent_candidates(limit=500, **ME)) in (0, 200)
     await store.add_memory("after", "after the cancel", **ME)
     assert [e.id for e in await store.sparse_candidates("after", limit=5, **ME)] == ["after"]
+
+
+async def test_the_matrices_kept_are_counted_once_when_searches_of_a_cell_meet(
+    tmp_path: Path, anyio_backend: object
+) -> None:
+    # Several searches of one cell right after a write each build its matrix: the one kept
+    # last replaces the others in the running total, so the budget keeps matrices cached.
+    embedding = HashingEmbedding()
+    async with MemoryStore(tmp_path / "m.db", embedding=embedding,
+                           vector_cache_bytes=200_000) as store:
+        await store.remember_many([MemoryWrite(text=f"memo {k} release", principal="p",
+                                               scope="s", id=f"m{k}") for k in range(200)])
+        query = embedding.embed(["release"])[0]
+        for n in range(20):
+            await store.remember(f"changed {n} release", principal="p", scope="s", id="m0")
+            async with anyio.create_task_group() as tg:
+                for _ in range(4):
+                    tg.start_soon(partial(store.semantic_candidates, query, principal="p",
+                                          scope="s", limit=3))
+            cache = store._vectors
+            assert cache.held_bytes == sum(charged for _, charged in cache._matrices.values())
+        assert cache._matrices  # still cached
+

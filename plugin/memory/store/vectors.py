@@ -275,6 +275,8 @@ class VectorCache:
         return await anyio.to_thread.run_sync(_decode, rows, dimensions)
 
     def _keep(self, key: _Key, matrix: Matrix) -> None:
+        if key in self._matrices:  # two searches of one cell built it at once: keep the last
+            self._drop(key)
         charged = matrix.nbytes
         self._matrices[key] = (matrix, charged)
         self._held += charged
