@@ -225,10 +225,15 @@ async def test_the_working_state_is_bounded_in_bytes_of_json(tmp_path: Path) -> 
     """At most 64 KiB of JSON, counted in UTF-8 bytes: 30,000 three-byte characters are
     over (though 30,000 characters are not), 21,000 are within."""
     async with recall_server(tmp_path) as server, Client(server.server) as client:
-        for run_id, text, status in (("run-wide", "界" * 30_000, "invalid"),
-                                     ("run-fits", "界" * 21_000, "ok")):
+        # 7,500 short questions: 58,900 bytes as compact JSON, 66,400 with ", " separators
+        many = {"open_questions": [f"q{i:04d}" for i in range(7_500)]}
+        for run_id, arguments, status in (
+            ("run-wide", {"constraints": ["界" * 30_000]}, "invalid"),
+            ("run-fits", {"constraints": ["界" * 21_000]}, "ok"),
+            ("run-compact", many, "ok"),
+        ):
             found = await client.call_tool(
-                "recall_context", {"current_request": "continue", "constraints": [text]},
+                "recall_context", {"current_request": "continue", **arguments},
                 meta={"recallbound/run_id": run_id})
             assert structured(found)["status"] == status, structured(found)
         assert await usage(server, "run-wide") == (0, 0, 0)

@@ -274,7 +274,8 @@ def working_state(arguments: Mapping[str, Any]) -> WorkingState:
     """The working state in ``recall_context``'s arguments (bounded in size first)."""
     try:
         # a lone surrogate counts as its three bytes here; the state's own check names it
-        size = len(json.dumps(arguments, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+        size = len(json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
+                   .encode("utf-8", "surrogatepass"))  # compact: as a client may send it
     except (TypeError, ValueError):  # pragma: no cover - the SDK hands parsed JSON
         raise InvalidArgumentError("the working state is not JSON") from None
     if size > MAX_STATE_BYTES:
