@@ -230,6 +230,9 @@ class RecallHooks:
         no more runs, say): the current corrections, which take no slot, then the bounded
         notice, as :meth:`prepare` gives them for a refused round. The query is planned
         without its semantic arm; nothing is bound, reserved or searched."""
+        if not isinstance(refusal, BudgetRefusal):
+            raise InvalidArgumentTypeError(
+                f"refusal must be a BudgetRefusal, got {type(refusal).__name__}")
         run_id = refusal.run_id
         scope, principal = self._check(run_id, scope, principal)
         _check_state(state)

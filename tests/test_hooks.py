@@ -14,6 +14,7 @@ import pytest
 from plugin import (
     AllowancePolicy,
     AttemptKind,
+    BudgetRefusal,
     InvalidArgumentError,
     ManualClock,
     QueryStrategy,
@@ -24,6 +25,7 @@ from plugin import (
     current_permit,
 )
 from plugin.control import AttemptOutcome
+from plugin.errors import InvalidArgumentTypeError
 from plugin.memory.enforce import AttemptHandle, search_attempt
 from plugin.memory.pipeline import MemoryRetriever
 from runtime_hooks import RecallHooks
@@ -460,3 +462,26 @@ def test_the_hashing_stand_in_reads_as_many_tokens_as_the_model() -> None:
     assert adapter is not None
     assert adapter.token_limit == WORDLLAMA_TOKEN_LIMIT
     assert adapter.dimensions == 256
+
+
+async def test_a_context_refused_before_its_round_shows_the_corrections_and_binds_nothing(
+    hooks: RecallHooks,
+) -> None:
+    refusal = BudgetRefusal(reason=RefusalReason.RUN_RATE, run_id="r-late", reserved=0,
+                            executed=0)
+    context = await hooks.refused_context(STATE, refusal, scope=SCOPE, principal=PRINCIPAL)
+    assert context.corrections and context.notice is not None and not context.evidence
+    assert context.render().index(context.corrections[0].text) < context.render().index(
+        "bounded")
+    assert await _usage(hooks, "r-late") == (0, 0, 0, 0)
+    # nothing bound: the run is still whoever's first uses it
+    await hooks.prepare(STATE, run_id="r-late", scope=SCOPE, principal="someone-else")
+
+
+@pytest.mark.parametrize("refusal", [None, "run_rate", {"reason": "run_rate"},
+                                     RefusalReason.RUN_RATE])
+async def test_a_refused_context_takes_a_budget_refusal_only(
+    hooks: RecallHooks, refusal: Any
+) -> None:
+    with pytest.raises(InvalidArgumentTypeError):
+        await hooks.refused_context(STATE, refusal, scope=SCOPE, principal=PRINCIPAL)
