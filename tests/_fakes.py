@@ -268,7 +268,7 @@ class MemoryLedger:
         identities = self._open().identities
         rules.check_identity(run_id, identities.get(run_id, (principal, scope)), principal, scope)
         opened = self._open().run_opens.setdefault((principal, scope), {})
-        if run_id in identities or run_id in self.runs:  # bound, or used: never counted again
+        if run_id in identities:  # bound by its opening: never counted again
             identities.setdefault(run_id, (principal, scope))
             return rules.RunOpening.KNOWN
         for old in [r for r, at_ in opened.items() if at_ <= at - rules.RUN_RATE_WINDOW_S]:

@@ -1152,8 +1152,9 @@ async def test_a_run_opened_more_than_an_hour_ago_is_known_and_never_counted_aga
     open_ledger: Callable[..., Any],
 ) -> None:
     """Openings older than the hour count no more, but the runs they opened still exist: a
-    run already bound to the pair, or already used, goes on whatever the pair opened since,
-    and takes none of this hour's room."""
+    run already bound to the pair goes on whatever the pair opened since, and takes none of
+    this hour's room. A run used without being opened (the core API binds nothing) is opened,
+    and counted, by its first opening."""
     kw: dict[str, Any] = {"principal": "alice", "scope": "proj", "per_hour": 2}
     async with open_ledger() as ledger:
         assert await ledger.open_run("old", now=WALL, **kw) is RunOpening.OPENED
@@ -1162,9 +1163,9 @@ async def test_a_run_opened_more_than_an_hour_ago_is_known_and_never_counted_aga
     async with open_ledger() as ledger:  # another process: nothing of "old" in its memory
         assert await ledger.open_run("new1", now=later, **kw) is RunOpening.OPENED
         assert await ledger.open_run("old", now=later + 1, **kw) is RunOpening.KNOWN
-        assert await ledger.open_run("used", now=later + 1, **kw) is RunOpening.KNOWN
-        assert await ledger.open_run("new2", now=later + 2, **kw) is RunOpening.OPENED
-        assert await ledger.open_run("new3", now=later + 3, **kw) is RunOpening.REFUSED
+        assert await ledger.open_run("used", now=later + 1, **kw) is RunOpening.OPENED
+        assert await ledger.open_run("new2", now=later + 2, **kw) is RunOpening.REFUSED
+        assert await ledger.open_run("used", now=later + 2, **kw) is RunOpening.KNOWN
         assert await ledger.open_run("old", now=later + 3, **kw) is RunOpening.KNOWN
         with pytest.raises(RunIdentityError):  # bound by its opening as ever
             await ledger.open_run("used", principal="bob", scope="proj", now=later + 3,

@@ -104,7 +104,8 @@ class RunOpening(enum.Enum):
     OPENED = "opened"
     """Counted now: no server had opened the run before."""
     KNOWN = "known"
-    """The run exists already (bound, or used, by this or another process): not counted."""
+    """The run is bound already (opened, or used through the hooks, by this or another
+    process): not counted."""
     REFUSED = "refused"
     """The pair already opened its runs for the hour: nothing was stored."""
 
@@ -360,8 +361,8 @@ class Ledger(Protocol):
         principal or scope raises :class:`~plugin.errors.RunIdentityError` and stores nothing)
         and count it as a run they opened at ``now``, once; in one transaction.
 
-        ``OPENED`` when the run is counted now; ``KNOWN`` when it exists already (bound, or
-        used), however long ago it opened: a run is never counted twice; ``REFUSED`` (false),
+        ``OPENED`` when the run is counted now; ``KNOWN`` when it is bound already, however
+        long ago it opened: a run is never counted twice; ``REFUSED`` (false),
         storing nothing, when the pair already opened ``per_hour`` other runs in the
         :data:`RUN_RATE_WINDOW_S` before ``now``. Atomic and shared at once by every process
         that shares the ledger, so a fleet of servers keeps one count per pair; durable at the

@@ -47,7 +47,6 @@ from .sql_rows import (
     _ATTEMPTS,
     _BIND,
     _BOUND,
-    _EXISTING,
     _FORGET_OPENS,
     _OPEN,
     _OPENS,
@@ -313,12 +312,12 @@ class SqlLedger(SqlCalls, abc.ABC):
 
     async def _open_run(self, s: Session, run_id: str, principal: str, scope: str, at: float,
                         per_hour: int) -> RunOpening:
-        """:meth:`open_run`, the pair's lock held; a run that exists is never counted again."""
+        """:meth:`open_run`, the pair's lock held; a run already bound is never counted again."""
         cell = {"principal": principal, "scope": scope}
         bound = self._identities.get(run_id)
-        rows = [] if bound else await s.fetchall(self._sql(_EXISTING), {"run_id": run_id})
-        bound = bound or next(((str(p), str(c)) for p, c in rows if p is not None), None)
-        known = bound is not None or bool(rows)  # bound, or used: whatever run_opens holds
+        rows = [] if bound else await s.fetchall(self._sql(_BOUND), {"run_id": run_id})
+        bound = bound or next(((str(p), str(c)) for p, c in rows), None)
+        known = bound is not None  # bound by its opening: whatever run_opens holds now
         if not known:
             # Openings older than the window count no more: the pair's rows stay bounded.
             await s.fetchall(self._sql(_FORGET_OPENS), {**cell, "since": at - RUN_RATE_WINDOW_S})

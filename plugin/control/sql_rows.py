@@ -95,9 +95,6 @@ INSERT INTO {q}run_identity (run_id, principal, scope) VALUES (:run_id, :princip
 ON CONFLICT (run_id) DO NOTHING
 """
 _BOUND = "SELECT principal, scope FROM {q}run_identity WHERE run_id = :run_id"
-_EXISTING = _BOUND + " UNION ALL SELECT NULL, NULL FROM {q}runs WHERE run_id = :run_id"
-"""A run's binding, and a row of NULLs when it has a ``runs`` row: no row, no such run."""
-
 _CELL = "principal = :principal AND scope = :scope"
 _FORGET_OPENS = "DELETE FROM {q}run_opens WHERE " + _CELL + " AND opened_wall <= :since"
 _OPENS = "SELECT count(*) FROM {q}run_opens WHERE " + _CELL
