@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 import attrs
 
 from plugin.control import AllowancePolicy, validate
-from plugin.control.dsn import is_connection_string, is_ephemeral, parse_location, redact
+from plugin.control.dsn import is_connection_string, parse_location, redact
 from plugin.control.dsn import shown_location as _displayed
-from plugin.control.dsn_text import location_problem
+from plugin.control.dsn_text import is_ephemeral, location_problem
 from plugin.errors import (
     ConfigError,
     InvalidConfigTypeError,

@@ -478,6 +478,10 @@ def test_a_blank_or_invisible_path_is_refused_in_code_as_from_a_file(
 
 
 @pytest.mark.parametrize("value", ["l.db", "data/my ledger.db", "./host=x.db", "ledger-é.db",
+                                   "\U0001F468\u200d\U0001F469\u200d\U0001F467.db",  # ZWJ
+                                   "\u062f\u0641\u062a\u0631\u200c\u06a9\u0644.db",  # ZWNJ
+                                   "\U0001F3F4\U000E0067\U000E0062\U000E007F.db",  # tags
+                                   "so\u00adft.db", "\u05d3\u05d5\u05d7\u200f.db",
                                    "host=h dbname=x\n", "postgresql://h/db\n"])
 def test_a_file_name_or_a_dsn_with_its_white_space_is_kept(value: str) -> None:
     assert RecallConfig(ledger_path=value).ledger_path == value

@@ -507,8 +507,35 @@ def test_a_uri_with_a_raw_at_sign_in_its_userinfo_is_refused_without_showing_it(
 
 
 @pytest.mark.parametrize("dsn", [
+    "postgresql://127.0.0.1?sslmode=disable&password=SECRETtail&user=root@x",
+    "postgresql://db?user=alice@corp&password=SECRETtail",
+    "postgresql://db:5432?user=alice@corp&password=SECRETtail",
+])
+def test_a_uri_whose_query_libpq_reads_as_its_user_or_host_is_refused_without_showing_it(
+    dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no path, libpq reads up to the first ``@`` as the userinfo, ``?`` and all: the
+    query's password would be read (and shown) as part of the host or the user name."""
+    monkeypatch.chdir(tmp_path)
+    for attempt in (
+        lambda: parse_location(dsn),
+        lambda: RecallConfig(ledger_path=dsn, store_path=tmp_path / "m.db"),
+        lambda: load_config(env={"RECALLBOUND_LEDGER": dsn, "RECALLBOUND_STORE": "m.db"}),
+    ):
+        with pytest.raises(ConfigError) as caught:
+            attempt()
+        assert "SECRETtail" not in _chain(caught.value)
+    monkeypatch.setenv("RECALLBOUND_LEDGER", dsn)
+    monkeypatch.setenv("RECALLBOUND_STORE", "m.db")
+    for argv in (["config", "show"], ["config", "show", "--json"], ["ledger", "runs"]):
+        code, out, err = _cli(*argv)
+        assert code == 1 and "SECRETtail" not in out + err, argv
+
+
+@pytest.mark.parametrize("dsn", [
     "postgresql://root:Zq9x%40tail@127.0.0.1/test",
     "postgresql://127.0.0.1/test?options=-c%20a%3Db&application_name=a@b",
+    "postgresql://app:pw@127.0.0.1?application_name=a@b",
     "postgresql://root@127.0.0.1/test",
 ])
 def test_a_uri_with_its_at_signs_encoded_or_after_the_host_is_a_postgres_ledger(dsn: str) -> None:

@@ -36,7 +36,14 @@ from .dsn_schema import SCHEMA_PARAMETER as SCHEMA_PARAMETER
 from .dsn_schema import URI_START, USERINFO, query_mark
 from .dsn_schema import check_schema as check_schema
 from .dsn_schema import split_schema as split_schema
-from .dsn_text import doubled_at, hide_userinfo_ats, names_keyword, replace_literals
+from .dsn_text import (
+    doubled_at,
+    hide_userinfo_ats,
+    is_secret,
+    names_keyword,
+    replace_literals,
+    secret_inside,
+)
 
 __all__ = ["LedgerLocation", "POSTGRES_SCHEMES", "SCHEMA_PARAMETER", "is_connection_string",
            "parse_location", "password_of", "redact"]
@@ -54,9 +61,6 @@ PHP's ``pgsql:``, ``postgresql+psycopg://``, ``POSTGRES://``): an error, never a
 
 # libpq's white space (C ``isspace``): a Unicode space is an ordinary character to it.
 _SPACE = " \t\n\r\f\v"
-_SECRET_KEYWORDS = frozenset({"password", "sslpassword", "oauth_client_secret",
-                              "scram_client_key", "scram_server_key"})
-"""The libpq keywords (and URI query parameters) whose value is a secret."""
 _QUOTES = "'\"`\u2018\u2019\u201a\u201b\u201c\u201d\u201e\u201f\u00ab\u00bb\u2039\u203a"
 
 
@@ -119,10 +123,14 @@ def conninfo_dict(dsn: str) -> dict[str, Any]:
             f"the ledger ({_form(dsn)}) is a PostgreSQL connection string, which needs the "
             f"postgres extra (pip install 'recallbound[postgres]')") from None
     try:
-        return conninfo_to_dict(dsn)
+        params = conninfo_to_dict(dsn)
     except Exception as exc:  # psycopg.ProgrammingError: libpq could not parse it
         # libpq quotes the fragment it stumbled on, which may be a password: never shown.
         message = _QUOTED.sub('"..."', " ".join(str(exc).split()))
+    else:
+        if not secret_inside(params):
+            return params
+        message = "libpq reads a password inside its host or user name (put '/' before '?')"
     # Raised outside the handler: libpq's own error (the password in it) is not its context.
     raise LedgerConfigError(
         f"the ledger ({_form(dsn)}) looks like a PostgreSQL connection string but cannot be "
@@ -179,20 +187,6 @@ def parse_location(location: str | os.PathLike[str]) -> LedgerLocation:
     return LedgerLocation(kind="sqlite", target=location)
 
 
-def is_ephemeral(location: str | os.PathLike[str]) -> bool:
-    """Whether a ledger location keeps nothing once closed (an in-memory SQLite database)."""
-    text = os.fspath(location)
-    if text in ("", ":memory:"):  # "" is SQLite's private temporary database
-        return True
-    if text[:5].lower() == "file:":
-        name, _, query = text[5:].partition("?")
-        name = urllib.parse.unquote(name.partition("#")[0])
-        options = urllib.parse.parse_qs(query)
-        return (name in ("", ":memory:") or name.startswith(":memory:")
-                or "memory" in options.get("mode", []) or "memdb" in options.get("vfs", []))
-    return False
-
-
 def password_of(dsn: str) -> str | None:
     """The password a DSN carries (either form), or ``None``; never raises."""
     try:
@@ -233,10 +227,6 @@ def shown_location(location: str | os.PathLike[str]) -> str:
     return redact(text)
 
 
-def _is_secret(keyword: str) -> bool:
-    return keyword.strip(_SPACE).lower() in _SECRET_KEYWORDS
-
-
 def _uri_spans(dsn: str, start: int) -> list[tuple[int, int]]:
     """Where a URI's passwords are, read as libpq reads them; ``start`` is just past ``://``.
 
@@ -255,7 +245,7 @@ def _uri_spans(dsn: str, start: int) -> list[tuple[int, int]]:
         position = mark + 1
         for item in dsn[mark + 1:].split("&"):
             key, equals, _ = item.partition("=")
-            if equals and _is_secret(urllib.parse.unquote(key)):
+            if equals and is_secret(urllib.parse.unquote(key)):
                 spans.append((position + len(key) + 1, position + len(item)))
             position += len(item) + 1
     return spans
@@ -303,7 +293,7 @@ def _keyword_spans(dsn: str) -> list[tuple[int, int]] | None:
             while index < end and dsn[index] not in _SPACE:
                 index += 2 if dsn[index] == "\\" else 1
             index = min(index, end)
-        if _is_secret(keyword):
+        if is_secret(keyword):
             spans.append((value, index))
     return spans
 
@@ -347,7 +337,7 @@ def _checked(location: str, shown: str) -> str:
     params = read(location)
     if params is None:
         return shown
-    hidden = {key: _HIDDEN if _is_secret(key) else value for key, value in params.items()}
+    hidden = {key: _HIDDEN if is_secret(key) else value for key, value in params.items()}
     if read(shown) == hidden:
         return shown
     return make_conninfo("", **hidden)

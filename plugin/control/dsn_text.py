@@ -9,7 +9,8 @@ import ast
 import os
 import re
 import unicodedata
-from collections.abc import Callable
+import urllib.parse
+from collections.abc import Callable, Mapping
 
 LIBPQ_KEYWORDS = frozenset({
     "application_name", "channel_binding", "client_encoding", "connect_timeout", "dbname",
@@ -45,12 +46,39 @@ _USERINFO_ATS = re.compile(
 
 
 def doubled_at(uri: str) -> bool:
-    """Whether the URI ``uri`` holds more than one ``@`` before the first ``/`` after its
-    ``//``. A host never holds an ``@``; libpq ends the userinfo at the first one, so the rest
-    of a password with a raw ``@`` in it would be read (and shown) as the host."""
+    """Whether the URI ``uri`` holds an ``@`` in its host: after the first ``@`` that comes
+    before any ``/`` past its ``//`` (which ends the userinfo, as libpq reads it) and before
+    the next ``/`` or ``?``. A host never holds an ``@``: the rest of a password with a raw
+    ``@`` in it would be read (and shown) as the host. A query may hold one."""
     start = uri.find("//") + 2
-    end = uri.find("/", start)
-    return uri.count("@", start, end if end >= 0 else len(uri)) > 1
+    at = uri.find("@", start)
+    slash = uri.find("/", start)
+    if at < 0 or 0 <= slash < at:
+        return False
+    ends = [i for i in (uri.find("/", at), uri.find("?", at)) if i >= 0]
+    return "@" in uri[at + 1:min(ends, default=len(uri))]
+
+
+_SECRET_INSIDE = re.compile(
+    r"(?i)\b(?:(?:ssl)?password|oauth_client_secret|scram_(?:client|server)_key)[ \t]*=")
+
+
+SECRET_KEYWORDS = frozenset({"password", "sslpassword", "oauth_client_secret",
+                             "scram_client_key", "scram_server_key"})
+"""The libpq keywords (and URI query parameters) whose value is a secret."""
+
+
+def is_secret(keyword: str) -> bool:
+    """Whether libpq's ``keyword`` names a secret (white space and case aside)."""
+    return keyword.strip(" \t\n\r\f\v").lower() in SECRET_KEYWORDS
+
+
+def secret_inside(params: Mapping[str, object]) -> bool:
+    """Whether a parameter libpq read that is no secret holds a secret keyword and ``=``: a
+    URI with no path whose query libpq read into its user name or host, as in
+    ``postgresql://db?user=a@corp&password=...``."""
+    return any(_SECRET_INSIDE.search(str(value)) for key, value in params.items()
+               if not is_secret(key))
 
 
 def hide_userinfo_ats(text: str, hidden: str) -> str:
@@ -83,6 +111,13 @@ def replace_literals(text: str, shown: Callable[[str], str],
     return "".join(pieces)
 
 
+_STRAY = frozenset("\ufeff\u200b\u2060\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+"""Invisible characters no file name means to hold: a BOM, a zero-width space, a word joiner,
+the bidi embeddings, overrides and isolates. The other format characters belong to names
+(the zero-width joiner of an emoji or an Indic word, the non-joiner of a Persian one, a flag's
+tags, a soft hyphen, a direction mark)."""
+
+
 def location_problem(text: str, *, file: bool) -> str | None:
     """Why ``text`` can name no location, or None; the value itself is never repeated (it may
     hold a password). Empty or blank, or not encodable as a file name (a lone surrogate, which
@@ -95,7 +130,21 @@ def location_problem(text: str, *, file: bool) -> str | None:
         os.fsencode(text)
     except UnicodeError:
         return "holds a character no file name can hold (a lone surrogate)"
-    if file and any(unicodedata.category(char) in ("Cc", "Cf") for char in text):
+    if file and any(unicodedata.category(char) == "Cc" or char in _STRAY for char in text):
         return ("holds a control or invisible character (a newline, a tab, a BOM, a "
                 "zero-width space): give the file's name without it")
     return None
+
+
+def is_ephemeral(location: str | os.PathLike[str]) -> bool:
+    """Whether a ledger location keeps nothing once closed (an in-memory SQLite database)."""
+    text = os.fspath(location)
+    if text in ("", ":memory:"):  # "" is SQLite's private temporary database
+        return True
+    if text[:5].lower() == "file:":
+        name, _, query = text[5:].partition("?")
+        name = urllib.parse.unquote(name.partition("#")[0])
+        options = urllib.parse.parse_qs(query)
+        return (name in ("", ":memory:") or name.startswith(":memory:")
+                or "memory" in options.get("mode", []) or "memdb" in options.get("vfs", []))
+    return False
