@@ -43,6 +43,7 @@ from plugin.control.ledger_admin import (
     RunSummary,
     check_limit,
 )
+from plugin.control.sql_rows import attempt_row
 from plugin.errors import LedgerClosedError
 
 
@@ -189,6 +190,8 @@ class MemoryLedger:
         retain_limit: int = 0,
     ) -> None:
         store = self._open()
+        for trace in attempts:
+            attempt_row(trace)  # the same checks as the SQL ledgers
         for trace in attempts:
             known = self.traces.get(trace.attempt_id)
             if known is None or known.outcome is AttemptOutcome.IN_FLIGHT:  # never regresses

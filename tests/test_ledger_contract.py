@@ -46,6 +46,7 @@ from plugin.control import (
 from plugin.control.ledger import CallRecord, RunOpening
 from plugin.control.refusal import BudgetRefusal
 from plugin.errors import (
+    InvalidArgumentError,
     InvalidArgumentTypeError,
     LedgerClosedError,
     LedgerCorruptError,
@@ -288,6 +289,20 @@ async def test_a_recorded_attempt_that_ran_past_the_deadline_ends_the_run_for_a_
     behind = _granted(await ledger.reserve("other", DELIB, 1, policy, WALL - 1000))
     assert behind.reserved_wall == (WALL if by_server else WALL + 5)
     assert behind.deadline_wall == WALL + 10
+
+
+@pytest.mark.parametrize(("started", "elapsed"), [
+    (1e308, 1e308), (float("inf"), 0.25), (WALL, float("nan")), (WALL, -1.0),
+])
+async def test_an_attempt_whose_times_are_not_finite_is_refused_and_the_run_goes_on(
+    ledger: Ledger, started: float, elapsed: float
+) -> None:
+    _granted(await ledger.reserve("run", AUTO, 1, POLICY, WALL))
+    trace = attrs.evolve(_trace("a1", "run", 1), started_wall=started, elapsed_s=elapsed)
+    with pytest.raises(InvalidArgumentError):
+        await ledger.record([trace], [])
+    assert await ledger.attempts("run") == []
+    _granted(await ledger.reserve("run", DELIB, 1, POLICY, WALL + 1))
 
 
 async def test_refusals_are_recorded_as_rounds(ledger: Ledger) -> None:

@@ -12,7 +12,7 @@ import json
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from plugin.errors import LedgerCorruptError
+from plugin.errors import InvalidArgumentError, LedgerCorruptError
 
 from .ledger import (
     PENDING,
@@ -27,6 +27,7 @@ from .ledger import (
 from .policy import RoundKind
 from .refusal import RefusalReason
 from .sql_schema import Row
+from .validate import finite
 
 _RECORD_ATTEMPT = """
 INSERT INTO {q}attempts AS a (attempt_id, run_id, round_index, slot, kind, strategy, fingerprint,
@@ -139,7 +140,13 @@ ORDER BY id
 
 
 def attempt_row(trace: AttemptTrace) -> dict[str, Any]:
-    """An attempt trace as the parameters of the attempt upsert."""
+    """An attempt trace as the parameters of the attempt upsert. Its start and its end must be
+    finite times (the end is the run's clock for its later rounds)."""
+    elapsed = 0.0 if trace.elapsed_s is None else trace.elapsed_s
+    if not (finite(trace.started_wall) and finite(elapsed) and elapsed >= 0
+            and finite(trace.started_wall + elapsed)):
+        raise InvalidArgumentError(
+            f"attempt {trace.attempt_id!r}: its start and end must be finite times")
     return {
         "attempt_id": trace.attempt_id, "run_id": trace.run_id,
         "round_index": trace.round_index, "slot": trace.slot, "kind": trace.kind,
