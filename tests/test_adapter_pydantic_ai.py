@@ -392,6 +392,10 @@ class _PerCall(RecallCapability):
     async def before_node_run(self, ctx: RunContext[Any], *, node: AgentNode[Any]) -> Any:
         return node
 
+    async def after_model_request(self, ctx: RunContext[Any], *, request_context: Any,
+                                  response: Any) -> Any:
+        return response
+
 
 async def test_regression_per_call_dispatch_loses_calls(hooks: RecallHooks) -> None:
     model = SixSearches()
@@ -432,6 +436,10 @@ class _WrapNodeRun(RecallCapability):
                             handler: WrapNodeRunHandler[Any]) -> Any:
         await RecallCapability.before_node_run(self, ctx, node=node)
         return await handler(node)
+
+    async def after_model_request(self, ctx: RunContext[Any], *, request_context: Any,
+                                  response: Any) -> Any:
+        return response  # nor the latest response's batch
 
 
 @pytest.mark.parametrize(("mode", "ran"), [("run", 2), ("run_stream", 1)])
@@ -687,6 +695,17 @@ def _with_output(hooks: RecallHooks, script: OutputWithSearches, end_strategy: s
     return Agent(script.model(), deps_type=RunIdentity, output_type=_Answer,
                  end_strategy=end_strategy,  # type: ignore[arg-type]
                  capabilities=[RecallCapability(hooks, automatic=False)])
+
+
+@pytest.mark.parametrize("end_strategy", ["graceful", "exhaustive"])
+@pytest.mark.parametrize("mode", ["run", "run_stream"])
+async def test_searches_beside_a_final_output_share_one_round_however_the_run_streams(
+    hooks: RecallHooks, end_strategy: str, mode: str
+) -> None:
+    # Under run_stream pydantic-ai runs the tools of a response whose output is final itself
+    # (no CallToolsNode): its searches still take one round, distinct slots.
+    await _drive(_with_output(hooks, OutputWithSearches("42"), end_strategy), mode)
+    assert await _usage(hooks) == (1, 2, 2, 0)
 
 
 async def test_under_run_stream_a_search_skipped_by_early_is_never_reserved(

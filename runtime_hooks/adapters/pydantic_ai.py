@@ -58,7 +58,13 @@ with missing_extra("pydantic-ai", "runtime_hooks.adapters.pydantic_ai"):
     from pydantic_ai.capabilities import AbstractCapability
     from pydantic_ai.capabilities.abstract import AgentNode, ValidatedToolArgs, WrapRunHandler
     from pydantic_ai.exceptions import SkipToolExecution
-    from pydantic_ai.messages import InstructionPart, ModelRequest, ToolCallPart, UserPromptPart
+    from pydantic_ai.messages import (
+        InstructionPart,
+        ModelRequest,
+        ModelResponse,
+        ToolCallPart,
+        UserPromptPart,
+    )
     from pydantic_ai.models import ModelRequestContext
     from pydantic_ai.run import AgentRunResult
     from pydantic_ai.tools import DeferredToolResult, Tool, ToolApproved, ToolDefinition
@@ -153,9 +159,12 @@ def _may_skip_function_tools(ctx: RunContext[Any]) -> bool:
 @attrs.define(eq=False)
 class _Invocation(Invocation):
     """One pydantic-ai run, with the search calls of its latest response that wait for
-    pydantic-ai to run one of them (``end_strategy="early"``)."""
+    pydantic-ai to run one of them (``end_strategy="early"``), and those of its latest model
+    response whatever ran it (``run_stream`` runs the tools of a response whose output is
+    final itself, with no CallToolsNode)."""
 
     waiting: list[ToolCall] = attrs.field(factory=list, init=False)
+    latest: list[ToolCall] = attrs.field(factory=list, init=False)
 
 
 @dataclass
@@ -305,6 +314,18 @@ class RecallCapability(AbstractCapability[Any]):
                 await self._dispatch(ctx, self._run_recall(ctx), calls)
         return node
 
+    async def after_model_request(
+        self, ctx: RunContext[Any], *, request_context: ModelRequestContext,
+        response: ModelResponse,
+    ) -> ModelResponse:
+        invocation = self._invocation.get()
+        if isinstance(invocation, _Invocation):
+            ids = [part.tool_call_id for part in response.tool_calls]
+            invocation.latest = [] if len(ids) != len(set(ids)) else [
+                ToolCall(call_id=part.tool_call_id, arguments=_arguments(part.args))
+                for part in response.tool_calls if part.tool_name == SEARCH_TOOL.name]
+        return response
+
     async def before_tool_execute(
         self,
         ctx: RunContext[Any],
@@ -328,18 +349,20 @@ class RecallCapability(AbstractCapability[Any]):
         stored = recall.result(call_id, _arguments(arguments))
         if stored is not None:
             return stored
-        # Its response's batch waits for pydantic-ai to run one of its searches: the whole batch
-        # now, one round. Else it was not dispatched with a batch (the framework's deadline cut
-        # the batch short, or the call reached the tool on a path without a CallToolsNode): a
-        # round of its own.
+        # Its response's batch waits for pydantic-ai to run one of its searches, or it reached
+        # the tool on a path without a CallToolsNode (run_stream, its output final): its
+        # response's searches now, one round. Else (the framework's deadline cut the batch
+        # short) a round of its own.
         invocation = self._invocation.get()
-        waiting = invocation.waiting if isinstance(invocation, _Invocation) else []
-        keys = [call_key(c.call_id, c.arguments) for c in waiting]
-        key = call_key(call_id, _arguments(arguments))
-        if key in keys:
-            return (await self._dispatch(ctx, recall, waiting))[keys.index(key)]
         call = ToolCall(call_id=call_id, arguments=_arguments(arguments))
-        return (await self._dispatch(ctx, recall, [call]))[0]
+        key = call_key(call_id, call.arguments)
+        batches = ([invocation.waiting, invocation.latest]
+                   if isinstance(invocation, _Invocation) else [])
+        for batch in (*batches, [call]):
+            keys = [call_key(c.call_id, c.arguments) for c in batch]
+            if key in keys:
+                return (await self._dispatch(ctx, recall, batch))[keys.index(key)]
+        raise AssertionError("unreachable: a call is in a batch of its own")
 
     async def _dispatch(
         self, ctx: RunContext[Any], recall: RunRecall, calls: Sequence[ToolCall]
