@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from plugin.control import RecallAllowance, RoundKind, SqliteLedger
-from plugin.control.dsn import parse_location, redact
+from plugin.control.dsn import parse_location, redact, shown_location
 from plugin.errors import (
     ConfigError,
     LedgerConfigError,
@@ -431,6 +431,12 @@ TYPO_DSNS = [
     "host:127.0.0.1 dbname=test user=root",
     "host 127.0.0.1 dbname = test",
     "127.0.0.1 sslmode=require",
+    "servi\u00adce=prod host=h",  # a soft hyphen inside a keyword
+    "\u3164dbname=test host=h",  # a Hangul filler before it
+    "\u2800host=h dbname=test",  # a blank braille cell
+    "host\u034f=h dbname=test",  # a combining grapheme joiner
+    "\u200epostgresql://h/db",  # a direction mark before a URI
+    "postgre\ufe0fsql://h/db",  # a variation selector inside the scheme
 ]
 
 
@@ -530,6 +536,13 @@ def test_a_uri_whose_query_libpq_reads_as_its_user_or_host_is_refused_without_sh
     for argv in (["config", "show"], ["config", "show", "--json"], ["ledger", "runs"]):
         code, out, err = _cli(*argv)
         assert code == 1 and "SECRETtail" not in out + err, argv
+
+
+def test_an_at_sign_in_a_uri_query_keeps_the_host_and_database_in_view() -> None:
+    dsn = "postgresql://root:SECRETtail@db.internal:5432/fleet?application_name=ops@team"
+    shown = "postgresql://root:***@db.internal:5432/fleet?application_name=ops@team"
+    assert redact(dsn) == shown == shown_location(dsn)
+    assert redact(f"cannot open {dsn} now") == f"cannot open {shown} now"
 
 
 @pytest.mark.parametrize("dsn", [

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 import re
-import unicodedata
 import urllib.parse
 from collections.abc import Iterable
 from typing import Any, Literal
@@ -39,10 +38,12 @@ from .dsn_schema import split_schema as split_schema
 from .dsn_text import (
     doubled_at,
     hide_userinfo_ats,
+    invisible,
     is_secret,
     names_keyword,
     replace_literals,
     secret_inside,
+    visible,
 )
 
 __all__ = ["LedgerLocation", "POSTGRES_SCHEMES", "SCHEMA_PARAMETER", "is_connection_string",
@@ -67,14 +68,14 @@ _QUOTES = "'\"`\u2018\u2019\u201a\u201b\u201c\u201d\u201e\u201f\u00ab\u00bb\u203
 def _wrapper(char: str) -> bool:
     """A quote, white space, or an invisible (format) character such as a BOM, a zero-width
     space or a direction mark: what a connection string is pasted inside, or after."""
-    return char in _QUOTES or char in _SPACE or unicodedata.category(char) == "Cf"
+    return char in _QUOTES or char in _SPACE or invisible(char)
 
 
 # A password inside a longer text (a message that quotes a location): a URI's userinfo
 # (``//user:secret@``), a ``password=`` or ``sslpassword=`` keyword or query parameter, its value
 # quoted or not, read as libpq reads a key=value value (a backslash escapes the next character,
 # only white space ends it: ``#`` and ``&`` belong to the value).
-_URI_PASSWORD = re.compile(r"(:/{1,2}[^:/@ \t\n\r\f\v]*:)[^ \t\n\r\f\v]*@")
+_URI_PASSWORD = re.compile(r"(:/{1,2}[^:/@ \t\n\r\f\v]*:)[^ \t\n\r\f\v]*?@")
 """A URI's ``user:secret@`` (one slash as well: a path keeps one of ``postgresql://``)."""
 _KEYWORD_PASSWORD = re.compile(
     r"(?is)(\b(?:(?:ssl)?password|oauth_client_secret|scram_(?:client|server)_key)"
@@ -130,7 +131,8 @@ def conninfo_dict(dsn: str) -> dict[str, Any]:
     else:
         if not secret_inside(params):
             return params
-        message = "libpq reads a password inside its host or user name (put '/' before '?')"
+        message = ("libpq reads a password keyword inside another value (with no '/' "
+                   "before a URI's '?', its query is read as the user name and host)")
     # Raised outside the handler: libpq's own error (the password in it) is not its context.
     raise LedgerConfigError(
         f"the ledger ({_form(dsn)}) looks like a PostgreSQL connection string but cannot be "
@@ -178,8 +180,9 @@ def parse_location(location: str | os.PathLike[str]) -> LedgerLocation:
     unwrapped = text[start:end]
     wrapped = start > 0 and (text[0] not in _QUOTES or text[-1] in _QUOTES
                              or text[0] not in text[1:])  # quoted, or an opening quote alone
-    if wrapped and (_URI.match(unwrapped) or _KEYWORD.match(unwrapped)
-                              or _FOREIGN_DSN.match(unwrapped)):
+    seen = visible(unwrapped)  # what a reader sees: an invisible character inside it too
+    if (wrapped or seen != unwrapped) and (_URI.match(seen) or _keywords(seen)
+                                           or _FOREIGN_DSN.match(seen)):
         # quotes an env file or a unit file left on, or an invisible character pasted in
         raise LedgerConfigError(
             f"the ledger ({_form(unwrapped)}) is a connection string inside quotes or after an "

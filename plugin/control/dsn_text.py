@@ -111,6 +111,23 @@ def replace_literals(text: str, shown: Callable[[str], str],
     return "".join(pieces)
 
 
+_BLANKS = frozenset("\u034f\u115f\u1160\u17b4\u17b5\u2800\u3164\uffa0")
+"""Characters that show nothing and are not format characters (a combining grapheme joiner,
+the Hangul fillers, the Khmer inherent vowels, a blank braille cell)."""
+
+
+def invisible(char: str) -> bool:
+    """Whether ``char`` shows nothing: a format character, a variation selector or another
+    default-ignorable or blank code point."""
+    return (unicodedata.category(char) == "Cf" or char in _BLANKS
+            or "\ufe00" <= char <= "\ufe0f" or "\u180b" <= char <= "\u180f")
+
+
+def visible(text: str) -> str:
+    """``text`` without the characters that show nothing (:func:`invisible`)."""
+    return "".join(char for char in text if not invisible(char))
+
+
 _STRAY = frozenset("\ufeff\u200b\u2060\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 """Invisible characters no file name means to hold: a BOM, a zero-width space, a word joiner,
 the bidi embeddings, overrides and isolates. The other format characters belong to names
