@@ -431,10 +431,10 @@ TYPO_DSNS = [
     "host:127.0.0.1 dbname=test user=root",
     "host 127.0.0.1 dbname = test",
     "127.0.0.1 sslmode=require",
-    "servi\u00adce=prod host=h",  # a soft hyphen inside a keyword
-    "\u3164dbname=test host=h",  # a Hangul filler before it
-    "\u2800host=h dbname=test",  # a blank braille cell
-    "host\u034f=h dbname=test",  # a combining grapheme joiner
+    "servi\u00adce=prod",  # a soft hyphen inside a keyword
+    "\u3164dbname=test",  # a Hangul filler before it
+    "\u2800host=h",  # a blank braille cell
+    "host\u034f=h",  # a combining grapheme joiner
     "\u200epostgresql://h/db",  # a direction mark before a URI
     "postgre\ufe0fsql://h/db",  # a variation selector inside the scheme
 ]
