@@ -45,6 +45,13 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {redact(message)}\n")
 
 
+def _folder(text: str) -> Path:
+    """An argparse type: a folder, never empty (``Path("")`` would be the working folder)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return Path(text)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="recallbound", description="Bounded, durable memory recall for agent runtimes."
@@ -54,7 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command")
     demo = commands.add_parser("demo", help="run the scripted end-to-end demo")
     demo.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
-    demo.add_argument("--data-dir", type=Path, default=None,
+    demo.add_argument("--data-dir", type=_folder, default=None,
                       help="keep the ledger and store here (default: a temporary folder)")
     demo.add_argument("--semantic", choices=[s.value for s in Semantic], default=None,
                       help="embedding for the semantic arm (default: auto, the best "

@@ -264,14 +264,14 @@ def _find_file(file: str | os.PathLike[str] | None, env: Mapping[str, str],
         path = cwd / Path(file)
         if not path.is_file():
             raise ConfigError(f"configuration file {shown_location(str(path))} (given "
-                              f"explicitly) does not exist")
+                              f"explicitly) {_not_a_file(path)}")
         return path
     named = env.get(ENV_FILE)
     if named is not None:
         path = cwd / Path(named)
         if not named or not path.is_file():
             raise ConfigError(f"configuration file {shown_location(named)} (from {ENV_FILE}) "
-                              f"does not exist")
+                              f"{_not_a_file(path) if named else 'does not exist'}")
         return path
     default = cwd / FILE_NAME
     return default if default.is_file() else None
@@ -393,3 +393,8 @@ def load_config(
 
 if __name__ == "__main__":  # pragma: no cover - regenerates the documentation's table
     sys.stdout.write(settings_table())
+
+
+def _not_a_file(path: Path) -> str:  # why ``path`` cannot be the configuration file
+    return ("is a folder, not a file" if path.is_dir() else
+            "is not a regular file" if path.exists() else "does not exist")

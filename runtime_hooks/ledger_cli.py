@@ -213,13 +213,15 @@ def _dump(out: TextIO, document: object) -> None:
 
 @contextlib.contextmanager
 def _known_values(what: str) -> Iterator[None]:
-    """A stored value this version has no name for (written by a newer one, or edited), read
-    in the block, is one :class:`~plugin.errors.LedgerCorruptError` line naming ``what``."""
+    """A stored value this version cannot read (the file damaged, a hand edit, a value a newer
+    version wrote), read in the block, is one :class:`~plugin.errors.LedgerCorruptError` line
+    naming ``what``, and the reason the driver gave."""
     try:
         yield
     except (ValueError, LedgerCorruptError) as exc:
-        raise LedgerCorruptError(f"{what} holds a value this version of recallbound does not "
-                                 f"know (written by a newer one, or edited): {exc}") from None
+        raise LedgerCorruptError(f"{what} holds data this version of recallbound cannot read "
+                                 f"(a damaged file, a hand edit, or a value a newer version "
+                                 f"wrote): {exc}") from None
 
 
 async def _runs(args: argparse.Namespace, ledger: Ledger, admin: LedgerAdmin, out: TextIO,

@@ -371,7 +371,40 @@ def test_recallbound_evaluate_reports_a_bad_file(tmp_path: Path) -> None:
     assert line.startswith("recallbound: ") and "line 1" in line and "not defined" in line
 
 
-@pytest.mark.parametrize("argv", [["--limit", "0"], ["--k", "x"], []])
+def _evaluate(scenarios: Path, out: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "runtime_hooks", "evaluate", "--scenarios", str(scenarios),
+         "--out", str(out), "--semantic", "hashing", "--quiet", "--determinism", "0"],
+        capture_output=True, text=True, cwd=ROOT, check=False,
+    )
+
+
+def test_a_failed_run_leaves_the_previous_runs_files_as_they_were(tmp_path: Path) -> None:
+    scenarios, out = tmp_path / "dev.jsonl", tmp_path / "out"
+    with DEVSET.open("rb") as source:
+        lines = list(itertools.islice(source, 6))
+    scenarios.write_bytes(b"".join(lines))
+    assert _evaluate(scenarios, out).returncode == 0
+    before = {path.name: path.read_bytes() for path in out.iterdir()}
+    # fewer scenarios, then a bad line: the run fails after ranking the good ones
+    scenarios.write_bytes(b"".join(lines[:4]) + b'{"id":\n')
+    failed = _evaluate(scenarios, out)
+    assert failed.returncode == 1, failed.stderr
+    assert {path.name: path.read_bytes() for path in out.iterdir()} == before
+
+
+def test_an_input_in_the_output_folder_is_read_whole(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    with DEVSET.open("rb") as source:
+        (out / "rankings.jsonl").write_bytes(b"".join(itertools.islice(source, 6)))
+    done = _evaluate(out / "rankings.jsonl", out)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((out / "report.json").read_text(encoding="utf-8"))["scenarios"] == 5
+
+
+@pytest.mark.parametrize("argv", [["--limit", "0"], ["--k", "x"], [], ["--digest-only", "-1"],
+                                  ["--out", ""]])
 def test_usage_errors_exit_2(tmp_path: Path, argv: list[str]) -> None:
     base = [] if not argv else ["--scenarios", str(DEVSET), "--out", str(tmp_path)]
     result = subprocess.run(

@@ -339,7 +339,7 @@ def test_runs_on_a_hand_edited_time_is_one_line(ledger_file: Path) -> None:
             "DROP TABLE runs; ALTER TABLE runs2 RENAME TO runs;")
     code, out, err = cli("ledger", "--ledger", str(ledger_file), "runs")
     assert (code, out) == (1, "") and err.count("\n") == 1
-    assert "holds a value this version of recallbound does not know" in err
+    assert "holds data this version of recallbound cannot read" in err
 
 
 # -- what is printed is escaped -----------------------------------------------------------------
@@ -524,3 +524,21 @@ def test_a_stored_time_that_is_no_time_is_printed_not_a_traceback(ledger_file: P
         document = json.loads(out, parse_constant=pytest.fail)  # strict JSON: no Infinity
         run = document["runs"][-1] if command[0] == "runs" else document["run"]
         assert run["deadline"] is None
+
+
+@pytest.mark.parametrize("argv", [["demo", "--data-dir", ""], ["demo", "--data-dir", "  "]])
+def test_an_empty_folder_argument_is_a_usage_error(
+    argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.chdir(tmp_path)  # an empty path would be the working folder
+    code, out, err = cli(*argv)
+    assert (code, out) == (2, "") and "must not be empty" in err + capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_folder_given_as_the_configuration_file_is_named_as_a_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = cli("config", "show", "--config", str(tmp_path))
+    assert code != 0 and "is a folder, not a file" in err + capsys.readouterr().err

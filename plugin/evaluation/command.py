@@ -55,6 +55,7 @@ from .evaluator import (
     Evaluator,
     default_embedding,
 )
+from .outputs import Outputs
 from .report import LEGEND as LEGEND
 from .report import WORSE as WORSE
 from .report import tables as tables
@@ -79,9 +80,9 @@ SEMANTIC_CHOICES = ("wordllama", "minilm", "hashing")
 
 def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``evaluate`` options to ``parser`` (the ``recallbound evaluate`` subparser)."""
-    parser.add_argument("--scenarios", required=True, type=Path,
+    parser.add_argument("--scenarios", required=True, type=given_path,
                         help="a JSONL scenario file (one scenario a line; corpora may be shared)")
-    parser.add_argument("--out", required=True, type=Path,
+    parser.add_argument("--out", required=True, type=given_path,
                         help="folder for report.json, report.md and chart.png")
     parser.add_argument("--k", default="5,10", type=_ks,
                         help="comma-separated cut-offs for recall@k and hit@k (default 5,10)")
@@ -99,7 +100,8 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--determinism", type=_count_or_zero, default=20, metavar="N",
                         help="re-run the first N scenarios in a second process with another "
                         "PYTHONHASHSEED and compare rankings (0: skip)")
-    parser.add_argument("--digest-only", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--digest-only", type=_count_or_zero, default=None,
+                        help=argparse.SUPPRESS)
     parser.add_argument("--resamples", type=_count, default=BOOTSTRAP_RESAMPLES,
                         help=argparse.SUPPRESS)
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -138,6 +140,13 @@ def _at_least(minimum: int) -> Callable[[str], int]:
 
 _count_or_zero = _at_least(0)
 _count = _at_least(1)
+
+
+def given_path(text: str) -> Path:
+    """An argparse type: a path, never empty (``Path("")`` would be the working folder)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return Path(text)
 
 
 def _arms(text: str) -> tuple[Arm, ...]:
@@ -242,27 +251,34 @@ def main(args: argparse.Namespace, command_line: Sequence[str] | None = None) ->
     except OSError as exc:
         return _fail(f"cannot use {exc.filename}: {exc.strerror}")
     progress = None if args.quiet else Progress(len(keep) if keep is not None else total).advance
-    try:
-        with (args.out / "rankings.jsonl").open("w", encoding="utf-8") as rankings:
-            report = run(path, embedding=embedding, ks=args.k, determinism=args.determinism,
-                         resamples=args.resamples, progress=progress, backend=args.backend,
-                         keep=keep, rankings=rankings, second_process=_second_process(args),
-                         arms=args.arms)
-    except InvalidScenarioError as exc:
-        return _fail(f"{path}: {exc}")
-    except (RecallboundError, OSError) as exc:
-        return _fail(f"evaluation failed: {exc}")
-    report = {"provenance": {**origin, "limit": args.limit,
-                             "seed": args.seed if args.limit is not None else None},
-              **report}
-    (args.out / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    (args.out / "report.md").write_text(
-        "# recallbound evaluate\n\n" + tables(report, markdown=True), encoding="utf-8"
-    )
-    try:
-        write_chart(report, args.out / "chart.png")
-    except ImportError:
-        print("chart.png not written: install the evaluate extra (matplotlib)", file=sys.stderr)
+    # Every output is written beside its place and moved there only once the whole run
+    # succeeded: a failed or interrupted run leaves the previous run's files as they were
+    # (never a mix of the two), and an input read from the output folder is never truncated.
+    with Outputs(args.out) as outputs:
+        try:
+            with outputs.open("rankings.jsonl") as rankings:
+                report = run(path, embedding=embedding, ks=args.k,
+                             determinism=args.determinism, resamples=args.resamples,
+                             progress=progress, backend=args.backend, keep=keep,
+                             rankings=rankings, second_process=_second_process(args),
+                             arms=args.arms)
+        except InvalidScenarioError as exc:
+            return _fail(f"{path}: {exc}")
+        except (RecallboundError, OSError) as exc:
+            return _fail(f"evaluation failed: {exc}")
+        report = {"provenance": {**origin, "limit": args.limit,
+                                 "seed": args.seed if args.limit is not None else None},
+                  **report}
+        with outputs.open("report.json") as out:
+            out.write(json.dumps(report, indent=2) + "\n")
+        with outputs.open("report.md") as out:
+            out.write("# recallbound evaluate\n\n" + tables(report, markdown=True))
+        try:
+            write_chart(report, outputs.path("chart.png"))
+        except ImportError:
+            print("chart.png not written: install the evaluate extra (matplotlib)",
+                  file=sys.stderr)
+        outputs.commit()
     sys.stdout.write(tables(report, markdown=False))
     if report["determinism"]["identical"] is False:
         return _fail("determinism check failed: a second process ranked differently")
