@@ -13,7 +13,6 @@ import contextlib
 import importlib.metadata
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import NoReturn, TextIO
 
 import anyio
@@ -45,29 +44,22 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {redact(message)}\n")
 
 
-def _folder(text: str) -> Path:
-    """An argparse type: a folder, never empty (``Path("")`` would be the working folder)."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError("must not be empty")
-    return Path(text)
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="recallbound", description="Bounded, durable memory recall for agent runtimes."
     )
     parser.add_argument("--version", action="store_true",
                         help="print the installed version and exit")
+    from plugin.evaluation import command as evaluation
+
     commands = parser.add_subparsers(dest="command")
     demo = commands.add_parser("demo", help="run the scripted end-to-end demo")
     demo.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
-    demo.add_argument("--data-dir", type=_folder, default=None,
+    demo.add_argument("--data-dir", type=evaluation.given_path, default=None,
                       help="keep the ledger and store here (default: a temporary folder)")
     demo.add_argument("--semantic", choices=[s.value for s in Semantic], default=None,
                       help="embedding for the semantic arm (default: auto, the best "
                            "installed: wordllama, else minilm, else none)")
-    from plugin.evaluation import command as evaluation
-
     evaluation.configure(commands.add_parser(
         "evaluate", help="evaluate query planning and ranking on a scenario file"))
     ledger_cli.add_commands(commands)
