@@ -36,6 +36,7 @@ from .dsn_schema import URI_START, USERINFO, query_mark
 from .dsn_schema import check_schema as check_schema
 from .dsn_schema import split_schema as split_schema
 from .dsn_text import (
+    SECRET_NAME,
     doubled_at,
     hide_userinfo_ats,
     invisible,
@@ -66,20 +67,20 @@ _QUOTES = "'\"`\u2018\u2019\u201a\u201b\u201c\u201d\u201e\u201f\u00ab\u00bb\u203
 
 
 def _wrapper(char: str) -> bool:
-    """A quote, white space, or an invisible (format) character such as a BOM, a zero-width
-    space or a direction mark: what a connection string is pasted inside, or after."""
+    """A quote, white space, or an invisible character (:func:`invisible`: a BOM, a zero-width
+    space, a direction mark, a Hangul filler...): what a connection string is pasted inside,
+    or after."""
     return char in _QUOTES or char in _SPACE or invisible(char)
 
 
 # A password inside a longer text (a message that quotes a location): a URI's userinfo
-# (``//user:secret@``), a ``password=`` or ``sslpassword=`` keyword or query parameter, its value
-# quoted or not, read as libpq reads a key=value value (a backslash escapes the next character,
-# only white space ends it: ``#`` and ``&`` belong to the value).
+# (``//user:secret@``), a secret keyword (``password=``, ``sslpassword=``, ...) or query
+# parameter, its value quoted or not, read as libpq reads a key=value value (a backslash
+# escapes the next character, only white space ends it: ``#`` and ``&`` belong to the value).
 _URI_PASSWORD = re.compile(r"(:/{1,2}[^:/@ \t\n\r\f\v]*:)[^ \t\n\r\f\v]*?@")
 """A URI's ``user:secret@`` (one slash as well: a path keeps one of ``postgresql://``)."""
 _KEYWORD_PASSWORD = re.compile(
-    r"(?is)(\b(?:(?:ssl)?password|oauth_client_secret|scram_(?:client|server)_key)"
-    r"[ \t\n\r\f\v]*=[ \t\n\r\f\v]*)"
+    r"(?is)(\b" + SECRET_NAME + r"[ \t\n\r\f\v]*=[ \t\n\r\f\v]*)"
     r"('(?:[^'\\]|\\.)*'?|(?:\\.|[^ \t\n\r\f\v])*)")
 _QUOTED = re.compile(r'"[^"]*"')
 _SECRET_ENV = "PGPASSWORD"

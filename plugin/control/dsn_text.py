@@ -59,13 +59,12 @@ def doubled_at(uri: str) -> bool:
     return "@" in uri[at + 1:min(ends, default=len(uri))]
 
 
-_SECRET_INSIDE = re.compile(
-    r"(?i)\b(?:(?:ssl)?password|oauth_client_secret|scram_(?:client|server)_key)[ \t]*=")
-
-
 SECRET_KEYWORDS = frozenset({"password", "sslpassword", "oauth_client_secret",
                              "scram_client_key", "scram_server_key"})
 """The libpq keywords (and URI query parameters) whose value is a secret."""
+SECRET_NAME = "(?:" + "|".join(sorted(SECRET_KEYWORDS)) + ")"
+"""A regular expression that matches one of :data:`SECRET_KEYWORDS`."""
+_SECRET_INSIDE = re.compile(r"(?i)\b" + SECRET_NAME + r"[ \t]*=")
 
 
 def is_secret(keyword: str) -> bool:
