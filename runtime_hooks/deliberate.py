@@ -131,10 +131,14 @@ async def run_once(turn: Turn, valid: list[tuple[int, SearchCall]],
         claims = [(call.call_id, digests[index]) for index, call in mine
                   if index not in unclaimed]
         held = await hooks.allowance.ledger.claim_calls(turn.run_id, claims) if claims else {}
-        ours = [(index, call) for index, call in mine
-                if (call.call_id, digests[index]) not in held]
-        theirs = [(index, held[call.call_id, digests[index]]) for index, call in mine
-                  if (call.call_id, digests[index]) in held]
+        ours: list[tuple[int, SearchCall]] = []
+        theirs: list[tuple[int, CallRecord]] = []
+        for index, call in mine:
+            record = held.get((call.call_id, digests[index]))
+            if record is None:
+                ours.append((index, call))
+            else:
+                theirs.append((index, record))
         await _run_claimed(turn, ours, [claim for claim in claims if claim not in held],
                            theirs)
     finally:

@@ -180,7 +180,8 @@ def held(run_id: str, records: Iterable[CallRecord], calls: Sequence[CallIdentit
     the calls with no record at all, to claim again: a claim is this claimant's only when its
     token is read back. On the ``last`` try those are held as claimed (never searched)."""
     found = {(r.call_id, r.digest): r for r in records}
-    there = {call: record for call, record in found.items() if call in set(calls)
+    wanted = set(calls)
+    there = {call: record for call, record in found.items() if call in wanted
              and not (record.status == PENDING and record.reason == token)}
     missing = [call for call in calls if call not in found]
     if last:
