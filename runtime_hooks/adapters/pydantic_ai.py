@@ -127,6 +127,20 @@ def _pending(part: ToolCallPart, answered: Mapping[str, DeferredToolResult | str
     return isinstance(answered[part.tool_call_id], ToolApproved)
 
 
+def _search_calls(
+    response: ModelResponse, answered: Mapping[str, DeferredToolResult | str] | None = None
+) -> list[ToolCall]:
+    """The search calls of ``response`` that still run (an answered one, as on an approval
+    resume, does not); none when the response repeats a call id, which pydantic-ai refuses
+    (none of its calls runs)."""
+    ids = [part.tool_call_id for part in response.tool_calls]
+    if len(ids) != len(set(ids)):
+        return []
+    return [ToolCall(call_id=part.tool_call_id, arguments=_arguments(part.args))
+            for part in response.tool_calls
+            if part.tool_name == SEARCH_TOOL.name and _pending(part, answered)]
+
+
 def _arguments(arguments: str | dict[str, Any] | None) -> Mapping[str, object] | str:
     return {} if arguments is None else arguments
 
@@ -298,15 +312,7 @@ class RecallCapability(AbstractCapability[Any]):
         self, ctx: RunContext[Any], *, node: AgentNode[Any]
     ) -> AgentNode[Any]:
         if isinstance(node, CallToolsNode):
-            ids = [part.tool_call_id for part in node.model_response.tool_calls]
-            if len(ids) != len(set(ids)):
-                return node  # the framework refuses a response that repeats an id: none runs
-            answered = node.tool_call_results
-            calls = [
-                ToolCall(call_id=part.tool_call_id, arguments=_arguments(part.args))
-                for part in node.model_response.tool_calls
-                if part.tool_name == SEARCH_TOOL.name and _pending(part, answered)
-            ]
+            calls = _search_calls(node.model_response, node.tool_call_results)
             invocation = self._invocation.get()
             if isinstance(invocation, _Invocation) and _may_skip_function_tools(ctx):
                 invocation.waiting = calls  # dispatched when pydantic-ai runs one of them
@@ -320,10 +326,7 @@ class RecallCapability(AbstractCapability[Any]):
     ) -> ModelResponse:
         invocation = self._invocation.get()
         if isinstance(invocation, _Invocation):
-            ids = [part.tool_call_id for part in response.tool_calls]
-            invocation.latest = [] if len(ids) != len(set(ids)) else [
-                ToolCall(call_id=part.tool_call_id, arguments=_arguments(part.args))
-                for part in response.tool_calls if part.tool_name == SEARCH_TOOL.name]
+            invocation.latest = _search_calls(response)
         return response
 
     async def before_tool_execute(
