@@ -53,18 +53,13 @@ from plugin.control import (
 from plugin.control.logs import log_event
 from plugin.errors import InvalidArgumentError, InvalidArgumentTypeError
 from plugin.memory.enforce import stop_unwrapped
-from plugin.memory.preparation import (
-    PreparationBound,
-    PreparedRecall,
-    RecallPreparer,
-    WithheldReason,
-)
+from plugin.memory.preparation import PreparationBound, RecallPreparer, WithheldReason
 from plugin.memory.protocol import ContextCaps, Retriever, check_retriever
 from plugin.memory.state import WorkingState
 from plugin.memory.turn import (
     PREPARATION_BUDGET_S,
     CorrectionsShare,
-    corrections_share,
+    plan_with_corrections,
     prepare_turn,
 )
 
@@ -125,6 +120,7 @@ def _log_corrections(run_id: str, share: CorrectionsShare) -> None:
     if share.failure is not None:
         log_event(_log, logging.WARNING, "corrections.retriever_failed", run_id=run_id,
                   reason=share.failure)
+
 
 @attrs.define(eq=False)
 class RecallHooks:
@@ -237,15 +233,11 @@ class RecallHooks:
         scope, principal = self._check(run_id, scope, principal)
         _check_state(state)
 
-        async def plan(reason: WithheldReason | None) -> PreparedRecall:
-            return await self.preparer.prepare(state, scope=scope, principal=principal,
-                                               withhold=reason)
-
-        bound = PreparationBound(self.preparation_budget_s, self.allowance.clock)
-        prepared = await bound.prepare(plan, WithheldReason.NO_SLOT)
-        corrections = await corrections_share(
-            self.retriever, self.caps, principal=principal, scope=scope, run_id=run_id,
-            within_s=self.preparation_budget_s)
+        prepared, corrections = await plan_with_corrections(
+            self.preparer, self.retriever, state,
+            bound=PreparationBound(self.preparation_budget_s, self.allowance.clock),
+            run_id=run_id, scope=scope, principal=principal, caps=self.caps,
+            withhold=WithheldReason.NO_SLOT)
         _log_corrections(run_id, corrections)
         return PreparedContext(
             run_id=run_id, query=prepared.query, corrections=corrections.shown,

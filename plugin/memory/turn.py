@@ -144,6 +144,30 @@ class PreparedTurn:
     recall: AutomaticRecall
 
 
+async def plan_with_corrections(
+    preparer: RecallPreparer,
+    retriever: Retriever,
+    state: WorkingState,
+    *,
+    bound: PreparationBound,
+    run_id: str,
+    scope: str,
+    principal: str,
+    caps: ContextCaps,
+    withhold: WithheldReason | None,
+) -> tuple[PreparedRecall, CorrectionsShare]:
+    """Plan the query within what is left of ``bound`` (``withhold``: the semantic arm is not
+    prepared, for that reason), then take the current corrections' share of ``caps`` (their
+    read bounded by the bound's budget)."""
+    async def plan(reason: WithheldReason | None) -> PreparedRecall:
+        return await preparer.prepare(state, scope=scope, principal=principal, withhold=reason)
+
+    prepared = await bound.prepare(plan, withhold)
+    corrections = await corrections_share(retriever, caps, principal=principal, scope=scope,
+                                          run_id=run_id, within_s=bound.budget_s)
+    return prepared, corrections
+
+
 async def prepare_turn(
     allowance: RecallAllowance,
     preparer: RecallPreparer,
@@ -163,13 +187,9 @@ async def prepare_turn(
     """
     bound = PreparationBound(budget_s, allowance.clock)
     withhold = None if await allowance.slots_estimate(run_id) > 0 else WithheldReason.NO_SLOT
-
-    async def plan(reason: WithheldReason | None) -> PreparedRecall:
-        return await preparer.prepare(state, scope=scope, principal=principal, withhold=reason)
-
-    prepared = await bound.prepare(plan, withhold)
-    corrections = await corrections_share(retriever, caps, principal=principal, scope=scope,
-                                          run_id=run_id, within_s=budget_s)
+    prepared, corrections = await plan_with_corrections(
+        preparer, retriever, state, bound=bound, run_id=run_id, scope=scope,
+        principal=principal, caps=caps, withhold=withhold)
     if on_corrections is not None:
         on_corrections(corrections)
     recall = await automatic_round(allowance, retriever, prepared, run_id=run_id,
