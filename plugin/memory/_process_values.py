@@ -14,11 +14,6 @@ from .protocol import ContextCaps
 from .simple import LAZY_CORRECTIONS
 from .store import Evidence
 
-UNCAPPED_TEXT_CHARS = ContextCaps().max_bytes + 1
-"""Where the worker cuts a text of a read that takes no caps (corrections, re-reads of
-retained evidence): the default caps' own cut. A search's and a belief read's texts are cut to
-their caps' ``max_bytes + 1`` characters, as in the host."""
-
 _EVIDENCE_FIELDS = ("id", "text", "kind", "score", "arm", "principal", "scope", "created_at")
 
 
@@ -66,6 +61,15 @@ def read_limit(request: dict[str, Any]) -> int:
     if request.get("op") == "revalidate":
         return len(request["ids"])
     return LAZY_CORRECTIONS
+
+
+def text_limit(request: dict[str, Any]) -> int:
+    """Where the worker cuts each text of an answer to ``request``: a search's or belief
+    read's caps' ``max_bytes + 1`` characters, as the host cuts them (a longer text cannot be
+    rendered whole); for a read that takes no caps (corrections, re-reads of retained
+    evidence), the default caps' own cut."""
+    caps = request.get("caps")
+    return (ContextCaps(**caps) if isinstance(caps, dict) else ContextCaps()).max_bytes + 1
 
 
 def _query(query: Any) -> dict[str, Any]:

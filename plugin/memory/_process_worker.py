@@ -24,7 +24,7 @@ import numpy as np
 from plugin.control import AttemptKind, BudgetRefusal, RecallBudgetExceeded, RefusalReason
 from plugin.errors import InvalidArgumentError, RetrieverFailedError
 
-from ._process_values import UNCAPPED_TEXT_CHARS, read_limit
+from ._process_values import read_limit, text_limit
 from .preparation import PreparedRecall, SemanticPreparation, WithheldReason
 from .process import load
 from .protocol import ContextCaps, Found, NestedRead, Retriever, check_retriever
@@ -150,8 +150,7 @@ def evidence_to_json(item: object, longest: int) -> dict[str, Any]:
             "created_at": created, "cites": list(item.cites)}
 
 
-def _items(values: object, limit: int, longest: int = UNCAPPED_TEXT_CHARS
-           ) -> list[dict[str, Any]]:
+def _items(values: object, limit: int, longest: int) -> list[dict[str, Any]]:
     """The first ``limit`` items as JSON values (the rest are never sent), each text cut to
     ``longest`` characters."""
     if not isinstance(values, (tuple, list)):
@@ -165,7 +164,7 @@ def _caps(data: dict[str, Any]) -> ContextCaps:
 
 async def serve(retriever: Retriever, request: dict[str, Any], channel: Channel) -> Any:
     op = request["op"]
-    limit = read_limit(request)
+    limit, longest = read_limit(request), text_limit(request)
     if op == "search":
         handle = WorkerHandle(request["slot"], AttemptKind(request["kind"]),
                               request["seconds_left"], channel)
@@ -177,7 +176,6 @@ async def serve(retriever: Retriever, request: dict[str, Any], channel: Channel)
             handle.ended = True
         if not isinstance(found, Found):
             raise BadResult
-        longest = _caps(request["caps"]).max_bytes + 1
         return {"evidence": _items(found.evidence, limit, longest),
                 "people": list(found.people[:limit]), "arms": list(found.arms[:limit]),
                 "notes": list(found.notes[:limit])}
@@ -191,14 +189,14 @@ async def serve(retriever: Retriever, request: dict[str, Any], channel: Channel)
                 caps=_caps(request["caps"]))
         finally:
             handle.ended = True
-        return _items(beliefs, limit, _caps(request["caps"]).max_bytes + 1)
+        return _items(beliefs, limit, longest)
     if op == "corrections":
         return _items(await retriever.corrections(principal=request["principal"],
-                                                  scope=request["scope"]), limit)
+                                                  scope=request["scope"]), limit, longest)
     if op == "revalidate":
         return _items(await retriever.revalidate(tuple(request["ids"]),
                                                  principal=request["principal"],
-                                                 scope=request["scope"]), limit)
+                                                 scope=request["scope"]), limit, longest)
     raise ValueError(f"unknown request {op!r}")
 
 
