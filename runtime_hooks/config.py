@@ -258,6 +258,11 @@ def _relative_to(folder: Path, location: object) -> object:
     return str(folder / location)
 
 
+def _not_a_file(path: Path) -> str:  # why ``path`` cannot be the configuration file
+    return ("is a folder, not a file" if path.is_dir() else
+            "is not a regular file" if path.exists() else "does not exist")
+
+
 def _find_file(file: str | os.PathLike[str] | None, env: Mapping[str, str],
                cwd: Path) -> Path | None:
     if file is not None:
@@ -393,8 +398,3 @@ def load_config(
 
 if __name__ == "__main__":  # pragma: no cover - regenerates the documentation's table
     sys.stdout.write(settings_table())
-
-
-def _not_a_file(path: Path) -> str:  # why ``path`` cannot be the configuration file
-    return ("is a folder, not a file" if path.is_dir() else
-            "is not a regular file" if path.exists() else "does not exist")

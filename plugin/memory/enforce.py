@@ -197,13 +197,12 @@ def admit(
     (for naming another principal or scope, or for a bad id).
 
     With ``caps``, only the first :attr:`ContextCaps.examined` items (or ``examined``) are
-    looked at, and each
-    text is cut to ``caps.max_bytes + 1`` characters (a longer one cannot fit anyway) before
-    anything reads it. Raises :class:`~plugin.errors.RetrieverFailedError` (``bad_result``,
-    ``bad_evidence``) for junk (an item that is not an Evidence of the exact types). An item
-    with no principal or scope gets the run's; one naming another principal or scope, or whose
-    id (or a cited id) is not a valid id, is dropped (counted, logged at WARNING with no text
-    of it).
+    looked at, and each text is cut to ``caps.max_bytes + 1`` characters (a longer one cannot
+    fit anyway) before anything reads it. Raises :class:`~plugin.errors.RetrieverFailedError`
+    (``bad_result``, ``bad_evidence``) for junk (an item that is not an Evidence of the exact
+    types). An item with no principal or scope gets the run's; one naming another principal or
+    scope, or whose id (or a cited id) is not a valid id, is dropped (counted, logged at
+    WARNING with no text of it).
     """
     if type(items) not in (tuple, list):
         raise RetrieverFailedError("bad_result")
