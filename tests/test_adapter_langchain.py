@@ -18,7 +18,11 @@ import anyio
 import attrs
 import pytest
 from langchain.agents import create_agent
-from langchain.agents.middleware import AgentMiddleware, ToolCallLimitMiddleware
+from langchain.agents.middleware import (
+    AgentMiddleware,
+    ToolCallLimitMiddleware,
+    dynamic_prompt,
+)
 from langchain.tools import ToolRuntime
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import (
@@ -585,6 +589,30 @@ async def test_another_tool_first_then_six_searches_two_run_on_slots_3_and_4(
     assert kinds == ["automatic", "deliberate"]
     assert (await hooks.allowance.ledger.usage(RUN)).refused == 4
 
+
+
+@pytest.mark.parametrize("recall_first", [False, True])
+async def test_a_prompt_middleware_listed_before_recall_keeps_the_recalled_context(
+    hooks: RecallHooks, recall_first: bool,
+) -> None:
+    """A middleware that sets the system prompt replaces the whole system message of the
+    request it is given. Listed before ``RecallMiddleware`` it runs outside it, so the recalled
+    context is added to its prompt; listed after, it replaces the context (the documented
+    order is the first)."""
+
+    @dynamic_prompt
+    def prompt(request: Any) -> str:
+        return "You help with the billing migration."
+
+    model = fake_model()
+    recall = RecallMiddleware(hooks, working_state=work_in_progress)
+    middleware = (recall, prompt) if recall_first else (prompt, recall)
+    await _agent(model, *middleware).ainvoke({"messages": [HumanMessage("Continue")]},
+                                             context=CONTEXT)
+    system = _system(model.seen[0])
+    assert "You help with the billing migration." in system
+    assert ("Recalled memory:" in system) is not recall_first
+    assert await _usage(hooks) == (1, 2, 2)  # the round is spent in either order
 
 
 async def test_each_invocation_prepares_its_own_context_and_none_leaks(
