@@ -39,6 +39,7 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import anyio
@@ -181,6 +182,9 @@ class _Invocation(Invocation):
     latest: list[ToolCall] = attrs.field(factory=list, init=False)
 
 
+_NO_INVOCATIONS: Mapping[str | None, _Invocation] = MappingProxyType({})  # outside any run
+
+
 @dataclass
 class RecallCapability(AbstractCapability[Any]):
     """Bounded memory recall for a pydantic-ai agent: the search tool and its hooks.
@@ -201,13 +205,16 @@ class RecallCapability(AbstractCapability[Any]):
     """Runs whose batches are remembered (oldest forgotten first), like the hooks' own bound."""
     _runs: RunRecalls = field(init=False, repr=False)
     _mode: AutomaticMode = field(init=False, repr=False)
-    _invocation: contextvars.ContextVar[Invocation | None] = field(init=False, repr=False)
+    _invocations: contextvars.ContextVar[Mapping[str | None, _Invocation]] = field(
+        init=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         self._mode = automatic_mode(self.automatic)
         self._runs = RunRecalls(self.hooks, RunIdentityError, self.max_runs)
-        self._invocation = contextvars.ContextVar("recallbound_pydantic_ai_invocation",
-                                                  default=None)
+        self._invocations = contextvars.ContextVar(
+            "recallbound_pydantic_ai_invocations", default=_NO_INVOCATIONS
+        )
 
     # -- the tool ---------------------------------------------------------------------------
 
@@ -236,7 +243,7 @@ class RecallCapability(AbstractCapability[Any]):
     def _run_recall(self, ctx: RunContext[Any]) -> RunRecall:
         """The run's recall, pinned for the invocation once resolved (the registry may forget
         the run meanwhile; its batch's results must still reach its tools)."""
-        invocation = self._invocation.get()
+        invocation = self._invocation(ctx)
         if invocation is not None and invocation.run is not None:
             return invocation.run
         identity = self.identity(ctx)
@@ -253,13 +260,19 @@ class RecallCapability(AbstractCapability[Any]):
         self, ctx: RunContext[Any], *, handler: WrapRunHandler
     ) -> AgentRunResult[Any]:
         # One invocation per run: its automatic context dies with it (never reused by the
-        # next run, a resume included).
-        token = self._invocation.set(_Invocation())
+        # next run, a resume included). Kept under pydantic-ai's own id of the run: pydantic-ai
+        # hands what wrap_run binds to the caller's task, so two runs driven there by hand
+        # (two ``iter`` or ``run_stream`` blocks) each find their own.
+        token = self._invocations.set({**self._invocations.get(), ctx.run_id: _Invocation()})
         try:
             with self.hooks.bind_run():
                 return await handler()
         finally:
-            self._invocation.reset(token)
+            self._invocations.reset(token)
+
+    def _invocation(self, ctx: RunContext[Any]) -> _Invocation | None:
+        """The invocation ``ctx`` belongs to (None outside ``wrap_run``)."""
+        return self._invocations.get().get(ctx.run_id)
 
     # -- preparation: the automatic round ---------------------------------------------------
 
@@ -268,7 +281,7 @@ class RecallCapability(AbstractCapability[Any]):
     ) -> ModelRequestContext:
         if self._mode == "off":
             return request_context
-        invocation = self._invocation.get() if self._mode == "per_invocation" else None
+        invocation = self._invocation(ctx) if self._mode == "per_invocation" else None
         if invocation is not None and invocation.prepared:
             text = await invocation.context(self._no_round)
         else:
@@ -313,8 +326,8 @@ class RecallCapability(AbstractCapability[Any]):
     ) -> AgentNode[Any]:
         if isinstance(node, CallToolsNode):
             calls = _search_calls(node.model_response, node.tool_call_results)
-            invocation = self._invocation.get()
-            if isinstance(invocation, _Invocation) and _may_skip_function_tools(ctx):
+            invocation = self._invocation(ctx)
+            if invocation is not None and _may_skip_function_tools(ctx):
                 invocation.waiting = calls  # dispatched when pydantic-ai runs one of them
             elif calls:
                 await self._dispatch(ctx, self._run_recall(ctx), calls)
@@ -324,8 +337,8 @@ class RecallCapability(AbstractCapability[Any]):
         self, ctx: RunContext[Any], *, request_context: ModelRequestContext,
         response: ModelResponse,
     ) -> ModelResponse:
-        invocation = self._invocation.get()
-        if isinstance(invocation, _Invocation):
+        invocation = self._invocation(ctx)
+        if invocation is not None:
             invocation.latest = _search_calls(response)
         return response
 
@@ -356,11 +369,10 @@ class RecallCapability(AbstractCapability[Any]):
         # the tool on a path without a CallToolsNode (run_stream, its output final): its
         # response's searches now, one round. Else (the framework's deadline cut the batch
         # short) a round of its own.
-        invocation = self._invocation.get()
+        invocation = self._invocation(ctx)
         call = ToolCall(call_id=call_id, arguments=_arguments(arguments))
         key = call_key(call_id, call.arguments)
-        batches = ([invocation.waiting, invocation.latest]
-                   if isinstance(invocation, _Invocation) else [])
+        batches = [invocation.waiting, invocation.latest] if invocation is not None else []
         for batch in (*batches, [call]):
             keys = [call_key(c.call_id, c.arguments) for c in batch]
             if key in keys:
