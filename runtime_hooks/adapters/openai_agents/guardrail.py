@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from plugin.control import BudgetRefusal, RefusalReason
+from plugin.errors import RunIdentityError
 from runtime_hooks._extras import missing_extra
 from runtime_hooks.hooks import ToolResult
 
@@ -15,12 +16,20 @@ from .binding import bound_run
 
 with missing_extra("openai-agents", "runtime_hooks.adapters.openai_agents"):
     from agents import (
+        AgentsException,
         FunctionTool,
         ToolGuardrailFunctionOutput,
         ToolInputGuardrail,
         ToolInputGuardrailData,
     )
     from agents.tool_context import ToolContext
+
+
+class _ToolRunIdentityError(RunIdentityError, AgentsException):
+    """A :class:`~plugin.errors.RunIdentityError` met in the tool or its guardrail (a resumed
+    run replays its calls there before any other hook runs). The SDK wraps any other error of a
+    tool in its ``UserError`` but passes its own on as they are, so the host catches the
+    ``RunIdentityError`` every other hook raises."""
 
 
 async def _stored(run: RunRecall, call_id: str, arguments: str) -> ToolResult:
@@ -35,7 +44,10 @@ async def _stored(run: RunRecall, call_id: str, arguments: str) -> ToolResult:
     """
     result = run.result(call_id, arguments)
     if result is None:
-        result = await run.recorded(call_id, arguments)
+        try:
+            result = await run.recorded(call_id, arguments)
+        except RunIdentityError as exc:
+            raise _ToolRunIdentityError(*exc.args) from exc
     if result is not None:
         return result
     usage = await run.hooks.allowance.ledger.usage(run.run_id)
