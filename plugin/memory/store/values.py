@@ -8,6 +8,7 @@ or scope reach SQL.
 from __future__ import annotations
 
 import math
+import numbers
 import unicodedata
 from collections.abc import Iterable
 from typing import Any, Literal
@@ -48,6 +49,35 @@ Arm = Literal["sparse", "semantic", "recent", "lookup", "belief", "correction", 
 EVIDENCE_KINDS: frozenset[str] = frozenset(EvidenceKind.__args__)  # type: ignore[attr-defined]
 
 
+def _plain(value: object) -> object:
+    """A ``str`` of any subclass (``numpy.str_``, a str enum) as the exact ``str`` of its
+    characters, so a comparison or a render reads the characters, never a subclass's methods;
+    anything else unchanged (its field's validator names it)."""
+    return str.__str__(value) if isinstance(value, str) and type(value) is not str else value
+
+
+def _plain_owner(value: object) -> object:
+    return None if value is None else _plain(value)
+
+
+def _real(value: object) -> object:
+    """Any real number but a bool (``numpy.float32`` included) as a ``float``; anything else
+    unchanged (its field's validator names it)."""
+    if type(value) is float or isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return value
+    return float(value)
+
+
+def _plain_ids(value: object) -> object:
+    """An iterable of ids (a list, a generator) as a tuple of exact ``str``; a bare string or
+    bytes, or anything not iterable, unchanged (the validator names it)."""
+    if type(value) is tuple and all(type(item) is str for item in value):
+        return value
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        return value
+    return tuple(_plain(item) for item in value)
+
+
 def _evidence_str(_instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if not isinstance(value, str):
         raise TypeError(f"Evidence.{attribute.name} must be a str, got {type(value).__name__}")
@@ -58,6 +88,19 @@ def _evidence_owner(_instance: object, attribute: attrs.Attribute[Any], value: o
         raise TypeError(
             f"Evidence.{attribute.name} must be a str or None, got {type(value).__name__}"
         )
+
+
+def _evidence_number(_instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if type(value) is not float:
+        raise TypeError(
+            f"Evidence.{attribute.name} must be a real number, got {type(value).__name__}"
+        )
+
+
+def _evidence_ids(_instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if type(value) is not tuple or not all(type(item) is str for item in value):
+        raise TypeError(f"Evidence.{attribute.name} must be an iterable of str ids (not a "
+                        f"str), got {type(value).__name__}")
 
 
 def _evidence_kind(_instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -74,17 +117,25 @@ class Evidence:
     ``arm`` may be any name, a backend's own included. ``principal`` and ``scope`` default to
     None, which the hooks read as the run's own; evidence naming another principal or scope is
     dropped before rendering. ``cites`` are the ids of the sources a memory cites.
+
+    What a backend hands over is taken as it is meant: any real number but a bool
+    (``numpy.float32`` included) is kept as a ``float``, any string (``numpy.str_``, a str
+    enum) as the exact ``str`` of its characters, any iterable of ids (a list) as a tuple. A
+    value of another type raises ``TypeError`` naming the field.
     """
 
-    id: str = attrs.field(validator=_evidence_str)
-    text: str = attrs.field(validator=_evidence_str)
+    id: str = attrs.field(converter=_plain, validator=_evidence_str)
+    text: str = attrs.field(converter=_plain, validator=_evidence_str)
     kind: EvidenceKind = attrs.field(default="memory", validator=_evidence_kind)
-    score: float = 0.0
-    arm: str = attrs.field(default="retriever", validator=_evidence_str)
-    principal: str | None = attrs.field(default=None, validator=_evidence_owner)
-    scope: str | None = attrs.field(default=None, validator=_evidence_owner)
-    created_at: float = 0.0
-    cites: tuple[str, ...] = ()
+    score: float = attrs.field(default=0.0, converter=_real, validator=_evidence_number)
+    arm: str = attrs.field(default="retriever", converter=_plain, validator=_evidence_str)
+    principal: str | None = attrs.field(default=None, converter=_plain_owner,
+                                        validator=_evidence_owner)
+    scope: str | None = attrs.field(default=None, converter=_plain_owner,
+                                    validator=_evidence_owner)
+    created_at: float = attrs.field(default=0.0, converter=_real, validator=_evidence_number)
+    cites: tuple[str, ...] = attrs.field(default=(), converter=_plain_ids,
+                                         validator=_evidence_ids)
 
 
 @attrs.frozen(kw_only=True)
