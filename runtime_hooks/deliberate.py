@@ -8,6 +8,7 @@ this module answers a call the ledger already recorded from its record
 
 from __future__ import annotations
 
+import contextvars
 import logging
 from collections.abc import Callable, Container, Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -31,6 +32,13 @@ if TYPE_CHECKING:
     from .hooks import RecallHooks
 
 _log = logging.getLogger("recallbound.hooks")
+
+_Key = tuple[str, str, str]
+_ROUND_CALLS: contextvars.ContextVar[frozenset[_Key]] = contextvars.ContextVar(
+    "recallbound_round_calls", default=frozenset())
+"""The calls (run, call id, digest) whose round the current task runs inside: what a retriever
+re-entering the hooks from that round sends again can never be waited for (the round waits
+for the retriever), so it is answered ``in_flight`` at once."""
 
 
 def call_records(
@@ -109,18 +117,23 @@ async def run_once(turn: Turn, valid: list[tuple[int, SearchCall]],
     A call is claimed in the ledger before it searches (its id made up by the host or not;
     ``unclaimed`` are one-off calls no one can send again, which need none): a call already
     recorded is answered from its record (:func:`replay_call`), the same call
-    sent again while these hooks run it waits for its outcome, and one that another
-    process claimed, or that was claimed and then interrupted (cancelled, or its process
-    died), is answered as ``in_flight`` and never searched again.
+    sent again while these hooks run it waits for its outcome (sent from inside its own
+    round, by a retriever re-entering the hooks, it is ``in_flight`` at once: that wait could
+    never end), and one that another process claimed, or that was claimed and then
+    interrupted (cancelled, or its process died), is answered as ``in_flight`` and never
+    searched again.
     """
     hooks, digests = turn.hooks, turn.digests
     mine: list[tuple[int, SearchCall]] = []
     waiting: list[tuple[int, SearchCall]] = []
     events: list[anyio.Event] = []
-    keys = []
+    keys: list[_Key] = []
+    inside = _ROUND_CALLS.get()
     for index, call in valid:
         key = (turn.run_id, call.call_id, digests[index])
-        if (event := hooks._running.get(key)) is not None:
+        if key in inside:
+            turn.results[index] = in_flight(call.call_id)
+        elif (event := hooks._running.get(key)) is not None:
             waiting.append((index, call))
             events.append(event)
         else:
@@ -139,8 +152,12 @@ async def run_once(turn: Turn, valid: list[tuple[int, SearchCall]],
                 ours.append((index, call))
             else:
                 theirs.append((index, record))
-        await _run_claimed(turn, ours, [claim for claim in claims if claim not in held],
-                           theirs)
+        entered = _ROUND_CALLS.set(inside.union(keys))
+        try:
+            await _run_claimed(turn, ours, [claim for claim in claims if claim not in held],
+                               theirs)
+        finally:
+            _ROUND_CALLS.reset(entered)
     finally:
         for key in keys:
             hooks._running.pop(key).set()
