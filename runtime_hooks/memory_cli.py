@@ -20,6 +20,7 @@ reaches the terminal).
 from __future__ import annotations
 
 import argparse
+import codecs
 import json
 import os
 import sys
@@ -135,6 +136,7 @@ def _read_lines(name: str) -> list[tuple[int, MemoryWrite]]:
             raise MemoryInputError(f"cannot read {name!r}: {exc.strerror or exc}") from exc
     where = "standard input" if name == "-" else name
     found: list[tuple[int, MemoryWrite]] = []
+    data = data.removeprefix(codecs.BOM_UTF8)  # an editor's byte-order mark, as scenarios allow
     for number, raw in enumerate(data.split(b"\n"), start=1):
         try:
             line = raw.decode("utf-8")

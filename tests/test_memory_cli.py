@@ -81,6 +81,21 @@ def test_import_reads_jsonl_and_stdin(tmp_path: Path, monkeypatch: pytest.Monkey
     ]
 
 
+def test_import_ignores_a_byte_order_mark_at_the_start(tmp_path: Path) -> None:
+    """A file saved by an editor that writes a UTF-8 byte-order mark imports as it reads; a
+    mark anywhere else is still part of its line (and not JSON there)."""
+    store, data = tmp_path / "memory.db", tmp_path / "memories.jsonl"
+    line = json.dumps({"text": "one", "principal": "u1", "scope": "proj", "id": "a"})
+    data.write_bytes(b"\xef\xbb\xbf" + line.encode() + b"\r\n")
+    assert cli("memory", "--store", str(store), "import", str(data)) == (
+        0, "imported 1 memory\n", "")
+    assert rows(store) == [("u1", "proj", "a", "one")]
+    data.write_bytes(line.encode() + b"\n\xef\xbb\xbf" + line.replace('"a"', '"b"').encode())
+    status, _, err = cli("memory", "--store", str(store), "import", str(data))
+    assert status == 2 and "line 2: not valid JSON" in err
+    assert rows(store) == [("u1", "proj", "a", "one")]
+
+
 GOOD = json.dumps({"text": "fine", "principal": "u1", "scope": "proj", "id": "g"})
 
 
