@@ -5,6 +5,8 @@ the protocol check at construction, the allowance's headroom, and the structure 
 from __future__ import annotations
 
 import ast
+import gc
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,7 @@ from plugin import (
 )
 from plugin.control.permit import LEGACY_SLOTS
 from plugin.control.wording import NOT_EVIDENCE
+from plugin.errors import RetrieverFailedError
 from plugin.memory.hashing import HashingEmbedding
 from plugin.memory.protocol import Bounded
 from plugin.memory.recall import deliberate_round
@@ -156,6 +159,41 @@ async def test_get_revalidates_and_without_it_retained_evidence_cannot_be_rechec
                          "could not be re-read" in again.content))
     # without get= nothing can be re-read: never "gone", and a replay never "found nothing"
     assert verdicts == [("valid", ["c1"], False, False), ("failed", [], False, True)]
+
+
+async def test_a_coroutine_returned_unawaited_is_a_bad_result_and_is_closed(
+    clock: ManualClock,
+) -> None:
+    """A search, get or corrections function that returns a coroutine where its evidence
+    belongs (``return backend.search(...)`` without ``await``) fails its own call, typed; the
+    coroutine is closed, so no "never awaited" warning follows the host's run."""
+
+    async def backend() -> list[Evidence]:
+        return [Evidence(id="m1", text="the cutover is on friday")]
+
+    async def search(request: SearchRequest) -> Any:
+        return backend()
+
+    async def get(evidence_id: str, *, principal: str, scope: str) -> Any:
+        return backend()
+
+    async def corrections(*, principal: str, scope: str) -> Any:
+        return backend()
+
+    retriever = SimpleRetriever(search, get=get, corrections=corrections)
+    hooks = RecallHooks(allowance=RecallAllowance(MemoryLedger(), clock=clock),
+                        preparer=QueryPreparation(QueryPlanner()), retriever=retriever)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        (result,) = await hooks.dispatch([ToolCall(call_id="c1", arguments={"query": "x"})],
+                                         run_id="r", scope=S, principal=P)
+        context = await hooks.prepare(WorkingState("cutover"), run_id="r", scope=S, principal=P)
+        with pytest.raises(RetrieverFailedError, match="bad_evidence"):
+            await retriever.revalidate(["m1"], principal=P, scope=S)
+        gc.collect()
+    assert (result.status, result.failure) == ("failed", "bad_result")
+    assert context.failure == "bad_result"
+    assert not [w for w in caught if "never awaited" in str(w.message)]
 
 
 # -- the protocol is checked at construction --------------------------------------------------

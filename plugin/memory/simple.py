@@ -14,9 +14,10 @@ and without it reads as gone.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import attrs
 
@@ -76,6 +77,14 @@ LAZY_CORRECTIONS = CORRECTIONS_EXAMINED
 """The most items read from a lazy iterable of corrections (a list or a tuple is kept whole)."""
 
 
+def _close(value: object) -> None:
+    """Close a coroutine a function returned where its evidence belongs (an ``await`` left
+    out): it never runs, and Python does not warn later, after the host's run, that it was
+    never awaited."""
+    if inspect.iscoroutine(value):
+        value.close()
+
+
 def _items(value: object, *, limit: int) -> tuple[Evidence, ...]:
     """A function's iterable of evidence, as a tuple (the hooks check every item they examine).
 
@@ -83,6 +92,7 @@ def _items(value: object, *, limit: int) -> tuple[Evidence, ...]:
     count as left out). Anything else is read lazily, at most ``limit`` items, so a generator
     with no end costs what its first ``limit`` items do."""
     if value is None or isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        _close(value)
         raise RetrieverFailedError("bad_result")
     if type(value) in (list, tuple):
         return tuple(value)
@@ -155,6 +165,9 @@ class SimpleRetriever:
         found: list[Evidence] = []
         for evidence_id in ids:
             item = await self.get(evidence_id, principal=principal, scope=scope)
+            if inspect.iscoroutine(cast(object, item)):  # an ``await`` left out
+                _close(item)
+                raise RetrieverFailedError("bad_evidence")
             if item is not None:
                 found.append(item)
         return tuple(found)
