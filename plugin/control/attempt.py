@@ -146,11 +146,14 @@ class Attempt(_AttemptBase):
         assert self._scope is not None
         scope, self._scope = self._scope, None
         swallowed = scope.__exit__(exc_type, exc, tb)
-        if scope.cancelled_caught or (exc is None and self._permit._outlived()):
-            # A body that returns past the deadline blocked where no cancel scope reaches:
-            # what it produced is late, so it leaves the way a cancelled one does. Like the
-            # cancel scope, this follows the monotonic deadline (a wall step ends the permit,
-            # not the attempt in flight).
+        if scope.cancelled_caught or (exc is None and (
+                scope.cancel_called or anyio.current_time() >= scope.deadline
+                or self._permit._outlived())):
+            # A body that returns past the deadline blocked where no cancel scope reaches, or
+            # swallowed the deadline's cancellation: what it produced is late, so it leaves
+            # the way a cancelled one does. Like the cancel scope, this follows the monotonic
+            # deadline, the loop's and the permit's (a wall step ends the permit, not the
+            # attempt in flight).
             outcome = AttemptOutcome.DEADLINE
         elif exc is None:
             outcome = AttemptOutcome.OK

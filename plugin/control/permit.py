@@ -245,9 +245,9 @@ class Permit(metaclass=NoPublicConstructor):
         scope that ends at the permit's deadline. Raises :class:`RecallBudgetExceeded` with
         reason ``CLOSED`` after the phase ended, ``DEADLINE`` when the permit has expired, or
         ``SLOTS`` when the round has no slot left; a body cancelled by the deadline, or one that
-        returns after the deadline (it blocked where no cancel scope reaches: a thread, a
-        blocking call on the loop), also leaves as ``DEADLINE``. The slot stays consumed
-        whatever happens; the trace is recorded.
+        returns after the deadline (it blocked where no cancel scope reaches, or swallowed
+        the cancellation), also leaves as ``DEADLINE``. The slot stays consumed whatever
+        happens; the trace is recorded.
         """
         return Attempt(self, kind, strategy, fingerprint)
 
