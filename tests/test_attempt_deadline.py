@@ -69,3 +69,28 @@ async def test_a_body_that_ends_before_the_deadline_is_ok() -> None:
             await anyio.sleep(0)
     traces = await ledger.attempts("r")
     assert [t.outcome for t in traces] == [AttemptOutcome.OK]
+
+
+async def _cut_at_the_deadline(permit: Permit) -> None:
+    async with permit.attempt():
+        await anyio.sleep(3600)
+
+
+async def test_a_permit_whose_attempt_was_cut_at_the_deadline_stays_expired() -> None:
+    ledger = MemoryLedger()
+    allowance = RecallAllowance(
+        ledger, policy=AllowancePolicy(deadline_s=0.05), clock=ManualClock()
+    )
+    async with allowance.round("r", RoundKind.DELIBERATE, slots=2) as permit:
+        with pytest.raises(RecallBudgetExceeded) as cut:
+            await _cut_at_the_deadline(permit)
+        assert cut.value.refusal.reason is RefusalReason.DEADLINE
+        assert permit.expired()
+        assert permit.seconds_left() == 0.0
+        # No second slot with a fresh deadline: the permit is not renewed.
+        with pytest.raises(RecallBudgetExceeded) as refused:
+            await _cut_at_the_deadline(permit)
+        assert refused.value.refusal.reason is RefusalReason.DEADLINE
+        assert permit.remaining == 1
+    usage = await ledger.usage("r")
+    assert (usage.reserved, usage.executed, usage.refused) == (2, 1, 1)

@@ -153,8 +153,10 @@ class Attempt(_AttemptBase):
             # swallowed the deadline's cancellation: what it produced is late, so it leaves
             # the way a cancelled one does. Like the cancel scope, this follows the monotonic
             # deadline, the loop's and the permit's (a wall step ends the permit, not the
-            # attempt in flight).
+            # attempt in flight). The permit's deadline was reached: it stays expired, so no
+            # later attempt gets a slot, nor a fresh cancel scope (the permit is not renewed).
             outcome = AttemptOutcome.DEADLINE
+            self._permit._ended = True
         elif exc is None:
             outcome = AttemptOutcome.OK
         elif isinstance(exc, anyio.get_cancelled_exc_class()):
