@@ -268,6 +268,21 @@ async def test_out_of_range_counts_are_typed_errors(allowance: RecallAllowance) 
         allowance.round("r", DELIB, slots=0)
 
 
+@pytest.mark.parametrize("slots", [0.5, 1.0, 2.0, True, float("nan")])
+async def test_slots_that_are_no_count_are_a_value_error_like_the_policys(
+    allowance: RecallAllowance, slots: object
+) -> None:
+    """A number below 1, or one that is not a whole count, is a bad value (``ValueError``), as
+    it is in :class:`AllowancePolicy`; a value that is not a number is a ``TypeError``."""
+    with pytest.raises(InvalidArgumentError, match="slots must be an int"):
+        allowance.round("r", DELIB, slots=slots)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        AllowancePolicy(max_searches=slots)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentTypeError):
+        allowance.round("r", DELIB, slots="2")  # type: ignore[arg-type]
+    assert (await allowance.ledger.usage("r")).reserved == 0
+
+
 @pytest.mark.parametrize("value", ["false", "0", "no", 0, 1, None])
 def test_legacy_needs_a_real_bool(value: object) -> None:
     with pytest.raises(RecallboundError):

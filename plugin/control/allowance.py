@@ -13,6 +13,7 @@ import math
 import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from numbers import Real
 
 import anyio.lowlevel
 import attrs
@@ -184,8 +185,11 @@ class RecallAllowance:
         else:
             if slots is None:
                 raise InvalidArgumentError("a deliberate round needs slots= (one per valid call)")
-            if isinstance(slots, bool) or not isinstance(slots, int):
-                raise InvalidArgumentTypeError(f"slots must be an int, got {type(slots).__name__}")
+            given: object = slots
+            if isinstance(given, bool) or not isinstance(given, int):
+                # a number that is no count (0.5, 1.0, True) is a bad value, as in the policy
+                bad = InvalidArgumentError if isinstance(given, Real) else InvalidArgumentTypeError
+                raise bad(f"slots must be an int, got {type(given).__name__}")
             if not 1 <= slots <= MAX_COUNT:
                 raise InvalidArgumentError(f"slots must be between 1 and {MAX_COUNT}, got {slots}")
             requested = slots
