@@ -116,7 +116,7 @@ async def test_a_200_mb_line_is_answered_without_being_read_whole(
                 await raw.process.stdin.send(block)
             await raw.send(b'"}}')
             answer = await raw.answer()
-            assert answer["id"] is None and answer["error"]["code"] == -32600
+            assert answer["id"] == 1 and answer["error"]["code"] == -32600
             assert str(MAX_LINE_BYTES) in answer["error"]["message"]
             await raw.send(b'{"jsonrpc":"2.0","id":2,"method":"tools/list"}')
             assert (await raw.answer())["id"] == 2

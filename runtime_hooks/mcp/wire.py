@@ -5,7 +5,8 @@ cannot parse without answering, so a client waits for ever. This one reads stand
 chunks and frames lines itself:
 
 * a line longer than ``max_line_bytes`` is skipped as it streams (never held whole) and
-  answered with a JSON-RPC error (id null: its id was never read);
+  answered with a JSON-RPC error under the id its head names (null if none), so the client
+  that sent it is not left waiting;
 * a line that is not UTF-8 or not JSON, that nests deeper than ``max_depth``, that carries a
   lone surrogate (``"\\ud800"``), that is not one JSON-RPC message (a batch, ``params`` that is
   not an object, no ``method``) is answered with a JSON-RPC error carrying the request's id
@@ -47,6 +48,8 @@ MAX_LINE_BYTES = 4 * 1024 * 1024
 MAX_DEPTH = 64
 """The deepest nesting of arrays and objects in one message."""
 CHUNK = 64 * 1024
+ID_HEAD_BYTES = 64 * 1024
+"""How much of a line past the cap is kept to read its id from (the id precedes the params)."""
 
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
@@ -197,8 +200,8 @@ async def read_lines(
         nonlocal skipping
         line, too_long, skipping = bytes(pending), skipping or len(pending) > max_line_bytes, False
         pending.clear()
-        result = (error_line(None, INVALID_REQUEST, f"Invalid request: the line is longer than "
-                                                    f"{max_line_bytes} bytes")
+        result = (error_line(scan(line[:ID_HEAD_BYTES], max_depth)[1], INVALID_REQUEST,
+                             f"Invalid request: the line is longer than {max_line_bytes} bytes")
                   if too_long else read_message(line, max_depth=max_depth))
         if isinstance(result, SessionMessage):
             if not intercept(result):
@@ -222,7 +225,7 @@ async def read_lines(
             if not skipping:
                 pending += chunk[start:]
                 if len(pending) > max_line_bytes:  # skipped as it streams, never held whole
-                    pending.clear()
+                    del pending[ID_HEAD_BYTES:]  # only its head stays, to answer under its id
                     skipping = True
         await end_line()  # a last line the input ends without a newline is a line too
 
