@@ -56,7 +56,8 @@ INVALID_REQUEST = -32600
 INVALID_PARAMS = -32602
 
 _TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"(\s*:)?|[\[\]{}]')
-_ID_VALUE = re.compile(rb'\s*(-?\d{1,18}|"(?:[^"\\]|\\.){0,256}")')
+# A whole integer (never the start of a fraction, an exponent or a longer number) or a string.
+_ID_VALUE = re.compile(rb'\s*(-?\d{1,18}(?![\d.eE])|"(?:[^"\\]|\\.){0,256}")')
 _SURROGATE = re.compile(rb"\\[uU][dD][89a-fA-F]")
 
 Outgoing = SessionMessage | bytes
