@@ -7,10 +7,10 @@ chunks and frames lines itself:
 * a line longer than ``max_line_bytes`` is skipped as it streams (never held whole) and
   answered with a JSON-RPC error under the id its head names (null if none), so the client
   that sent it is not left waiting;
-* a line that is not UTF-8 or not JSON, that nests deeper than ``max_depth``, that carries a
-  lone surrogate (``"\\ud800"``), that is not one JSON-RPC message (a batch, ``params`` that is
-  not an object, no ``method``) is answered with a JSON-RPC error carrying the request's id
-  when it can be read (null otherwise);
+* a line that is not UTF-8 or not JSON (``NaN`` and ``Infinity`` are not JSON), that nests
+  deeper than ``max_depth``, that carries a lone surrogate (``"\\ud800"``), that is not one
+  JSON-RPC message (a batch, ``params`` that is not an object, no ``method``) is answered
+  with a JSON-RPC error carrying the request's id when it can be read (null otherwise);
 * a request whose ``id`` is not a string or an integer (:mod:`~runtime_hooks.mcp.request_id`)
   is answered with an Invalid Request error with id null, and never reaches the server;
 * everything else goes to the server, which answers unknown methods and bad tool arguments
@@ -58,7 +58,7 @@ INVALID_PARAMS = -32602
 _TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"(\s*:)?|[\[\]{}]')
 # A whole integer (never the start of a fraction, an exponent or a longer number) or a string.
 _ID_VALUE = re.compile(rb'\s*(-?\d{1,18}(?![\d.eE])|"(?:[^"\\]|\\.){0,256}")')
-_SURROGATE = re.compile(rb"\\[uU][dD][89a-fA-F]")
+_SLOW = re.compile(rb"\\[uU][dD][89a-fA-F]|NaN|Infinity")  # what the one-pass parse lets by
 
 Outgoing = SessionMessage | bytes
 
@@ -127,7 +127,7 @@ def read_message(line: bytes, *, max_depth: int = MAX_DEPTH) -> SessionMessage |
     if not line.strip():
         return None
     shallow = line.count(b"[") + line.count(b"{") <= max_depth
-    if shallow and not _SURROGATE.search(line):
+    if shallow and not _SLOW.search(line):
         try:  # the common case, in one pass: a well-formed message
             parsed = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
         except pydantic.ValidationError:
@@ -149,7 +149,7 @@ def read_message(line: bytes, *, max_depth: int = MAX_DEPTH) -> SessionMessage |
     except UnicodeDecodeError:
         return error_line(scan(line, max_depth)[1], PARSE_ERROR, "Parse error: not UTF-8 text")
     try:
-        document = json.loads(text)
+        document = json.loads(text, parse_constant=int)  # NaN, Infinity: not JSON, int() refuses
     except ValueError:
         return error_line(scan(line, max_depth)[1], PARSE_ERROR, "Parse error: not JSON")
     request_id = _usable_id(document.get("id")) if isinstance(document, dict) else None
@@ -158,7 +158,7 @@ def read_message(line: bytes, *, max_depth: int = MAX_DEPTH) -> SessionMessage |
                           "Invalid request: expected one JSON-RPC message object")
     if invalid_request_id(document):
         return _BAD_ID
-    if _SURROGATE.search(line) and _has_lone_surrogate(document):
+    if _has_lone_surrogate(document):
         return error_line(request_id, INVALID_PARAMS,
                           "Invalid params: a string holds a lone surrogate (not Unicode text)")
     try:
