@@ -163,6 +163,21 @@ def test_a_connection_string_that_cannot_be_used_is_a_config_error(location: str
     assert SECRET not in str(caught.value)
 
 
+@pytest.mark.parametrize("location", [
+    f"postgresql://root:Sentinel\x00{SECRET}@127.0.0.1:5432/test",  # libpq would read host=root
+    f"postgresql://root:{SECRET}@127.0.0.1:5432/test\x00",
+    f"host=127.0.0.1 dbname=test\x00 password={SECRET}",
+    f"\x00host=127.0.0.1 dbname=test password={SECRET}",
+])
+def test_a_connection_string_holding_a_nul_is_a_config_error_never_shown(location: str) -> None:
+    """libpq reads a connection string up to its first NUL: the rest (the host, the database,
+    the password) would silently be another one, and a part of the password could be read
+    as a host. It is refused, with neither the value nor any part of it shown."""
+    with pytest.raises(LedgerConfigError, match="NUL") as caught:
+        RecallConfig(ledger_path=location)
+    assert SECRET not in str(caught.value) and "Sentinel" not in str(caught.value)
+
+
 def test_without_psycopg_a_keyword_dsn_names_the_postgres_extra(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -114,6 +114,8 @@ def _form(text: str) -> str:
 def conninfo_dict(dsn: str) -> dict[str, Any]:
     """psycopg's own parser; without the ``postgres`` extra a connection string is an error,
     and so is a URI holding more than one ``@`` before its host (:func:`doubled_at`)."""
+    if "\x00" in dsn:  # libpq reads up to the first NUL: the rest would be another DSN
+        raise LedgerConfigError(f"the ledger ({_form(dsn)}) holds a NUL character")
     if URI_START.match(dsn) and doubled_at(dsn):
         raise LedgerConfigError(
             f"the ledger ({_form(dsn)}) holds more than one '@' before its host: "
