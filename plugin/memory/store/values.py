@@ -11,6 +11,7 @@ import math
 import numbers
 import unicodedata
 from collections.abc import Iterable
+from decimal import Decimal
 from typing import Any, Literal
 
 import attrs
@@ -61,11 +62,16 @@ def _plain_owner(value: object) -> object:
 
 
 def _real(value: object) -> object:
-    """Any real number but a bool (``numpy.float32`` included) as a ``float``; anything else
-    unchanged (its field's validator names it)."""
-    if type(value) is float or isinstance(value, bool) or not isinstance(value, numbers.Real):
+    """Any real number but a bool (``numpy.float32``, ``Decimal`` included) as a ``float``;
+    anything else, or a number no float holds (``10**400``), unchanged (its field's validator
+    names it)."""
+    if type(value) is float or isinstance(value, bool) or not isinstance(
+            value, (numbers.Real, Decimal)):
         return value
-    return float(value)
+    try:
+        return float(value)
+    except (OverflowError, ValueError):  # too large, or a signalling Decimal NaN
+        return value
 
 
 def _plain_ids(value: object) -> object:
@@ -91,10 +97,15 @@ def _evidence_owner(_instance: object, attribute: attrs.Attribute[Any], value: o
 
 
 def _evidence_number(_instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if type(value) is not float:
+    if type(value) is float:
+        return
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, Decimal)):
         raise TypeError(
             f"Evidence.{attribute.name} must be a real number, got {type(value).__name__}"
         )
+    # A number the converter could not make a float: too large for one.
+    raise ValueError(f"Evidence.{attribute.name} must be a number a float can hold, got "
+                     f"{type(value).__name__} out of range")
 
 
 def _evidence_ids(_instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -104,7 +115,7 @@ def _evidence_ids(_instance: object, attribute: attrs.Attribute[Any], value: obj
 
 
 def _evidence_kind(_instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if value not in EVIDENCE_KINDS:
+    if not isinstance(value, str) or value not in EVIDENCE_KINDS:
         raise ValueError(f"Evidence.kind must be one of {sorted(EVIDENCE_KINDS)}, got {value!r}")
 
 
@@ -119,14 +130,16 @@ class Evidence:
     dropped before rendering. ``cites`` are the ids of the sources a memory cites.
 
     What a backend hands over is taken as it is meant: any real number but a bool
-    (``numpy.float32`` included) is kept as a ``float``, any string (``numpy.str_``, a str
-    enum) as the exact ``str`` of its characters, any iterable of ids (a list) as a tuple. A
-    value of another type raises ``TypeError`` naming the field.
+    (``numpy.float32``, ``Decimal`` included) is kept as a ``float``, any string (``numpy.str_``,
+    a str enum; ``kind`` too) as the exact ``str`` of its characters, any iterable of ids (a
+    list) as a tuple. A value of another type raises ``TypeError`` naming the field, a number
+    no float holds (``10**400``) or an unknown kind ``ValueError``.
     """
 
     id: str = attrs.field(converter=_plain, validator=_evidence_str)
     text: str = attrs.field(converter=_plain, validator=_evidence_str)
-    kind: EvidenceKind = attrs.field(default="memory", validator=_evidence_kind)
+    kind: EvidenceKind = attrs.field(default="memory", converter=_plain,
+                                     validator=_evidence_kind)
     score: float = attrs.field(default=0.0, converter=_real, validator=_evidence_number)
     arm: str = attrs.field(default="retriever", converter=_plain, validator=_evidence_str)
     principal: str | None = attrs.field(default=None, converter=_plain_owner,
