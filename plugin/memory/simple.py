@@ -90,13 +90,20 @@ def _items(value: object, *, limit: int) -> tuple[Evidence, ...]:
 
     A list or a tuple is kept whole (it is already in memory, and its length is what the caps
     count as left out). Anything else is read lazily, at most ``limit`` items, so a generator
-    with no end costs what its first ``limit`` items do."""
+    with no end costs what its first ``limit`` items do. A coroutine among the first ``limit``
+    items (``[fetch(i) for i in ids]``, an ``await`` left out) is closed; the hooks refuse it
+    as malformed evidence."""
     if value is None or isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
         _close(value)
         raise RetrieverFailedError("bad_result")
     if type(value) in (list, tuple):
-        return tuple(value)
-    return tuple(itertools.islice(value, limit))
+        found = tuple(value)
+        examined = found[:limit]
+    else:
+        found = examined = tuple(itertools.islice(value, limit))
+    for item in examined:
+        _close(item)
+    return found
 
 
 @attrs.define(eq=False)
