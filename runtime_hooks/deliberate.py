@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextvars
 import logging
 from collections.abc import Callable, Container, Mapping, Sequence
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 import anyio
@@ -34,11 +35,13 @@ if TYPE_CHECKING:
 _log = logging.getLogger("recallbound.hooks")
 
 _Key = tuple[str, str, str]
-_ROUND_CALLS: contextvars.ContextVar[frozenset[_Key]] = contextvars.ContextVar(
-    "recallbound_round_calls", default=frozenset())
-"""The calls (run, call id, digest) whose round the current task runs inside: what a retriever
-re-entering the hooks from that round sends again can never be waited for (the round waits
-for the retriever), so it is answered ``in_flight`` at once."""
+_ROUND_CALLS: contextvars.ContextVar[Mapping[_Key, anyio.Event]] = contextvars.ContextVar(
+    "recallbound_round_calls", default=MappingProxyType({}))
+"""The calls (run, call id, digest) whose round the current task runs inside, each with the
+event its round sets when it ends: what a retriever re-entering the hooks from that round
+sends again can never be waited for (the round waits for the retriever), so it is answered
+``in_flight`` at once. A task started inside the round keeps this mark after the round
+ended; the round's event, no longer the running one, tells it the call is over."""
 
 
 def call_records(
@@ -131,9 +134,10 @@ async def run_once(turn: Turn, valid: list[tuple[int, SearchCall]],
     inside = _ROUND_CALLS.get()
     for index, call in valid:
         key = (turn.run_id, call.call_id, digests[index])
-        if key in inside:
+        event = hooks._running.get(key)
+        if event is not None and inside.get(key) is event:  # its own round, still running
             turn.results[index] = in_flight(call.call_id)
-        elif (event := hooks._running.get(key)) is not None:
+        elif event is not None:
             waiting.append((index, call))
             events.append(event)
         else:
@@ -152,7 +156,7 @@ async def run_once(turn: Turn, valid: list[tuple[int, SearchCall]],
                 ours.append((index, call))
             else:
                 theirs.append((index, record))
-        entered = _ROUND_CALLS.set(inside.union(keys))
+        entered = _ROUND_CALLS.set({**inside, **{key: hooks._running[key] for key in keys}})
         try:
             await _run_claimed(turn, ours, [claim for claim in claims if claim not in held],
                                theirs)
