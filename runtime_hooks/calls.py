@@ -35,8 +35,17 @@ class InvalidSearchCallError(RecallboundError, ValueError):
     """A model's search call is malformed or out of scope (it gets no slot)."""
 
 
+UNREADABLE_ARGUMENTS = "<arguments that cannot be read>"
+"""The identity text of arguments that neither JSON nor ``repr`` can render (nested too deep,
+an int too long to print); the hooks reject such a call."""
+
+
 def canonical_arguments(arguments: Mapping[str, object] | str | None) -> str:
-    """The arguments as one comparable text: JSON objects compare by content, not spelling."""
+    """The arguments as one comparable text: JSON objects compare by content, not spelling.
+
+    Never raises: arguments JSON cannot hold compare by their ``repr``, or as
+    :data:`UNREADABLE_ARGUMENTS` when even that fails (the hooks reject such a call).
+    """
     if arguments is None:
         return "{}"
     value: object = arguments
@@ -49,7 +58,11 @@ def canonical_arguments(arguments: Mapping[str, object] | str | None) -> str:
         return json.dumps(_plain(value), sort_keys=True, ensure_ascii=False,
                           separators=(",", ":"))
     except (TypeError, ValueError, RecursionError):
+        pass
+    try:
         return repr(value)
+    except (ValueError, RecursionError):
+        return UNREADABLE_ARGUMENTS
 
 
 def _plain(value: object) -> object:
