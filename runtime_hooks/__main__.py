@@ -50,6 +50,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="store_true",
                         help="print the installed version and exit")
+    parser.add_argument("--store", metavar="PATH", dest="top_store", default=None,
+                        help="for the memory command: the store file (as after `memory`)")
     from plugin.evaluation import command as evaluation
 
     commands = parser.add_subparsers(dest="command")
@@ -97,6 +99,11 @@ def main(
         if args.version:
             out.write(f"recallbound {version()}\n")
             return 0
+        if args.top_store is not None:
+            if args.command != "memory":
+                parser.error("--store before the command is for the memory command only")
+            if args.store is None:
+                args.store = args.top_store
         if args.command is None:  # plain `python -m runtime_hooks` runs the demo
             args = parser.parse_args(["demo", *(argv or [])])
     except SystemExit as exit_:  # usage errors: argparse printed them already

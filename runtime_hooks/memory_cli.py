@@ -1,6 +1,7 @@
 """``recallbound memory add|import|list|forget``: write and manage memories from a shell.
 
-The store is ``--store PATH`` (before the subcommand), else the configured ``store``, else
+The store is ``--store PATH`` (before the subcommand; before ``memory`` or after the
+subcommand work too), else the configured ``store``, else
 the default store, ``$XDG_DATA_HOME/recallbound/memory.db`` (``~/.local/share/...``), whose
 folder is created on first use. A store given explicitly must sit in an existing folder;
 ``list`` and ``forget`` never create a store.
@@ -91,6 +92,11 @@ def add_commands(commands: Any) -> None:
     for parser in (add, listing, forget):
         parser.add_argument("--principal", required=True)
         parser.add_argument("--scope", required=True)
+    for parser in (add, importing, listing, forget):  # after the subcommand too, as users type
+        parser.add_argument("--store", metavar="PATH", default=argparse.SUPPRESS,
+                            help="the store file (as before the subcommand)")
+        parser.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS,
+                            help="configuration file (as before the subcommand)")
 
 
 def _store_path(args: argparse.Namespace, values: dict[str, Any]) -> Path:

@@ -62,6 +62,31 @@ def test_add_list_forget_round_trip(tmp_path: Path) -> None:
     assert (status, json.loads(out)) == (0, [])
 
 
+@pytest.mark.parametrize("where", ["after memory", "before memory", "after the subcommand"])
+def test_store_may_be_named_before_or_after_the_subcommand(tmp_path: Path, where: str) -> None:
+    store = str(tmp_path / "memory.db")
+
+    def command(sub: str, *rest: str) -> list[str]:
+        if where == "after memory":
+            return ["memory", "--store", store, sub, *rest]
+        if where == "before memory":
+            return ["--store", store, "memory", sub, *rest]
+        return ["memory", sub, *rest, "--store", store]
+
+    status, out, err = cli(*command("add", "Ana owns the schema review.", *WHO))
+    assert (status, err) == (0, "")
+    assert rows(Path(store)) == [("u1", "proj", out.strip(), "Ana owns the schema review.")]
+    status, out, _ = cli(*command("list", *WHO, "--json"))
+    assert status == 0 and [m["text"] for m in json.loads(out)] == ["Ana owns the schema review."]
+
+
+def test_store_before_another_command_is_a_usage_error(tmp_path: Path) -> None:
+    with contextlib.redirect_stderr(io.StringIO()) as err:
+        status = main(["--store", str(tmp_path / "memory.db"), "config", "show"])
+    assert status == 2 and "--store before the command is for the memory command" in err.getvalue()
+    assert not (tmp_path / "memory.db").exists()
+
+
 def test_import_reads_jsonl_and_stdin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = tmp_path / "memory.db"
     data = tmp_path / "memories.jsonl"
