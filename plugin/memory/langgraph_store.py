@@ -53,7 +53,10 @@ def _evidence(item: Item, prefix: tuple[str, ...], text_key: str) -> Evidence:
         text = json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
     namespace = tuple(item.namespace)
     owner = namespace[len(prefix):len(prefix) + 2]
-    principal, scope = (_unlabel(owner[0]), _unlabel(owner[1])) if len(owner) == 2 else ("", "")
+    if namespace[:len(prefix)] == prefix and len(owner) == 2:
+        principal, scope = _unlabel(owner[0]), _unlabel(owner[1])
+    else:  # not under the prefix: nobody's, so the hooks drop it
+        principal, scope = "", ""
     score = getattr(item, "score", None)
     return Evidence(
         id=item.key, text=text, arm="langgraph",
