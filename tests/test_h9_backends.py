@@ -1,15 +1,20 @@
 """The shipped store backends against the real libraries: an item from outside the run's
-namespace prefix is dropped."""
+namespace prefix is dropped, and a node or item scored NaN is still evidence."""
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import Any
 
 import pytest
+from langgraph.store.base import SearchItem
 from langgraph.store.memory import InMemoryStore
+from llama_index.core.retrievers import BaseRetriever as LlamaRetriever
+from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
 from plugin import ManualClock, QueryPlanner, QueryPreparation, RecallAllowance
 from plugin.memory.langgraph_store import langgraph_store_retriever, memory_namespace
+from plugin.memory.llamaindex import llamaindex_retriever
 from runtime_hooks import RecallHooks, ToolCall
 
 from ._fakes import MemoryLedger
@@ -44,3 +49,32 @@ async def test_an_item_from_under_another_prefix_is_dropped() -> None:
     (result,) = await hooks.dispatch([CALL], run_id="r", scope=S, principal=P)
     assert [i.id for i in result.evidence] == ["m1"]
     assert result.dropped == 2 and "org b" not in result.content
+
+
+async def test_a_langgraph_item_scored_nan_is_still_evidence() -> None:
+    class NanScored(InMemoryStore):
+        async def asearch(self, namespace_prefix: tuple[str, ...], /, **kwargs: Any) -> Any:
+            now = datetime.now(timezone.utc)
+            return [SearchItem(namespace_prefix, "m1", {"text": "the cutover is friday"},
+                               now, now, score=float("nan"))]
+
+    hooks = _hooks(langgraph_store_retriever(NanScored()))
+    (result,) = await hooks.dispatch([CALL], run_id="r", scope=S, principal=P)
+    assert result.status == "ok" and [i.id for i in result.evidence] == ["m1"]
+    assert result.evidence[0].score == 0.0
+
+
+class Scored(LlamaRetriever):
+    """Nodes scored as a cosine similarity over an all-zero embedding is (NaN)."""
+
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        return [NodeWithScore(node=TextNode(id_="m1", text="the cutover is friday"),
+                              score=float("nan")),
+                NodeWithScore(node=TextNode(id_="m2", text="cutover runbook"), score=0.5)]
+
+
+async def test_a_llamaindex_node_scored_nan_is_still_evidence() -> None:
+    hooks = _hooks(llamaindex_retriever(Scored()))
+    (result,) = await hooks.dispatch([CALL], run_id="r", scope=S, principal=P)
+    assert result.status == "ok"
+    assert sorted((i.id, i.score) for i in result.evidence) == [("m1", 0.0), ("m2", 0.5)]

@@ -17,6 +17,7 @@ the store was built with an index, otherwise the store's own order); a memory's 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -60,7 +61,7 @@ def _evidence(item: Item, prefix: tuple[str, ...], text_key: str) -> Evidence:
     score = getattr(item, "score", None)
     return Evidence(
         id=item.key, text=text, arm="langgraph",
-        score=float(score) if isinstance(score, (int, float)) else 0.0,
+        score=float(score) if isinstance(score, (int, float)) and math.isfinite(score) else 0.0,
         principal=principal, scope=scope, created_at=item.created_at.timestamp(),
     )
 

@@ -4,7 +4,7 @@ LlamaIndex reaches the vector stores it supports (pgvector, Qdrant, Chroma, Pine
 through one interface, ``BaseRetriever.aretrieve``. :func:`llamaindex_retriever` turns one
 into a :class:`~plugin.SimpleRetriever`: the query text goes in as a ``QueryBundle``, each
 ``NodeWithScore`` comes back as evidence (id: the node id, text: its content, score: its score,
-arm: ``llamaindex``).
+0.0 when it has none that is finite, arm: ``llamaindex``).
 
 A LlamaIndex retriever knows nothing of principals. Either give a factory
 ``retriever_for(principal, scope)`` that builds one per tenant (for example
@@ -16,6 +16,7 @@ evidence cannot be re-read: a re-check is ``failed``, never ``gone``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -34,12 +35,18 @@ def _owner(metadata: object, key: str) -> str | None:
     return None if value is None else str(value)
 
 
+def _score(score: float | None) -> float:
+    """A node's score, 0.0 when it has none or none that is finite (a cosine similarity over
+    an all-zero embedding is NaN): the node itself is still evidence."""
+    return float(score) if score is not None and math.isfinite(score) else 0.0
+
+
 def _evidence(found: NodeWithScore, principal_key: str, scope_key: str) -> Evidence:
     node = found.node
     metadata = getattr(node, "metadata", None)
     return Evidence(
         id=str(node.node_id), text=str(node.get_content()), arm="llamaindex",
-        score=float(found.score) if found.score is not None else 0.0,
+        score=_score(found.score),
         principal=_owner(metadata, principal_key), scope=_owner(metadata, scope_key),
     )
 
