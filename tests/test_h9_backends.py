@@ -1,8 +1,10 @@
 """The shipped store backends against the real libraries: an item from outside the run's
-namespace prefix is dropped, and a node or item scored NaN is still evidence."""
+namespace prefix is dropped, a node or item scored NaN is still evidence, and an indexed
+in-memory LangGraph store is searched on trio too."""
 
 from __future__ import annotations
 
+import gc
 from datetime import datetime, timezone
 from typing import Any
 
@@ -12,7 +14,7 @@ from langgraph.store.memory import InMemoryStore
 from llama_index.core.retrievers import BaseRetriever as LlamaRetriever
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
-from plugin import ManualClock, QueryPlanner, QueryPreparation, RecallAllowance
+from plugin import ManualClock, QueryPlanner, QueryPreparation, RecallAllowance, WorkingState
 from plugin.memory.langgraph_store import langgraph_store_retriever, memory_namespace
 from plugin.memory.llamaindex import llamaindex_retriever
 from runtime_hooks import RecallHooks, ToolCall
@@ -78,3 +80,20 @@ async def test_a_llamaindex_node_scored_nan_is_still_evidence() -> None:
     (result,) = await hooks.dispatch([CALL], run_id="r", scope=S, principal=P)
     assert result.status == "ok"
     assert sorted((i.id, i.score) for i in result.evidence) == [("m1", 0.0), ("m2", 0.5)]
+
+
+def _embed(texts: list[str]) -> list[list[float]]:
+    return [[float(len(text) % 7 + 1), 1.0, 0.5] for text in texts]
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])  # real time: a worker thread
+async def test_an_indexed_in_memory_store_is_searched_on_both_loops(anyio_backend: str) -> None:
+    store = InMemoryStore(index={"dims": 3, "embed": _embed})
+    store.put(memory_namespace(P, S), "m1", {"text": "the cutover is friday"})
+    store.put(memory_namespace("bob", S), "b1", {"text": "bob's cutover secret"})
+    hooks = _hooks(langgraph_store_retriever(store))
+    (result,) = await hooks.dispatch([CALL], run_id="r", scope=S, principal=P)
+    assert result.status == "ok" and [i.id for i in result.evidence] == ["m1"]
+    context = await hooks.prepare(WorkingState("cutover"), run_id="r2", scope=S, principal=P)
+    assert [i.id for i in context.evidence] == ["m1"]
+    gc.collect()  # a query coroutine left unawaited would warn here

@@ -11,7 +11,9 @@ refuses a ``.`` in a label): :func:`memory_namespace` gives the namespace to ``p
 memories in. A search is ``store.asearch(namespace, query=text, limit=limit)`` (semantic when
 the store was built with an index, otherwise the store's own order); a memory's text is
 ``value[text_key]`` (the whole value as JSON when that is not a string). Any store works:
-``InMemoryStore``, and LangGraph's PostgreSQL store (``langgraph-checkpoint-postgres``).
+``InMemoryStore``, and LangGraph's PostgreSQL store (``langgraph-checkpoint-postgres``). An
+``InMemoryStore`` built with an index embeds a query through asyncio's own loop, so off asyncio
+(trio) its synchronous ``search`` runs in a worker thread instead, left at the deadline.
 """
 
 from __future__ import annotations
@@ -19,7 +21,11 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
+
+import anyio.to_thread
+import sniffio
 
 from .simple import SearchRequest, SimpleRetriever
 from .store import Evidence
@@ -66,6 +72,14 @@ def _evidence(item: Item, prefix: tuple[str, ...], text_key: str) -> Evidence:
     )
 
 
+def _embeds_on_asyncio(store: BaseStore) -> bool:
+    """Whether ``store`` is an ``InMemoryStore`` with an index: its ``asearch`` embeds the
+    query through asyncio's own loop, while its ``search`` embeds in threads of its own."""
+    from langgraph.store.memory import InMemoryStore
+
+    return isinstance(store, InMemoryStore) and bool(store.index_config)
+
+
 def langgraph_store_retriever(
     store: BaseStore, *, prefix: Sequence[str] = DEFAULT_PREFIX, text_key: str = "text"
 ) -> SimpleRetriever:
@@ -76,10 +90,18 @@ def langgraph_store_retriever(
     from outside the run's namespace is dropped by the hooks.
     """
     base = tuple(prefix)
+    threaded = _embeds_on_asyncio(store)
 
     async def search(request: SearchRequest) -> list[Evidence]:
         namespace = memory_namespace(request.principal, request.scope, base)
-        found = await store.asearch(namespace, query=request.text, limit=request.limit)
+        if threaded and sniffio.current_async_library() != "asyncio":
+            # Off asyncio, its synchronous search in a worker thread, left at the deadline.
+            found = await anyio.to_thread.run_sync(
+                partial(store.search, namespace, query=request.text, limit=request.limit),
+                abandon_on_cancel=True,
+            )
+        else:
+            found = await store.asearch(namespace, query=request.text, limit=request.limit)
         return [_evidence(item, base, text_key) for item in found]
 
     async def get(evidence_id: str, *, principal: str, scope: str) -> Evidence | None:
