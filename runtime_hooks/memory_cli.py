@@ -8,10 +8,11 @@ folder is created on first use. A store given explicitly must sit in an existing
 With a configured ``semantic`` embedding, writes compute their vectors too.
 
 ``import FILE`` reads JSONL (``-`` is standard input): one ``{"text", "principal", "scope",
-"id"?}`` object a line, blank lines skipped. It is all or nothing: the first bad line (not
-UTF-8, not JSON or nested too deeply, a key repeated, not an object, a bad or missing field,
-an id repeated in the file or held by another principal or scope) is named with its number
-and nothing is written.
+"id"?}`` object a line, blank lines skipped, each line read to a bound of 64 MiB (so
+``/dev/zero`` is an error, never a ``MemoryError``). It is all or nothing: the first bad line
+(longer than the bound, not UTF-8, not JSON or nested too deeply, a key repeated, not an
+object, a bad or missing field, an id repeated in the file or held by another principal or
+scope) is named with its number and nothing is written.
 
 Bad input prints one ``recallbound: ...`` line on stderr and exits 2; ``forget`` of an id
 that is not there exits 1. Stored text is printed escaped (no control or bidi character
@@ -22,10 +23,11 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import itertools
 import json
 import os
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
@@ -52,6 +54,8 @@ __all__ = ["add_commands", "default_store", "run"]
 BAD_INPUT = 2
 #: Exit status of ``forget`` when the memory was not there.
 NOT_FOUND = 1
+#: The longest line ``import`` reads (a memory's text is at most 64 KiB, escaped or not).
+MAX_IMPORT_LINE_BYTES = 64 * 1024 * 1024
 
 
 class MemoryInputError(RecallboundError, ValueError):
@@ -129,21 +133,36 @@ def _embedding(values: dict[str, Any]) -> EmbeddingAdapter | None:
 
 def _read_lines(name: str) -> list[tuple[int, MemoryWrite]]:
     """The file's memories with their line numbers; the first bad line raises."""
-    stream: BinaryIO
     if name == "-":
         if sys.stdin is None:  # started with standard input closed
             raise MemoryInputError("cannot read standard input: it is closed")
-        data = sys.stdin.buffer.read()
-    else:
-        try:
-            with open(name, "rb") as stream:
-                data = stream.read()
-        except OSError as exc:
-            raise MemoryInputError(f"cannot read {name!r}: {exc.strerror or exc}") from exc
-    where = "standard input" if name == "-" else name
+        return _parse_lines(sys.stdin.buffer, "standard input")
+    try:
+        with open(name, "rb") as stream:
+            return _parse_lines(stream, name)
+    except OSError as exc:
+        raise MemoryInputError(f"cannot read {name!r}: {exc.strerror or exc}") from exc
+
+
+def _bounded_lines(stream: BinaryIO, where: str) -> Iterator[tuple[int, bytes]]:
+    """The stream's lines with their numbers, each read no further than
+    :data:`MAX_IMPORT_LINE_BYTES` (``/dev/zero`` is one endless line)."""
+    limit = MAX_IMPORT_LINE_BYTES
+    for number in itertools.count(1):
+        raw = stream.readline(limit + 1)
+        if not raw:
+            return
+        if len(raw) > limit and not (len(raw) == limit + 1 and raw.endswith(b"\n")):
+            raise MemoryInputError(
+                f"{where} line {number}: the line is longer than {limit:,} bytes")
+        yield number, raw
+
+
+def _parse_lines(stream: BinaryIO, where: str) -> list[tuple[int, MemoryWrite]]:
     found: list[tuple[int, MemoryWrite]] = []
-    data = data.removeprefix(codecs.BOM_UTF8)  # an editor's byte-order mark, as scenarios allow
-    for number, raw in enumerate(data.split(b"\n"), start=1):
+    for number, raw in _bounded_lines(stream, where):
+        if number == 1:
+            raw = raw.removeprefix(codecs.BOM_UTF8)  # an editor's byte-order mark
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError:

@@ -1,0 +1,47 @@
+"""What a user of the ``recallbound`` commands meets on endless or hostile input: one
+``recallbound:`` line and the documented exit status, never a traceback."""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+#: Enough for the interpreter and the CLI; reading /dev/zero whole would pass it.
+ADDRESS_SPACE = 2 * 1024**3
+
+
+def _bounded() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
+
+
+def _recallbound(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HOME": str(cwd)}
+    env.pop("XDG_DATA_HOME", None)
+    return subprocess.run(
+        [sys.executable, "-m", "runtime_hooks", *argv],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=_bounded,
+        check=False,
+    )
+
+
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="needs /dev/zero")
+def test_memory_import_of_an_endless_line_is_one_error_line(tmp_path: Path) -> None:
+    done = _recallbound(
+        "memory", "--store", str(tmp_path / "memory.db"), "import", "/dev/zero", cwd=tmp_path
+    )
+    assert "Traceback" not in done.stderr
+    assert done.returncode == 2
+    assert done.stderr.startswith("recallbound: /dev/zero line 1: the line is longer than")
+    assert done.stderr.count("\n") == 1
+    assert not (tmp_path / "memory.db").exists()  # nothing was created for a bad file
