@@ -45,3 +45,24 @@ def test_memory_import_of_an_endless_line_is_one_error_line(tmp_path: Path) -> N
     assert done.stderr.startswith("recallbound: /dev/zero line 1: the line is longer than")
     assert done.stderr.count("\n") == 1
     assert not (tmp_path / "memory.db").exists()  # nothing was created for a bad file
+
+
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="needs /dev/zero")
+def test_mcp_token_file_that_never_ends_is_one_error_line(tmp_path: Path) -> None:
+    pytest.importorskip("mcp")
+    done = _recallbound("mcp", "--http", "127.0.0.1:0", "--token-file", "/dev/zero", cwd=tmp_path)
+    assert "Traceback" not in done.stderr
+    assert done.returncode == 1
+    assert done.stderr.startswith("recallbound: token file '/dev/zero': larger than")
+    assert done.stderr.count("\n") == 1
+
+def test_mcp_token_file_that_is_not_utf8_is_one_error_line(tmp_path: Path) -> None:
+    pytest.importorskip("mcp")
+    (tmp_path / "tokens.toml").write_bytes(b"\xff[[token]]\n")
+    done = _recallbound("mcp", "--http", "127.0.0.1:0", "--token-file", "tokens.toml", cwd=tmp_path)
+    assert "Traceback" not in done.stderr
+    assert (done.returncode, done.stderr) == (
+        1,
+        "recallbound: token file 'tokens.toml': not valid TOML\n",
+    )
+

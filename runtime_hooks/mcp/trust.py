@@ -33,6 +33,8 @@ PRINCIPAL_CLAIM = "recallbound/principal"
 SCOPE_CLAIM = "recallbound/scope"
 MIN_TOKEN_CHARS = 16
 """Shorter tokens are refused when the table is read: they are guessable."""
+MAX_TOKEN_FILE_BYTES = 16 * 1024 * 1024
+"""A token file is read no further than this (``/dev/zero`` would never end)."""
 
 
 def _text(name: str, value: object) -> str:
@@ -98,11 +100,16 @@ class TokenTable:
         """A TOML file of ``[[token]]`` tables (``token``, ``principal``, ``scope``)."""
         try:
             with Path(path).open("rb") as handle:
-                document = tomllib.load(handle)
+                data = handle.read(MAX_TOKEN_FILE_BYTES + 1)
         except OSError as exc:
             raise McpAuthError(f"token file {os.fspath(path)!r}: cannot read: "
                                f"{exc.strerror}") from None
-        except tomllib.TOMLDecodeError:
+        if len(data) > MAX_TOKEN_FILE_BYTES:
+            raise McpAuthError(f"token file {os.fspath(path)!r}: larger than "
+                               f"{MAX_TOKEN_FILE_BYTES:,} bytes")
+        try:
+            document = tomllib.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, tomllib.TOMLDecodeError):
             raise McpAuthError(f"token file {os.fspath(path)!r}: not valid TOML") from None
         if set(document) != {"token"} or not isinstance(document["token"], list):
             raise McpAuthError(f"token file {os.fspath(path)!r}: expected [[token]] tables only")
