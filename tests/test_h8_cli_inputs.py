@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import subprocess
@@ -56,6 +57,7 @@ def test_mcp_token_file_that_never_ends_is_one_error_line(tmp_path: Path) -> Non
     assert done.stderr.startswith("recallbound: token file '/dev/zero': larger than")
     assert done.stderr.count("\n") == 1
 
+
 def test_mcp_token_file_that_is_not_utf8_is_one_error_line(tmp_path: Path) -> None:
     pytest.importorskip("mcp")
     (tmp_path / "tokens.toml").write_bytes(b"\xff[[token]]\n")
@@ -66,3 +68,34 @@ def test_mcp_token_file_that_is_not_utf8_is_one_error_line(tmp_path: Path) -> No
         "recallbound: token file 'tokens.toml': not valid TOML\n",
     )
 
+
+def test_a_malformed_scenario_file_from_a_pipe_leaves_the_out_folder_as_it_was(
+    tmp_path: Path,
+) -> None:
+    good = {
+        "id": "s1",
+        "family": "continuation",
+        "principal": "u",
+        "scope": "p",
+        "memories": [{"id": "m1", "text": "alpha", "principal": "u", "scope": "p"}],
+        "state": {"current_request": "alpha"},
+        "relevant": {"m1": 2},
+    }
+    bad = {**good, "id": "s2", "relevant": {"m1": 3}}
+    lines = "".join(json.dumps(scenario) + "\n" for scenario in (good, bad))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "report.json").write_text("earlier run\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RECALLBOUND_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "runtime_hooks", "evaluate", "--scenarios", "/dev/stdin",
+         "--out", str(out), "--semantic", "hashing", "--quiet", "--determinism", "0"],
+        input=lines, capture_output=True, text=True, timeout=300, check=False,
+        env={**env, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert done.stderr == (
+        "recallbound: /dev/stdin: line 2, field 'relevant.m1': grade must be 1 or 2, got 3\n"
+    )
+    assert sorted(path.name for path in out.iterdir()) == ["report.json"]
+    assert (out / "report.json").read_text() == "earlier run\n"

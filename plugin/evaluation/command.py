@@ -25,6 +25,7 @@ file, a missing model, a failed determinism check), 2 for a usage error.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -233,23 +234,42 @@ def main(args: argparse.Namespace, command_line: Sequence[str] | None = None) ->
         embedding = embedding_for(args.semantic)
     except (ImportError, FileNotFoundError, ValueError) as exc:
         return _fail(f"the {args.semantic or 'default'} semantic model is not available: {exc}")
-    path: Path = args.scenarios
+    given: Path = args.scenarios
     try:
-        path = args.scenarios = _readable_again(path, args.out)
-        total = count_scenario_lines(path)
+        path = args.scenarios = _readable_again(given, args.out)
     except ScenarioLineTooLongError as exc:
-        return _fail(f"{path} is not a scenario file: {exc}", 2)
+        return _fail(f"{given} is not a scenario file: {exc}", 2)
     except OSError as exc:
         return _fail(f"cannot use {exc.filename}: {exc.strerror}")
+    committed = False
+    try:
+        status, committed = _evaluate(args, given, path, embedding, command_line)
+    finally:
+        if path != given and not committed:  # a pipe's copy outlives only a written report
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+    return status
+
+
+def _evaluate(args: argparse.Namespace, given: Path, path: Path, embedding: EmbeddingAdapter,
+              command_line: Sequence[str] | None) -> tuple[int, bool]:
+    """Evaluate ``path`` (what ``given`` named, or its copy); returns the exit status and
+    whether the outputs were written."""
+    try:
+        total = count_scenario_lines(path)
+    except ScenarioLineTooLongError as exc:
+        return _fail(f"{given} is not a scenario file: {exc}", 2), False
+    except OSError as exc:
+        return _fail(f"cannot use {exc.filename}: {exc.strerror}"), False
     try:
         keep = sample_indices(total, args.limit, args.seed)
         if args.digest_only is not None:
-            return _digest_only(args, path, embedding, keep)
+            return _digest_only(args, path, embedding, keep), False
         args.out.mkdir(parents=True, exist_ok=True)
         origin = provenance(path, embedding.name, list(command_line) if command_line is not None
                             else [Path(sys.argv[0]).name, *sys.argv[1:]])
     except OSError as exc:
-        return _fail(f"cannot use {exc.filename}: {exc.strerror}")
+        return _fail(f"cannot use {exc.filename}: {exc.strerror}"), False
     progress = None if args.quiet else Progress(len(keep) if keep is not None else total).advance
     # Every output is written beside its place and moved there only once the whole run
     # succeeded: a failed or interrupted run leaves the previous run's files as they were
@@ -263,9 +283,9 @@ def main(args: argparse.Namespace, command_line: Sequence[str] | None = None) ->
                              rankings=rankings, second_process=_second_process(args),
                              arms=args.arms)
         except InvalidScenarioError as exc:
-            return _fail(f"{path}: {exc}")
+            return _fail(f"{given}: {exc}"), False
         except (RecallboundError, OSError) as exc:
-            return _fail(f"evaluation failed: {exc}")
+            return _fail(f"evaluation failed: {exc}"), False
         report = {"provenance": {**origin, "limit": args.limit,
                                  "seed": args.seed if args.limit is not None else None},
                   **report}
@@ -281,8 +301,8 @@ def main(args: argparse.Namespace, command_line: Sequence[str] | None = None) ->
         outputs.commit()
     sys.stdout.write(tables(report, markdown=False))
     if report["determinism"]["identical"] is False:
-        return _fail("determinism check failed: a second process ranked differently")
-    return 0
+        return _fail("determinism check failed: a second process ranked differently"), True
+    return 0, True
 
 
 def _readable_again(path: Path, out: Path) -> Path:
