@@ -99,3 +99,21 @@ def test_a_malformed_scenario_file_from_a_pipe_leaves_the_out_folder_as_it_was(
     )
     assert sorted(path.name for path in out.iterdir()) == ["report.json"]
     assert (out / "report.json").read_text() == "earlier run\n"
+
+
+@pytest.mark.parametrize("resamples", ["99999999999999999999", "1000001"])
+def test_evaluate_resamples_past_its_bound_is_a_usage_error(tmp_path: Path, resamples: str) -> None:
+    scenarios = ROOT / "examples" / "scenarios.jsonl"
+    done = _recallbound(
+        "evaluate", "--scenarios", str(scenarios), "--out", str(tmp_path / "out"),
+        "--semantic", "hashing", "--arms", "sparse", "--limit", "1", "--determinism", "0",
+        "--quiet", "--resamples", resamples, cwd=tmp_path,
+    )  # fmt: skip
+    assert "Traceback" not in done.stderr
+    assert done.returncode == 2
+    assert done.stderr.startswith(
+        f"recallbound: argument --resamples: must be an integer from 1 to 1,000,000, "
+        f"got '{resamples}' (usage: "
+    )
+    assert done.stderr.count("\n") == 1
+    assert not (tmp_path / "out").exists()

@@ -77,6 +77,8 @@ __all__ = ["configure", "main", "provenance", "run", "sample_indices"]
 
 SEMANTIC_CHOICES = ("wordllama", "minilm", "hashing")
 """Below this many paired scenarios no p-value is shown (the report marks it ``n<10``)."""
+MAX_RESAMPLES = 1_000_000
+"""The most bootstrap resamples ``--resamples`` takes (each is kept in memory)."""
 
 
 def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -103,7 +105,8 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "PYTHONHASHSEED and compare rankings (0: skip)")
     parser.add_argument("--digest-only", type=_count_or_zero, default=None,
                         help=argparse.SUPPRESS)
-    parser.add_argument("--resamples", type=_count, default=BOOTSTRAP_RESAMPLES,
+    parser.add_argument("--resamples", type=_at_least(1, MAX_RESAMPLES),
+                        default=BOOTSTRAP_RESAMPLES,
                         help=argparse.SUPPRESS)
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     # A usage error is one ``recallbound:`` line (the usage on it) and exit status 2.
@@ -121,17 +124,18 @@ def _usage_error(parser: argparse.ArgumentParser) -> Callable[[str], NoReturn]:
     return error
 
 
-def _at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse type: a whole number of at least ``minimum``."""
+def _at_least(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    """An argparse type: a whole number of at least ``minimum`` (and at most ``maximum``)."""
 
     def count(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             value = minimum - 1
-        if value < minimum:
+        if value < minimum or (maximum is not None and value > maximum):
+            within = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum:,}"
             raise argparse.ArgumentTypeError(
-                f"must be an integer >= {minimum}, got {text!r}"
+                f"must be an integer {within}, got {text!r}"
             ) from None
         return value
 
