@@ -66,10 +66,12 @@ MEMORIES = (
 
 async def seed_once(store: MemoryStore) -> bool:
     """:func:`seed`, unless the store holds the demo's memories already (a re-run on the same
-    ``--data-dir``); True when it seeded."""
+    ``--data-dir``); True when it seeded. A re-run with another semantic arm embeds what the
+    earlier run stored without that arm's vectors, so the arm it names searches them."""
     try:
         await seed(store)
     except MemoryConflictError:
+        await store.embed_missing()
         return False
     return True
 

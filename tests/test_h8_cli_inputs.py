@@ -117,3 +117,24 @@ def test_evaluate_resamples_past_its_bound_is_a_usage_error(tmp_path: Path, resa
     )
     assert done.stderr.count("\n") == 1
     assert not (tmp_path / "out").exists()
+
+
+def _outcomes(text: str) -> list[str]:
+    return [line for line in text.splitlines() if "-> next-action memory" in line]
+
+
+def test_a_demo_rerun_with_another_semantic_arm_embeds_the_seeded_memories(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from runtime_hooks.__main__ import main
+
+    fresh, rerun = tmp_path / "fresh", tmp_path / "rerun"
+    assert main(["demo", "--semantic", "hashing", "--data-dir", str(fresh)]) == 0
+    expected = _outcomes(capsys.readouterr().out)
+    assert main(["demo", "--semantic", "none", "--data-dir", str(rerun)]) == 0
+    capsys.readouterr()
+    assert main(["demo", "--semantic", "hashing", "--data-dir", str(rerun)]) == 0
+    second = capsys.readouterr().out
+    assert "seeded by an earlier run" in second
+    # The semantic arm the second run names finds the memories the first run stored.
+    assert _outcomes(second) == expected
