@@ -1,7 +1,9 @@
 """The isolated evaluator: each query planning strategy on each candidate arm, one allowance.
 
-``python -m plugin.evaluation examples/scenarios.jsonl`` prints the report table. This package
-builds on :mod:`plugin.memory` and :mod:`plugin.control` only, never on ``runtime_hooks``.
+``python -m plugin.evaluation --scenarios examples/scenarios.jsonl --out DIR`` (the same
+command as ``recallbound evaluate``) prints the report tables and writes the report into
+``DIR``. This package builds on :mod:`plugin.memory` and :mod:`plugin.control` only, never on
+``runtime_hooks``.
 """
 
 from .evaluator import DEFAULT_CELLS as DEFAULT_CELLS
