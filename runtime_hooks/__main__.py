@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.metadata
+import os
 import sys
 from collections.abc import Sequence
 from typing import NoReturn, TextIO
@@ -127,6 +128,11 @@ def main(
         anyio.run(lambda: run_demo(data_dir=args.data_dir, semantic=semantic),
                   backend=args.backend)
         return 0
+    except BrokenPipeError:  # the reader of the output went away (``| head``): no error
+        if out is sys.stdout:  # nor one when Python flushes the closed pipe at exit
+            with contextlib.suppress(OSError, ValueError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # as a shell reports a command ended by SIGPIPE
     except (RecallboundError, OSError) as exc:
         err.write(f"recallbound: {redact(ledger_cli.safe(exc))}\n")
         return 1

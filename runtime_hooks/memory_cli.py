@@ -242,6 +242,8 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """Run the parsed ``memory`` command; return the exit status (bad input: 2)."""
     try:
         return _run(args, out, err)
+    except BrokenPipeError:  # the reader went away (``| head``): the command's own exit
+        raise
     except (RecallboundError, OSError) as exc:
         err.write(f"recallbound: {safe(redact(str(exc)))}\n")
         return BAD_INPUT

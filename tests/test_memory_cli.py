@@ -7,6 +7,7 @@ import contextlib
 import io
 import json
 import sqlite3
+import subprocess
 import sys
 from pathlib import Path
 
@@ -85,6 +86,25 @@ def test_store_before_another_command_is_a_usage_error(tmp_path: Path) -> None:
         status = main(["--store", str(tmp_path / "memory.db"), "config", "show"])
     assert status == 2 and "--store before the command is for the memory command" in err.getvalue()
     assert not (tmp_path / "memory.db").exists()
+
+
+def test_list_into_a_pipe_its_reader_closed_ends_quietly(tmp_path: Path) -> None:
+    """``recallbound memory list ... | head -1``: the reader goes away after one line; the
+    command stops with the shell's SIGPIPE status and no error line."""
+    store, data = tmp_path / "memory.db", tmp_path / "memories.jsonl"
+    data.write_text("".join(
+        json.dumps({"text": f"note {i} " + "x" * 80, "principal": "u1", "scope": "proj"}) + "\n"
+        for i in range(3000)), encoding="utf-8")
+    assert cli("memory", "--store", str(store), "import", str(data))[0] == 0
+    command = [sys.executable, "-m", "runtime_hooks", "memory", "--store", str(store), "list",
+               *WHO]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          cwd=tmp_path) as process:
+        assert process.stdout is not None and process.stderr is not None
+        assert process.stdout.readline().strip()
+        process.stdout.close()
+        error = process.stderr.read()
+    assert (process.returncode, error) == (141, b"")
 
 
 def test_import_reads_jsonl_and_stdin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
