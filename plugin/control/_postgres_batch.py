@@ -81,7 +81,7 @@ class Judge:
     ) -> list[Reservation | BudgetRefusal | BaseException]:
         """The batch's transaction through ``send``: the run locks, the waves, ``COMMIT`` in one
         trip; by the callers' clocks, two (the clocks are read after the locks); a lone
-        request by the server's clock, one statement."""
+        request by the server's clock, the settings and one statement."""
         outcomes: dict[int, Reservation | BudgetRefusal | BaseException] = {}
         caller = self.caller
         if not caller and len(batch) == 1:
@@ -114,12 +114,15 @@ class Judge:
     async def _lone(
         self, request: ReserveRequest, send: Send
     ) -> list[Reservation | BudgetRefusal | BaseException]:
-        """A lone request judged by the server's clock: one statement, one round trip."""
+        """A lone request judged by the server's clock: one round trip, the transaction's
+        settings first, a statement of their own: the server arms a statement's timeout when
+        the statement starts, so ``statement_timeout`` set inside the reserving statement
+        would not bound that statement (a lock wait would then end only at ``lock_timeout``)."""
         try:
             floor = read_time(request.floor)
         except BaseException as exc:  # the caller's clock, whatever it raises
             return [exc]
         params = {"space": self.space, **self.lone_settings,
                   "requests": wave_params([request], [0], {0: (None, floor)}, True)["requests"]}
-        ((row,),) = await send([(self.reserve_one, params)])
+        _, (row,) = await send([(self.settings, None), (self.reserve_one, params)])
         return [judged(request, row)]

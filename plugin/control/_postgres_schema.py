@@ -101,10 +101,11 @@ RETURN QUERY SELECT * FROM {s}.reserve_wave(true, p_requests);
 END
 $body$
 """
-"""A lone request, judged by the server's clock, in ONE statement (one round trip, its own
-transaction): the transaction's settings, the run's lock, then :data:`RESERVE_WAVE`. The
-settings it makes apply from there on: the lock wait is bounded by ``lock_timeout`` and the
-commit is synchronous."""
+"""A lone request, judged by the server's clock, in ONE statement (its own transaction): the
+transaction's settings, the run's lock, then :data:`RESERVE_WAVE`. The settings it makes apply
+from there on (the lock wait is bounded by ``lock_timeout``, the commit is synchronous), but
+not ``statement_timeout`` to the statement already running: the ledger sends the settings'
+statement before it, in the same round trip."""
 
 TYPES = {"text": "text", "real": "float8", "int": "bigint", "bool": "boolean",
           "serial": "bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY"}
@@ -167,7 +168,8 @@ SELECT * FROM {q}reserve_wave(:server::boolean, :requests::jsonb)
 RESERVE_ONE = """
 SELECT * FROM {q}reserve_lone(:space::int4, :statement, :lock, :idle, :requests::jsonb)
 """
-"""A lone request judged by the server's clock: one statement (see :data:`RESERVE_LONE`)."""
+"""A lone request judged by the server's clock, after the settings' statement (see
+:data:`RESERVE_LONE`)."""
 
 SCHEMA_TABLES = ("recallbound_meta", *PRUNED_TABLES)
 """Every table of a ledger schema."""
