@@ -122,13 +122,16 @@ async def corrections_share(
         return CorrectionsShare(shown=(), omitted=0, caps_left=caps, failure=exc.reason)
     unexamined = max(0, len(found) - CORRECTIONS_EXAMINED)  # admit took a list or a tuple
     newest = sorted(admitted, key=lambda c: (-c.created_at, c.id))
-    share = ContextCaps(max_items=max(1, caps.max_items // 2),
-                        max_bytes=max(1, caps.max_bytes // 2))
-    kept = render(newest, share).items
+    # At most half of each cap, rounded down: the evidence always keeps an item of its own,
+    # so a cap of one item shows no correction (it is counted as left out, and said).
+    half_items, half_bytes = caps.max_items // 2, caps.max_bytes // 2
+    kept: tuple[Evidence, ...] = ()
+    if half_items and half_bytes:
+        kept = render(newest, ContextCaps(max_items=half_items, max_bytes=half_bytes)).items
     used = sum(line_bytes(correction_line(c)) + 1 for c in kept)
     left = attrs.evolve(
         caps,
-        max_items=max(1, caps.max_items - len(kept)),
+        max_items=caps.max_items - len(kept),
         max_bytes=max(1, caps.max_bytes - used - 1),
     )
     return CorrectionsShare(shown=tuple(kept), omitted=len(newest) - len(kept) + unexamined,
