@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import uuid
 from collections.abc import Mapping
 
 import attrs
 
 from plugin.errors import InvalidArgumentError, InvalidArgumentTypeError, RecallboundError
-from plugin.memory.safe_text import one_line
 from plugin.memory.terms import query_terms
 
 MAX_QUERY_BYTES = 4096
@@ -183,6 +183,18 @@ def _check_call_id(call_id: str) -> None:
         raise InvalidSearchCallError(f"the call id is longer than {MAX_CALL_ID_BYTES} bytes")
 
 
+_PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")
+
+
+def _shown_name(key: object) -> str:
+    """An unknown argument's name as the rejection says it: a plain name (letters, digits,
+    ``_``, at most 40) quoted, anything else described, so that what the model wrote never
+    reads as recallbound's own words (a bounded notice, a memory line, a section)."""
+    if isinstance(key, str) and _PLAIN_NAME.fullmatch(key):
+        return repr(key)
+    return "a name that is not shown" if isinstance(key, str) else type(key).__name__
+
+
 def _arguments(raw: object) -> Mapping[object, object]:
     """The arguments as a mapping, read within the size and depth bounds."""
     if isinstance(raw, str):
@@ -231,10 +243,7 @@ class SearchCall:
         args = _arguments(call.arguments)
         unknown = [key for key in args if key not in ("query", "scope")]
         if unknown:
-            shown = ", ".join(
-                repr(one_line(key, limit=40)) if isinstance(key, str) else type(key).__name__
-                for key in unknown[:3]
-            )
+            shown = ", ".join(_shown_name(key) for key in unknown[:3])
             raise InvalidSearchCallError(f"unknown argument(s): {shown}")
         query = args.get("query")
         if not isinstance(query, str):
