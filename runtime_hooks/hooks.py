@@ -48,6 +48,7 @@ from plugin.control import (
     PermitHolder,
     RecallAllowance,
     bind_permits,
+    validate,
     validate_run_id,
 )
 from plugin.control.logs import log_event
@@ -85,14 +86,12 @@ _log = logging.getLogger("recallbound.hooks")
 
 
 def _trusted(name: str, value: object) -> str:
-    """A trusted runtime argument (scope, principal): never taken from the model or the text."""
-    if not isinstance(value, str):
-        raise InvalidArgumentTypeError(
-            f"{name} must be a str from the trusted runtime, got {type(value).__name__}"
-        )
-    if not value.strip():
-        raise InvalidArgumentError(f"{name} must not be empty")
-    return value
+    """A trusted runtime argument (scope, principal): never taken from the model or the text.
+
+    Checked by the rule the ledger binds a run's identity with (a non-blank str, valid Unicode,
+    no NUL, at most :data:`~plugin.control.validate.MAX_ID_BYTES` UTF-8 bytes), so every hook
+    refuses the same values, the ones that bind nothing (``refused_context``) too."""
+    return validate.bounded_text(value, field=name, max_bytes=validate.MAX_ID_BYTES)
 
 
 def _positive_seconds(instance: object, attribute: attrs.Attribute[float], value: object) -> None:
