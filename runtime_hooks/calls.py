@@ -186,7 +186,7 @@ def _check_call_id(call_id: str) -> None:
 _PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")
 
 
-def _shown_name(key: object) -> str:
+def shown_name(key: object) -> str:
     """An unknown argument's name as the rejection says it: a plain name (letters, digits,
     ``_``, at most 40) quoted, anything else described, so that what the model wrote never
     reads as recallbound's own words (a bounded notice, a memory line, a section)."""
@@ -243,7 +243,7 @@ class SearchCall:
         args = _arguments(call.arguments)
         unknown = [key for key in args if key not in ("query", "scope")]
         if unknown:
-            shown = ", ".join(_shown_name(key) for key in unknown[:3])
+            shown = ", ".join(shown_name(key) for key in unknown[:3])
             raise InvalidSearchCallError(f"unknown argument(s): {shown}")
         query = args.get("query")
         if not isinstance(query, str):

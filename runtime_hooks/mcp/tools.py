@@ -34,6 +34,7 @@ from plugin.memory.state import WorkingState
 from plugin.memory.store.errors import InvalidMemoryError, MemoryConflictError
 from plugin.memory.store.values import check_memory_id
 from runtime_hooks.adapters.tool import SEARCH_TOOL
+from runtime_hooks.calls import shown_name
 from runtime_hooks.hooks import PreparedContext, ToolResult
 
 from .errors import McpSessionError
@@ -197,7 +198,7 @@ def write_tools(max_memory_bytes: int) -> list[types.Tool]:
 def _only(arguments: Mapping[str, Any], required: str, *optional: str) -> None:
     unknown = sorted(set(arguments) - {required, *optional})
     if unknown:
-        raise InvalidToolArgumentsError(f"unknown argument {unknown[0]!r}")
+        raise InvalidToolArgumentsError(f"unknown argument {shown_name(unknown[0])}")
     for name in (required, *optional):
         if (name == required or name in arguments) and not isinstance(arguments.get(name), str):
             raise InvalidToolArgumentsError(f"{name!r} must be a string")
