@@ -111,6 +111,15 @@ class Room:
         return 0 if self.expired(now) else self.slots
 
 
+def _checked_clock(clock: Clock) -> Clock:
+    """``clock`` with every reading checked: a bad one is a typed error wherever it is read."""
+    if not (callable(getattr(clock, "wall", None))
+            and callable(getattr(clock, "monotonic", None))):
+        raise InvalidArgumentTypeError(
+            f"clock must be a Clock (wall() and monotonic()), got {type(clock).__name__}")
+    return finite_clock(clock)
+
+
 @attrs.define(eq=False)
 class RecallAllowance:
     """Issues permits for a run's recall rounds under an :class:`AllowancePolicy`.
@@ -122,7 +131,8 @@ class RecallAllowance:
 
     ledger: Ledger
     policy: AllowancePolicy = attrs.field(factory=AllowancePolicy)
-    clock: Clock = attrs.field(factory=SystemClock)
+    clock: Clock = attrs.field(factory=SystemClock, converter=_checked_clock)
+    """Every reading checked (:func:`~plugin.control.clock.finite_clock`), wherever it is read."""
     checkpoint: Checkpoint | None = None
     is_legacy: bool = attrs.field(default=False, kw_only=True)
     _known: OrderedDict[str, Room] = attrs.field(factory=OrderedDict, init=False, repr=False)
@@ -147,10 +157,6 @@ class RecallAllowance:
             raise InvalidArgumentTypeError(
                 f"policy must be an AllowancePolicy, got {self.policy!r}"
             )
-        if not (callable(getattr(self.clock, "wall", None))
-                and callable(getattr(self.clock, "monotonic", None))):
-            raise InvalidArgumentTypeError(
-                f"clock must be a Clock (wall() and monotonic()), got {type(self.clock).__name__}")
         if self.checkpoint is not None and not callable(self.checkpoint):
             raise InvalidArgumentTypeError(
                 f"checkpoint must be an async callable or None, got "
@@ -325,7 +331,7 @@ class RecallAllowance:
     async def _issue(self, run_id: str, kind: RoundKind, requested: int) -> Permit:
         # Every reading checked: a non-finite one is a InvalidArgumentError before it is judged
         # or stored (raised inside the reservation, it rolls the reservation back).
-        clock = finite_clock(self.clock)
+        clock = self.clock
         if self.is_legacy:
             return self._hand_over(Permit._create(
                 run_id=run_id, round_index=0, kind=kind, slots=LEGACY_SLOTS, first_slot=1,

@@ -19,7 +19,7 @@ import anyio.to_thread
 import attrs
 import numpy as np
 
-from plugin.control.clock import Clock
+from plugin.control.clock import Clock, finite_clock
 from plugin.control.logs import log_event
 from plugin.memory.embedding import EmbeddingAdapter, Vector, is_embedding_adapter
 from plugin.memory.planning import QueryPlanner, QueryStrategy, RecallQuery, compose_search_call
@@ -291,7 +291,8 @@ class PreparationBound:
     """
 
     budget_s: float
-    clock: Clock
+    clock: Clock = attrs.field(converter=finite_clock)
+    """Every reading checked: a non-finite one is a typed error, never a deadline."""
     started: float = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
