@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from plugin import Evidence, SearchRequest, SimpleRetriever, WorkingState
-from plugin.errors import InvalidArgumentError
+from plugin.errors import InvalidArgumentError, RecallboundError
 from runtime_hooks import ToolCall
 from runtime_hooks.bootstrap import RecallConfig, open_hooks
 
@@ -83,3 +83,24 @@ async def test_a_bad_wall_reading_after_a_round_is_a_typed_error(
         clock.wall_value = bad  # what the allowance learned of the run is judged by it
         with pytest.raises(InvalidArgumentError, match="wall"):
             await hooks.dispatch(_calls("a", 2), run_id="r", scope=S, principal=P)
+
+
+async def test_a_bad_reading_during_parallel_calls_is_raised_as_itself(tmp_path: Path) -> None:
+    clock = SwitchClock()
+    searched: list[str] = []
+
+    async def search(request: SearchRequest) -> list[Evidence]:
+        searched.append(request.text)
+        clock.mono_value = math.nan  # the next call's slot reads it
+        return [Evidence(id="m1", text="x")]
+
+    async with open_hooks(
+        _config(tmp_path), clock=clock, retriever=SimpleRetriever(search)
+    ) as hooks:
+        with pytest.raises(RecallboundError) as caught:
+            await hooks.dispatch(_calls("a", 3), run_id="r", scope=S, principal=P)
+        assert type(caught.value) is InvalidArgumentError  # not an exception group
+        clock.mono_value = 60.0
+        usage = await hooks.allowance.ledger.usage("r")
+    assert searched == ["q 0"]
+    assert (usage.rounds, usage.reserved) == (1, 3) and usage.executed >= len(searched)

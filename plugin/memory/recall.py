@@ -238,6 +238,10 @@ async def deliberate_round(
                 except STOPS as exc:  # raised by a child task, it would stop asyncio's loop
                     stopped.append(exc)
                     tg.cancel_scope.cancel()
+                except Exception as exc:  # not a call's own outcome (a clock's bad reading,
+                    # the ledger): the round's error, raised as itself, not in a task group's
+                    stopped.append(exc)
+                    tg.cancel_scope.cancel()
 
             async def attempt_one(position: int) -> None:
                 if position:
