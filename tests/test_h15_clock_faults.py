@@ -104,3 +104,23 @@ async def test_a_bad_reading_during_parallel_calls_is_raised_as_itself(tmp_path:
         usage = await hooks.allowance.ledger.usage("r")
     assert searched == ["q 0"]
     assert (usage.rounds, usage.reserved) == (1, 3) and usage.executed >= len(searched)
+
+
+async def test_a_monotonic_clock_stepped_back_mid_search_still_counts_the_search(
+    tmp_path: Path,
+) -> None:
+    clock = SwitchClock()
+    searched: list[str] = []
+
+    async def search(request: SearchRequest) -> list[Evidence]:
+        searched.append(request.text)
+        clock.mono_value = 45.0  # a broken monotonic clock, stepped back 5 s
+        return [Evidence(id="m1", text="x")]
+
+    async with open_hooks(
+        _config(tmp_path), clock=clock, retriever=SimpleRetriever(search)
+    ) as hooks:
+        context = await hooks.prepare(WorkingState("q"), run_id="r", scope=S, principal=P)
+        usage = await hooks.allowance.ledger.usage("r")
+    assert searched == ["q"] and context.slots == (1,)
+    assert (usage.rounds, usage.reserved, usage.executed) == (1, 2, 1)

@@ -96,7 +96,8 @@ class _AttemptBase:
         elapsed = (
             None
             if outcome is AttemptOutcome.IN_FLIGHT
-            else permit._clock.monotonic() - self._started_mono
+            # never negative: a monotonic clock stepped back cannot unrecord an attempt
+            else max(0.0, permit._clock.monotonic() - self._started_mono)
         )
         return AttemptTrace(
             attempt_id=self._id,
