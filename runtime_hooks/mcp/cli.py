@@ -329,6 +329,7 @@ async def _serve_http(server: Any, verifier: Any, chosen: McpSettings, err: Text
     from pydantic import AnyHttpUrl
 
     from .http_ids import RequestIdCheck, admitted_by
+    from .listen import listen
 
     assert chosen.http is not None
     host, port = chosen.http
@@ -359,10 +360,15 @@ async def _serve_http(server: Any, verifier: Any, chosen: McpSettings, err: Text
         err.write(f"recallbound: MCP over streamable HTTP at http://{authority}:{real_port}/mcp\n")
         err.flush()
 
-    async with anyio.create_task_group() as tasks:
-        tasks.start_soon(announce)
-        await web.serve()
-        tasks.cancel_scope.cancel()
+    sockets = listen(host, port)  # a bind that fails is one line, before anything starts
+    try:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(announce)
+            await web.serve(sockets=sockets)
+            tasks.cancel_scope.cancel()
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 def run(args: argparse.Namespace, err: TextIO, env: Mapping[str, str] | None = None) -> int:
