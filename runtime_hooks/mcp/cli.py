@@ -314,8 +314,9 @@ def transport_security(host: str, port: int, hosts: tuple[str, ...] = (),
         names.append(host)
     allowed_hosts = [f"{_authority(name)}:*" for name in names]
     allowed_hosts += [_authority(name) for name in names]
-    allowed_origins = [f"http://{_authority(name)}:*" for name in names]
-    allowed_origins += [f"https://{_authority(name)}:*" for name in names]
+    # An origin on its scheme's default port carries no port (``http://localhost``).
+    allowed_origins = [f"{scheme}://{_authority(name)}{suffix}" for name in names
+                       for scheme in ("http", "https") for suffix in (":*", "")]
     return TransportSecuritySettings(
         enable_dns_rebinding_protection=True,
         allowed_hosts=[*allowed_hosts, *hosts],
