@@ -82,6 +82,9 @@ class TokenTable:
             if not isinstance(token, str) or len(token.strip()) < MIN_TOKEN_CHARS:
                 raise McpAuthError(f"{where}: the token must be a string of at least "
                                    f"{MIN_TOKEN_CHARS} characters")
+            if not all("!" <= char <= "~" for char in token):  # what a request can carry
+                raise McpAuthError(f"{where}: the token must be visible ASCII characters only "
+                                   f"(no space, control or non-ASCII character)")
             try:
                 caller = Caller(principal=_text("principal", entry["principal"]),
                                 scope=_text("scope", entry["scope"]))
