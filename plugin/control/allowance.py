@@ -111,13 +111,11 @@ class Room:
         return 0 if self.expired(now) else self.slots
 
 
-def _checked_clock(clock: Clock) -> Clock:
-    """``clock`` with every reading checked: a bad one is a typed error wherever it is read."""
+def _is_clock(_: object, __: object, clock: object) -> None:
     if not (callable(getattr(clock, "wall", None))
             and callable(getattr(clock, "monotonic", None))):
         raise InvalidArgumentTypeError(
             f"clock must be a Clock (wall() and monotonic()), got {type(clock).__name__}")
-    return finite_clock(clock)
 
 
 @attrs.define(eq=False)
@@ -131,8 +129,9 @@ class RecallAllowance:
 
     ledger: Ledger
     policy: AllowancePolicy = attrs.field(factory=AllowancePolicy)
-    clock: Clock = attrs.field(factory=SystemClock, converter=_checked_clock)
-    """Every reading checked (:func:`~plugin.control.clock.finite_clock`), wherever it is read."""
+    clock: Clock = attrs.field(factory=SystemClock, validator=_is_clock)
+    """The clock as given (its own object: ``allowance.clock.advance(...)`` moves it); every
+    reading the allowance takes goes through :attr:`checked_clock`."""
     checkpoint: Checkpoint | None = None
     is_legacy: bool = attrs.field(default=False, kw_only=True)
     _known: OrderedDict[str, Room] = attrs.field(factory=OrderedDict, init=False, repr=False)
@@ -161,6 +160,12 @@ class RecallAllowance:
             raise InvalidArgumentTypeError(
                 f"checkpoint must be an async callable or None, got "
                 f"{type(self.checkpoint).__name__}")
+
+    @property
+    def checked_clock(self) -> Clock:
+        """:attr:`clock` with every reading checked (:func:`~plugin.control.clock.finite_clock`):
+        a reading that is no finite number raises InvalidArgumentError."""
+        return finite_clock(self.clock)
 
     @classmethod
     def legacy(cls, ledger: Ledger, *, clock: Clock | None = None) -> RecallAllowance:
@@ -208,7 +213,7 @@ class RecallAllowance:
         only the ledger's reservation decides what is granted. 0 once the run has all its
         rounds, its deadline has passed, or every slot is reserved.
         """
-        return (await self.room(run_id)).slots_at(self.clock.wall())
+        return (await self.room(run_id)).slots_at(self.checked_clock.wall())
 
     async def room(self, run_id: str) -> Room:
         """What ``run_id`` has left by its usage (an estimate, as :meth:`headroom`)."""
@@ -235,7 +240,7 @@ class RecallAllowance:
         known = self.known_room(validate_run_id(run_id))
         if known is None:
             return await self.headroom(run_id)
-        return known.slots_at(self.clock.wall())
+        return known.slots_at(self.checked_clock.wall())
 
     def learn_opened(self, run_id: str) -> None:
         """Note that this process has just opened ``run_id`` (``Ledger.open_run`` said it was
@@ -247,7 +252,8 @@ class RecallAllowance:
     def now_for(self, run_id: str) -> float:
         """The wall time to judge ``run_id`` by: never before what this process watched pass
         for it on its monotonic clock (a wall clock stepped back does not revive a run)."""
-        return max(self.clock.wall(), _ANCHORS.floor(self.clock, run_id))
+        clock = self.checked_clock
+        return max(clock.wall(), _ANCHORS.floor(clock, run_id))
 
     def known_room(self, run_id: str) -> Room | None:
         """What this allowance last learned of ``run_id`` (from a round it reserved or was
@@ -331,7 +337,7 @@ class RecallAllowance:
     async def _issue(self, run_id: str, kind: RoundKind, requested: int) -> Permit:
         # Every reading checked: a non-finite one is a InvalidArgumentError before it is judged
         # or stored (raised inside the reservation, it rolls the reservation back).
-        clock = self.clock
+        clock = self.checked_clock
         if self.is_legacy:
             return self._hand_over(Permit._create(
                 run_id=run_id, round_index=0, kind=kind, slots=LEGACY_SLOTS, first_slot=1,
