@@ -44,15 +44,18 @@ def line_bytes(line: str) -> int:
     return len(line.encode("utf-8", "surrogatepass"))
 
 
-def _fit(evidence: Sequence[Evidence], caps: ContextCaps) -> tuple[list[Evidence], list[str]]:
-    """The items whose whole lines fit the caps, in order, and their lines."""
+def _fit(
+    evidence: Sequence[Evidence], caps: ContextCaps, label: str | None = None
+) -> tuple[list[Evidence], list[str]]:
+    """The items whose whole lines (under ``label``, if given) fit the caps, in order, and
+    their lines."""
     lines: list[str] = []
     kept: list[Evidence] = []
     used = 0
     for item in evidence:
         if len(kept) >= caps.max_items:
             break
-        line = evidence_line(item, limit=caps.max_bytes)
+        line = evidence_line(item, label, limit=caps.max_bytes)
         size = line_bytes(line) + (1 if lines else 0)
         if used + size > caps.max_bytes:
             continue
@@ -62,10 +65,13 @@ def _fit(evidence: Sequence[Evidence], caps: ContextCaps) -> tuple[list[Evidence
     return kept, lines
 
 
-def fit(evidence: Sequence[Evidence], caps: ContextCaps) -> tuple[Evidence, ...]:
+def fit(
+    evidence: Sequence[Evidence], caps: ContextCaps, *, label: str | None = None
+) -> tuple[Evidence, ...]:
     """The items :func:`render` would show, without rendering them (a retriever choosing what
-    to recover sources for; the hooks render once)."""
-    return tuple(_fit(evidence, caps)[0])
+    to recover sources for; the hooks render once). With ``label``, each line is measured as
+    shown under that label (a correction's line says ``correction`` whatever its kind)."""
+    return tuple(_fit(evidence, caps, label)[0])
 
 
 def render(evidence: Sequence[Evidence], caps: ContextCaps, *, unexamined: int = 0) -> Rendered:

@@ -48,7 +48,7 @@ from .recall import (
     automatic_round,
     deliberate_round,
 )
-from .rendering import evidence_line, line_bytes, render
+from .rendering import evidence_line, fit, line_bytes
 from .state import WorkingState
 from .store import Evidence
 
@@ -68,9 +68,13 @@ PREPARATION_BUDGET_S = 2.0
 """The default preparation bound of one hook call, in seconds."""
 
 
+CORRECTION_LABEL = "correction"
+"""What a current correction's line says in place of its kind."""
+
+
 def correction_line(correction: Evidence) -> str:
     """One current correction as one inert line."""
-    return evidence_line(correction, label="correction")
+    return evidence_line(correction, label=CORRECTION_LABEL)
 
 
 @attrs.frozen(kw_only=True)
@@ -127,7 +131,8 @@ async def corrections_share(
     half_items, half_bytes = caps.max_items // 2, caps.max_bytes // 2
     kept: tuple[Evidence, ...] = ()
     if half_items and half_bytes:
-        kept = render(newest, ContextCaps(max_items=half_items, max_bytes=half_bytes)).items
+        kept = fit(newest, ContextCaps(max_items=half_items, max_bytes=half_bytes),
+                   label=CORRECTION_LABEL)
     used = sum(line_bytes(correction_line(c)) + 1 for c in kept)
     left = attrs.evolve(
         caps,
