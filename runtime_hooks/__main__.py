@@ -84,6 +84,16 @@ def _tolerant(stream: TextIO) -> TextIO:
     return stream
 
 
+def _open_closed_streams() -> None:
+    """A process started with standard output or error closed (``recallbound ... >&-``) has
+    ``sys.stdout`` or ``sys.stderr`` None: what would be written there is discarded, as into a
+    pipe nobody reads, rather than failing every command with a traceback."""
+    if sys.stdout is None:
+        sys.stdout = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 (the process's own)
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 (the process's own)
+
+
 def main(
     argv: Sequence[str] | None = None,
     *,
@@ -92,6 +102,7 @@ def main(
     stderr: TextIO | None = None,
 ) -> int:
     """Run one command; return its exit status (``clock``/``stdout``/``stderr`` for tests)."""
+    _open_closed_streams()
     out = _tolerant(sys.stdout) if stdout is None else stdout
     err = _tolerant(sys.stderr) if stderr is None else stderr
     parser = _parser()
