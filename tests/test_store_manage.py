@@ -234,6 +234,22 @@ async def test_bad_principal_or_scope_is_a_typed_error(
             pass
 
 
+@pytest.mark.parametrize("who", [{"principal": "u" * 513, "scope": "p"},
+                                 {"principal": "u", "scope": "é" * 256 + "x"},
+                                 {"principal": "u\x00", "scope": "p"}])
+async def test_a_principal_or_scope_no_run_could_have_is_refused_on_write(
+    store: MemoryStore, tmp_path: Path, who: dict[str, str]
+) -> None:
+    """A memory is written only for a principal and scope a run can have (the rule every
+    hook holds a run's identity to: at most 512 UTF-8 bytes, no NUL): one that no run could
+    ever recall is a typed error, and nothing is written."""
+    before = dump(tmp_path / "memory.db")
+    with pytest.raises(InvalidMemoryError, match=r"principal|scope"):
+        await store.remember("text", **who)  # type: ignore[arg-type]
+    assert dump(tmp_path / "memory.db") == before
+    await store.remember("at the bound", principal="u" * 512, scope="é" * 256)
+
+
 async def test_forget_removes_the_memory_from_every_arm(store: MemoryStore) -> None:
     keep = await store.remember("the deployment pipeline is green", **ME)
     gone = await store.remember("the deployment secret rotates weekly", **ME)

@@ -237,6 +237,15 @@ def check_memory_text(value: object) -> str:
     )
 
 
+def _validate_owner(_instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    """A written memory's principal or scope: the rule every hook holds a run's to
+    (:func:`plugin.control.validate.bounded_text`: not blank, valid Unicode, no NUL, at most
+    :data:`~plugin.control.validate.MAX_ID_BYTES` UTF-8 bytes), so no memory is written that
+    no run could ever recall; else :class:`InvalidMemoryError`."""
+    validate.bounded_text(value, field=attribute.name, max_bytes=validate.MAX_ID_BYTES,
+                          error=InvalidMemoryError, type_error=InvalidMemoryError)
+
+
 def _validate_memory_id(_instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if value is not None:
         check_memory_id(value, attribute.name)
@@ -254,13 +263,13 @@ class MemoryWrite:
 
     ``id`` None lets the store generate one; an id already held by the same principal and
     scope is replaced. Checked on construction (:class:`InvalidMemoryError` names the field):
-    see :func:`check_memory_text` and :func:`check_memory_id`; principal and scope must be
-    non-empty and encodable.
+    see :func:`check_memory_text` and :func:`check_memory_id`; principal and scope are held to
+    the rule every hook holds a run's to (at most 512 UTF-8 bytes, no NUL).
     """
 
     text: str = attrs.field(validator=_validate_memory_text)
-    principal: str = attrs.field(validator=_validate_key)
-    scope: str = attrs.field(validator=_validate_key)
+    principal: str = attrs.field(validator=_validate_owner)
+    scope: str = attrs.field(validator=_validate_owner)
     id: str | None = attrs.field(default=None, validator=_validate_memory_id)
 
     @classmethod
