@@ -24,9 +24,9 @@ import numpy as np
 from plugin.control import AttemptKind, BudgetRefusal, RecallBudgetExceeded, RefusalReason
 from plugin.errors import InvalidArgumentError, RetrieverFailedError
 
+from ._process_launch import load
 from ._process_values import read_limit, text_limit
 from .preparation import PreparedRecall, SemanticPreparation, WithheldReason
-from .process import load
 from .protocol import ContextCaps, Found, NestedRead, Retriever, check_retriever
 from .query import BaselineReason, FragmentRole, QueryStrategy, RecallQuery
 from .store import Evidence

@@ -28,7 +28,6 @@ People); source reads are accounted by the parent, on the attempt's own budget.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import os
 import signal
@@ -47,7 +46,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from plugin.control import RecallBudgetExceeded, validate
 from plugin.errors import InvalidArgumentError, InvalidArgumentTypeError, RetrieverFailedError
 
-from ._process_launch import GROUPS, LAUNCHER_GRACE_S, kill_group, worker_env
+from ._process_launch import GROUPS, LAUNCHER_GRACE_S, kill_group, target, worker_env
 from ._process_values import caps_values, evidence_list, names, prepared_values, read_limit
 from .preparation import PreparedRecall
 from .protocol import AttemptHandle, ContextCaps, Found
@@ -62,58 +61,20 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 T = TypeVar("T")
 
 
-def load(target: str) -> Any:
-    """The object ``module:qualname`` names."""
-    module_name, _, qualname = target.partition(":")
-    value: Any = importlib.import_module(module_name)
-    for part in qualname.split("."):
-        value = getattr(value, part)
-    return value
-
-
 class _WorkerLost(Exception):
     """The worker died, closed its pipe or answered something that is not the protocol."""
-
-
-def _target(factory: object) -> tuple[str, str | None]:
-    """``module:qualname`` of ``factory``, checked to name that very object."""
-    if not callable(factory):
-        raise InvalidArgumentTypeError(
-            f"ProcessRetriever needs a callable factory, got {type(factory).__name__}"
-        )
-    module = getattr(factory, "__module__", None)
-    qualname = getattr(factory, "__qualname__", None)
-    if not isinstance(module, str) or not isinstance(qualname, str) or "<" in qualname:
-        raise InvalidArgumentError(
-            "ProcessRetriever's factory must be a module-level function or class (the worker "
-            f"process imports it by name), got {factory!r}"
-        )
-    main_path: str | None = None
-    if module == "__main__":
-        main_path = getattr(sys.modules["__main__"], "__file__", None)
-        if main_path is None:
-            raise InvalidArgumentError(
-                "ProcessRetriever's factory is in an interactive __main__; put it in a module"
-            )
-        main_path = os.path.abspath(main_path)
-    try:
-        found = load(f"{module}:{qualname}")
-    except (ImportError, AttributeError):
-        found = None
-    if found is not factory:
-        raise InvalidArgumentError(
-            f"ProcessRetriever's factory {module}.{qualname} cannot be imported by that name"
-        )
-    return f"{module}:{qualname}", main_path
 
 
 class _Worker:
     """One worker process and its two pipes."""
 
     def __init__(self, process: anyio.abc.Process, token: object, *,
-                 launched: bool = False) -> None:
+                 launched: bool = False, generation: int = 0) -> None:
         self.process = process
         self.token = token
+        self.generation = generation
+        """The retriever's :meth:`~ProcessRetriever.aclose` count when it started: a worker
+        started before a close is stopped when its call ends, never kept idle."""
         self.launched = launched
         assert process.stdout is not None and process.stdin is not None
         self._reader = BufferedByteReceiveStream(process.stdout)
@@ -206,7 +167,7 @@ class ProcessRetriever:
         self, factory: Callable[[], object], *, idle_workers: int = 4, timeout_s: float = 10.0,
         env: Mapping[str, str] | None = None, launcher: Sequence[str] = (),
     ) -> None:
-        self._target, self._main_path = _target(factory)
+        self._target, self._main_path = target(factory)
         self._env = worker_env(os.environ if env is None else env, default=env is None)
         if isinstance(launcher, str):
             raise InvalidArgumentTypeError("launcher must be a sequence of str (a command)")
@@ -222,6 +183,7 @@ class ProcessRetriever:
         self._idle: list[_Worker] = []
         self._lock = threading.Lock()
         self._seq = 0
+        self._generation = 0
         self.started = 0
         """How many worker processes this retriever started (for tests and benchmarks)."""
 
@@ -238,9 +200,11 @@ class ProcessRetriever:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Stop the idle workers (calls in flight keep theirs until they end)."""
+        """Stop the idle workers; calls in flight keep theirs until they end, and those
+        workers are stopped then, never kept."""
         with self._lock:
             idle, self._idle = self._idle, []
+            self._generation += 1
         token = anyio.lowlevel.current_token()
         for worker in idle:
             if worker.token == token:
@@ -267,6 +231,7 @@ class ProcessRetriever:
     # -- the worker pool ---------------------------------------------------------------------
 
     async def _spawn(self) -> _Worker:
+        generation = self._generation
         env = dict(self._env)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_ROOT, env.get("PYTHONPATH")]))
         process = await anyio.open_process(
@@ -276,7 +241,7 @@ class ProcessRetriever:
         )
         self.started += 1
         worker = _Worker(process, anyio.lowlevel.current_token(),
-                         launched=bool(self._launcher))
+                         launched=bool(self._launcher), generation=generation)
         try:
             await worker.send({"factory": self._target, "main": self._main_path,
                                "path": [entry or os.getcwd() for entry in sys.path]})
@@ -305,7 +270,7 @@ class ProcessRetriever:
 
     async def _checkin(self, worker: _Worker) -> None:
         with self._lock:
-            if len(self._idle) < self._idle_limit:
+            if worker.generation == self._generation and len(self._idle) < self._idle_limit:
                 self._idle.append(worker)
                 return
         await worker.aclose()
