@@ -216,11 +216,15 @@ class ProcessRetriever:
         """Start ``workers`` idle workers now, so that the first searches do not wait.
 
         Raises :class:`~plugin.errors.RetrieverFailedError` when one cannot start (a launcher
-        that is missing or exits, a factory that fails); none of them is kept then."""
+        that is missing or exits, a factory that fails, or one not ready within
+        ``timeout_s``: an import that hangs); none of them is kept then."""
         started: list[_Worker] = []
         try:
             for _ in range(workers):
-                started.append(await self._spawn())
+                with anyio.move_on_after(self._timeout_s):
+                    started.append(await self._spawn())
+                    continue
+                raise _WorkerLost  # not ready in time
         except (_WorkerLost, OSError):
             for worker in started:
                 await worker.aclose()
