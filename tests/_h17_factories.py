@@ -18,3 +18,19 @@ async def slow_search(request: SearchRequest) -> list[Evidence]:
 
 def slow() -> SimpleRetriever:
     return SimpleRetriever(slow_search)
+
+
+async def huge_names_search(request: SearchRequest) -> list[Evidence]:
+    """One good item beside items whose id, arm, cited ids or principal are far too long: the
+    host drops each of those, and together they are larger than the pipe's cap."""
+    huge = "x" * 400_000
+    return [Evidence(id="m-good", text="good"),
+            *(Evidence(id=f"{i}{huge}", text="bad id") for i in range(20)),
+            *(Evidence(id=f"m-arm-{i}", text="bad arm", arm=huge) for i in range(20)),
+            *(Evidence(id=f"m-cites-{i}", text="bad cites", cites=(huge,)) for i in range(20)),
+            Evidence(id="m-many-cites", text="too many", cites=tuple(f"s{i}" for i in range(99))),
+            *(Evidence(id=f"m-other-{i}", text="other", principal=huge) for i in range(20))]
+
+
+def huge_names() -> SimpleRetriever:
+    return SimpleRetriever(huge_names_search)

@@ -22,10 +22,12 @@ from typing import IO, Any
 import numpy as np
 
 from plugin.control import AttemptKind, BudgetRefusal, RecallBudgetExceeded, RefusalReason
+from plugin.control.validate import MAX_ID_BYTES
 from plugin.errors import InvalidArgumentError, RetrieverFailedError
 
 from ._process_launch import load
 from ._process_values import read_limit, text_limit
+from .enforce import MAX_CITES
 from .preparation import PreparedRecall, SemanticPreparation, WithheldReason
 from .protocol import ContextCaps, Found, NestedRead, Retriever, check_retriever
 from .query import BaselineReason, FragmentRole, QueryStrategy, RecallQuery
@@ -134,9 +136,21 @@ class BadResult(Exception):
     """What the retriever returned cannot be sent as plain evidence."""
 
 
+_NAME_CUT = MAX_ID_BYTES + 1
+"""Where an id, a cited id, an arm, a principal and a scope are cut: one longer than
+:data:`~plugin.control.validate.MAX_ID_BYTES` characters is dropped by the host anyway (a bad
+id, or not the run's principal or scope), and cut here it still is, so a huge one costs what a
+short one does and the answer stays within the pipe's cap, as the same item does in process."""
+
+
+def _cut(value: str | None) -> str | None:
+    return None if value is None else value[:_NAME_CUT]
+
+
 def evidence_to_json(item: object, longest: int) -> dict[str, Any]:
     """An evidence item as plain values, its text cut to ``longest`` characters (a longer one
-    cannot be rendered whole anyway)."""
+    cannot be rendered whole anyway) and its names to what keeps them as the host judges them
+    (at most :data:`MAX_CITES` and one cited ids, each cut to :data:`_NAME_CUT`)."""
     if not isinstance(item, Evidence):
         raise BadResult
     try:
@@ -145,9 +159,10 @@ def evidence_to_json(item: object, longest: int) -> dict[str, Any]:
         raise BadResult from None
     if not (math.isfinite(score) and math.isfinite(created)):
         raise BadResult
-    return {"id": item.id, "text": item.text[:longest], "kind": item.kind, "score": score,
-            "arm": item.arm, "principal": item.principal, "scope": item.scope,
-            "created_at": created, "cites": list(item.cites)}
+    return {"id": item.id[:_NAME_CUT], "text": item.text[:longest], "kind": item.kind,
+            "score": score, "arm": item.arm[:_NAME_CUT], "principal": _cut(item.principal),
+            "scope": _cut(item.scope), "created_at": created,
+            "cites": [cite[:_NAME_CUT] for cite in item.cites[:MAX_CITES + 1]]}
 
 
 def _items(values: object, limit: int, longest: int) -> list[dict[str, Any]]:

@@ -1,0 +1,33 @@
+"""A worker gives the same answer as the same retriever in process when its evidence carries
+ids, arms, cited ids or principals far too long: those items are dropped and counted, the
+call stands (not a failed call because the answer outgrew the pipe's cap)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+
+from plugin import ManualClock, ProcessRetriever
+
+from . import _h17_factories as factories
+from ._hooks_env import hooks_over, search_calls
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+
+
+async def test_huge_names_are_dropped_and_counted_through_a_worker_as_in_process(
+    clock: ManualClock,
+) -> None:
+    answers = []
+    for retriever in (factories.huge_names(), ProcessRetriever(factories.huge_names)):
+        async with contextlib.AsyncExitStack() as stack:
+            if isinstance(retriever, ProcessRetriever):
+                await stack.enter_async_context(retriever)
+            hooks = hooks_over(retriever, clock)
+            (result,) = await hooks.dispatch(search_calls("anything"), run_id="r",
+                                             scope="atlas", principal="ana")
+        answers.append((result.status, result.failure, [e.id for e in result.evidence],
+                        result.dropped, result.omitted >= 1))
+    assert answers[0] == ("ok", None, ["m-good"], 79, True)  # 80 examined, 2 left out
+    assert answers[1] == answers[0]  # the worker sends 81: it says that more were left out
