@@ -10,7 +10,7 @@ import pytest
 
 from plugin import ManualClock, ProcessRetriever
 
-from . import _h17_factories as factories
+from . import _process_edge_factories as factories
 from ._hooks_env import hooks_over, search_calls
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]

@@ -11,7 +11,7 @@ import pytest
 from plugin import ProcessRetriever
 from plugin.errors import RetrieverFailedError
 
-from . import _h17_hang_at_import as hanging_module
+from . import _process_hang_at_import as hanging_module
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
