@@ -29,6 +29,7 @@ from plugin.errors import (
     LedgerFullError,
     LedgerLockedError,
     LedgerPathError,
+    LedgerUnavailableError,
 )
 
 from . import _sqlite, validate
@@ -75,6 +76,13 @@ def _translate(exc: BaseException, path: str) -> LedgerError:
     translated = translate_sqlite(exc, _FAMILY, path)
     assert isinstance(translated, LedgerError)
     return translated
+
+
+def _identity(path: str) -> tuple[str, int, int]:
+    """The absolute path, device and inode of the file at ``path`` (links followed): the
+    path is made absolute once, at open, so a later change of folder names no other file."""
+    info = os.stat(path)
+    return os.path.abspath(path), info.st_dev, info.st_ino
 
 
 MAX_TIMEOUT_S = 86_400.0
@@ -127,6 +135,8 @@ class SqliteLedger(SqlLedger):
         self._now: sqlite3.Connection | None = None
         """A second connection for short unsynced transactions run on the loop itself (a file
         on disk only; without it, or while the file is locked, the thread path serves)."""
+        self._file: tuple[str, int, int] | None = None
+        """The opened file's absolute path, device and inode: a file on disk only."""
         super().__init__()
         # One connection, many tasks: a transaction must never interleave with another task's
         # statements on the same connection ("cannot start a transaction within a transaction").
@@ -170,6 +180,8 @@ class SqliteLedger(SqlLedger):
             raise
         self._conn = conn
         if self._path != ":memory:" and not self._path.startswith("file:"):
+            with contextlib.suppress(OSError):
+                self._file = _identity(self._path)
             with contextlib.suppress(sqlite3.Error), anyio.CancelScope(shield=True):
                 self._now = await anyio.to_thread.run_sync(_sqlite.open_now, self._path)
 
@@ -242,6 +254,24 @@ class SqliteLedger(SqlLedger):
             raise LedgerClosedError("SqliteLedger is not open: use `async with SqliteLedger(...)`")
         return self._conn
 
+    def _check_file(self) -> None:
+        """Raise :class:`LedgerUnavailableError` when the opened file is no longer at its path.
+
+        SQLite goes on writing to a file deleted or replaced while open: what it commits there
+        no other process and no later open would see, so a run's allowance could be granted
+        twice. A write is refused instead.
+        """
+        if self._file is None:
+            return
+        try:
+            current: tuple[str, int, int] | None = _identity(self._file[0])
+        except OSError:
+            current = None
+        if current != self._file:
+            raise LedgerUnavailableError(
+                f"ledger {redact(self._path)!r} is no longer the file this ledger opened "
+                "(deleted or replaced while open): open it again")
+
     async def _fetch(self, sql: str, params: Mapping[str, Any], where: str) -> list[Row]:
         conn = self._connection()
         async with self._lock:
@@ -256,6 +286,8 @@ class SqliteLedger(SqlLedger):
         """One shielded ``BEGIN IMMEDIATE`` transaction (``BEGIN`` when ``read_only``), in
         one hop to the connection's thread."""
         conn = self._connection()
+        if not read_only:
+            self._check_file()
         try:
             return await _sqlite.transaction(
                 conn, self._lock, fn, begin="BEGIN" if read_only else "BEGIN IMMEDIATE")
@@ -267,6 +299,7 @@ class SqliteLedger(SqlLedger):
         loop at once while no connection holds the write lock, else in its turn on the
         connection's thread."""
         conn = self._connection()
+        self._check_file()
         try:
             if self._now is not None:
                 with contextlib.suppress(_sqlite.Busy):
@@ -302,6 +335,7 @@ class SqliteLedger(SqlLedger):
         validate.run_id(run_id)
         request = ReserveRequest(run_id, kind, requested, policy, now, floor)
         self._connection()  # closed: fail now, not inside someone else's batch
+        self._check_file()
         if self._group is None:
             async with self._lock:
                 (outcome,) = await self._reserve_batch([request])
