@@ -94,6 +94,15 @@ def _open_closed_streams() -> None:
         sys.stderr = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 (the process's own)
 
 
+def _reader_gone(out: TextIO) -> int:
+    """The reader of the output went away (``| head``): no error, nor one when Python flushes
+    the closed pipe at exit; the status a shell reports for a command ended by SIGPIPE."""
+    if out is sys.stdout:
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 141
+
+
 def main(
     argv: Sequence[str] | None = None,
     *,
@@ -120,6 +129,8 @@ def main(
             args = parser.parse_args(["demo", *(argv or [])])
     except SystemExit as exit_:  # usage errors: argparse printed them already
         return exit_.code if isinstance(exit_.code, int) else 2
+    except BrokenPipeError:  # ``--version`` into a closed pipe
+        return _reader_gone(out)
     try:
         if args.command == "ledger":
             return ledger_cli.run(args, out, clock if clock is not None else SystemClock())
@@ -139,11 +150,8 @@ def main(
         anyio.run(lambda: run_demo(data_dir=args.data_dir, semantic=semantic),
                   backend=args.backend)
         return 0
-    except BrokenPipeError:  # the reader of the output went away (``| head``): no error
-        if out is sys.stdout:  # nor one when Python flushes the closed pipe at exit
-            with contextlib.suppress(OSError, ValueError):
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141  # as a shell reports a command ended by SIGPIPE
+    except BrokenPipeError:
+        return _reader_gone(out)
     except (RecallboundError, OSError) as exc:
         err.write(f"recallbound: {redact(ledger_cli.safe(exc))}\n")
         return 1
