@@ -217,12 +217,14 @@ class ProcessRetriever:
 
         Raises :class:`~plugin.errors.RetrieverFailedError` when one cannot start (a launcher
         that is missing or exits, a factory that fails, or one not ready within
-        ``timeout_s``: an import that hangs); none of them is kept then."""
+        ``timeout_s``: an import that hangs); none of them is kept then. A close while it runs
+        stops them all, those started after the close too."""
+        generation = self._generation
         started: list[_Worker] = []
         try:
             for _ in range(workers):
                 with anyio.move_on_after(self._timeout_s):
-                    started.append(await self._spawn())
+                    started.append(await self._spawn(generation))
                     continue
                 raise _WorkerLost  # not ready in time
         except (_WorkerLost, OSError):
@@ -234,8 +236,10 @@ class ProcessRetriever:
 
     # -- the worker pool ---------------------------------------------------------------------
 
-    async def _spawn(self) -> _Worker:
-        generation = self._generation
+    async def _spawn(self, generation: int | None = None) -> _Worker:
+        """A ready worker, of ``generation`` (by default the current one)."""
+        if generation is None:
+            generation = self._generation
         env = dict(self._env)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_ROOT, env.get("PYTHONPATH")]))
         process = await anyio.open_process(
