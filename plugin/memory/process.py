@@ -218,7 +218,8 @@ class ProcessRetriever:
         Raises :class:`~plugin.errors.RetrieverFailedError` when one cannot start (a launcher
         that is missing or exits, a factory that fails, or one not ready within
         ``timeout_s``: an import that hangs); none of them is kept then. A close while it runs
-        stops them all, those started after the close too."""
+        stops them all, those started after the close too; a cancelled start stops those it
+        started."""
         generation = self._generation
         started: list[_Worker] = []
         try:
@@ -227,10 +228,12 @@ class ProcessRetriever:
                     started.append(await self._spawn(generation))
                     continue
                 raise _WorkerLost  # not ready in time
-        except (_WorkerLost, OSError):
+        except BaseException as exc:  # cancelled too: the workers started are stopped
             for worker in started:
                 await worker.aclose()
-            raise RetrieverFailedError("raised") from None
+            if isinstance(exc, (_WorkerLost, OSError)):
+                raise RetrieverFailedError("raised") from None
+            raise
         for worker in started:
             await self._checkin(worker)
 
