@@ -11,7 +11,7 @@ import pytest
 
 from plugin import ProcessRetriever
 
-from . import _h19_factories as factories
+from . import _process_slow_factories as factories
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
