@@ -11,7 +11,7 @@ import pytest
 from plugin import ProcessRetriever
 
 from . import _process_slow_factories as factories
-from .test_h19_process_start_close import _children
+from .test_process_start_close import _children
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
