@@ -14,17 +14,9 @@ from runtime_hooks.hooks import ToolResult
 
 from . import _process_edge_factories as factories
 from ._hooks_env import hooks_over, search_calls
+from ._procs import running
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
-
-
-def _running(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie no init reaps, in a container, has ended)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads /proc (Linux)")
@@ -50,5 +42,5 @@ async def test_closing_with_a_search_in_flight_stops_its_worker_when_it_ends(
     assert retriever._idle == []
     pid = int(pidfile.read_text())
     with anyio.fail_after(5):
-        while _running(pid):
+        while running(pid):
             await anyio.sleep(0.05)

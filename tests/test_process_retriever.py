@@ -30,6 +30,7 @@ from plugin.memory.process import ProcessRetriever as FromModule
 
 from . import _process_factories as factories
 from ._hooks_env import hooks_over, search_calls, usage_counts
+from ._procs import running
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -238,15 +239,6 @@ def test_a_bad_env_or_launcher_is_a_typed_error(option: str, value: object) -> N
         ProcessRetriever(factories.environment, **{option: value})  # type: ignore[arg-type]
 
 
-def _running(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie no init reaps, in a container, has ended)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 @pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads /proc (Linux)")
 @pytest.mark.parametrize("launcher", [(), ("timeout", "3600")], ids=["plain", "a forking one"])
 async def test_a_worker_cut_by_the_deadline_is_killed_through_its_launcher(
@@ -266,7 +258,7 @@ async def test_a_worker_cut_by_the_deadline_is_killed_through_its_launcher(
     assert hung.status == "refused"
     pid = int(pidfile.read_text())
     with anyio.fail_after(10):
-        while _running(pid):
+        while running(pid):
             await anyio.sleep(0.05)
 
 
