@@ -78,13 +78,6 @@ def _translate(exc: BaseException, path: str) -> LedgerError:
     return translated
 
 
-def _identity(path: str) -> tuple[str, int, int]:
-    """The absolute path, device and inode of the file at ``path`` (links followed): the
-    path is made absolute once, at open, so a later change of folder names no other file."""
-    info = os.stat(path)
-    return os.path.abspath(path), info.st_dev, info.st_ino
-
-
 MAX_TIMEOUT_S = 86_400.0
 
 
@@ -135,8 +128,8 @@ class SqliteLedger(SqlLedger):
         self._now: sqlite3.Connection | None = None
         """A second connection for short unsynced transactions run on the loop itself (a file
         on disk only; without it, or while the file is locked, the thread path serves)."""
-        self._file: tuple[str, int, int] | None = None
-        """The opened file's absolute path, device and inode: a file on disk only."""
+        self._file: _sqlite.FileIdentity | None = None
+        """The opened file (a file on disk only): writes check it is still at its path."""
         super().__init__()
         # One connection, many tasks: a transaction must never interleave with another task's
         # statements on the same connection ("cannot start a transaction within a transaction").
@@ -180,8 +173,7 @@ class SqliteLedger(SqlLedger):
             raise
         self._conn = conn
         if self._path != ":memory:" and not self._path.startswith("file:"):
-            with contextlib.suppress(OSError):
-                self._file = _identity(self._path)
+            self._file = _sqlite.file_identity(self._path)
             with contextlib.suppress(sqlite3.Error), anyio.CancelScope(shield=True):
                 self._now = await anyio.to_thread.run_sync(_sqlite.open_now, self._path)
 
@@ -255,19 +247,10 @@ class SqliteLedger(SqlLedger):
         return self._conn
 
     def _check_file(self) -> None:
-        """Raise :class:`LedgerUnavailableError` when the opened file is no longer at its path.
-
-        SQLite goes on writing to a file deleted or replaced while open: what it commits there
-        no other process and no later open would see, so a run's allowance could be granted
-        twice. A write is refused instead.
-        """
-        if self._file is None:
-            return
-        try:
-            current: tuple[str, int, int] | None = _identity(self._file[0])
-        except OSError:
-            current = None
-        if current != self._file:
+        """Refuse a write once the opened file is no longer at its path (deleted or replaced
+        while open): what it committed there no one would see, and a run's allowance could be
+        granted twice."""
+        if not _sqlite.still_there(self._file):
             raise LedgerUnavailableError(
                 f"ledger {redact(self._path)!r} is no longer the file this ledger opened "
                 "(deleted or replaced while open): open it again")

@@ -133,6 +133,29 @@ async def path_problem(path: str) -> str | None:
     return None
 
 
+FileIdentity: TypeAlias = "tuple[str, int, int]"
+"""A database file's absolute path, device and inode."""
+
+
+def file_identity(path: str) -> FileIdentity | None:
+    """The file at ``path`` as opened (the path made absolute once, so a later change of
+    folder names no other file), or None for an in-memory database or a ``file:`` URI."""
+    if path == ":memory:" or path.startswith("file:"):
+        return None
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return os.path.abspath(path), info.st_dev, info.st_ino
+
+
+def still_there(opened: FileIdentity | None) -> bool:
+    """Whether the file opened as ``opened`` is still the one at its path. SQLite goes on
+    writing to a file deleted or replaced while open: what it commits there no other
+    connection, process or later open would see."""
+    return opened is None or file_identity(opened[0]) == opened
+
+
 async def switch_to_wal(conn: Connection, *, timeout: float) -> str:
     """Switch ``conn``'s file to WAL and return the journal mode it is in now.
 

@@ -11,7 +11,6 @@ transaction each, shielded from cancellation.
 from __future__ import annotations
 
 import contextlib
-import os
 import sqlite3
 from collections.abc import Callable, Sequence
 from typing import TypeVar
@@ -21,11 +20,14 @@ import attrs
 
 from ...control._sqlite import (
     Connection,
+    FileIdentity,
     Params,
     Row,
     connect,
+    file_identity,
     path_problem,
     run_transaction,
+    still_there,
     switch_to_wal,
 )
 from ...errors import MemoryStoreError
@@ -48,13 +50,6 @@ T = TypeVar("T")
 Statement = tuple[str, Sequence[Params]]
 
 
-def _identity(path: str) -> tuple[str, int, int]:
-    """The absolute path, device and inode of the file at ``path`` (links followed): the
-    path is made absolute once, at open, so a later change of folder names no other file."""
-    info = os.stat(path)
-    return os.path.abspath(path), info.st_dev, info.st_ino
-
-
 @attrs.define(eq=False)
 class Database:
     """The store's one connection: open with :meth:`open`, close with :meth:`close`."""
@@ -63,7 +58,7 @@ class Database:
     timeout: float
     _conn: Connection | None = attrs.field(default=None, init=False)
     _write_lock: anyio.Lock | None = attrs.field(default=None, init=False)
-    _file: tuple[str, int, int] | None = attrs.field(default=None, init=False)
+    _file: FileIdentity | None = attrs.field(default=None, init=False)
 
     async def open(self) -> None:
         """Connect, check the file is empty or ours, switch to WAL and create the schema."""
@@ -86,10 +81,7 @@ class Database:
             raise
         self._conn = conn
         self._write_lock = anyio.Lock()
-        self._file = None
-        if self.path != ":memory:" and not self.path.startswith("file:"):
-            with contextlib.suppress(OSError):
-                self._file = _identity(self.path)
+        self._file = file_identity(self.path)
 
     async def _prepare(self, conn: Connection) -> None:
         """Check that the file is empty or ours, then switch to WAL and create the schema.
@@ -169,18 +161,9 @@ class Database:
         return self._conn
 
     def _check_file(self) -> None:
-        """Raise :class:`MemoryStorePathError` when the opened file is no longer at its path.
-
-        SQLite goes on writing to a file deleted or replaced while open: what it commits there
-        no other store object, process or later open would see. A write is refused instead.
-        """
-        if self._file is None:
-            return
-        try:
-            current: tuple[str, int, int] | None = _identity(self._file[0])
-        except OSError:
-            current = None
-        if current != self._file:
+        """Refuse a write once the opened file is no longer at its path (deleted or replaced
+        while open): what it committed there no one would see."""
+        if not still_there(self._file):
             raise MemoryStorePathError(
                 f"memory store {self.path!r} is no longer the file this store opened "
                 "(deleted or replaced while open): open it again"
