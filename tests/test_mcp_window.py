@@ -52,6 +52,10 @@ class _Allowance:
     clock: ManualClock = attrs.field(factory=ManualClock)
     is_legacy: bool = False
 
+    @property
+    def checked_clock(self) -> ManualClock:
+        return self.clock
+
     def known_room(self, run_id: str) -> Room:
         return self.fresh_room()
 

@@ -37,7 +37,6 @@ from mcp.server.runner import serve_dual_era_loop
 from mcp.shared.message import SessionMessage
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
-from plugin.control.clock import finite_clock
 from plugin.control.ledger import RunOpening
 from plugin.control.logs import log_event
 from plugin.control.refusal import BudgetRefusal, RefusalReason
@@ -252,7 +251,7 @@ class RecallServer:
                 current.expire()  # a fresh candidate: opened only if the pair has no live run
                 current.run_id = await allowance.ledger.current_run(
                     current.run_id, prefix=current.prefix, principal=caller.principal,
-                    scope=caller.scope, now=finite_clock(allowance.clock).wall(),
+                    scope=caller.scope, now=allowance.checked_clock.wall(),
                     floor=allowance.now_for(last),
                     live_s=allowance.policy.deadline_s, per_hour=self.max_runs_per_hour)
                 return current.run_id
@@ -290,7 +289,7 @@ class RecallServer:
                     else:  # binds the identity too, in the same transaction
                         opening = await allowance.ledger.open_run(
                             run_id, principal=caller.principal, scope=caller.scope,
-                            now=finite_clock(allowance.clock).wall(),
+                            now=allowance.checked_clock.wall(),
                             per_hour=self.max_runs_per_hour)
                         admission.opened = bool(opening)
                         if opening is RunOpening.OPENED:

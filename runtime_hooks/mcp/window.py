@@ -51,7 +51,6 @@ import anyio
 import attrs
 from anyio.abc import TaskGroup
 
-from plugin.control.clock import finite_clock
 from runtime_hooks.hooks import RecallHooks, ToolCall, ToolResult
 
 DEFAULT_WINDOW_S = 0.02
@@ -193,7 +192,7 @@ class BatchWindow:
         if allowance.is_legacy:
             return
         room = allowance.known_room(batch.run_id) or allowance.fresh_room()
-        slots_left = room.slots_at(finite_clock(allowance.clock).wall())
+        slots_left = room.slots_at(allowance.checked_clock.wall())
         if slots_left <= 0 or room.rounds <= 0:
             return
         closes = batch.opened + self.window_s
