@@ -28,7 +28,8 @@ CLOCK_WALL = 1_800_000_000.0
 collect_ignore = (
     ["test_adapter_pydantic_ai.py", "test_adapter_langchain.py", "test_retriever_backends.py",
      "test_adapter_options.py", "test_pydantic_ai_invocations.py",
-     "test_framework_unreadable_arguments.py", "test_retriever_backends_edges.py"]
+     "test_framework_unreadable_arguments.py", "test_retriever_backends_edges.py",
+     "test_pydantic_ai_delegation.py"]
     if sys.version_info < (3, 11) else []
 )
 

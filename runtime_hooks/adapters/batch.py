@@ -22,6 +22,7 @@ into the next one.
 from __future__ import annotations
 
 import collections
+import contextvars
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Literal, cast
 
@@ -254,6 +255,13 @@ class RunRecall:
         return result
 
 
+enclosing_invocation: contextvars.ContextVar[Invocation | None] = contextvars.ContextVar(
+    "recallbound_enclosing_invocation", default=None
+)
+"""The invocation whose tool is running, set by an adapter around its tools: a run started
+inside that tool (agent delegation) for the same host run is part of the same user turn."""
+
+
 @attrs.define(eq=False)
 class Invocation:
     """One invocation's automatic round: run once, before its first model request.
@@ -262,9 +270,11 @@ class Invocation:
     Create one per invocation and drop it when the invocation ends. ``run`` pins the run's
     :class:`RunRecall` for the invocation: a registry that forgets the run meanwhile (under
     pressure from other runs) cannot lose the results of a batch before its tools read them.
+    ``enclosing`` is the invocation whose tool started this one, if any (see :meth:`turn`).
     """
 
     run: RunRecall | None = attrs.field(default=None, init=False)
+    enclosing: Invocation | None = attrs.field(factory=enclosing_invocation.get, init=False)
     _done: bool = attrs.field(default=False, init=False)
     _text: str = attrs.field(default="", init=False)
     _lock: anyio.Lock = attrs.field(factory=anyio.Lock, init=False, repr=False)
@@ -281,6 +291,18 @@ class Invocation:
     def prepared(self) -> bool:
         """Whether the invocation's automatic round has run."""
         return self._done
+
+    def turn(self, run: RunRecall) -> Invocation:
+        """The invocation whose automatic round the requests of ``run`` share: the enclosing
+        one when this was started inside its tool for the same host run (one user turn, one
+        automatic round), else this one. Another run id, scope or principal never shares."""
+        outer = self.enclosing
+        if outer is None or outer.run is None:
+            return self
+        same = (outer.run.run_id, outer.run.scope, outer.run.principal)
+        if same != (run.run_id, run.scope, run.principal):
+            return self
+        return outer.turn(outer.run)
 
 
 @attrs.define(eq=False)

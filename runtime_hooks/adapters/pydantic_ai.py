@@ -1,7 +1,7 @@
 """The pydantic-ai adapter: bounded memory recall as one capability (asyncio only).
 
 ``Agent(model, deps_type=..., capabilities=[RecallCapability(hooks)])`` gives the agent the
-``search_memory`` tool (rendered from :data:`~runtime_hooks.adapters.SEARCH_TOOL`) and four
+``search_memory`` tool (rendered from :data:`~runtime_hooks.adapters.SEARCH_TOOL`) and five
 hooks, each a thin translation to :class:`~runtime_hooks.adapters.RunRecall`:
 
 * ``wrap_run`` binds the run-scoped permit holder (the other hooks and the tools run in copied
@@ -21,6 +21,10 @@ hooks, each a thin translation to :class:`~runtime_hooks.adapters.RunRecall`:
   tools only if none of its output calls (nor another final output) succeeds, which it learns
   only as it runs them; there the batch waits, and is dispatched whole when pydantic-ai runs
   the first of its search calls, so a search it skips ("Tool not executed") reserves nothing;
+* ``wrap_tool_execute`` marks the run's tools as running inside its invocation: a run one of
+  them starts (agent delegation: ``delegate.run(..., deps=ctx.deps, usage=ctx.usage)``) for
+  the same host run is part of the same user turn, and its requests get the context prepared
+  for it, with no round of their own; a delegate for another run is its own invocation;
 * ``before_tool_execute`` raises ``SkipToolExecution`` with the typed refusal for a call that
   got no slot; a call that did returns its stored result from the tool. A stored result
   answers only the call with the same id and the same arguments.
@@ -35,14 +39,11 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
-import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-import anyio
 import attrs
 
 from plugin.control import BoundedRecallNotice, BudgetRefusal, RefusalReason
@@ -51,13 +52,33 @@ from plugin.memory.state import WorkingState
 from runtime_hooks._extras import missing_extra
 from runtime_hooks.hooks import PreparedContext, RecallHooks, ToolCall, ToolResult
 
-from .batch import AutomaticMode, Invocation, RunRecall, RunRecalls, automatic_mode, call_key
+from ._pydantic_ai_run import (
+    arguments_of,
+    framework_deadline_passed,
+    may_skip_function_tools,
+    search_calls,
+    until_framework_deadline,
+)
+from .batch import (
+    AutomaticMode,
+    Invocation,
+    RunRecall,
+    RunRecalls,
+    automatic_mode,
+    call_key,
+    enclosing_invocation,
+)
 from .tool import SEARCH_TOOL
 
 with missing_extra("pydantic-ai", "runtime_hooks.adapters.pydantic_ai"):
     from pydantic_ai import CallToolsNode, RunContext
     from pydantic_ai.capabilities import AbstractCapability
-    from pydantic_ai.capabilities.abstract import AgentNode, ValidatedToolArgs, WrapRunHandler
+    from pydantic_ai.capabilities.abstract import (
+        AgentNode,
+        ValidatedToolArgs,
+        WrapRunHandler,
+        WrapToolExecuteHandler,
+    )
     from pydantic_ai.exceptions import SkipToolExecution
     from pydantic_ai.messages import (
         InstructionPart,
@@ -68,7 +89,7 @@ with missing_extra("pydantic-ai", "runtime_hooks.adapters.pydantic_ai"):
     )
     from pydantic_ai.models import ModelRequestContext
     from pydantic_ai.run import AgentRunResult
-    from pydantic_ai.tools import DeferredToolResult, Tool, ToolApproved, ToolDefinition
+    from pydantic_ai.tools import Tool, ToolDefinition
     from pydantic_ai.toolsets import FunctionToolset
 
 __all__ = ["RecallCapability", "RunIdentity", "RunIdentityError", "latest_user_request"]
@@ -119,56 +140,6 @@ def latest_user_request(ctx: RunContext[Any]) -> WorkingState | None:
                 if text.strip():
                     return WorkingState(text)
     return None
-
-
-def _pending(part: ToolCallPart, answered: Mapping[str, DeferredToolResult | str] | None) -> bool:
-    """Whether a call of the response still runs in this node (an approved one does)."""
-    if answered is None or part.tool_call_id not in answered:
-        return True
-    return isinstance(answered[part.tool_call_id], ToolApproved)
-
-
-def _search_calls(
-    response: ModelResponse, answered: Mapping[str, DeferredToolResult | str] | None = None
-) -> list[ToolCall]:
-    """The search calls of ``response`` that still run (an answered one, as on an approval
-    resume, does not); none when the response repeats a call id, which pydantic-ai refuses
-    (none of its calls runs)."""
-    ids = [part.tool_call_id for part in response.tool_calls]
-    if len(ids) != len(set(ids)):
-        return []
-    return [ToolCall(call_id=part.tool_call_id, arguments=_arguments(part.args))
-            for part in response.tool_calls
-            if part.tool_name == SEARCH_TOOL.name and _pending(part, answered)]
-
-
-def _arguments(arguments: str | dict[str, Any] | None) -> Mapping[str, object] | str:
-    return {} if arguments is None else arguments
-
-
-@contextmanager
-def _until_framework_deadline(ctx: RunContext[Any]) -> Iterator[anyio.CancelScope]:
-    """A cancel scope ending at the run's own deadline (``run(timeout=)``), if it has one.
-
-    The permit's attempts open their own scopes at the allowance's deadline inside this one,
-    so recall ends at whichever comes first; neither deadline is moved.
-    """
-    left = ctx.remaining_time()
-    deadline = math.inf if left is None else anyio.current_time() + left
-    with anyio.CancelScope(deadline=deadline) as scope:
-        yield scope
-
-
-def _framework_deadline_passed(ctx: RunContext[Any]) -> bool:
-    left = ctx.remaining_time()
-    return left is not None and left <= 0
-
-
-def _may_skip_function_tools(ctx: RunContext[Any]) -> bool:
-    """Whether pydantic-ai may leave a response's function tools unrun: only under
-    ``end_strategy="early"``, once an output call (or another final output) of the response
-    succeeds; under ``"graceful"`` and ``"exhaustive"`` every function tool runs."""
-    return getattr(ctx.agent, "end_strategy", None) == "early"
 
 
 @attrs.define(eq=False)
@@ -274,6 +245,17 @@ class RecallCapability(AbstractCapability[Any]):
         """The invocation ``ctx`` belongs to (None outside ``wrap_run``)."""
         return self._invocations.get().get(ctx.run_id)
 
+    async def wrap_tool_execute(
+        self, ctx: RunContext[Any], *, call: ToolCallPart, tool_def: ToolDefinition,
+        args: ValidatedToolArgs, handler: WrapToolExecuteHandler,
+    ) -> Any:
+        # A run the tool starts (agent delegation, ``usage=ctx.usage``) is part of this turn.
+        token = enclosing_invocation.set(self._invocation(ctx))
+        try:
+            return await handler(args)
+        finally:
+            enclosing_invocation.reset(token)
+
     # -- preparation: the automatic round ---------------------------------------------------
 
     async def before_model_request(
@@ -281,7 +263,11 @@ class RecallCapability(AbstractCapability[Any]):
     ) -> ModelRequestContext:
         if self._mode == "off":
             return request_context
-        invocation = self._invocation(ctx) if self._mode == "per_invocation" else None
+        invocation: Invocation | None = None
+        if self._mode == "per_invocation":
+            invocation = self._invocation(ctx)
+        if invocation is not None and invocation.enclosing is not None:
+            invocation = invocation.turn(self._run_recall(ctx))  # a delegate of the same run
         if invocation is not None and invocation.prepared:
             text = await invocation.context(self._no_round)
         else:
@@ -311,8 +297,8 @@ class RecallCapability(AbstractCapability[Any]):
         deadline came first)."""
         recall = self._run_recall(ctx)
         context: PreparedContext | None = None
-        if not _framework_deadline_passed(ctx):
-            with _until_framework_deadline(ctx):
+        if not framework_deadline_passed(ctx):
+            with until_framework_deadline(ctx):
                 context = await recall.prepare(state)
         if context is not None:
             return context.render()
@@ -325,9 +311,9 @@ class RecallCapability(AbstractCapability[Any]):
         self, ctx: RunContext[Any], *, node: AgentNode[Any]
     ) -> AgentNode[Any]:
         if isinstance(node, CallToolsNode):
-            calls = _search_calls(node.model_response, node.tool_call_results)
+            calls = search_calls(node.model_response, node.tool_call_results)
             invocation = self._invocation(ctx)
-            if invocation is not None and _may_skip_function_tools(ctx):
+            if invocation is not None and may_skip_function_tools(ctx):
                 invocation.waiting = calls  # dispatched when pydantic-ai runs one of them
             elif calls:
                 await self._dispatch(ctx, self._run_recall(ctx), calls)
@@ -339,7 +325,7 @@ class RecallCapability(AbstractCapability[Any]):
     ) -> ModelResponse:
         invocation = self._invocation(ctx)
         if invocation is not None:
-            invocation.latest = _search_calls(response)
+            invocation.latest = search_calls(response)
         return response
 
     async def before_tool_execute(
@@ -362,7 +348,7 @@ class RecallCapability(AbstractCapability[Any]):
         """The call's result: the stored one (the usual case: looked up before anything is
         built for the call), else a round of its own."""
         recall = self._run_recall(ctx)
-        stored = recall.result(call_id, _arguments(arguments))
+        stored = recall.result(call_id, arguments_of(arguments))
         if stored is not None:
             return stored
         # Its response's batch waits for pydantic-ai to run one of its searches, or it reached
@@ -370,7 +356,7 @@ class RecallCapability(AbstractCapability[Any]):
         # response's searches now, one round. Else (the framework's deadline cut the batch
         # short) a round of its own.
         invocation = self._invocation(ctx)
-        call = ToolCall(call_id=call_id, arguments=_arguments(arguments))
+        call = ToolCall(call_id=call_id, arguments=arguments_of(arguments))
         key = call_key(call_id, call.arguments)
         batches = [invocation.waiting, invocation.latest] if invocation is not None else []
         for batch in (*batches, [call]):
@@ -382,8 +368,8 @@ class RecallCapability(AbstractCapability[Any]):
     async def _dispatch(
         self, ctx: RunContext[Any], recall: RunRecall, calls: Sequence[ToolCall]
     ) -> list[ToolResult]:
-        if not _framework_deadline_passed(ctx):
-            with _until_framework_deadline(ctx):
+        if not framework_deadline_passed(ctx):
+            with until_framework_deadline(ctx):
                 return await recall.dispatch_batch(calls)
         refusal = await self._deadline_refusal(recall)
         return [

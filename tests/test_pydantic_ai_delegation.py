@@ -1,0 +1,150 @@
+"""pydantic-ai agent delegation: a tool that runs another agent inside the user's turn.
+
+pydantic-ai's delegation pattern is a tool that calls ``delegate.run(..., deps=ctx.deps,
+usage=ctx.usage)``. For the same host run, that inner run is part of the outer invocation (one
+user turn): the automatic round ran once already, so the delegate's requests see the context
+prepared for the turn and take no round of their own, and the searches keep the rounds they
+are owed. A delegate given another run's identity is its own invocation and never sees the
+outer run's context. Asyncio only (pydantic-ai does not run under trio).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic_ai import Agent, RunContext
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+)
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+from plugin import Evidence, ManualClock, SimpleRetriever
+from runtime_hooks import RecallHooks
+from runtime_hooks.adapters.pydantic_ai import RecallCapability, RunIdentity
+from runtime_hooks.bootstrap import RecallConfig, open_hooks
+
+pytestmark = [pytest.mark.anyio]
+
+ANA = RunIdentity(run_id="run-ana", scope="atlas", principal="ana")
+BOB = RunIdentity(run_id="run-bob", scope="atlas", principal="bob")
+
+Step = str | list[tuple[str, dict[str, Any], str]]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"  # pydantic-ai does not run under trio
+
+
+async def _search(request: Any) -> list[Evidence]:
+    """Each principal's own memory, named after its owner."""
+    return [Evidence(id=f"{request.principal}-1", text=f"{request.principal}'s private note")]
+
+
+@pytest.fixture
+async def hooks(tmp_path: Path, clock: ManualClock) -> AsyncIterator[RecallHooks]:
+    config = RecallConfig(ledger_path=tmp_path / "ledger.db")
+    async with open_hooks(config, clock=clock, retriever=SimpleRetriever(_search)) as hooks:
+        yield hooks
+
+
+class _Script:
+    """A FunctionModel playing ``steps`` (text, or tool calls), noting each request's
+    instructions."""
+
+    def __init__(self, *steps: Step) -> None:
+        self.steps = steps
+        self.instructions: list[str] = []
+
+    def respond(self, messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        self.instructions.append(info.instructions or "")
+        step = self.steps[len(self.instructions) - 1]
+        if isinstance(step, str):
+            return ModelResponse(parts=[TextPart(step)])
+        return ModelResponse(parts=[ToolCallPart(name, args, tool_call_id=call_id)
+                                    for name, args, call_id in step])
+
+    @property
+    def model(self) -> FunctionModel:
+        return FunctionModel(self.respond)
+
+
+def _returns(messages: list[ModelMessage]) -> dict[str, Any]:
+    return {part.tool_call_id: part.content for message in messages
+            if isinstance(message, ModelRequest) for part in message.parts
+            if isinstance(part, ToolReturnPart)}
+
+
+async def _kinds(hooks: RecallHooks, run_id: str) -> list[str]:
+    return [r.kind.value for r in await hooks.allowance.ledger.reservations(run_id)]
+
+
+def _delegating(
+    outer: _Script, inner: _Script, capability: RecallCapability,
+    inner_capability: RecallCapability, inner_deps: RunIdentity | None = None,
+) -> tuple[Agent[RunIdentity, str], list[Any]]:
+    delegate = Agent(inner.model, deps_type=RunIdentity, capabilities=[inner_capability])
+    agent = Agent(outer.model, deps_type=RunIdentity, capabilities=[capability])
+    inner_messages: list[Any] = []
+
+    @agent.tool
+    async def research(ctx: RunContext[RunIdentity], question: str) -> str:
+        result = await delegate.run(question, deps=inner_deps or ctx.deps, usage=ctx.usage)
+        inner_messages.extend(result.all_messages())
+        return result.output
+
+    return agent, inner_messages
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["one_capability", "two_capabilities"])
+async def test_a_delegate_of_the_same_run_takes_no_second_automatic_round(
+    hooks: RecallHooks, shared: bool
+) -> None:
+    capability = RecallCapability(hooks)
+    inner = _Script([("search_memory", {"query": "invoice backfill"}, "i1")], "found it")
+    outer = _Script([("research", {"question": "the backfill"}, "r1")], "Done.")
+    agent, inner_messages = _delegating(outer, inner, capability,
+                                        capability if shared else RecallCapability(hooks))
+    result = await agent.run("Continue", deps=ANA)
+
+    assert result.output == "Done."
+    # One automatic round for the whole turn; the delegate's search got round 2's slot.
+    assert await _kinds(hooks, ANA.run_id) == ["automatic", "deliberate"]
+    assert _returns(inner_messages)["i1"]["status"] == "ok"
+    # Every request of the turn, the delegate's included, read the one prepared context.
+    texts = outer.instructions + inner.instructions
+    assert len(texts) == 4 and len(set(texts)) == 1
+    assert "ana's private note" in texts[0]
+
+
+async def test_a_delegate_for_another_run_is_its_own_invocation(hooks: RecallHooks) -> None:
+    capability = RecallCapability(hooks)
+    inner = _Script("found it")
+    outer = _Script([("research", {"question": "the backfill"}, "r1")], "Done.")
+    agent, _ = _delegating(outer, inner, capability, capability, inner_deps=BOB)
+    await agent.run("Continue", deps=ANA)
+
+    assert await _kinds(hooks, ANA.run_id) == ["automatic"]
+    assert await _kinds(hooks, BOB.run_id) == ["automatic"]
+    assert all("bob's private note" in text for text in inner.instructions)
+    assert not any("ana's" in text for text in inner.instructions)
+    assert not any("bob's" in text for text in outer.instructions)
+
+
+async def test_the_next_turn_after_a_delegation_prepares_again(hooks: RecallHooks) -> None:
+    """The shared context ends with the outer run: the next turn takes its own round."""
+    capability = RecallCapability(hooks)
+    inner = _Script("found it")
+    outer = _Script([("research", {"question": "the backfill"}, "r1")], "Done.", "Again.")
+    agent, _ = _delegating(outer, inner, capability, capability)
+    await agent.run("Continue", deps=ANA)
+    await agent.run("Continue", deps=ANA)
+    assert await _kinds(hooks, ANA.run_id) == ["automatic", "automatic"]
