@@ -13,7 +13,7 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
-from ...control._sqlite import Row
+from ...control._sqlite import Row, within
 from ..embedding import EmbeddingAdapter
 from ..terms import word_terms
 from .database import Database
@@ -94,8 +94,10 @@ class Search:
     async def _run(
         self, fn: Callable[[sqlite3.Connection], list[Row] | None]
     ) -> list[Row] | None:
+        # One read transaction: the cell's statistics, its terms' and its rows as of one
+        # commit, whatever another connection or process commits between the statements.
         try:
-            return await self.db.connection().run(fn)
+            return await self.db.connection().run(lambda raw: within(raw, fn, begin="BEGIN"))
         except sqlite3.Error as exc:
             raise translate(exc, path=self.db.path, timeout=self.db.timeout) from exc
 
