@@ -36,13 +36,9 @@ medians over the calls (p95 beside them):
   from the same rows in a side file) with the same two figures;
 - the store's size on disk per memory (file and write-ahead log).
 
-**Cells.** ``--cells 10,1000,100000`` measures what the number of (principal, scope) cells
-costs. Cells are rows of the term index, not tables, so none of these should grow with C. For
-C cells of one memory each: a write to a new cell (``remember``), a write to an existing cell,
-a sparse search, and opening the store plus a first search. Medians of 50 calls (11 opens); the
-targets, printed at the end: open + first search at the largest C at most 2x the smallest,
-a write to a new cell at most 2 ms (p50). Every write commits with ``synchronous=FULL``, so
-its time is mostly the disk's flush.
+**Cells.** ``--cells 10,1000,100000`` runs :mod:`bench.bench_cells`: what the number of
+(principal, scope) cells costs, each operation against its figure at the smallest C of the
+same run.
 
 The sparse arm runs ``--sparse-calls`` queries (200), each on every size in turn, so a load
 spike on this shared machine hits all sizes alike. The sparse targets, checked at the end when
@@ -71,6 +67,7 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
+from bench.bench_cells import cells
 from plugin.control._sqlite import Connection, connect
 from plugin.memory.embedding import EmbeddingAdapter
 from plugin.memory.fts import TOKENIZER, fts5_match_expression
@@ -91,9 +88,6 @@ VOCABULARY = 5_000
 WORDS_PER_TEXT = 8
 PRINCIPAL = "p3"
 SCOPE = "proj"
-#: Calls per operation, and opens, in the cells table.
-CELL_CALLS = 50
-CELL_OPENS = 11
 
 
 def adapter() -> EmbeddingAdapter:
@@ -590,84 +584,6 @@ def file_bytes(path: Path) -> int:
         for candidate in (path, Path(f"{path}-wal"))
         if candidate.exists()
     )
-
-
-async def cell_store(path: Path, count: int) -> None:
-    """A store of ``count`` cells of one memory each, written in one transaction."""
-    async with MemoryStore(path) as store:
-        await store.add_memories(
-            MemoryRecord(
-                id="m", text=f"text {i} word", principal=f"p{i}", scope=SCOPE, created_at=1.0
-            )
-            for i in range(count)
-        )
-
-
-async def cell_costs(folder: Path, counts: Sequence[int]) -> dict[int, dict[str, float]]:
-    """Median ms of each operation on a store of C cells of one memory each, for each C.
-
-    Each call runs on every store in turn (interleaved), so a load spike on this shared
-    machine hits every C alike.
-    """
-    paths = {count: folder / f"cells-{count}.db" for count in counts}
-    for count, path in paths.items():
-        await cell_store(path, count)
-    times: dict[int, dict[str, list[float]]] = {count: {} for count in counts}
-
-    def calls(store: MemoryStore, i: int) -> dict[str, Callable[[], Awaitable[Any]]]:
-        return {
-            "write to a new cell": lambda: store.remember(
-                "text", principal=f"new{i}", scope=SCOPE
-            ),
-            "write to an existing cell": lambda: store.remember(
-                "text", id=f"more{i}", principal="p1", scope=SCOPE
-            ),
-            "sparse search": lambda: store.sparse_candidates(
-                "text word", principal="p2", scope=SCOPE, limit=10
-            ),
-        }
-
-    async with contextlib.AsyncExitStack() as stack:
-        stores = {
-            count: await stack.enter_async_context(MemoryStore(path))
-            for count, path in paths.items()
-        }
-        for i in range(CELL_CALLS):
-            for count, store in stores.items():
-                for name, call in calls(store, i).items():
-                    start = time.perf_counter()
-                    await call()
-                    times[count].setdefault(name, []).append(time.perf_counter() - start)
-    for _ in range(CELL_OPENS):
-        for count, path in paths.items():
-            start = time.perf_counter()
-            async with MemoryStore(path) as again:
-                await again.sparse_candidates("text", principal="p1", scope=SCOPE, limit=10)
-            times[count].setdefault("open + first search", []).append(
-                time.perf_counter() - start
-            )
-    return {
-        count: {name: statistics.median(values) * 1e3 for name, values in found.items()}
-        for count, found in times.items()
-    }
-
-
-async def cells(counts: Sequence[int]) -> None:
-    print(
-        f"\ncells: C cells of one memory each; medians of {CELL_CALLS} calls ({CELL_OPENS} opens), "
-        f"every C in turn; asyncio; load average {os.getloadavg()[0]:.1f}"
-    )
-    with tempfile.TemporaryDirectory() as folder:
-        found = await cell_costs(Path(folder), counts)
-    for count, results in found.items():
-        print(f"  C = {count:,}: " + ", ".join(f"{k} {v:.2f} ms" for k, v in results.items()))
-    low, high = min(found), max(found)
-    print("cell targets (this run):")
-    if low != high:
-        ratio = found[high]["open + first search"] / found[low]["open + first search"]
-        print(f"  open + first search at {high:,} / at {low:,}   {ratio:6.2f}x   (target <= 2x)")
-    print(f"  write to a new cell at {high:,}, p50   "
-          f"{found[high]['write to a new cell']:6.2f} ms (target <= 2 ms)")
 
 
 async def main(argv: Sequence[str] = ()) -> None:
