@@ -14,7 +14,7 @@ from types import TracebackType
 import numpy.typing as npt
 
 from ...control import validate
-from ...control.clock import Clock, SystemClock
+from ...control.clock import Clock, SystemClock, finite_clock
 from ...control.dsn import is_connection_string
 from ...errors import InvalidArgumentTypeError
 from ..embedding import EmbeddingAdapter, is_embedding_adapter
@@ -40,11 +40,12 @@ class MemoryStore:
 
     ``embedding`` enables the semantic arm (vectors are computed on write, in a worker thread);
     ``clock`` supplies ``created_at`` when a write does not give one (default: the system
-    clock). ``timeout`` is SQLite's busy timeout in seconds. ``vector_cache_bytes``
-    bounds the memory of the semantic arm's cached matrices (0: never cache; see
-    :mod:`.vectors`). Opening creates the schema and switches the file to WAL, and migrates a
-    file of an older schema version in place (see :mod:`.schema`); ``":memory:"`` gives a
-    private in-memory store.
+    clock; a reading that is not a finite number raises
+    :class:`~plugin.errors.InvalidArgumentError` and writes nothing). ``timeout`` is SQLite's
+    busy timeout in seconds. ``vector_cache_bytes`` bounds the memory of the semantic arm's
+    cached matrices (0: never cache; see :mod:`.vectors`). Opening creates the schema and
+    switches the file to WAL, and migrates a file of an older schema version in place (see
+    :mod:`.schema`); ``":memory:"`` gives a private in-memory store.
 
     Failures raise :class:`~plugin.errors.MemoryStoreError` subclasses: a missing folder
     :class:`MemoryStorePathError`, a damaged or foreign file :class:`MemoryStoreCorruptError`,
@@ -83,7 +84,10 @@ class MemoryStore:
         self._db = Database(location, timeout)
         self._vectors = VectorCache(self._db, vector_cache_bytes)
         self._embedding = embedding
-        self._writer = Writer(self._db, embedding, SystemClock() if clock is None else clock)
+        # Every reading checked: a glitch (inf, nan, not a number) is refused, never stored.
+        self._writer = Writer(
+            self._db, embedding, SystemClock() if clock is None else finite_clock(clock)
+        )
         self._lookups = Lookups(self._db)
         self._search = Search(self._db, embedding, self._vectors)
 
