@@ -13,9 +13,10 @@ store ``recallbound memory`` writes to, so a desktop client's bare command line 
 ``[mcp]`` keys: ``principal``, ``scope`` (stdio), ``window_ms`` (the batch window),
 ``max_runs_per_hour`` (runs a principal and scope may open an hour, counted in the ledger;
 default 60, more needs ``allow_looser_policy = true``), ``max_memory_bytes`` (the longest text
-``remember`` stores; default 8 KiB), ``token_file`` (HTTP; relative to the file's folder),
-``allowed_hosts`` and ``allowed_origins`` (HTTP: the ``Host`` and ``Origin`` headers accepted
-besides the loopback names and the bound address; ``"name:*"`` for any port). HTTP tokens come
+``remember`` stores; default 8 KiB, at most the store's 64 KiB), ``token_file`` (HTTP;
+relative to the file's folder), ``allowed_hosts`` and ``allowed_origins`` (HTTP: the ``Host``
+and ``Origin`` headers accepted besides the loopback names and the bound address; ``"name:*"``
+for any port). HTTP tokens come
 from ``--token-file`` or ``token_file``, else from the environment variable named by
 ``--tokens-env`` (default ``RECALLBOUND_MCP_TOKENS``, a JSON list of ``{"token", "principal",
 "scope"}``).
@@ -39,6 +40,7 @@ import anyio
 import attrs
 
 from plugin.errors import ConfigError
+from plugin.memory.store.values import MAX_MEMORY_TEXT_BYTES
 
 from ..config_fields import FLOAT_TEXT, INT_TEXT, unknown_setting
 from .errors import McpAuthError
@@ -120,6 +122,9 @@ def _check_table(table: Mapping[str, Any], where: Callable[[str], str]) -> None:
         value = table.get(key)
         if key in table and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ConfigError(f"{where(key)} must be an integer >= 1")
+    if table.get("max_memory_bytes", 0) > MAX_MEMORY_TEXT_BYTES:  # the store keeps no more
+        raise ConfigError(f"{where('max_memory_bytes')} must be at most {MAX_MEMORY_TEXT_BYTES} "
+                          "(the longest text the memory store holds)")
     for key in ("allowed_hosts", "allowed_origins"):
         value = table.get(key)
         if key in table and not (isinstance(value, list)

@@ -40,6 +40,8 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from plugin.control.ledger import RunOpening
 from plugin.control.logs import log_event
 from plugin.control.refusal import BudgetRefusal, RefusalReason
+from plugin.memory.store import MemoryStore
+from plugin.memory.store.values import MAX_MEMORY_TEXT_BYTES
 from runtime_hooks.hooks import InvalidSearchCallError, RecallHooks, SearchCall, ToolCall
 from runtime_hooks.results import rejected_call
 
@@ -148,6 +150,9 @@ class RecallServer:
             found = getattr(self.hooks.retriever, "store", None)
             if isinstance(found, MemoryWriter):
                 self.store = found
+        if isinstance(self.store, MemoryStore) and self.max_memory_bytes > MAX_MEMORY_TEXT_BYTES:
+            raise ValueError(f"max_memory_bytes must be at most {MAX_MEMORY_TEXT_BYTES} (the "
+                             f"longest text the memory store holds), got {self.max_memory_bytes}")
         self.server = Server(
             SERVER_NAME,
             instructions=tools.INSTRUCTIONS,
