@@ -34,7 +34,7 @@ from collections.abc import Mapping
 import anyio
 import attrs
 
-from plugin.control import validate_run_id
+from plugin.control import validate
 from plugin.control.allowance import MAX_RUN_ID_BYTES
 from plugin.control.validate import identifier
 from plugin.errors import InvalidArgumentError
@@ -79,7 +79,8 @@ def client_run_id(meta: Mapping[str, object] | None) -> str | None:
         raise InvalidArgumentError(
             f"_meta[{RUN_ID_META_KEY!r}] must be a string, got {type(given).__name__}"
         )
-    return validate_run_id(given)
+    # named as the client sent it: the tools take no run_id argument
+    return validate.run_id(given, field=f"_meta[{RUN_ID_META_KEY!r}]")
 
 
 def client_call(meta: Mapping[str, object] | None, arguments: Mapping[str, object]) -> ToolCall:
