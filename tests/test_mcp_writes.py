@@ -132,3 +132,19 @@ async def test_writes_never_touch_another_principals_memories(tmp_path: Path) ->
             own = await call(client, "remember", text="Bo's own note.")
         assert await ids(ana) == before
         assert own["id"] in await ids(ana, BO) and own["id"] not in await ids(ana)
+
+
+async def test_remember_with_a_null_id_is_a_new_memory(tmp_path: Path) -> None:
+    # Clients (and models) often fill an optional field with null: that means "no id".
+    async with recall_server(tmp_path) as server, Client(server.server) as client:
+        tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+        assert tools["remember"].input_schema["properties"]["id"]["type"] == ["string", "null"]
+        before = await ids(server)
+        made = await call(client, "remember", text="The launch review is on Monday.", id=None)
+        assert made["status"] == "ok", made
+        other = await call(client, "remember", text="The launch room is 2C.", id=None)
+        assert other["status"] == "ok" and other["id"] != made["id"]
+        assert sorted([*before, made["id"], other["id"]]) == await ids(server)
+        # forget still needs an id
+        result = await client.call_tool("forget", {"id": None})
+        assert result.is_error and structured(result)["status"] == "invalid"

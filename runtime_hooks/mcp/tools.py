@@ -150,8 +150,9 @@ REMEMBER_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
         "text": {**_TEXT, "description": "The memory, in plain words (one fact or decision)."},
-        "id": {**_TEXT, "description": "Optional; an id you got from remember or a search: "
-                                       "that memory is replaced."},
+        "id": {"type": ["string", "null"],
+               "description": "Optional; an id you got from remember or a search: that "
+                              "memory is replaced. Absent or null: a new memory."},
     },
     "required": ["text"],
     "additionalProperties": False,
@@ -196,11 +197,14 @@ def write_tools(max_memory_bytes: int) -> list[types.Tool]:
 
 
 def _only(arguments: Mapping[str, Any], required: str, *optional: str) -> None:
+    """Only these names, each a string; an optional one may be absent or null (clients fill
+    optional fields with null)."""
     unknown = sorted(set(arguments) - {required, *optional})
     if unknown:
         raise InvalidToolArgumentsError(f"unknown argument {shown_name(unknown[0])}")
     for name in (required, *optional):
-        if (name == required or name in arguments) and not isinstance(arguments.get(name), str):
+        given = name == required or arguments.get(name) is not None
+        if given and not isinstance(arguments.get(name), str):
             raise InvalidToolArgumentsError(f"{name!r} must be a string")
 
 
