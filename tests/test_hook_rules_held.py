@@ -1,0 +1,93 @@
+"""Hook-layer rules that no other test held: each test here fails when the rule's code is
+changed in one small way (a dropped count, a reason not kept, a key not checked).
+
+Replays go through fresh hooks objects over the same SQLite ledger: what another process or a
+restart sees.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from plugin import Evidence, ManualClock, SimpleRetriever
+from plugin.control import SqliteLedger
+from plugin.control.ledger import MAX_CALL_EVIDENCE
+from plugin.memory.protocol import ContextCaps
+from runtime_hooks import RecallHooks, ToolCall
+
+from ._calls_env import WALL, Counting, P, S, recall_hooks
+
+pytestmark = pytest.mark.anyio
+
+_MANY = MAX_CALL_EVIDENCE + 6
+
+
+class _Many(Counting):
+    """A retriever that finds more items than a call record keeps ids of."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.items = {f"m{i}": Evidence(id=f"m{i}", text=f"cutover note {i}", principal=P,
+                                        scope=S) for i in range(_MANY)}
+        self.retriever = SimpleRetriever(self.search, get=self.get)
+
+    async def search(self, request: Any) -> list[Evidence]:
+        self.searches += 1
+        return list(self.items.values())
+
+    async def get(self, evidence_id: str, *, principal: str, scope: str) -> Evidence | None:
+        self.reads += 1
+        return self.items.get(evidence_id)
+
+
+class _Junk(Counting):
+    """A retriever that returns what is not evidence."""
+
+    async def search(self, request: Any) -> list[object]:
+        self.searches += 1
+        return [object()]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.retriever = SimpleRetriever(self.search)
+
+
+@contextlib.asynccontextmanager
+async def _hooks(path: Path, retriever: Counting, **fields: Any) -> AsyncIterator[RecallHooks]:
+    clock = ManualClock(wall=WALL, monotonic=1.0)
+    async with SqliteLedger(path) as ledger:
+        hooks = recall_hooks(ledger, clock, retriever)
+        for name, value in fields.items():
+            setattr(hooks, name, value)
+        yield hooks
+
+
+def _call(call_id: str = "c1") -> ToolCall:
+    return ToolCall(call_id=call_id, arguments={"query": "cutover"})
+
+
+async def test_a_replay_says_the_items_its_record_could_not_keep(tmp_path: Path) -> None:
+    """A search that showed more items than its record keeps ids of: the replay shows those
+    it kept and says, in the bounded wording, how many it cannot show again (never a shorter
+    list passed off as the whole answer)."""
+    caps = ContextCaps(max_items=_MANY, max_bytes=10**6)
+    path = tmp_path / "ledger.sqlite3"
+    async with _hooks(path, _Many(), caps=caps, validation_limit=10**4,
+                      max_retained=10**4) as hooks:
+        (ran,) = await hooks.dispatch([_call()], run_id="r", scope=S, principal=P)
+    assert ran.status == "ok" and len(ran.evidence) == _MANY
+    retriever = _Many()
+    async with _hooks(path, retriever, caps=caps, validation_limit=10**4,
+                      max_retained=10**4) as hooks:
+        (replayed,) = await hooks.dispatch([_call()], run_id="r", scope=S, principal=P)
+    assert retriever.searches == 0
+    assert replayed.status == "ok" and len(replayed.evidence) == MAX_CALL_EVIDENCE
+    (part,) = [part for part in replayed.bounded if part.part == "recheck"]
+    assert f"{_MANY - MAX_CALL_EVIDENCE} item(s)" in part.message
+    assert part.message in replayed.content
+
