@@ -91,3 +91,19 @@ async def test_a_replay_says_the_items_its_record_could_not_keep(tmp_path: Path)
     assert f"{_MANY - MAX_CALL_EVIDENCE} item(s)" in part.message
     assert part.message in replayed.content
 
+
+
+async def test_a_replayed_failure_keeps_its_own_reason(tmp_path: Path) -> None:
+    """A call whose retriever returned junk failed with ``bad_evidence``: its replay, in
+    another process, fails with that same reason, not a generic one."""
+    path = tmp_path / "ledger.sqlite3"
+    async with _hooks(path, _Junk()) as hooks:
+        (ran,) = await hooks.dispatch([_call()], run_id="r", scope=S, principal=P)
+    assert ran.status == "failed" and ran.failure == "bad_evidence"
+    retriever = _Junk()
+    async with _hooks(path, retriever) as hooks:
+        (replayed,) = await hooks.dispatch([_call()], run_id="r", scope=S, principal=P)
+    assert retriever.searches == 0
+    assert (replayed.status, replayed.failure, replayed.slot, replayed.content) == (
+        "failed", "bad_evidence", ran.slot, ran.content)
+
