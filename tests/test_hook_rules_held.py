@@ -17,7 +17,9 @@ import pytest
 from plugin import Evidence, ManualClock, SimpleRetriever
 from plugin.control import SqliteLedger
 from plugin.control.ledger import MAX_CALL_EVIDENCE
+from plugin.errors import RunIdentityError
 from plugin.memory.protocol import ContextCaps
+from plugin.memory.state import WorkingState
 from runtime_hooks import RecallHooks, ToolCall
 
 from ._calls_env import WALL, Counting, P, S, recall_hooks
@@ -48,7 +50,7 @@ class _Many(Counting):
 class _Junk(Counting):
     """A retriever that returns what is not evidence."""
 
-    async def search(self, request: Any) -> list[object]:
+    async def search(self, request: Any) -> Any:
         self.searches += 1
         return [object()]
 
@@ -92,7 +94,6 @@ async def test_a_replay_says_the_items_its_record_could_not_keep(tmp_path: Path)
     assert part.message in replayed.content
 
 
-
 async def test_a_replayed_failure_keeps_its_own_reason(tmp_path: Path) -> None:
     """A call whose retriever returned junk failed with ``bad_evidence``: its replay, in
     another process, fails with that same reason, not a generic one."""
@@ -107,3 +108,45 @@ async def test_a_replayed_failure_keeps_its_own_reason(tmp_path: Path) -> None:
     assert (replayed.status, replayed.failure, replayed.slot, replayed.content) == (
         "failed", "bad_evidence", ran.slot, ran.content)
 
+
+_OTHERS = pytest.mark.parametrize(("principal", "scope"), [("mallory", S), (P, "other")],
+                                  ids=["principal", "scope"])
+
+
+@_OTHERS
+async def test_every_hook_refuses_a_run_under_another_identity(
+    tmp_path: Path, principal: str, scope: str,
+) -> None:
+    """A run id is bound to the principal and scope of its first use: each hook (preparation,
+    dispatch, replay, the re-check of retained evidence) used with another one raises
+    :class:`RunIdentityError`, in another process too, and answers nothing."""
+    path = tmp_path / "ledger.sqlite3"
+    async with _hooks(path, Counting()) as hooks:
+        (ran,) = await hooks.dispatch([_call()], run_id="r", scope=S, principal=P)
+    assert ran.status == "ok"
+    retriever = Counting()
+    async with _hooks(path, retriever) as hooks:
+        with pytest.raises(RunIdentityError):
+            await hooks.prepare(WorkingState(current_request="cutover"), run_id="r", scope=scope,
+                                principal=principal)
+        with pytest.raises(RunIdentityError):
+            await hooks.dispatch([_call("c2")], run_id="r", scope=scope, principal=principal)
+        with pytest.raises(RunIdentityError):
+            await hooks.validate_retained(["m0"], run_id="r", scope=scope, principal=principal)
+    assert retriever.searches == retriever.reads == 0
+
+
+@_OTHERS
+async def test_a_replay_under_another_identity_is_refused(
+    tmp_path: Path, principal: str, scope: str,
+) -> None:
+    """A recorded call (a failure here: no evidence to re-read) replayed under another
+    principal or scope raises :class:`RunIdentityError` rather than answer from the record."""
+    path = tmp_path / "ledger.sqlite3"
+    async with _hooks(path, _Junk()) as hooks:
+        await hooks.dispatch([_call()], run_id="r", scope=S, principal=P)
+    async with _hooks(path, _Junk()) as hooks:
+        with pytest.raises(RunIdentityError):
+            await hooks.replay([_call()], run_id="r", scope=scope, principal=principal)
+        with pytest.raises(RunIdentityError):
+            await hooks.dispatch([_call()], run_id="r", scope=scope, principal=principal)
