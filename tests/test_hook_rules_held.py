@@ -21,6 +21,7 @@ from plugin.errors import RunIdentityError
 from plugin.memory.protocol import ContextCaps
 from plugin.memory.state import WorkingState
 from runtime_hooks import RecallHooks, ToolCall
+from runtime_hooks.calls import MAX_CALL_ID_BYTES
 
 from ._calls_env import WALL, Counting, P, S, recall_hooks
 
@@ -150,3 +151,17 @@ async def test_a_replay_under_another_identity_is_refused(
             await hooks.replay([_call()], run_id="r", scope=scope, principal=principal)
         with pytest.raises(RunIdentityError):
             await hooks.dispatch([_call()], run_id="r", scope=scope, principal=principal)
+
+
+async def test_a_call_id_one_byte_past_the_bound_is_invalid(tmp_path: Path) -> None:
+    """A call id of :data:`MAX_CALL_ID_BYTES` UTF-8 bytes is a call; one byte more is
+    ``invalid`` and gets no slot (the bound counts bytes, not characters)."""
+    longest = "é" * (MAX_CALL_ID_BYTES // 2)
+    retriever = Counting()
+    async with _hooks(tmp_path / "ledger.sqlite3", retriever) as hooks:
+        over, kept = await hooks.dispatch([_call(longest + "x"), _call(longest)], run_id="r",
+                                          scope=S, principal=P)
+    assert (over.status, over.slot) == ("invalid", None)
+    assert kept.status == "ok" and retriever.searches == 1
+
+
