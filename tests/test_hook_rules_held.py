@@ -165,3 +165,16 @@ async def test_a_call_id_one_byte_past_the_bound_is_invalid(tmp_path: Path) -> N
     assert kept.status == "ok" and retriever.searches == 1
 
 
+
+async def test_a_retained_item_no_longer_there_is_gone(tmp_path: Path) -> None:
+    """Evidence a run retained and the backend no longer has re-checks as ``gone`` (not
+    ``valid``), and the one still there as ``valid`` with its evidence."""
+    retriever = Counting()
+    async with _hooks(tmp_path / "ledger.sqlite3", retriever) as hooks:
+        await hooks.dispatch([_call()], run_id="r", scope=S, principal=P)
+        lost = _Many()
+        lost.items = {"m0": lost.items["m0"]}
+        hooks.retriever = lost.retriever
+        checks = await hooks.validate_retained(["m0", "m1"], run_id="r", scope=S, principal=P)
+    assert [(c.evidence_id, c.status) for c in checks] == [("m0", "valid"), ("m1", "gone")]
+    assert checks[0].evidence is not None and checks[1].evidence is None
