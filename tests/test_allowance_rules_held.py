@@ -1,0 +1,57 @@
+"""Allowance rules that no other test held: each was found by changing the code that
+implements it and seeing every test still pass.
+
+The ledger is the in-memory double (no worker threads), so trio's autojump clock is safe.
+"""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from plugin import (
+    ManualClock,
+    RecallAllowance,
+    RecallBudgetExceeded,
+    RefusalReason,
+    RoundKind,
+)
+
+from ._fakes import MemoryLedger
+from ._loops import VIRTUAL_TIME_LOOPS
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=VIRTUAL_TIME_LOOPS)
+def anyio_backend(request: pytest.FixtureRequest) -> object:
+    """Both loops; trio on an autojumping MockClock (no worker threads here)."""
+    return request.param
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(wall=1_000_000.0, monotonic=50.0)
+
+
+@pytest.fixture
+def allowance(clock: ManualClock) -> RecallAllowance:
+    return RecallAllowance(MemoryLedger(), clock=clock)
+
+
+async def test_a_permit_left_and_past_its_deadline_refuses_as_closed(
+    allowance: RecallAllowance, clock: ManualClock
+) -> None:
+    # Both apply; the implementation's order names the ended phase first: a task that
+    # outlived the phase is told its phase ended, whatever the clock says since.
+    async with allowance.round("r", RoundKind.AUTOMATIC) as permit:
+        pass
+    clock.advance(60.0)
+    assert permit.closed and permit.expired()
+    with pytest.raises(RecallBudgetExceeded) as info:
+        async with permit.attempt():
+            pytest.fail("a closed permit ran a search")
+    assert info.value.refusal.reason is RefusalReason.CLOSED
+    with pytest.raises(RecallBudgetExceeded) as info, permit.attempt_sync():
+        pytest.fail("a closed permit ran a search")
+    assert info.value.refusal.reason is RefusalReason.CLOSED
