@@ -55,3 +55,26 @@ async def test_a_permit_left_and_past_its_deadline_refuses_as_closed(
     with pytest.raises(RecallBudgetExceeded) as info, permit.attempt_sync():
         pytest.fail("a closed permit ran a search")
     assert info.value.refusal.reason is RefusalReason.CLOSED
+
+
+async def test_a_source_read_after_the_phase_ended_is_refused_as_closed(
+    allowance: RecallAllowance,
+) -> None:
+    # A fallback stays inside its attempt: an attempt that outlives its phase reads no more.
+    phase_over = anyio.Event()
+    outcome: list[object] = []
+
+    async def outliving_attempt(slot: int) -> None:
+        await phase_over.wait()
+        try:
+            outcome.append(permit.source_read(slot))
+        except RecallBudgetExceeded as exc:
+            outcome.append(exc.reason)
+
+    async with anyio.create_task_group() as outer:
+        async with allowance.round("r", RoundKind.AUTOMATIC) as permit:
+            async with permit.attempt() as slot:
+                outer.start_soon(outliving_attempt, slot)
+        phase_over.set()
+
+    assert outcome == [RefusalReason.CLOSED]
