@@ -1,7 +1,7 @@
 """Allowance rules that no other test held: each was found by changing the code that
 implements it and seeing every test still pass.
 
-The ledger is the in-memory double (no worker threads), so trio's autojump clock is safe.
+The ledger is the in-memory double (no ledger worker threads), so trio's autojump clock is safe.
 """
 
 from __future__ import annotations
@@ -10,12 +10,16 @@ import anyio
 import pytest
 
 from plugin import (
+    AttemptOutcome,
     ManualClock,
     RecallAllowance,
     RecallBudgetExceeded,
     RefusalReason,
     RoundKind,
+    bind_permits,
+    current_permit,
 )
+from plugin.errors import LedgerCorruptError
 
 from ._fakes import MemoryLedger
 from ._loops import VIRTUAL_TIME_LOOPS
@@ -78,3 +82,32 @@ async def test_a_source_read_after_the_phase_ended_is_refused_as_closed(
         phase_over.set()
 
     assert outcome == [RefusalReason.CLOSED]
+
+
+class _UnwritableLedger(MemoryLedger):
+    """Reserves, but every trace write fails for good (a failure no later write gets past)."""
+
+    async def record(self, *args: object, **kwargs: object) -> None:
+        raise LedgerCorruptError("the ledger's attempts table is damaged")
+
+
+@pytest.mark.parametrize("holder", [False, True], ids=["contextvar", "run_holder"])
+async def test_a_round_whose_traces_cannot_be_written_still_unbinds_its_permit(
+    clock: ManualClock, holder: bool
+) -> None:
+    allowance = RecallAllowance(_UnwritableLedger(), clock=clock)
+
+    async def one_round() -> None:
+        with pytest.raises(LedgerCorruptError):
+            async with allowance.round("r", RoundKind.AUTOMATIC) as permit:
+                async with permit.attempt():
+                    pass
+        assert permit.closed
+        assert current_permit() is None  # left the phase: nothing bound, even on failure
+
+    if holder:
+        with bind_permits():
+            await one_round()
+    else:
+        await one_round()
+
