@@ -111,3 +111,20 @@ async def test_a_round_whose_traces_cannot_be_written_still_unbinds_its_permit(
     else:
         await one_round()
 
+async def test_a_worker_thread_attempt_that_raises_is_traced_as_an_error(
+    allowance: RecallAllowance,
+) -> None:
+    def tool(permit_slots: list[int]) -> None:
+        permit = current_permit()
+        assert permit is not None
+        with permit.attempt_sync() as slot:
+            permit_slots.append(slot)
+            raise KeyError("the tool failed")
+
+    taken: list[int] = []
+    async with allowance.round("r", RoundKind.AUTOMATIC) as permit:
+        with pytest.raises(KeyError):
+            await anyio.to_thread.run_sync(tool, taken)
+        assert taken == [1] and permit.remaining == 1  # consumed all the same
+    (trace,) = await allowance.ledger.attempts("r")
+    assert trace.outcome is AttemptOutcome.ERROR
