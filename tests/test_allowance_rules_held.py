@@ -98,7 +98,7 @@ async def test_a_round_whose_traces_cannot_be_written_still_unbinds_its_permit(
     allowance = RecallAllowance(_UnwritableLedger(), clock=clock)
 
     async def one_round() -> None:
-        with pytest.raises(LedgerCorruptError):
+        with pytest.raises(LedgerCorruptError):  # noqa: PT012 (raised as the round ends)
             async with allowance.round("r", RoundKind.AUTOMATIC) as permit:
                 async with permit.attempt():
                     pass
@@ -110,6 +110,7 @@ async def test_a_round_whose_traces_cannot_be_written_still_unbinds_its_permit(
             await one_round()
     else:
         await one_round()
+
 
 async def test_a_worker_thread_attempt_that_raises_is_traced_as_an_error(
     allowance: RecallAllowance,
@@ -128,3 +129,19 @@ async def test_a_worker_thread_attempt_that_raises_is_traced_as_an_error(
         assert taken == [1] and permit.remaining == 1  # consumed all the same
     (trace,) = await allowance.ledger.attempts("r")
     assert trace.outcome is AttemptOutcome.ERROR
+
+
+async def test_a_wall_step_back_during_the_checkpoint_does_not_lengthen_the_permit(
+    clock: ManualClock,
+) -> None:
+    # The permit's worker deadline counts from before the reservation: time that passed in
+    # the host's checkpoint is spent, even when the wall clock was stepped back meanwhile.
+    async def checkpoint(run_id: str, round_index: int) -> None:
+        clock.advance(3.0)
+        clock.step_wall(-3.0)
+
+    allowance = RecallAllowance(MemoryLedger(), clock=clock, checkpoint=checkpoint)
+    async with allowance.round("r", RoundKind.AUTOMATIC) as permit:
+        assert permit.seconds_left() == 7.0
+        clock.advance(7.0)
+        assert permit.expired()
