@@ -10,6 +10,7 @@ import anyio
 import pytest
 
 from plugin import (
+    AllowancePolicy,
     AttemptOutcome,
     ManualClock,
     RecallAllowance,
@@ -145,3 +146,15 @@ async def test_a_wall_step_back_during_the_checkpoint_does_not_lengthen_the_perm
         assert permit.seconds_left() == 7.0
         clock.advance(7.0)
         assert permit.expired()
+
+
+async def test_headroom_is_zero_once_every_round_is_used_with_slots_unreserved(
+    clock: ManualClock,
+) -> None:
+    allowance = RecallAllowance(
+        MemoryLedger(), clock=clock, policy=AllowancePolicy(max_searches=4, max_rounds=1)
+    )
+    async with allowance.round("r", RoundKind.AUTOMATIC):
+        pass
+    assert await allowance.headroom("r") == 0  # two slots unreserved, but no round left
+    assert (await allowance.room("r")).slots == 0
