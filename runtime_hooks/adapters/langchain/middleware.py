@@ -130,10 +130,12 @@ class RecallMiddleware(AgentMiddleware[RecallState, Any, Any]):
     async def abefore_agent(
         self, state: RecallState, runtime: Runtime[Any]
     ) -> dict[str, Any] | None:
-        """The invocation's automatic round, once, before its first model request."""
+        """The invocation's automatic round, once, before its first model request; an agent
+        nested in another graph's invocation (a node, or invoked by a tool) for the same run
+        gets the context that invocation prepared and takes no round."""
         if self.mode != "per_invocation":
             return None
-        block = await self.recall.prepare_now(state["messages"], runtime.context)
+        block = await self.recall.automatic_context(state["messages"], runtime.context)
         return {"recall_context": block}
 
     async def aafter_agent(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import contextvars
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -54,6 +55,15 @@ node_run: contextvars.ContextVar[NodeBatch | None] = contextvars.ContextVar(
 """The batch a :class:`RecallToolNode` dispatched, while its ToolNode's tools read results."""
 
 
+Turns = collections.OrderedDict[tuple[int, str], tuple[object, Invocation]]
+"""Graph invocations' automatic rounds, by run control and run id."""
+
+_turns: weakref.WeakKeyDictionary[RecallHooks, Turns] = weakref.WeakKeyDictionary()
+"""The graph invocations of each hooks object, shared by every :class:`LangChainRecall` over
+them: an agent used as a node of another graph (or invoked from its tool) is run by its own
+middleware, yet it is part of the outer invocation's user turn."""
+
+
 @attrs.define(eq=False)
 class LangChainRecall:
     """What the middleware and the tool node share: the hooks, the runs and the tool.
@@ -72,9 +82,9 @@ class LangChainRecall:
                                              repr=False)
     """Deprecated alias of ``identity``."""
     _runs: RunRecalls = attrs.field(init=False, repr=False)
-    _invocations: collections.OrderedDict[tuple[int, str], tuple[object, Invocation]] = (
-        attrs.field(init=False, factory=collections.OrderedDict, repr=False))
-    """The latest graph invocations' automatic rounds (at most ``max_runs``), by run control."""
+    _invocations: Turns = attrs.field(init=False, repr=False)
+    """The latest graph invocations' automatic rounds (at most ``max_runs``), by run control;
+    shared with every other instance over the same hooks."""
     tool: BaseTool = attrs.field(init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
@@ -82,6 +92,7 @@ class LangChainRecall:
             self.identity = deprecated_alias("identify", "identity", self._identify,
                                              self.identity, context_of, stacklevel=4)
         self._runs = RunRecalls(self.hooks, RecallContextMismatchError, self.max_runs)
+        self._invocations = _turns.setdefault(self.hooks, collections.OrderedDict())
         self.tool = self._search_tool()
 
     def _trusted(self, context: object) -> RecallContext:
@@ -105,9 +116,11 @@ class LangChainRecall:
         of a graph invocation (one ``ainvoke``/``astream``) runs the automatic round, every
         later call of the same invocation returns the same context and takes no round, and
         the next invocation prepares again. An invocation is known by the run control
-        LangGraph creates for each run (``Runtime.control``); a host that passes its own
-        ``control=`` passes a fresh one per invocation, as LangGraph asks. Outside a graph run
-        it is :meth:`prepare_now`.
+        LangGraph creates for each run (``Runtime.control``), which every graph nested in it
+        (a subgraph, an agent used as a node or invoked by a tool) shares: over the same hooks
+        and run id they are one user turn and take no round of their own. A host that passes
+        its own ``control=`` passes a fresh one per invocation, as LangGraph asks. Outside a
+        graph run it is :meth:`prepare_now`.
         """
         run = self.run(context)
         invocation = self._graph_invocation(run.run_id)
