@@ -76,8 +76,9 @@ def _wrapper(char: str) -> bool:
 # A password inside a longer text (a message that quotes a location): a URI's userinfo
 # (``//user:secret@``), a secret keyword (``password=``, ``sslpassword=``, ...) or query
 # parameter, its value quoted or not, read as libpq reads a key=value value (a backslash
-# escapes the next character, only white space ends it: ``#`` and ``&`` belong to the value).
-_URI_PASSWORD = re.compile(r"(:/{1,2}[^:/@ \t\n\r\f\v]*:)[^ \t\n\r\f\v]*?@")
+# escapes the next character, only white space ends it: ``#`` and ``&`` belong to the value);
+# a URI's password may end in white space before its ``@``, which libpq reads.
+_URI_PASSWORD = re.compile(r"(:/{1,2}[^:/@ \t\n\r\f\v]*:)[^ \t\n\r\f\v]*?[ \t\n\r\f\v]*@")
 """A URI's ``user:secret@`` (one slash as well: a path keeps one of ``postgresql://``)."""
 _KEYWORD_PASSWORD = re.compile(
     r"(?is)(\b" + SECRET_NAME + r"[ \t\n\r\f\v]*=[ \t\n\r\f\v]*)"
@@ -321,30 +322,31 @@ def _hide_in_message(text: str) -> str:
     return _KEYWORD_PASSWORD.sub(rf"\1{_HIDDEN}", text)
 
 
+def _libpq_reading(dsn: str) -> dict[str, Any] | None:
+    """What libpq reads in ``dsn`` (a URI's ``schema`` taken out); ``None`` when it cannot
+    read it (psycopg.ProgrammingError, a bad schema) or psycopg is not installed."""
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+
+        return conninfo_to_dict(split_schema(dsn.strip())[0] if URI_START.match(dsn) else dsn)
+    except Exception:
+        return None
+
+
 def _checked(location: str, shown: str) -> str:
     """``shown``, if libpq reads it as ``location`` with every password ``***``; else libpq's
-    own rendering of ``location`` with its passwords hidden (key=value form).
-
-    Without psycopg, or for a text libpq cannot read, ``shown`` as it is.
+    own rendering of ``location`` with its passwords hidden (key=value form). Without
+    psycopg, or for a text libpq cannot read, ``shown`` as it is.
     """
     try:
-        from psycopg.conninfo import conninfo_to_dict, make_conninfo
+        from psycopg.conninfo import make_conninfo
     except ImportError:
         return shown
-
-    def read(dsn: str) -> dict[str, Any] | None:
-        try:
-            if URI_START.match(dsn):
-                dsn = split_schema(dsn.strip())[0]
-            return conninfo_to_dict(dsn)
-        except Exception:  # libpq cannot read it (psycopg.ProgrammingError), a bad schema
-            return None
-
-    params = read(location)
+    params = _libpq_reading(location)
     if params is None:
         return shown
     hidden = {key: _HIDDEN if is_secret(key) else value for key, value in params.items()}
-    if read(shown) == hidden:
+    if _libpq_reading(shown) == hidden:
         return shown
     return make_conninfo("", **hidden)
 
@@ -354,8 +356,10 @@ def _redact_location(text: str) -> str | None:
     rest of it unchanged), else ``None``."""
     uri = URI_START.match(text)
     if uri is not None:
-        if any(char in _SPACE for char in text.strip(_SPACE)):
-            return None  # libpq refuses white space in a URI: a message that starts with one
+        if any(char in _SPACE for char in text.strip(_SPACE)) and _libpq_reading(text) is None:
+            # libpq refuses white space inside a URI's part (a message that starts with a URI),
+            # but reads it at a part's end: a password pasted with a space before its '@'
+            return None
         if doubled_at(text):
             return hide_userinfo_ats(text, _HIDDEN)
         shown = _URI_PASSWORD.sub(rf"\1{_HIDDEN}@", _hide(text, _uri_spans(text, uri.end())))
