@@ -32,7 +32,7 @@ import attrs
 from plugin.errors import LedgerConfigError
 
 from .dsn_schema import SCHEMA_PARAMETER as SCHEMA_PARAMETER
-from .dsn_schema import URI_START, USERINFO, query_mark
+from .dsn_schema import URI_START, USERINFO, at_in_path, query_mark
 from .dsn_schema import check_schema as check_schema
 from .dsn_schema import split_schema as split_schema
 from .dsn_text import (
@@ -78,8 +78,8 @@ def _wrapper(char: str) -> bool:
 # parameter, its value quoted or not, read as libpq reads a key=value value (a backslash
 # escapes the next character, only white space ends it: ``#`` and ``&`` belong to the value);
 # a URI's password may end in white space before its ``@``, which libpq reads.
-_URI_PASSWORD = re.compile(r"(:/{1,2}[^:/@ \t\n\r\f\v]*:)[^ \t\n\r\f\v]*?[ \t\n\r\f\v]*@")
-"""A URI's ``user:secret@`` (one slash as well: a path keeps one of ``postgresql://``)."""
+_URI_PASSWORD = re.compile(r"(:/+[^:/@ \t\n\r\f\v]*:)[^ \t\n\r\f\v]*?[ \t\n\r\f\v]*@")
+"""A URI's ``user:secret@`` (one slash, or three: a path keeps one of ``postgresql://``)."""
 _KEYWORD_PASSWORD = re.compile(
     r"(?is)(\b" + SECRET_NAME + r"[ \t\n\r\f\v]*=[ \t\n\r\f\v]*)"
     r"('(?:[^'\\]|\\.)*'?|(?:\\.|[^ \t\n\r\f\v])*)")
@@ -114,13 +114,13 @@ def _form(text: str) -> str:
 
 def conninfo_dict(dsn: str) -> dict[str, Any]:
     """psycopg's own parser; without the ``postgres`` extra a connection string is an error,
-    and so is a URI holding more than one ``@`` before its host (:func:`doubled_at`)."""
+    and so is a URI with an ``@`` in its host or path (:func:`doubled_at`, :func:`at_in_path`)."""
     if "\x00" in dsn:  # libpq reads up to the first NUL: the rest would be another DSN
         raise LedgerConfigError(f"the ledger ({_form(dsn)}) holds a NUL character")
-    if URI_START.match(dsn) and doubled_at(dsn):
+    if URI_START.match(dsn) and (doubled_at(dsn) or at_in_path(dsn)):
         raise LedgerConfigError(
-            f"the ledger ({_form(dsn)}) holds more than one '@' before its host: "
-            f"percent-encode '@' in a user name or password as %40")
+            f"the ledger ({_form(dsn)}) holds an '@' in its host or database name: write "
+            f"postgresql://user:password@host/dbname, each '@' in a part as %40, '/' as %2F")
     try:
         from psycopg.conninfo import conninfo_to_dict
     except ImportError:

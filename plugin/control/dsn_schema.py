@@ -30,6 +30,20 @@ def query_mark(dsn: str) -> int:
     return dsn.find("?", userinfo.end() if userinfo is not None else scheme.end())
 
 
+def at_in_path(uri: str) -> bool:
+    """Whether the URI ``uri`` holds a raw ``@`` in its path (from the first ``/`` past its
+    authority to its query): libpq reads it as the database name, so a user and password
+    written there (``postgresql:///user:secret@host/db``, or a password holding a raw ``/``)
+    would be read, and repeated by the server, as one. A database name writes it ``%40``."""
+    start = uri.find("//") + 2
+    userinfo = USERINFO.match(uri, start)
+    slash = uri.find("/", userinfo.end() if userinfo is not None else start)
+    mark = query_mark(uri)
+    if slash < 0 or 0 <= mark < slash:
+        return False
+    return "@" in uri[slash:mark if mark >= 0 else len(uri)]
+
+
 SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 """A ledger schema's name: a lowercase identifier PostgreSQL keeps as written."""
 
