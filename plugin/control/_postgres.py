@@ -25,6 +25,7 @@ and, on trio, in one hop to a worker thread.
 from __future__ import annotations
 
 import contextlib
+import re
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeAlias, TypeVar
@@ -40,6 +41,13 @@ from .dsn import conninfo_dict
 Params: TypeAlias = "Sequence[Any] | Mapping[str, Any]"
 Row: TypeAlias = "tuple[Any, ...]"
 T = TypeVar("T")
+
+REFUSED_OPTION = re.compile(
+    r'invalid "?\w+"? value: "|invalid port number: "|invalid integer value ".*" for connection '
+    r'option "|could not match \d+ [\w ]+ to \d+ |definition of service ".*" not found|service '
+    r'file ".*" not found|bad value for connect_timeout')
+"""libpq's (and psycopg's) reasons for refusing a connection string's option before any
+connection is tried: a configuration error, never an unreachable server."""
 
 
 class Session(Protocol):

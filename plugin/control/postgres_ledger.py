@@ -97,6 +97,9 @@ def _cause(exc: BaseException, secret: str | None) -> BaseException | None:
 
 
 def _translate_type(exc: BaseException, where: str) -> LedgerError:
+    if isinstance(exc, psycopg.Error) and _postgres.REFUSED_OPTION.search(str(exc)):
+        return LedgerConfigError(f"{where}: the connection string holds an option libpq "
+                                 f"refuses: {exc}")
     if isinstance(exc, psycopg.errors.LockNotAvailable):
         return LedgerLockedError(f"{where}: a lock stayed held beyond lock_timeout: {exc}")
     if isinstance(exc, psycopg_pool.PoolTimeout):
