@@ -9,8 +9,9 @@ A location is one of:
   ledger's schema is then the default ``recallbound``);
 - anything else is a SQLite file path (or a ``file:`` URI, or ``:memory:``).
 
-A value that looks like a connection string (a ``scheme://``, a leading ``word=``, or a libpq
-keyword such as ``host=`` or ``dbname=`` as a word anywhere in it) and cannot be used as one is
+A value that looks like a connection string (a ``scheme://``, a leading ``word=``, a libpq
+keyword such as ``host=`` or ``dbname=`` as a word anywhere in it, or a URI that lost its
+scheme: ``user:password@host/db``) and cannot be used as one is
 a :class:`~plugin.errors.LedgerConfigError`, never a SQLite file name: a worker that silently
 opened a file of its own would grant a fleet's run its allowance again. To name a SQLite file
 whose name holds such a word, start it with ``./`` (or give it as an absolute path).
@@ -32,7 +33,7 @@ import attrs
 from plugin.errors import LedgerConfigError
 
 from .dsn_schema import SCHEMA_PARAMETER as SCHEMA_PARAMETER
-from .dsn_schema import URI_START, USERINFO, at_in_path, query_mark
+from .dsn_schema import SCHEMELESS_URI, URI_START, USERINFO, at_in_path, query_mark
 from .dsn_schema import check_schema as check_schema
 from .dsn_schema import split_schema as split_schema
 from .dsn_text import (
@@ -46,6 +47,7 @@ from .dsn_text import (
     secret_inside,
     visible,
 )
+from .dsn_text import password_of as password_of
 
 __all__ = ["LedgerLocation", "POSTGRES_SCHEMES", "SCHEMA_PARAMETER", "is_connection_string",
            "parse_location", "password_of", "redact"]
@@ -106,6 +108,8 @@ def _keywords(text: str) -> bool:
 
 def _form(text: str) -> str:
     """What an unusable location is, for an error, without its text (it may hold a password)."""
+    if SCHEMELESS_URI.match(text):
+        return "a URI without its scheme"
     scheme = _SCHEME.match(text.strip())
     if scheme is not None and not _keywords(text):
         return f"a {scheme.group(0)} URI"
@@ -172,6 +176,9 @@ def parse_location(location: str | os.PathLike[str]) -> LedgerLocation:
         # belongs to the last value.
         conninfo_dict(location)
         return LedgerLocation(kind="postgres", target=location)
+    if SCHEMELESS_URI.match(text):
+        raise LedgerConfigError("the ledger (a user and password before an '@') looks like a "
+                                "PostgreSQL URI without its scheme: begin it with postgresql://")
     if _FOREIGN_DSN.match(text):
         raise LedgerConfigError(
             f"the ledger ({_form(text)}) looks like a PostgreSQL DSN but is not one: write "
@@ -192,16 +199,6 @@ def parse_location(location: str | os.PathLike[str]) -> LedgerLocation:
             f"the ledger ({_form(unwrapped)}) is a connection string inside quotes or after an "
             f"invisible character: give it without them")
     return LedgerLocation(kind="sqlite", target=location)
-
-
-def password_of(dsn: str) -> str | None:
-    """The password a DSN carries (either form), or ``None``; never raises."""
-    try:
-        from psycopg.conninfo import conninfo_to_dict
-        value = conninfo_to_dict(dsn).get("password")
-    except Exception:
-        return None
-    return value if isinstance(value, str) and value else None
 
 
 def _secrets(dsn: str | None = None) -> tuple[str, ...]:

@@ -14,6 +14,12 @@ SCHEMA_PARAMETER = "schema"
 URI_START = re.compile(r"(?i)[ \t\n\r\f\v]*postgres(?:ql)?://")
 USERINFO = re.compile(r"[^@/]*@")
 """A URI's userinfo, just past ``://``: libpq looks for an ``@`` before any ``/``."""
+SCHEMELESS_URI = re.compile(
+    r"(?i)\s*(?:postgres(?:ql)?[^\w\s/]?//|//)?[^/:@\s]+:[^/@\s]*@[^/@\s]")
+"""A URI whose scheme was lost or mistyped (``root:pw@host/db``, ``//root:pw@host/db``,
+``postgresql//…``, ``postgresql;//…``): its first part is a user and a password before an
+``@``, which no file name means. An error, never a file name (opening it as one would quote
+the password)."""
 
 
 def query_mark(dsn: str) -> int:
