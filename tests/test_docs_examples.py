@@ -1,7 +1,8 @@
 """Every Python block in README.md and docs/*.md, and every example in examples/, is a program
-that runs: twice in a row (each run mints its own run id, or says why its id is fixed), from an
-empty temporary folder (so nothing is written into the repository), in a fresh interpreter as a
-user who pasted it would run it.
+that runs: twice in a row (each run mints its own run id, or says why its id is fixed), printing
+the same both times but for run ids, times and durations, from an empty temporary folder (so
+nothing is written into the repository), in a fresh interpreter as a user who pasted it would
+run it.
 
 The blocks are found by pytest-examples (``find_examples``): every ``py``/``python`` fence of
 every page, a page added to docs/ included; ``tests/test_docs_blocks_collected.py`` checks,
@@ -15,6 +16,7 @@ A block that needs PostgreSQL says so, and runs against the test server
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -44,6 +46,8 @@ def _installed_here(source: str) -> bool:
 RUNNABLE_BLOCKS = [block for block in BLOCKS if _installed_here(block.source)]
 RUNNABLE_EXAMPLES = [p for p in EXAMPLES if _installed_here(p.read_text(encoding="utf-8"))]
 RUNS = 2
+VARYING = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|\d+\.\d+")
+"""What may differ between two runs' output: a fresh run id (a uuid), a time or a duration."""
 
 
 def _env(tmp_path: Path, schema: str | None = None) -> dict[str, str]:
@@ -67,6 +71,9 @@ def _run(argv: list[str], folder: Path, what: str, schema: str | None = None) ->
                               text=True, timeout=300, check=False)
         assert done.returncode == 0, f"{what}, run {attempt}:\n{done.stdout}\n{done.stderr}"
         outputs.append(done.stdout)
+    first, *again = (VARYING.sub("#", output) for output in outputs)
+    assert again == [first] * len(again), f"{what} printed something else when run again:\n" + \
+        "\n----\n".join(outputs)
     return outputs[-1]
 
 
