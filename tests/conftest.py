@@ -29,7 +29,8 @@ collect_ignore = (
     ["test_adapter_pydantic_ai.py", "test_adapter_langchain.py", "test_retriever_backends.py",
      "test_adapter_options.py", "test_pydantic_ai_invocations.py",
      "test_framework_unreadable_arguments.py", "test_retriever_backends_edges.py",
-     "test_pydantic_ai_delegation.py", "test_langgraph_subgraphs.py"]
+     "test_pydantic_ai_delegation.py", "test_langgraph_subgraphs.py",
+     "test_langgraph_invocations_evicted.py"]
     if sys.version_info < (3, 11) else []
 )
 

@@ -55,8 +55,25 @@ node_run: contextvars.ContextVar[NodeBatch | None] = contextvars.ContextVar(
 """The batch a :class:`RecallToolNode` dispatched, while its ToolNode's tools read results."""
 
 
-Turns = collections.OrderedDict[tuple[int, str], tuple[object, Invocation]]
-"""Graph invocations' automatic rounds, by run control and run id."""
+INVOCATIONS_KEPT = 1024
+"""How many graph invocations' automatic rounds a hooks object remembers at least."""
+
+
+@attrs.define(eq=False)
+class Turns:
+    """Graph invocations' automatic rounds, by run control and run id: the latest ``bound``.
+
+    An entry is kept while its invocation may still make a model request, and LangGraph says
+    nothing when an invocation ends (its run control cannot even be weakly referenced), so
+    the table is bounded by count: by the largest ``max_runs`` of the instances that share it,
+    and never fewer than :data:`INVOCATIONS_KEPT`, so that a small run registry cannot make an
+    invocation still running forget that it prepared and take a second automatic round.
+    """
+
+    bound: int = INVOCATIONS_KEPT
+    entries: collections.OrderedDict[tuple[int, str], tuple[object, Invocation]] = \
+        attrs.field(factory=collections.OrderedDict)
+
 
 _turns: weakref.WeakKeyDictionary[RecallHooks, Turns] = weakref.WeakKeyDictionary()
 """The graph invocations of each hooks object, shared by every :class:`LangChainRecall` over
@@ -83,8 +100,8 @@ class LangChainRecall:
     """Deprecated alias of ``identity``."""
     _runs: RunRecalls = attrs.field(init=False, repr=False)
     _invocations: Turns = attrs.field(init=False, repr=False)
-    """The latest graph invocations' automatic rounds (at most ``max_runs``), by run control;
-    shared with every other instance over the same hooks."""
+    """The latest graph invocations' automatic rounds, by run control; shared with every
+    other instance over the same hooks (see :class:`Turns`)."""
     tool: BaseTool = attrs.field(init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
@@ -92,7 +109,8 @@ class LangChainRecall:
             self.identity = deprecated_alias("identify", "identity", self._identify,
                                              self.identity, context_of, stacklevel=4)
         self._runs = RunRecalls(self.hooks, RecallContextMismatchError, self.max_runs)
-        self._invocations = _turns.setdefault(self.hooks, collections.OrderedDict())
+        self._invocations = _turns.setdefault(self.hooks, Turns())
+        self._invocations.bound = max(self._invocations.bound, self.max_runs)
         self.tool = self._search_tool()
 
     def _trusted(self, context: object) -> RecallContext:
@@ -149,15 +167,16 @@ class LangChainRecall:
         if control is None:
             return None
         key = (id(control), run_id)
-        found = self._invocations.get(key)
+        entries = self._invocations.entries
+        found = entries.get(key)
         if found is not None and found[0] is control:
-            self._invocations.move_to_end(key)
+            entries.move_to_end(key)
             return found[1]
         invocation = Invocation()
         # The entry holds the control itself, so its id cannot name another run meanwhile.
-        self._invocations[key] = (control, invocation)
-        while len(self._invocations) > self.max_runs:
-            self._invocations.popitem(last=False)
+        entries[key] = (control, invocation)
+        while len(entries) > self._invocations.bound:
+            entries.popitem(last=False)
         return invocation
 
     async def answer_batch(
