@@ -14,9 +14,9 @@ Connections are in autocommit mode and every unit of work is an explicit ``BEGIN
 ``COMMIT`` that sets what it needs for itself (``SET LOCAL``, see
 :mod:`plugin.control.postgres_ledger`): no state lives in the session, so a pooler in
 transaction mode (PgBouncer) may hand each transaction another server connection. Nothing is
-prepared on the server (``prepare_threshold=None``) for the same reason. The pool checks a
-connection before lending it (``check=``, :func:`check_idle`, no round trip): one lost while
-idle (a server restart, a terminated backend) is replaced.
+prepared on the server (``prepare_threshold=None``) for the same reason. A connection is
+checked before it is lent (:func:`check_idle`, no round trip): one lost while idle (a server
+restart, a terminated backend) is replaced, and the next one tried at once.
 
 :meth:`Session.pipeline` sends several statements in one round trip (psycopg's pipeline mode)
 and, on trio, in one hop to a worker thread.
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeAlias, TypeVar
@@ -165,9 +166,22 @@ class AsyncDriver:
     async def close(self) -> None:
         await self._pool.close()
 
+    async def _checkout(self) -> psycopg.AsyncConnection[Any]:
+        """A connection of the pool, checked (see :func:`_checkout`)."""
+        pool = self._pool
+        deadline = time.monotonic() + pool.timeout
+        while True:
+            conn: psycopg.AsyncConnection[Any] = await pool.getconn(
+                timeout=deadline - time.monotonic())
+            if not _lost(conn):
+                return conn
+            with anyio.CancelScope(shield=True):
+                await conn.close()
+                await pool.putconn(conn)  # discarded, and replaced
+
     @contextlib.asynccontextmanager
     async def session(self) -> AsyncIterator[Session]:
-        conn = await self._pool.getconn()
+        conn = await self._checkout()
         try:
             yield _AsyncSession(conn)
         finally:
@@ -175,7 +189,7 @@ class AsyncDriver:
                 await self._pool.putconn(conn)
 
     async def transaction(self, statements: Sequence[tuple[str, Params | None]]) -> list[list[Row]]:
-        conn = await self._pool.getconn()
+        conn = await self._checkout()
         try:
             with anyio.CancelScope(shield=True):
                 try:
@@ -258,7 +272,7 @@ class ThreadedDriver:
         async with self._admitted:
             # A worker thread is not abandoned on cancellation: the connection it checks out
             # always reaches the ``finally`` below and goes back to the pool.
-            conn = await anyio.to_thread.run_sync(self._pool.getconn, limiter=self._limiter)
+            conn = await anyio.to_thread.run_sync(_checkout, self._pool, limiter=self._limiter)
             try:
                 yield _ThreadedSession(conn, self._limiter)
             finally:
@@ -271,7 +285,7 @@ class ThreadedDriver:
         pool = self._pool
 
         def run() -> list[list[Row]]:
-            conn = pool.getconn()
+            conn = _checkout(pool)
             try:
                 return _pipeline(conn, statements)
             except BaseException:
@@ -310,8 +324,8 @@ def check_idle(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> 
     It reads what the server sent while the connection sat idle: a server that terminated it
     sent a FATAL message (parsed by ``is_busy``, noted by :func:`watch`), then closed the
     stream (which the second read reports). Raises :class:`psycopg.OperationalError` for a
-    lost connection (the pool then discards it and lends another). psycopg_pool's own
-    ``check_connection`` asks the server (an empty query): one more round trip on every
+    lost connection (:func:`_checkout` then discards it and takes another). psycopg_pool's
+    own ``check_connection`` asks the server (an empty query): one more round trip on every
     checkout, which a lone reservation pays.
     """
     pgconn = conn.pgconn
@@ -323,8 +337,27 @@ def check_idle(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> 
         raise psycopg.OperationalError("the connection was lost while idle in the pool")
 
 
-async def _check_idle_async(conn: psycopg.AsyncConnection[Any]) -> None:
-    check_idle(conn)
+def _lost(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    try:
+        check_idle(conn)
+    except psycopg.OperationalError:
+        return True
+    return False
+
+
+def _checkout(pool: psycopg_pool.ConnectionPool[Any]) -> psycopg.Connection[Any]:
+    """A connection of ``pool``, checked by :func:`check_idle` before it is lent: one found
+    lost is closed and given back (the pool replaces it) and the next is tried at once, all
+    within the pool's timeout. psycopg_pool's own ``check=`` waits 1 s, 2 s, 4 s ... between
+    tries: after a restart every idle connection is lost, and a pool of a few would wait past
+    its timeout and fail a round on a server that is up again."""
+    deadline = time.monotonic() + pool.timeout
+    while True:
+        conn: psycopg.Connection[Any] = pool.getconn(timeout=deadline - time.monotonic())
+        if not _lost(conn):
+            return conn
+        conn.close()
+        pool.putconn(conn)  # discarded, and replaced
 
 
 async def _watch_async(conn: psycopg.AsyncConnection[Any]) -> None:
@@ -357,11 +390,11 @@ def make_driver(
     if sniffio.current_async_library() == "asyncio":
         return AsyncDriver(
             psycopg_pool.AsyncConnectionPool(
-                conninfo, check=_check_idle_async, configure=_watch_async, **common),
+                conninfo, configure=_watch_async, **common),
             connect_timeout, conninfo, kwargs,
         )
     return ThreadedDriver(
         psycopg_pool.ConnectionPool(
-            conninfo, check=check_idle, configure=watch, **common),
+            conninfo, configure=watch, **common),
         connect_timeout, conninfo, kwargs,
     )
