@@ -6,8 +6,14 @@ search calls in one deliberate round, some sent again, some cancelled mid-search
 :meth:`RecallAllowance.round` with spawned tasks sharing its permit. Between steps it moves
 an injected clock (time passing, the wall clock stepped either way, the monotonic reading
 stepped back, and time passing *inside* a search), closes and reopens the ledger (a restart:
-new hooks, nothing remembered but the ledger), and opens a second handle on the same SQLite
-file (another process dispatching the same run).
+new hooks, nothing remembered but the ledger), and opens a second handle on the same ledger
+(another process dispatching the same run).
+
+The ledger is a SQLite file, or a fresh PostgreSQL schema per example: judged by the injected
+clock, directly and through PgBouncer in transaction mode, or by the server's own clock (the
+second handle: another ``PostgresLedger``, its own pool). On PostgreSQL two more rules run
+(``PgRules``): a turn sent while another connection holds the run's row (a typed ledger error,
+nothing searched), and every pooled connection ended by the server between steps.
 
 One retriever stands for the memory backend of every handle: it sees each search's text,
 which names its run and call, so it can tell what was searched, when, and how often.
@@ -16,22 +22,20 @@ After every step: per run at most ``max_searches`` searches reached the retrieve
 ``max_rounds`` rounds were reserved; no search started at or past the run's original deadline
 (on the wall clock, and on the monotonic time since its round was reserved); no call was
 searched twice; a call answered once is answered the same way again; and ``usage()`` agrees
-with what the retriever saw. ``MACHINE_EXAMPLES`` sets the number of examples (25 by default,
-a few seconds per loop; 150 runs in about a minute per loop).
+with what the retriever saw. ``MACHINE_EXAMPLES`` sets the number of examples (25 by default
+on SQLite, a few seconds per loop; 150 runs in about a minute per loop); ``MACHINE_PG_EXAMPLES``
+those on PostgreSQL (3 by default, ten seconds or so per loop; the ``stress`` run has 40).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import shutil
-import tempfile
+import time
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import anyio
-import attrs
 import hypothesis.strategies as st
 import pytest
 from anyio.from_thread import BlockingPortal, start_blocking_portal
@@ -52,49 +56,36 @@ from plugin import (
     RecallAllowance,
     RecallBudgetExceeded,
     RoundKind,
-    SqliteLedger,
     WorkingState,
     current_permit,
 )
 from runtime_hooks import RecallHooks, ToolCall
 
-from ._machine_env import P, S, SteppedClock, World
+from ._machine_env import (
+    PICKS,
+    RUNS,
+    Handle,
+    P,
+    PgRules,
+    RunModel,
+    S,
+    SteppedClock,
+    World,
+    make_store,
+    query_of,
+)
 
-RUNS = ("ra", "rb")
-CALL_IDS = ("c1", "c2", "c3", "c4")
-QUERIES = ("alpha", "beta")
 POLICY = AllowancePolicy()
 
 
-def _query(call: ToolCall) -> str:
-    """The query text a call was built with (it names the run and the call)."""
-    assert isinstance(call.arguments, dict)
-    return str(call.arguments["query"])
-
-
-@attrs.define
-class Handle:
-    ledger: SqliteLedger
-    hooks: RecallHooks
-
-
-@attrs.define
-class RunModel:
-    deadline_wall: float
-    cancelled: bool = False
-    """Whether a step of this run was cancelled (a slot taken whose search never began)."""
-    spawned: int = 0
-    """Attempts taken by spawned tasks in :meth:`AllowanceMachine.spawn` (no search text)."""
-
-
-class AllowanceMachine(RuleBasedStateMachine):
+class AllowanceMachine(PgRules, RuleBasedStateMachine):
     backend = "asyncio"
+    store_kind = "sqlite"
 
     def __init__(self) -> None:
         super().__init__()
         self._stack = contextlib.ExitStack()
-        self.folder = Path(tempfile.mkdtemp(prefix="allowance-machine-"))
-        self._stack.callback(shutil.rmtree, self.folder, ignore_errors=True)
+        self.store = make_store(self.store_kind, self._stack)
         self.portal: BlockingPortal = self._stack.enter_context(start_blocking_portal(self.backend))
         self.clock = SteppedClock()
         self.world = self.portal.call(self._world)
@@ -108,8 +99,8 @@ class AllowanceMachine(RuleBasedStateMachine):
     async def _world(self) -> World:
         return World(self.clock)
 
-    async def _open(self) -> Handle:
-        ledger = SqliteLedger(self.folder / "ledger.sqlite3")
+    async def _open(self, lock_timeout: float | None = None) -> Handle:
+        ledger = self.store.ledger(lock_timeout)
         await ledger.open()
         allowance = RecallAllowance(ledger, policy=POLICY, clock=self.clock)
         hooks = RecallHooks(
@@ -129,10 +120,16 @@ class AllowanceMachine(RuleBasedStateMachine):
     # -- the model ---------------------------------------------------------------------------
 
     def _opened(self, run_id: str, wall: float) -> None:
-        """Note a run's first reservation, made with the wall clock at ``wall``."""
+        """Note a run's first reservation, made with the wall clock at ``wall``; judged by the
+        server's clock, by the real time since the step began (the server is on this host)."""
         usage = self.portal.call(self.handles[0].ledger.usage, run_id)
         if run_id not in self.model and usage.rounds:
-            self.model[run_id] = RunModel(deadline_wall=wall + POLICY.deadline_s)
+            deadline = wall + POLICY.deadline_s
+            if self.store.server_clock:
+                deadline = usage.deadline_wall
+                began, now = self.world.real_at + POLICY.deadline_s, time.time()
+                assert began - 0.01 <= deadline <= now + POLICY.deadline_s + 0.01, usage
+            self.model[run_id] = RunModel(deadline_wall=deadline)
 
     def _handle(self, which: int) -> Handle:
         return self.handles[min(which, len(self.handles) - 1)]
@@ -148,7 +145,7 @@ class AllowanceMachine(RuleBasedStateMachine):
             assert result.call_id == call.call_id
             if result.status == "invalid":
                 continue
-            key = (run_id, call.call_id, _query(call))
+            key = (run_id, call.call_id, query_of(call))
             answer = (result.status, result.slot, tuple(e.id for e in result.evidence))
             first = self.answers.setdefault(key, answer)
             # the same status and slot; evidence re-read under the run's validation bound
@@ -160,14 +157,10 @@ class AllowanceMachine(RuleBasedStateMachine):
 
     # -- rules -------------------------------------------------------------------------------
 
-    picks = st.lists(
-        st.tuples(st.sampled_from(CALL_IDS), st.sampled_from(QUERIES)), min_size=1, max_size=4
-    )
-
     @rule(
         which=st.integers(0, 1),
         run_id=st.sampled_from(RUNS),
-        picks=picks,
+        picks=PICKS,
         slow=st.sampled_from(
             [(0.0, 0.0), (0.0, 0.0), (1.0, 0.0), (4.0, 0.0), (6.0, 0.0), (6.0, -30.0), (0.0, 30.0)]
         ),
@@ -188,7 +181,7 @@ class AllowanceMachine(RuleBasedStateMachine):
         self._check_answers(run_id, calls, results)
 
     @precondition(lambda self: len(self.handles) == 2)
-    @rule(run_id=st.sampled_from(RUNS), picks=picks, slow=st.sampled_from([0.0, 6.0]))
+    @rule(run_id=st.sampled_from(RUNS), picks=PICKS, slow=st.sampled_from([0.0, 6.0]))
     def dispatch_from_both(self, run_id: str, picks: list[tuple[str, str]], slow: float) -> None:
         """Both processes send the same turn at once."""
         calls, wall = self._calls(run_id, picks), self.clock.wall()
@@ -215,11 +208,11 @@ class AllowanceMachine(RuleBasedStateMachine):
                 (c, r)
                 for c, r in zip(calls, results, strict=True)
                 if (r.status, r.failure) != ("failed", "in_flight")
-                or (run_id, c.call_id, _query(c)) in answered
+                or (run_id, c.call_id, query_of(c)) in answered
             ]
             self._check_answers(run_id, [c for c, _ in done], [r for _, r in done])
 
-    @rule(which=st.integers(0, 1), run_id=st.sampled_from(RUNS), picks=picks)
+    @rule(which=st.integers(0, 1), run_id=st.sampled_from(RUNS), picks=PICKS)
     def dispatch_cancelled(self, which: int, run_id: str, picks: list[tuple[str, str]]) -> None:
         """Send a turn whose searches hang, and cancel it once one has begun."""
         handle, calls, wall = self._handle(which), self._calls(run_id, picks), self.clock.wall()
@@ -358,9 +351,14 @@ class AllowanceMachine(RuleBasedStateMachine):
     def no_search_past_the_original_deadline(self) -> None:
         for search in self.world.searches:
             run = self.model[search.run_id]
-            assert search.wall < run.deadline_wall, search
             # the round's monotonic window never exceeds what the wall clock left at reserving
+            # (judged by the server's clock: at most the policy's deadline, on either clock)
             left = run.deadline_wall - search.round_wall
+            if self.store.server_clock:
+                left = POLICY.deadline_s
+                assert search.wall - search.round_wall < left, search
+            else:
+                assert search.wall < run.deadline_wall, search
             assert search.mono - search.round_mono < left, search
 
     @invariant()
@@ -369,13 +367,28 @@ class AllowanceMachine(RuleBasedStateMachine):
         assert all(n == 1 for n in texts.values()), texts
 
 
+STORES = [
+    pytest.param("sqlite", "25", id="sqlite"),
+    pytest.param("postgres", "3", id="postgres"),
+    pytest.param("postgres-server", "3", id="postgres-server"),
+    pytest.param("pgbouncer", "3", id="postgres-pgbouncer"),
+    pytest.param("postgres", "40", id="postgres-stress", marks=pytest.mark.stress),
+]
+
+
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
-def test_the_allowance_and_call_records_hold_under_any_schedule(backend: str) -> None:
-    machine = type(f"AllowanceMachine_{backend}", (AllowanceMachine,), {"backend": backend})
+@pytest.mark.parametrize(("store", "examples"), STORES)
+def test_the_allowance_and_call_records_hold_under_any_schedule(
+    backend: str, store: str, examples: str
+) -> None:
+    machine = type(f"AllowanceMachine_{backend}_{store}", (AllowanceMachine,),
+                   {"backend": backend, "store_kind": store})
+    if store != "sqlite":
+        examples = os.environ.get("MACHINE_PG_EXAMPLES", examples)
     run_state_machine_as_test(
         machine,
         settings=settings(
-            max_examples=int(os.environ.get("MACHINE_EXAMPLES", "25")),
+            max_examples=int(os.environ.get("MACHINE_EXAMPLES", examples)),
             stateful_step_count=20,
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow],
