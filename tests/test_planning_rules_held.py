@@ -9,6 +9,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from plugin.errors import InvalidArgumentTypeError
 from plugin.memory.planning import QueryPlanner
 from plugin.memory.preparation import QueryPreparation, WithheldReason
 from plugin.memory.state import WorkingState
@@ -54,3 +55,18 @@ async def test_one_token_over_the_limit_is_withheld_not_embedded() -> None:
     assert prepared.semantic.vector is None
     assert prepared.semantic.withheld_reason is WithheldReason.TOKEN_LIMIT
     assert adapter.embedded == []
+
+
+@pytest.mark.parametrize(
+    "field", ["open_questions", "constraints", "tasks", "facts"]
+)
+def test_from_dict_null_list_is_a_type_error_not_empty(field: str) -> None:
+    with pytest.raises(InvalidArgumentTypeError, match=rf"^WorkingState\.{field} must be a list"):
+        WorkingState.from_dict({"current_request": "r", field: None})
+
+
+def test_from_dict_null_entities_is_a_type_error_not_empty() -> None:
+    with pytest.raises(InvalidArgumentTypeError,
+                       match=r"^WorkingState\.facts\[0\]\.entities must be a list"):
+        WorkingState.from_dict({"current_request": "r",
+                                "facts": [{"text": "t", "entities": None}]})
