@@ -6,7 +6,9 @@ from plugin import (
     ContextCaps,
     Evidence,
 )
+from plugin.control.wording import left_out
 from plugin.memory.enforce import admit
+from plugin.memory.rendering import render
 
 CAPS = ContextCaps(max_items=2, candidates_per_arm=2, max_bytes=64)
 
@@ -19,3 +21,32 @@ def test_admitted_text_is_cut_to_the_byte_cap_before_anything_reads_it() -> None
     assert [item.id for item in kept] == ["m-huge", "m-small"]
     assert len(kept[0].text) == CAPS.max_bytes + 1
     assert kept[1].text == "cutover"
+
+
+def _pair_totalling(total: int) -> list[Evidence]:
+    """Two items whose rendered lines, with their separator, take ``total`` bytes."""
+    first = Evidence(id="a", text="alpha")
+    head = len(render([first], ContextCaps(max_bytes=4096)).text.encode())
+    prefix = len(render([Evidence(id="b", text="")], ContextCaps(max_bytes=4096)).text.encode())
+    second = Evidence(id="b", text="x" * (total - head - 1 - prefix))
+    return [first, second]
+
+
+def test_rendered_lines_never_exceed_the_byte_cap_by_one() -> None:
+    caps = ContextCaps(max_items=8, max_bytes=60)
+    exact = render(_pair_totalling(60), caps)
+    assert [item.id for item in exact.items] == ["a", "b"]
+    assert len(exact.text.encode()) == 60 and exact.omitted == 0
+    over = render(_pair_totalling(61), caps)
+    assert [item.id for item in over.items] == ["a"]
+    assert over.omitted == 1
+
+
+def test_an_item_too_large_for_the_cap_does_not_keep_later_ones_out() -> None:
+    caps = ContextCaps(max_items=8, max_bytes=80)
+    items = [Evidence(id="a", text="alpha"), Evidence(id="big", text="y" * 500),
+             Evidence(id="c", text="gamma")]
+    rendered = render(items, caps)
+    assert [item.id for item in rendered.items] == ["a", "c"]
+    assert rendered.omitted == 1
+    assert rendered.text.endswith(left_out(1, "item"))
