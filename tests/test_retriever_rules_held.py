@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+import pytest
+
 from plugin import (
     ContextCaps,
     Evidence,
+    ManualClock,
+    QueryPlanner,
+    QueryPreparation,
+    RecallAllowance,
+    SearchRequest,
+    SimpleRetriever,
 )
 from plugin.control.wording import left_out
 from plugin.memory.enforce import admit
 from plugin.memory.rendering import render
+from runtime_hooks import RecallHooks, ToolCall
+
+from ._fakes import MemoryLedger
 
 CAPS = ContextCaps(max_items=2, candidates_per_arm=2, max_bytes=64)
 
@@ -50,3 +63,24 @@ def test_an_item_too_large_for_the_cap_does_not_keep_later_ones_out() -> None:
     assert [item.id for item in rendered.items] == ["a", "c"]
     assert rendered.omitted == 1
     assert rendered.text.endswith(left_out(1, "item"))
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("lazy", [False, True], ids=["list", "generator"])
+async def test_a_lazy_result_counts_what_it_left_out_like_a_list(
+    clock: ManualClock, lazy: bool
+) -> None:
+    caps = ContextCaps()
+    items = [Evidence(id=f"m{i}", text=f"cutover note {i}") for i in range(caps.examined + 1)]
+
+    async def search(request: SearchRequest) -> Iterable[Evidence]:
+        return (item for item in items) if lazy else list(items)
+
+    hooks = RecallHooks(
+        allowance=RecallAllowance(MemoryLedger(), clock=clock),
+        preparer=QueryPreparation(QueryPlanner()), retriever=SimpleRetriever(search), caps=caps)
+    (result,) = await hooks.dispatch([ToolCall(call_id="c1", arguments={"query": "cutover"})],
+                                     run_id="r", scope="s", principal="p")
+    assert result.status == "ok"
+    assert len(result.evidence) == caps.max_items
+    assert result.omitted + len(result.evidence) == len(items)
