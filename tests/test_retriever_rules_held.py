@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import pytest
 
@@ -19,6 +19,7 @@ from plugin import (
 from plugin.control.wording import left_out
 from plugin.memory.enforce import admit
 from plugin.memory.rendering import render
+from plugin.memory.simple import LAZY_CORRECTIONS
 from runtime_hooks import RecallHooks, ToolCall
 
 from ._fakes import MemoryLedger
@@ -84,3 +85,25 @@ async def test_a_lazy_result_counts_what_it_left_out_like_a_list(
     assert result.status == "ok"
     assert len(result.evidence) == caps.max_items
     assert result.omitted + len(result.evidence) == len(items)
+
+
+@pytest.mark.anyio
+async def test_a_long_lazy_corrections_result_is_read_only_up_to_its_bound() -> None:
+    pulled = 0
+
+    def many() -> Iterator[Evidence]:  # as good as endless: never read to its end
+        nonlocal pulled
+        for _ in range(50 * LAZY_CORRECTIONS):
+            pulled += 1
+            yield Evidence(id=f"c{pulled}", text="the cutover moved", kind="correction")
+
+    async def search(request: SearchRequest) -> list[Evidence]:
+        return []
+
+    async def corrections(*, principal: str, scope: str) -> Iterator[Evidence]:
+        return many()
+
+    retriever = SimpleRetriever(search, corrections=corrections)
+    found = await retriever.corrections(principal="p", scope="s")
+    assert len(found) == LAZY_CORRECTIONS
+    assert pulled == LAZY_CORRECTIONS
