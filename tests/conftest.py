@@ -20,15 +20,15 @@ from ._pg import pgbouncer_state
 CLOCK_WALL = 1_800_000_000.0
 """Where the shared ``clock`` fixture's wall clock starts."""
 
-# pydantic-ai 2.x, LangChain 1.x, LangGraph and LlamaIndex need Python 3.11 or newer: on 3.10
-# their extras cannot be installed (the `test` extra leaves them out there), so their adapters
-# and backends have nothing to test.
+# pydantic-ai 2.x and LangChain 1.x need Python 3.11 or newer: on 3.10 their extras cannot be
+# installed (the `test` extra leaves them out there), so their adapters have nothing to test.
+# The LangGraph store and LlamaIndex backends install on 3.10 and are tested there.
 # CI and every newer interpreter collect these modules; nothing is skipped where the framework
 # exists.
 collect_ignore = (
-    ["test_adapter_pydantic_ai.py", "test_adapter_langchain.py", "test_retriever_backends.py",
+    ["test_adapter_pydantic_ai.py", "test_adapter_langchain.py",
      "test_adapter_options.py", "test_pydantic_ai_invocations.py",
-     "test_framework_unreadable_arguments.py", "test_retriever_backends_edges.py",
+     "test_framework_unreadable_arguments.py",
      "test_pydantic_ai_delegation.py", "test_langgraph_subgraphs.py",
      "test_langgraph_invocations_evicted.py"]
     if sys.version_info < (3, 11) else []
