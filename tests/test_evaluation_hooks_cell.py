@@ -177,7 +177,9 @@ async def test_a_preparation_bound_that_fires_withholds_semantic_in_both(tmp_pat
             scenario, QueryStrategy.TASK_CONTEXT, holding, tmp_path, budget_s=0.01)
     finally:
         holding.release.set()
-    assert len(holding.held) == 2  # the hooks cell, the hook
+    # At most the hooks cell's call and the hook's: on a loaded machine the bound can fire before
+    # a worker thread picks a call up, and then the model is never called at all.
+    assert len(holding.held) <= 2
     hooks = _row(report.rows, scenario.id, "task_context", "hooks")
     assert hooks.semantic_withheld == "preparation_bound"
     assert [(b.part, b.reason) for b in context.bounded] == [("semantic_arm", "preparation_bound")]
