@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from plugin.memory.state import WorkingState
 from runtime_hooks._extras import missing_extra
@@ -53,19 +54,42 @@ def not_dispatched(call_id: str) -> ToolResult:
     )
 
 
-def pending_search_calls(messages: Sequence[AnyMessage]) -> list[ToolCall]:
-    """The last ``AIMessage``'s search calls that have no ``ToolMessage`` after it yet."""
+REVIEWER_EDITS = "hitl_edited_tool_calls"
+"""Where LangChain's ``HumanInTheLoopMiddleware`` keeps a reviewer's edits, by call id: the
+model's call stays in its message, and the tool node runs the edited call in its place."""
+
+
+def reviewer_edits(state: Mapping[str, object]) -> dict[str, Mapping[str, Any]]:
+    """The reviewer's edited calls in the agent state (``{}`` without a review)."""
+    edits = state.get(REVIEWER_EDITS)
+    if not isinstance(edits, Mapping):
+        return {}
+    return {cid: edit for cid, edit in edits.items() if isinstance(edit, Mapping)}
+
+
+def pending_search_calls(
+    messages: Sequence[AnyMessage], edits: Mapping[str, Mapping[str, Any]] | None = None
+) -> list[ToolCall]:
+    """The last ``AIMessage``'s search calls that have no ``ToolMessage`` after it yet.
+
+    A call a reviewer edited (``edits``, see :func:`reviewer_edits`) is searched with the
+    reviewer's arguments, and not at all when the reviewer made it another tool's call."""
+    edits = edits or {}
     for index in range(len(messages) - 1, -1, -1):
         message = messages[index]
         if isinstance(message, AIMessage):
             answered = {m.tool_call_id for m in messages[index + 1:]
                         if isinstance(m, ToolMessage)}
-            return [
-                ToolCall(call_id=call["id"], arguments=call["args"])
-                for call in message.tool_calls
-                if call["name"] == SEARCH_TOOL.name and call["id"] is not None
-                and call["id"] not in answered
-            ]
+            found: list[ToolCall] = []
+            for call in message.tool_calls:
+                call_id, name, arguments = call["id"], call["name"], call["args"]
+                if call_id is None or call_id in answered:
+                    continue
+                edit = edits.get(call_id, {})
+                name, arguments = edit.get("name", name), edit.get("args", arguments)
+                if name == SEARCH_TOOL.name:
+                    found.append(ToolCall(call_id=call_id, arguments=arguments))
+            return found
     return []
 
 

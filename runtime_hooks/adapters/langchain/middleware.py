@@ -19,6 +19,7 @@ from .messages import (
     StateOf,
     latest_request,
     pending_search_calls,
+    reviewer_edits,
     system_with_context,
     tool_message,
 )
@@ -121,11 +122,14 @@ class RecallMiddleware(AgentMiddleware[RecallState, Any, Any]):
     def after_model(self, state: AgentState[Any], runtime: Runtime[Any]) -> dict[str, Any] | None:
         """:meth:`aafter_model` for a sync ``agent.invoke``: one round for the batch, run on
         the hooks' loop (kept in the checkpoint like the async form's)."""
-        calls = pending_search_calls(state["messages"])
+        edits = reviewer_edits(state)
+        calls = pending_search_calls(state["messages"], edits)
         if not calls:
             return None
         run = self.recall.run(runtime.context)
-        return {"messages": [tool_message(r) for r in dispatch_kept_sync(run, calls, self.token)]}
+        results = dispatch_kept_sync(run, calls, self.token)
+        answers = [tool_message(r) for r in results if r.call_id not in edits]
+        return {"messages": answers} if answers else None
 
     async def abefore_agent(
         self, state: RecallState, runtime: Runtime[Any]
@@ -168,5 +172,6 @@ class RecallMiddleware(AgentMiddleware[RecallState, Any, Any]):
         self, state: AgentState[Any], runtime: Runtime[Any]
     ) -> dict[str, Any] | None:
         """The whole batch of search calls: one round, one ``ToolMessage`` per call."""
-        answers = await self.recall.answer_batch(state["messages"], runtime.context)
+        answers = await self.recall.answer_batch(state["messages"], runtime.context,
+                                                 reviewer_edits(state))
         return {"messages": answers} if answers else None

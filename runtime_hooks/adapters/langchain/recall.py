@@ -24,7 +24,13 @@ from .identity import (
     context_of,
 )
 from .kept import dispatch_kept
-from .messages import StateOf, latest_request, not_dispatched, pending_search_calls, tool_message
+from .messages import (
+    StateOf,
+    latest_request,
+    not_dispatched,
+    pending_search_calls,
+    tool_message,
+)
 
 with missing_extra("langchain", "runtime_hooks.adapters.langchain"):
     from langchain.tools import ToolRuntime
@@ -180,13 +186,20 @@ class LangChainRecall:
         return invocation
 
     async def answer_batch(
-        self, messages: Sequence[AnyMessage], context: object
+        self, messages: Sequence[AnyMessage], context: object,
+        edits: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> list[ToolMessage]:
-        """One deliberate round for the last model response's unanswered search calls."""
-        calls = pending_search_calls(messages)
+        """One deliberate round for the last model response's unanswered search calls.
+
+        A call a reviewer edited (``edits``, see :func:`reviewer_edits`) is searched with the
+        reviewer's arguments and left to the tool node, which runs the edited call in its
+        place: the tool answers it with the stored result, and the review tells the model
+        what ran."""
+        calls = pending_search_calls(messages, edits)
         if not calls:
             return []
-        return [tool_message(r) for r in await dispatch_kept(self.run(context), calls)]
+        results = await dispatch_kept(self.run(context), calls)
+        return [tool_message(r) for r in results if r.call_id not in (edits or {})]
 
     def stored(
         self, runtime: ToolRuntime[Any, Any], arguments: dict[str, Any] | None = None
