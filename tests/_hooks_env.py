@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+from collections.abc import AsyncIterator
 from typing import Any
 
 from plugin import AllowancePolicy, Clock, QueryPlanner, QueryPreparation, RecallAllowance
 from plugin.memory import MemoryRetriever, MemoryStore
 from runtime_hooks import RecallHooks, ToolCall
+from runtime_hooks.bootstrap import RecallConfig, open_hooks
+from runtime_hooks.demo import seed
 
 from ._fakes import MemoryLedger
 
@@ -41,3 +45,13 @@ def hooks_over(retriever: Any, clock: Clock, **policy: Any) -> RecallHooks:
     allowance = RecallAllowance(MemoryLedger(), policy=AllowancePolicy(**policy), clock=clock)
     return RecallHooks(allowance=allowance, preparer=QueryPreparation(QueryPlanner()),
                        retriever=retriever)
+
+
+@contextlib.asynccontextmanager
+async def seeded_hooks(config: RecallConfig, clock: Clock) -> AsyncIterator[RecallHooks]:
+    """Hooks opened from ``config`` over the reference store, seeded with the demo's memories."""
+    async with open_hooks(config, clock=clock) as hooks:
+        retriever = hooks.retriever
+        assert isinstance(retriever, MemoryRetriever)
+        await seed(retriever.store)
+        yield hooks

@@ -22,11 +22,12 @@ import pytest
 
 from plugin import ManualClock, QueryStrategy, WorkingState
 from plugin.errors import InvalidArgumentError, InvalidArgumentTypeError, RunIdentityError
-from plugin.memory.pipeline import MemoryRetriever
 from runtime_hooks import RecallHooks
-from runtime_hooks.bootstrap import RecallConfig, open_hooks
-from runtime_hooks.demo import PRINCIPAL, SCOPE, STATE, seed
+from runtime_hooks.bootstrap import RecallConfig
+from runtime_hooks.demo import PRINCIPAL, SCOPE, STATE
 from runtime_hooks.testing import ModelRequest, Step, search, searches
+
+from ._hooks_env import seeded_hooks
 
 pytestmark = [pytest.mark.anyio]
 
@@ -65,10 +66,7 @@ async def _admit(experiment: str) -> bool:
 async def hooks(tmp_path: Path, clock: ManualClock) -> AsyncIterator[RecallHooks]:
     config = RecallConfig(ledger_path=tmp_path / "ledger.db", store_path=tmp_path / "memory.db",
                           query_planning=QueryStrategy.TASK_CONTEXT, admission=_admit)
-    async with open_hooks(config, clock=clock) as hooks:
-        retriever = hooks.retriever
-        assert isinstance(retriever, MemoryRetriever)
-        await seed(retriever.store)
+    async with seeded_hooks(config, clock) as hooks:
         yield hooks
 
 

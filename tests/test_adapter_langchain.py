@@ -66,6 +66,8 @@ from runtime_hooks.hooks import ToolCall
 from runtime_hooks.testing import search, searches
 from runtime_hooks.testing.langchain import ScriptedChatModel
 
+from ._hooks_env import seeded_hooks
+
 pytestmark = [pytest.mark.anyio]
 
 RUN = "run-lc"
@@ -91,10 +93,7 @@ def _config(tmp_path: Path) -> RecallConfig:
 
 @pytest.fixture
 async def hooks(tmp_path: Path, clock: ManualClock) -> AsyncIterator[RecallHooks]:
-    async with open_hooks(_config(tmp_path), clock=clock) as hooks:
-        retriever = hooks.retriever
-        assert isinstance(retriever, MemoryRetriever)
-        await seed(retriever.store)
+    async with seeded_hooks(_config(tmp_path), clock) as hooks:
         yield hooks
 
 

@@ -33,7 +33,6 @@ from agents.run_config import CallModelData, ModelInputData
 from agents.testing import ModelCall, ModelStep, ScriptedModel, assistant_message, function_call
 
 from plugin import ManualClock, QueryStrategy, WorkingState
-from plugin.memory.pipeline import MemoryRetriever
 from runtime_hooks import RecallHooks
 from runtime_hooks.adapters import SEARCH_TOOL
 from runtime_hooks.adapters.openai_agents import (
@@ -44,9 +43,11 @@ from runtime_hooks.adapters.openai_agents import (
     agents_recall,
     latest_user_request,
 )
-from runtime_hooks.bootstrap import RecallConfig, open_hooks
-from runtime_hooks.demo import PRINCIPAL, SCOPE, STATE, seed
+from runtime_hooks.bootstrap import RecallConfig
+from runtime_hooks.demo import PRINCIPAL, SCOPE, STATE
 from runtime_hooks.hooks import ToolCall
+
+from ._hooks_env import seeded_hooks
 
 pytestmark = [pytest.mark.anyio]
 
@@ -88,10 +89,7 @@ def host_state(data: CallModelData[Any]) -> WorkingState:
 async def hooks(tmp_path: Path, clock: ManualClock) -> AsyncIterator[RecallHooks]:
     config = RecallConfig(ledger_path=tmp_path / "ledger.db", store_path=tmp_path / "memory.db",
                           query_planning=QueryStrategy.TASK_CONTEXT, admission=admit)
-    async with open_hooks(config, clock=clock) as hooks:
-        retriever = hooks.retriever
-        assert isinstance(retriever, MemoryRetriever)
-        await seed(retriever.store)
+    async with seeded_hooks(config, clock) as hooks:
         yield hooks
 
 

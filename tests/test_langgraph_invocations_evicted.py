@@ -20,12 +20,13 @@ from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.runtime import Runtime
 
 from plugin import ManualClock
-from plugin.memory.pipeline import MemoryRetriever
 from runtime_hooks import RecallHooks
 from runtime_hooks.adapters import SEARCH_TOOL
 from runtime_hooks.adapters.langchain import LangChainRecall, RecallContext, RecallToolNode
-from runtime_hooks.bootstrap import RecallConfig, open_hooks
-from runtime_hooks.demo import PRINCIPAL, SCOPE, seed
+from runtime_hooks.bootstrap import RecallConfig
+from runtime_hooks.demo import PRINCIPAL, SCOPE
+
+from ._hooks_env import seeded_hooks
 
 pytestmark = [pytest.mark.anyio]
 
@@ -38,10 +39,7 @@ def anyio_backend() -> str:
 @pytest.fixture
 async def hooks(tmp_path: Path, clock: ManualClock) -> AsyncIterator[RecallHooks]:
     config = RecallConfig(ledger_path=tmp_path / "ledger.db", store_path=tmp_path / "memory.db")
-    async with open_hooks(config, clock=clock) as hooks:
-        retriever = hooks.retriever
-        assert isinstance(retriever, MemoryRetriever)
-        await seed(retriever.store)
+    async with seeded_hooks(config, clock) as hooks:
         yield hooks
 
 

@@ -18,15 +18,13 @@ from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls, FunctionModel
 
-from plugin import Evidence, ManualClock, SimpleRetriever
+from plugin import ManualClock
 from runtime_hooks import RecallHooks
 from runtime_hooks.adapters.pydantic_ai import RecallCapability, RunIdentity
-from runtime_hooks.bootstrap import RecallConfig, open_hooks
+
+from ._pydantic_ai_env import ANA, BOB, private_note_hooks
 
 pytestmark = [pytest.mark.anyio]
-
-ANA = RunIdentity(run_id="run-ana", scope="atlas", principal="ana")
-BOB = RunIdentity(run_id="run-bob", scope="atlas", principal="bob")
 
 
 @pytest.fixture
@@ -34,15 +32,9 @@ def anyio_backend() -> str:
     return "asyncio"  # pydantic-ai does not run under trio
 
 
-async def _search(request: Any) -> list[Evidence]:
-    """Each principal's own memory, named after its owner."""
-    return [Evidence(id=f"{request.principal}-1", text=f"{request.principal}'s private note")]
-
-
 @pytest.fixture
 async def hooks(tmp_path: Path, clock: ManualClock) -> AsyncIterator[RecallHooks]:
-    config = RecallConfig(ledger_path=tmp_path / "ledger.db")
-    async with open_hooks(config, clock=clock, retriever=SimpleRetriever(_search)) as hooks:
+    async with private_note_hooks(tmp_path, clock) as hooks:
         yield hooks
 
 
