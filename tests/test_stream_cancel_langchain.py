@@ -1,0 +1,146 @@
+"""A host stopping a LangChain ``create_agent`` run streamed with ``astream`` at each cut point
+leaves the recall contract intact (asyncio only).
+
+Ways of stopping: cancelling the consumer's task, an anyio cancel scope around the consumer,
+and (once the final answer arrived) breaking out of ``astream`` and closing it. After the cut:
+nothing is left running, only ``CancelledError`` reaches the host, a search cancelled
+mid-flight keeps its claim and a finished one replays ``ok``, and past the run's original
+deadline the next invocation gets the deadline notice with no new round, no search and nothing
+the cut invocation prepared.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain.agents import create_agent
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+from langchain_core.outputs import ChatResult
+
+from plugin import ManualClock
+from runtime_hooks import RecallHooks
+from runtime_hooks.adapters.langchain import RecallContext, RecallMiddleware
+from runtime_hooks.testing import Step, search
+from runtime_hooks.testing.langchain import ScriptedChatModel
+
+from ._stream_cancel_env import (
+    CALL_ID,
+    CUT_POINTS,
+    HALFWAY,
+    POLICY,
+    QUERY,
+    REPLAYED_AFTER_CUT,
+    RUN_ID,
+    Cue,
+    cue_hooks,
+    nothing_left_running,
+    replayed,
+    stop,
+    usage,
+)
+
+pytestmark = [pytest.mark.anyio]
+
+CONTEXT = RecallContext(run_id=RUN_ID, scope="atlas", principal="ana")
+STEPS: tuple[Step, ...] = ([search(QUERY, call_id=CALL_ID)], "Final answer")
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"  # LangChain's async agents run on asyncio
+
+
+class CuedChatModel(ScriptedChatModel):
+    """The scripted model, telling ``cue`` once its final text is produced (where it may hang)."""
+
+    cue: Cue
+
+    def __init__(self, cue: Cue, *steps: Step) -> None:
+        super().__init__(*steps, cue=cue)
+
+    async def _agenerate(
+        self, messages: list[BaseMessage], stop: list[str] | None = None,
+        run_manager: Any = None, **kwargs: Any,
+    ) -> ChatResult:
+        result = await super()._agenerate(messages, stop, run_manager, **kwargs)
+        if not result.generations[0].message.tool_calls:  # type: ignore[attr-defined]
+            await self.cue.final_started()
+        return result
+
+
+def _agent(hooks: RecallHooks, model: ScriptedChatModel) -> Any:
+    return create_agent(model, tools=[], middleware=[RecallMiddleware(hooks)],
+                        context_schema=RecallContext)
+
+
+async def _invoke(hooks: RecallHooks, model: ScriptedChatModel) -> None:
+    await _agent(hooks, model).ainvoke({"messages": [HumanMessage("Continue")]},
+                                       context=CONTEXT)
+
+
+def _consumer(hooks: RecallHooks, cue: Cue, way: str) -> Any:
+    agent = _agent(hooks, CuedChatModel(cue, *STEPS))
+
+    async def consume() -> None:
+        chunks = agent.astream({"messages": [HumanMessage("Continue")]}, context=CONTEXT,
+                               stream_mode="values")
+        async for chunk in chunks:
+            last = chunk["messages"][-1]
+            if way == "break" and isinstance(last, AIMessage) and not last.tool_calls:
+                break
+        await chunks.aclose()
+
+    return consume
+
+
+async def _cut_then_continue(
+    hooks: RecallHooks, clock: ManualClock, cue: Cue, way: str
+) -> None:
+    async with nothing_left_running():
+        await stop(way, _consumer(hooks, cue, way), cue)
+    assert await replayed(hooks) == REPLAYED_AFTER_CUT[cue.point]
+
+    # The next invocation of the run, half-way to its deadline, sends the same call again: a
+    # claimed call is never searched twice (a call never dispatched before is searched now).
+    cue.armed = False
+    clock.advance(HALFWAY)
+    again = CuedChatModel(cue, *STEPS)
+    await _invoke(hooks, again)
+    assert cue.searched.count(QUERY) == 1
+    assert await replayed(hooks) == (REPLAYED_AFTER_CUT[cue.point] or ("ok", None))
+    if cue.point == "search":
+        assert "in_flight" in again.requests[1].tool_results[CALL_ID]
+
+    # Past the run's original deadline, which the rounds since never renewed: no new round, no
+    # search, and nothing the earlier invocations prepared comes back.
+    counts, searched = await usage(hooks), list(cue.searched)
+    clock.advance(POLICY.deadline_s - HALFWAY + 1)
+    late = CuedChatModel(cue, [search("deploy window", call_id="s1")], "Done.")
+    await _invoke(hooks, late)
+    assert await usage(hooks) == counts
+    assert cue.searched == searched
+    assert "deadline has passed" in late.requests[0].instructions
+    assert "Recalled memory" not in late.requests[0].instructions
+    assert "deadline" in late.requests[1].tool_results["s1"]
+
+
+@pytest.mark.parametrize("point", CUT_POINTS)
+@pytest.mark.parametrize("way", ["task", "scope"])
+async def test_a_cancelled_stream_keeps_claims_and_never_renews(
+    tmp_path: Path, clock: ManualClock, way: str, point: str
+) -> None:
+    cue = Cue(point)
+    async with cue_hooks(tmp_path, clock, cue) as hooks:
+        await _cut_then_continue(hooks, clock, cue, way)
+
+
+async def test_breaking_out_once_the_final_answer_arrived_keeps_the_contract(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    # The model is not streamed: the final answer reaches the host whole, so it cannot hang
+    # half-way; the host breaks out as soon as it sees it.
+    cue = Cue("final", armed=False)
+    async with cue_hooks(tmp_path, clock, cue) as hooks:
+        await _cut_then_continue(hooks, clock, cue, "break")
