@@ -170,11 +170,13 @@ async def test_a_preparation_bound_that_fires_withholds_semantic_in_both(tmp_pat
     holding = HoldingEmbedding(dimensions=256, token_limit=256)
     scenario = _corrected(2, request=f"Continue the invoice backfill {HOLD}")
     cells = (Cell("task_context", "hooks"),)
+    # The bound must fire while the model holds the query, never while the query is planned
+    # (a loaded machine can take 10 ms to plan it): the model holds it until released.
     try:
         report = await Evaluator(embedding=holding, cells=cells,
-                                 preparation_budget_s=0.01).evaluate([scenario], workdir=tmp_path)
+                                 preparation_budget_s=0.5).evaluate([scenario], workdir=tmp_path)
         context, reserved, executed = await _hooks_context(
-            scenario, QueryStrategy.TASK_CONTEXT, holding, tmp_path, budget_s=0.01)
+            scenario, QueryStrategy.TASK_CONTEXT, holding, tmp_path, budget_s=0.5)
     finally:
         holding.release.set()
     # At most the hooks cell's call and the hook's: on a loaded machine the bound can fire before
