@@ -42,7 +42,7 @@ def _add_note(exc: BaseException, note: str) -> None:
     notes = getattr(exc, "__notes__", None)
     if notes is None:
         notes = []
-        exc.__notes__ = notes  # type: ignore[attr-defined]
+        exc.__notes__ = notes  # type: ignore[attr-defined, unused-ignore]
     notes.append(note)
 
 
