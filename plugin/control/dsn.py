@@ -32,8 +32,8 @@ import attrs
 
 from plugin.errors import LedgerConfigError
 
+from .dsn_schema import FOREIGN_DSN, SCHEMELESS_URI, URI_START, USERINFO, at_in_path, query_mark
 from .dsn_schema import SCHEMA_PARAMETER as SCHEMA_PARAMETER
-from .dsn_schema import SCHEMELESS_URI, URI_START, USERINFO, at_in_path, query_mark
 from .dsn_schema import check_schema as check_schema
 from .dsn_schema import split_schema as split_schema
 from .dsn_text import (
@@ -47,7 +47,6 @@ from .dsn_text import (
     secret_inside,
     visible,
 )
-from .dsn_text import password_of as password_of
 
 __all__ = ["LedgerLocation", "POSTGRES_SCHEMES", "SCHEMA_PARAMETER", "is_connection_string",
            "parse_location", "password_of", "redact"]
@@ -58,10 +57,6 @@ POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:")
 _URI = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://")
 _KEYWORD = re.compile(r"\s*[A-Za-z_][A-Za-z0-9_]*\s*=")
-_FOREIGN_DSN = re.compile(
-    r"(?i)\s*(?:jdbc|pgsql|[a-z][a-z0-9+.\-]*postgres[a-z0-9+.\-]*|postgres[a-z0-9+.\-]*):")
-"""A scheme no ledger opens but a PostgreSQL DSN's look-alikes use (``jdbc:postgresql:``,
-PHP's ``pgsql:``, ``postgresql+psycopg://``, ``POSTGRES://``): an error, never a file name."""
 
 # libpq's white space (C ``isspace``): a Unicode space is an ordinary character to it.
 _SPACE = " \t\n\r\f\v"
@@ -176,10 +171,7 @@ def parse_location(location: str | os.PathLike[str]) -> LedgerLocation:
         # belongs to the last value.
         conninfo_dict(location)
         return LedgerLocation(kind="postgres", target=location)
-    if SCHEMELESS_URI.match(text):
-        raise LedgerConfigError("the ledger (a user and password before an '@') looks like a "
-                                "PostgreSQL URI without its scheme: begin it with postgresql://")
-    if _FOREIGN_DSN.match(text):
+    if FOREIGN_DSN.match(text) or SCHEMELESS_URI.match(text):
         raise LedgerConfigError(
             f"the ledger ({_form(text)}) looks like a PostgreSQL DSN but is not one: write "
             f"postgresql://host/dbname")
@@ -193,12 +185,22 @@ def parse_location(location: str | os.PathLike[str]) -> LedgerLocation:
                              or text[0] not in text[1:])  # quoted, or an opening quote alone
     seen = visible(unwrapped)  # what a reader sees: an invisible character inside it too
     if (wrapped or seen != unwrapped) and (_URI.match(seen) or _keywords(seen)
-                                           or _FOREIGN_DSN.match(seen)):
+                                           or FOREIGN_DSN.match(seen)):
         # quotes an env file or a unit file left on, or an invisible character pasted in
         raise LedgerConfigError(
             f"the ledger ({_form(unwrapped)}) is a connection string inside quotes or after an "
             f"invisible character: give it without them")
     return LedgerLocation(kind="sqlite", target=location)
+
+
+def password_of(dsn: str) -> str | None:
+    """The password a DSN carries (either form), or ``None``; never raises."""
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+        value = conninfo_to_dict(dsn).get("password")
+    except Exception:
+        return None
+    return value if isinstance(value, str) and value else None
 
 
 def _secrets(dsn: str | None = None) -> tuple[str, ...]:

@@ -14,6 +14,10 @@ SCHEMA_PARAMETER = "schema"
 URI_START = re.compile(r"(?i)[ \t\n\r\f\v]*postgres(?:ql)?://")
 USERINFO = re.compile(r"[^@/]*@")
 """A URI's userinfo, just past ``://``: libpq looks for an ``@`` before any ``/``."""
+FOREIGN_DSN = re.compile(
+    r"(?i)\s*(?:jdbc|pgsql|[a-z][a-z0-9+.\-]*postgres[a-z0-9+.\-]*|postgres[a-z0-9+.\-]*):")
+"""A scheme no ledger opens but a PostgreSQL DSN's look-alikes use (``jdbc:postgresql:``,
+PHP's ``pgsql:``, ``postgresql+psycopg://``, ``POSTGRES://``): an error, never a file name."""
 SCHEMELESS_URI = re.compile(
     r"(?i)\s*(?:postgres(?:ql)?[^\w\s/]?//|//)?[^/:@\s]+:[^/@\s]*@[^/@\s]")
 """A URI whose scheme was lost or mistyped (``root:pw@host/db``, ``//root:pw@host/db``,

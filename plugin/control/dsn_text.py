@@ -165,12 +165,3 @@ def is_ephemeral(location: str | os.PathLike[str]) -> bool:
                 or "memory" in options.get("mode", []) or "memdb" in options.get("vfs", []))
     return False
 
-
-def password_of(dsn: str) -> str | None:
-    """The password a DSN carries (either form), or ``None``; never raises."""
-    try:
-        from psycopg.conninfo import conninfo_to_dict
-        value = conninfo_to_dict(dsn).get("password")
-    except Exception:
-        return None
-    return value if isinstance(value, str) and value else None
