@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeAlias, TypeVar
@@ -169,15 +168,14 @@ class AsyncDriver:
     async def _checkout(self) -> psycopg.AsyncConnection[Any]:
         """A connection of the pool, checked (see :func:`_checkout`)."""
         pool = self._pool
-        deadline = time.monotonic() + pool.timeout
-        while True:
-            conn: psycopg.AsyncConnection[Any] = await pool.getconn(
-                timeout=deadline - time.monotonic())
+        for _ in range(pool.max_size + 1):
+            conn: psycopg.AsyncConnection[Any] = await pool.getconn()
             if not _lost(conn):
                 return conn
             with anyio.CancelScope(shield=True):
                 await conn.close()
                 await pool.putconn(conn)  # discarded, and replaced
+        raise psycopg.OperationalError("the server dropped every connection the pool lent")
 
     @contextlib.asynccontextmanager
     async def session(self) -> AsyncIterator[Session]:
@@ -337,6 +335,7 @@ def check_idle(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> 
         raise psycopg.OperationalError("the connection was lost while idle in the pool")
 
 
+
 def _lost(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
     try:
         check_idle(conn)
@@ -347,17 +346,18 @@ def _lost(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
 
 def _checkout(pool: psycopg_pool.ConnectionPool[Any]) -> psycopg.Connection[Any]:
     """A connection of ``pool``, checked by :func:`check_idle` before it is lent: one found
-    lost is closed and given back (the pool replaces it) and the next is tried at once, all
-    within the pool's timeout. psycopg_pool's own ``check=`` waits 1 s, 2 s, 4 s ... between
-    tries: after a restart every idle connection is lost, and a pool of a few would wait past
-    its timeout and fail a round on a server that is up again."""
-    deadline = time.monotonic() + pool.timeout
-    while True:
-        conn: psycopg.Connection[Any] = pool.getconn(timeout=deadline - time.monotonic())
+    lost is closed and given back (the pool replaces it) and the next is tried at once.
+    psycopg_pool's own ``check=`` waits 1 s, 2 s, 4 s ... between tries: after a restart every
+    idle connection is lost, and a pool of a few would wait past its timeout and fail a round
+    on a server that is up again. One try more than the pool holds is enough: past that, the
+    server drops each new connection at once."""
+    for _ in range(pool.max_size + 1):
+        conn: psycopg.Connection[Any] = pool.getconn()
         if not _lost(conn):
             return conn
         conn.close()
         pool.putconn(conn)  # discarded, and replaced
+    raise psycopg.OperationalError("the server dropped every connection the pool lent")
 
 
 async def _watch_async(conn: psycopg.AsyncConnection[Any]) -> None:
