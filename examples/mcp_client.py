@@ -1,8 +1,12 @@
 """Launch ``recallbound mcp`` over stdio, as an MCP client would, and call it offline.
 
 It seeds a memory store in a temporary folder, starts the server as a subprocess (the
-``mcp`` extra), asks ``recall_context`` for context, then sends six parallel
-``search_memory`` calls of one run: four get evidence, two get the typed refusal.
+``mcp`` extra), asks ``recall_context`` for context (the automatic round: two of the run's
+four slots), then sends six parallel ``search_memory`` calls of the same run: two get
+evidence, four the typed refusal, and so does a search sent after them (the run's rounds are
+spent). Which reason a call of the burst is refused for (no slot left in the shared round, or
+no round left once that round closed full) depends on when the server read it, so the burst
+shows only the status; the later search shows what the model reads.
 
     python examples/mcp_client.py            # server and client on asyncio
     python examples/mcp_client.py trio       # the server runs under trio
@@ -60,16 +64,18 @@ async def main(backend: str) -> None:
             async with anyio.create_task_group() as tg:
                 for query in QUERIES:
                     tg.start_soon(one, query)
-        print("\nsix parallel search_memory calls (2 slots left, one shared round):")
+            later = await client.call_tool("search_memory", {"query": "anything else"},
+                                           meta=meta)
+        print("\nsix parallel search_memory calls (2 slots left):")
         for query in QUERIES:
             found = results[query]
-            if found["status"] == "ok":
-                print(f"- {query!r}: evidence {found['evidence_ids']}")
-            else:
-                print(f"- {query!r}: {found['status']} ({found['refusal']['reason']})")
-        refused = next(r for r in results.values() if r["status"] == "refused")
-        print("\nwhat the model reads for a refused call:")
-        print(_indent(refused["content"]))
+            shown = f"evidence {found['evidence_ids']}" if found["status"] == "ok" else "refused"
+            print(f"- {query!r}: {shown}")
+        refusal = later.structured_content
+        assert refusal is not None
+        print(f"\na search after them: {refusal['status']} ({refusal['refusal']['reason']}); "
+              f"what the model reads:")
+        print(_indent(refusal["content"]))
 
 
 def _indent(text: str) -> str:
