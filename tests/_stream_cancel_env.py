@@ -28,6 +28,7 @@ import pytest
 from plugin import AllowancePolicy, Clock, Evidence, SimpleRetriever
 from runtime_hooks import RecallHooks, ToolCall
 from runtime_hooks.bootstrap import RecallConfig, open_hooks
+from runtime_hooks.testing import Step, search
 
 CUT_POINTS = ("automatic", "search", "final")
 QUERY = "cutover date"
@@ -139,3 +140,36 @@ async def usage(hooks: RecallHooks) -> tuple[int, int, int]:
     """The run's (rounds, reserved, executed)."""
     counts = await hooks.allowance.ledger.usage(RUN_ID)
     return counts.rounds, counts.reserved, counts.executed
+
+
+Invoke = Callable[..., Awaitable[Any]]
+"""Runs one more invocation of the run on a cued scripted model playing the steps it is
+given, and returns that model (its ``requests`` hold what the model read)."""
+
+STEPS: tuple[Step, ...] = ([search(QUERY, call_id=CALL_ID)], "Final answer")
+
+
+async def continue_after_cut(hooks: RecallHooks, clock: Any, cue: Cue, invoke: Invoke) -> None:
+    """After a cut invocation: the run's next ones keep every claim and never renew it."""
+    assert await replayed(hooks) == REPLAYED_AFTER_CUT[cue.point]
+
+    # The next invocation of the run, half-way to its deadline, sends the same call again: a
+    # claimed call is never searched twice (a call never dispatched before is searched now).
+    cue.armed = False
+    clock.advance(HALFWAY)
+    again = await invoke(*STEPS)
+    assert cue.searched.count(QUERY) == 1
+    assert await replayed(hooks) == (REPLAYED_AFTER_CUT[cue.point] or ("ok", None))
+    if cue.point == "search":
+        assert "in_flight" in again.requests[1].tool_results[CALL_ID]
+
+    # Past the run's original deadline, which the rounds since never renewed: no new round, no
+    # search, and nothing the earlier invocations prepared comes back.
+    counts, searched = await usage(hooks), list(cue.searched)
+    clock.advance(POLICY.deadline_s - HALFWAY + 1)
+    late = await invoke([search("deploy window", call_id="s1")], "Done.")
+    assert await usage(hooks) == counts
+    assert cue.searched == searched
+    assert "deadline has passed" in late.requests[0].instructions
+    assert "Recalled memory" not in late.requests[0].instructions
+    assert "deadline" in late.requests[1].tool_results["s1"]

@@ -22,29 +22,23 @@ from langchain_core.outputs import ChatResult
 from plugin import ManualClock
 from runtime_hooks import RecallHooks
 from runtime_hooks.adapters.langchain import RecallContext, RecallMiddleware
-from runtime_hooks.testing import Step, search
+from runtime_hooks.testing import Step
 from runtime_hooks.testing.langchain import ScriptedChatModel
 
 from ._stream_cancel_env import (
-    CALL_ID,
     CUT_POINTS,
-    HALFWAY,
-    POLICY,
-    QUERY,
-    REPLAYED_AFTER_CUT,
     RUN_ID,
+    STEPS,
     Cue,
+    continue_after_cut,
     cue_hooks,
     nothing_left_running,
-    replayed,
     stop,
-    usage,
 )
 
 pytestmark = [pytest.mark.anyio]
 
 CONTEXT = RecallContext(run_id=RUN_ID, scope="atlas", principal="ana")
-STEPS: tuple[Step, ...] = ([search(QUERY, call_id=CALL_ID)], "Final answer")
 
 
 @pytest.fixture
@@ -100,30 +94,13 @@ async def _cut_then_continue(
 ) -> None:
     async with nothing_left_running():
         await stop(way, _consumer(hooks, cue, way), cue)
-    assert await replayed(hooks) == REPLAYED_AFTER_CUT[cue.point]
 
-    # The next invocation of the run, half-way to its deadline, sends the same call again: a
-    # claimed call is never searched twice (a call never dispatched before is searched now).
-    cue.armed = False
-    clock.advance(HALFWAY)
-    again = CuedChatModel(cue, *STEPS)
-    await _invoke(hooks, again)
-    assert cue.searched.count(QUERY) == 1
-    assert await replayed(hooks) == (REPLAYED_AFTER_CUT[cue.point] or ("ok", None))
-    if cue.point == "search":
-        assert "in_flight" in again.requests[1].tool_results[CALL_ID]
+    async def invoke(*steps: Step) -> CuedChatModel:
+        model = CuedChatModel(cue, *steps)
+        await _invoke(hooks, model)
+        return model
 
-    # Past the run's original deadline, which the rounds since never renewed: no new round, no
-    # search, and nothing the earlier invocations prepared comes back.
-    counts, searched = await usage(hooks), list(cue.searched)
-    clock.advance(POLICY.deadline_s - HALFWAY + 1)
-    late = CuedChatModel(cue, [search("deploy window", call_id="s1")], "Done.")
-    await _invoke(hooks, late)
-    assert await usage(hooks) == counts
-    assert cue.searched == searched
-    assert "deadline has passed" in late.requests[0].instructions
-    assert "Recalled memory" not in late.requests[0].instructions
-    assert "deadline" in late.requests[1].tool_results["s1"]
+    await continue_after_cut(hooks, clock, cue, invoke)
 
 
 @pytest.mark.parametrize("point", CUT_POINTS)

@@ -29,29 +29,23 @@ from pydantic_ai.models.function import AgentInfo, DeltaToolCalls
 from plugin import ManualClock
 from runtime_hooks import RecallHooks
 from runtime_hooks.adapters.pydantic_ai import RecallCapability, RunIdentity
-from runtime_hooks.testing import Step, search
+from runtime_hooks.testing import Step
 from runtime_hooks.testing.pydantic_ai import ScriptedModel
 
 from ._stream_cancel_env import (
-    CALL_ID,
     CUT_POINTS,
-    HALFWAY,
-    POLICY,
-    QUERY,
-    REPLAYED_AFTER_CUT,
     RUN_ID,
+    STEPS,
     Cue,
+    continue_after_cut,
     cue_hooks,
     nothing_left_running,
-    replayed,
     stop,
-    usage,
 )
 
 pytestmark = [pytest.mark.anyio]
 
 IDENTITY = RunIdentity(run_id=RUN_ID, scope="atlas", principal="ana")
-STEPS: tuple[Step, ...] = ([search(QUERY, call_id=CALL_ID)], "Final answer")
 
 
 @pytest.fixture
@@ -113,31 +107,13 @@ async def _cut_then_continue(
                   capabilities=[RecallCapability(hooks)])
     async with nothing_left_running():
         await stop(way, _consumer(agent, api, breaks=way == "break"), cue)  # type: ignore[arg-type]
-    assert await replayed(hooks) == REPLAYED_AFTER_CUT[cue.point]
 
-    # The next invocation of the run, half-way to its deadline, sends the same call again: a
-    # claimed call is never searched twice (a call never dispatched before is searched now).
-    cue.armed = False
-    clock.advance(HALFWAY)
-    again = CuedModel(cue, *STEPS)
-    await agent.run("Continue", deps=IDENTITY, model=again)
-    assert cue.searched.count(QUERY) == 1
-    expected = REPLAYED_AFTER_CUT[cue.point] or ("ok", None)
-    assert await replayed(hooks) == expected
-    if cue.point == "search":
-        assert "in_flight" in again.requests[1].tool_results[CALL_ID]
+    async def invoke(*steps: Step) -> CuedModel:
+        model = CuedModel(cue, *steps)
+        await agent.run("Continue", deps=IDENTITY, model=model)
+        return model
 
-    # Past the run's original deadline, which the rounds since never renewed: no new round, no
-    # search, and nothing the earlier invocations prepared comes back.
-    counts, searched = await usage(hooks), list(cue.searched)
-    clock.advance(POLICY.deadline_s - HALFWAY + 1)
-    late = CuedModel(cue, [search("deploy window", call_id="s1")], "Done.")
-    await agent.run("Continue", deps=IDENTITY, model=late)
-    assert await usage(hooks) == counts
-    assert cue.searched == searched
-    assert "deadline has passed" in late.requests[0].instructions
-    assert "Recalled memory" not in late.requests[0].instructions
-    assert "deadline" in late.requests[1].tool_results["s1"]
+    await continue_after_cut(hooks, clock, cue, invoke)
 
 
 @pytest.mark.parametrize("point", CUT_POINTS)
