@@ -251,7 +251,8 @@ def test_the_example_launches_the_server_and_prints_evidence_and_a_refusal() -> 
         capture_output=True, text=True, timeout=120, env=env, check=True,
     )
     assert "[memory m-backfill]" in done.stdout  # recall_context's evidence
-    assert done.stdout.count(": evidence [") == 2 and done.stdout.count(": refused (") == 4
+    assert done.stdout.count(": evidence [") == 2 and done.stdout.count(": refused\n") == 4
+    assert "a search after them: refused (rounds)" in done.stdout
     assert "not evidence that no memory exists" in done.stdout
 
 
