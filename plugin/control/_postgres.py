@@ -335,7 +335,6 @@ def check_idle(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> 
         raise psycopg.OperationalError("the connection was lost while idle in the pool")
 
 
-
 def _lost(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
     try:
         check_idle(conn)

@@ -164,4 +164,3 @@ def is_ephemeral(location: str | os.PathLike[str]) -> bool:
         return (name in ("", ":memory:") or name.startswith(":memory:")
                 or "memory" in options.get("mode", []) or "memdb" in options.get("vfs", []))
     return False
-
