@@ -44,6 +44,14 @@ def tool_message(result: ToolResult) -> ToolMessage:
     )
 
 
+def batch_answers(
+    results: Sequence[ToolResult], edits: Mapping[str, Mapping[str, Any]]
+) -> list[ToolMessage]:
+    """The ``ToolMessage`` answers of a dispatched batch: none for a call a reviewer edited,
+    which the tool node runs in its place (the tool answers it with the stored result)."""
+    return [tool_message(result) for result in results if result.call_id not in edits]
+
+
 def not_dispatched(call_id: str) -> ToolResult:
     """The answer of a call no batch dispatched: nothing was searched, and the model is
     told which piece is missing."""

@@ -17,11 +17,11 @@ from .kept import dispatch_kept_sync
 from .loop import current_token, hooks_loop
 from .messages import (
     StateOf,
+    batch_answers,
     latest_request,
     pending_search_calls,
     reviewer_edits,
     system_with_context,
-    tool_message,
 )
 from .recall import LangChainRecall
 
@@ -127,8 +127,7 @@ class RecallMiddleware(AgentMiddleware[RecallState, Any, Any]):
         if not calls:
             return None
         run = self.recall.run(runtime.context)
-        results = dispatch_kept_sync(run, calls, self.token)
-        answers = [tool_message(r) for r in results if r.call_id not in edits]
+        answers = batch_answers(dispatch_kept_sync(run, calls, self.token), edits)
         return {"messages": answers} if answers else None
 
     async def abefore_agent(

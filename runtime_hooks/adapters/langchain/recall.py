@@ -26,6 +26,7 @@ from .identity import (
 from .kept import dispatch_kept
 from .messages import (
     StateOf,
+    batch_answers,
     latest_request,
     not_dispatched,
     pending_search_calls,
@@ -198,8 +199,7 @@ class LangChainRecall:
         calls = pending_search_calls(messages, edits)
         if not calls:
             return []
-        results = await dispatch_kept(self.run(context), calls)
-        return [tool_message(r) for r in results if r.call_id not in (edits or {})]
+        return batch_answers(await dispatch_kept(self.run(context), calls), edits or {})
 
     def stored(
         self, runtime: ToolRuntime[Any, Any], arguments: dict[str, Any] | None = None
