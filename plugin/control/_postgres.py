@@ -18,8 +18,9 @@ prepared on the server (``prepare_threshold=None``) for the same reason. A conne
 checked before it is lent (:func:`check_idle`, no round trip): one lost while idle (a server
 restart, a terminated backend) is replaced, and the next one tried at once.
 
-:meth:`Session.pipeline` sends several statements in one round trip (psycopg's pipeline mode)
-and, on trio, in one hop to a worker thread.
+:meth:`Session.pipeline` sends statements in one round trip (on trio, one worker-thread hop) as
+one simple-protocol query quoted by psycopg; never psycopg's pipeline mode, whose ``Flush``
+after ``Sync`` makes PgBouncer lend a server connection that the idle client then keeps.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class Session(Protocol):
         ...
 
     async def executemany(self, sql: str, rows: Iterable[Params]) -> None:
-        """Execute one statement once per parameter set (pipelined by psycopg)."""
+        """Execute one statement once per parameter set, in one round trip."""
         ...
 
     async def pipeline(self, statements: Sequence[tuple[str, Params | None]]) -> list[list[Row]]:
@@ -104,13 +105,22 @@ def _rows(cur: psycopg.Cursor[Row] | psycopg.AsyncCursor[Row]) -> bool:
 def _pipeline(
     conn: psycopg.Connection[Row], statements: Sequence[tuple[str, Params | None]]
 ) -> list[list[Row]]:
-    if len(statements) == 1:  # one statement is one round trip already: no pipeline's sync
-        ((sql, params),) = statements
-        cur = conn.execute(sql, params)
-        return [cur.fetchall() if _rows(cur) else []]
-    with conn.pipeline():
-        cursors = [conn.execute(sql, params) for sql, params in statements]
-    return [cur.fetchall() if _rows(cur) else [] for cur in cursors]
+    cur = conn.execute(*_query(psycopg.ClientCursor(conn), statements))
+    results = [cur.fetchall() if _rows(cur) else []]
+    while cur.nextset():
+        results.append(cur.fetchall() if _rows(cur) else [])
+    return results
+
+
+def _query(
+    cur: psycopg.ClientCursor[Any] | psycopg.AsyncClientCursor[Any],
+    statements: Sequence[tuple[str, Params | None]],
+) -> tuple[str, Params | None]:
+    """One statement as it is (bound by the server); several as one query, run in order as one
+    implicit transaction (up to a ``COMMIT`` of their own) that the first failure ends."""
+    if len(statements) == 1:
+        return statements[0]
+    return ";\n".join(cur.mogrify(sql, params) for sql, params in statements), None
 
 
 def _rollback(conn: psycopg.Connection[Row] | psycopg.AsyncConnection[Row]) -> bool:
@@ -127,18 +137,15 @@ class _AsyncSession:
         return await cur.fetchall() if _rows(cur) else []
 
     async def executemany(self, sql: str, rows: Iterable[Params]) -> None:
-        async with self._conn.cursor() as cur:
-            await cur.executemany(sql, list(rows))
+        await self.pipeline([(sql, row) for row in rows])
 
     async def pipeline(self, statements: Sequence[tuple[str, Params | None]]) -> list[list[Row]]:
         conn = self._conn
-        if len(statements) == 1:  # one statement is one round trip already: no pipeline's sync
-            ((sql, params),) = statements
-            cur = await conn.execute(sql, params)
-            return [await cur.fetchall() if _rows(cur) else []]
-        async with conn.pipeline():
-            cursors = [await conn.execute(sql, params) for sql, params in statements]
-        return [await cur.fetchall() if _rows(cur) else [] for cur in cursors]
+        cur = await conn.execute(*_query(psycopg.AsyncClientCursor(conn), statements))
+        results = [await cur.fetchall() if _rows(cur) else []]
+        while cur.nextset():
+            results.append(await cur.fetchall() if _rows(cur) else [])
+        return results
 
     @property
     def broken(self) -> bool:
@@ -221,13 +228,7 @@ class _ThreadedSession:
         return await self._run(run)
 
     async def executemany(self, sql: str, rows: Iterable[Params]) -> None:
-        conn, materialized = self._conn, list(rows)
-
-        def run() -> None:
-            with conn.cursor() as cur:
-                cur.executemany(sql, materialized)
-
-        await self._run(run)
+        await self.pipeline([(sql, row) for row in rows])
 
     async def pipeline(self, statements: Sequence[tuple[str, Params | None]]) -> list[list[Row]]:
         conn = self._conn

@@ -321,13 +321,12 @@ class PostgresLedger(SqlLedger):
         return await self._session(run, where)
 
     async def _fetch(self, sql: str, params: Mapping[str, Any], where: str) -> list[Row]:
-        # The settings and the read, one implicit transaction (a pipeline, up to its sync).
+        # The settings and the read, one implicit transaction (one query of two statements).
         return (await self._one_trip(where)([(self._settings, None), (sql, params)]))[1]
 
     async def _write_rows(self, statements: Rows, where: str) -> None:
         # The whole transaction in one round trip (on trio, one hop to a worker thread): the
-        # statements of one pipeline, up to its sync, are one implicit transaction, committed
-        # whole or not at all.
+        # statements of one query are one implicit transaction, committed whole or not at all.
         await self._one_trip(where)([
             (self._settings, None), *((sql, row) for sql, rows in statements for row in rows),
         ])
