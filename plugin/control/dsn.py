@@ -49,7 +49,7 @@ from .dsn_text import (
 )
 
 __all__ = ["LedgerLocation", "POSTGRES_SCHEMES", "SCHEMA_PARAMETER", "is_connection_string",
-           "parse_location", "password_of", "redact"]
+           "parse_location", "redact"]
 
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 """The schemes of a PostgreSQL URI (libpq's two)."""
@@ -191,23 +191,6 @@ def parse_location(location: str | os.PathLike[str]) -> LedgerLocation:
             f"the ledger ({_form(unwrapped)}) is a connection string inside quotes or after an "
             f"invisible character: give it without them")
     return LedgerLocation(kind="sqlite", target=location)
-
-
-def password_of(dsn: str) -> str | None:
-    """The password a DSN carries (either form), or ``None``; never raises."""
-    try:
-        from psycopg.conninfo import conninfo_to_dict
-        value = conninfo_to_dict(dsn).get("password")
-    except Exception:
-        return None
-    return value if isinstance(value, str) and value else None
-
-
-def _secrets(dsn: str | None = None) -> tuple[str, ...]:
-    found = [os.environ.get(_SECRET_ENV, "")]
-    if dsn is not None:
-        found.append(password_of(dsn) or "")
-    return tuple(found)
 
 
 def is_connection_string(location: str | os.PathLike[str]) -> bool:
@@ -391,7 +374,7 @@ def redact(text: str | os.PathLike[str], *, secrets: Iterable[str | None] = ()) 
     shown = _redact_location(original)
     if shown is None:
         shown = replace_literals(original, shown_location, _hide_in_message)
-    literal = {s for s in (*secrets, *_secrets()) if s}
+    literal = {s for s in (*secrets, os.environ.get(_SECRET_ENV, "")) if s}
     for secret in sorted(literal, key=len, reverse=True):
         for form in {secret, urllib.parse.quote(secret, safe=""),
                      urllib.parse.quote_plus(secret)}:
