@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -87,6 +88,13 @@ async def test_a_native_cancel_mid_search_keeps_the_attempts_trace(
     assert [trace.slot for trace in traces] == [1]
 
 
+async def expire_once_started(timeout: anyio.CancelScope, started: anyio.Event) -> None:
+    """The host's timeout runs out mid-search: its deadline is reached once the search began,
+    however long the run took to get there (a fixed number of seconds could run out before)."""
+    await started.wait()
+    timeout.deadline = anyio.current_time()
+
+
 async def test_a_host_timeout_around_an_agents_run_keeps_the_trace(
     tmp_path: Path, clock: ManualClock
 ) -> None:
@@ -99,9 +107,12 @@ async def test_a_host_timeout_around_an_agents_run_keeps_the_trace(
             [function_call(SEARCH_TOOL.name, {"query": "invoice backfill"}, call_id="s0")],
             [assistant_message("Done.")]])
         agent: Agent[Any] = Agent(name="a", instructions="hi", model=model, tools=[recall.tool])
-        with anyio.move_on_after(0.5):
-            await recall.run(agent, "Continue", run_id="r1", scope="atlas", principal="ana",
-                             run_config=RunConfig(tracing_disabled=True))
+        with anyio.move_on_after(math.inf) as timeout:
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(expire_once_started, timeout, started)
+                await recall.run(agent, "Continue", run_id="r1", scope="atlas", principal="ana",
+                                 run_config=RunConfig(tracing_disabled=True))
+                tasks.cancel_scope.cancel()  # the run ended without a search: nothing to expire
         usage = await hooks.allowance.ledger.usage("r1")
     assert len(calls) == 1
     assert (usage.rounds, usage.reserved, usage.executed) == (1, 1, 1)
