@@ -212,19 +212,29 @@ async def test_pgbouncer_a_trace_write_cancelled_behind_a_held_lock_is_written_o
 # -- the server's timeouts through the pooler --------------------------------------------------
 
 
+TIMEOUTS = [
+    pytest.param({"lock_timeout": 0.3, "statement_timeout": 20.0}, LedgerLockedError,
+                 "lock_timeout", id="lock_timeout"),
+    pytest.param({"lock_timeout": 20.0, "statement_timeout": 0.3}, LedgerUnavailableError,
+                 "statement_timeout", id="statement_timeout"),
+]
+
+
 @pytest.mark.parametrize("time_source", SOURCES)
-async def test_pgbouncer_lock_timeout_is_a_locked_error_and_the_ledger_goes_on(
-    schema: str, time_source: Any
+@pytest.mark.parametrize(("timeouts", "error", "named"), TIMEOUTS)
+async def test_pgbouncer_a_server_timeout_is_typed_and_the_ledger_goes_on(
+    schema: str, time_source: Any, timeouts: dict[str, float], error: type[Exception],
+    named: str,
 ) -> None:
-    async with _ledger(schema, time_source, lock_timeout=0.3, statement_timeout=20.0) as ledger:
+    async with _ledger(schema, time_source, **timeouts) as ledger:
         assert isinstance(await ledger.reserve("run", RoundKind.AUTOMATIC, 2, POLICY, T),
                           Reservation)
         holder = _Holder(ledger, "run")
         try:
             with anyio.fail_after(30):
-                with pytest.raises(LedgerLockedError, match="lock_timeout"):
+                with pytest.raises(error, match=named):
                     await ledger.reserve("run", RoundKind.DELIBERATE, 1, POLICY, T + 1)
-                with pytest.raises(LedgerLockedError, match="lock_timeout"):
+                with pytest.raises(error, match=named):
                     await ledger.retain("run", ["m1"], limit=3)
                 assert _servers_lent(_app(schema)) == 0
         finally:
@@ -233,25 +243,6 @@ async def test_pgbouncer_lock_timeout_is_a_locked_error_and_the_ledger_goes_on(
         assert (usage.rounds, usage.reserved) == (1, 2)  # nothing of the timed-out round
         granted = await ledger.reserve("run", RoundKind.DELIBERATE, 1, POLICY, T + 2)
         assert isinstance(granted, Reservation) and granted.round_index == 2, granted
-        await _idle_and_whole(ledger, schema)
-
-
-@pytest.mark.parametrize("time_source", SOURCES)
-async def test_pgbouncer_statement_timeout_is_an_unavailable_error_and_the_ledger_goes_on(
-    schema: str, time_source: Any
-) -> None:
-    async with _ledger(schema, time_source, lock_timeout=20.0, statement_timeout=0.3) as ledger:
-        assert isinstance(await ledger.reserve("run", RoundKind.AUTOMATIC, 2, POLICY, T),
-                          Reservation)
-        holder = _Holder(ledger, "run")
-        try:
-            with anyio.fail_after(15):
-                with pytest.raises(LedgerUnavailableError, match="statement_timeout"):
-                    await ledger.reserve("run", RoundKind.DELIBERATE, 1, POLICY, T + 1)
-                assert _servers_lent(_app(schema)) == 0
-        finally:
-            holder.release()
-        assert (await ledger.usage("run")).rounds == 1
         await _idle_and_whole(ledger, schema)
 
 
