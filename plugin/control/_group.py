@@ -5,7 +5,8 @@ A request joins the queue and waits for the connection's lock. Whoever gets the 
 others find their outcome when they get the lock in turn. A lone request takes the lock at
 once, so it never waits for a batch to fill. The batch runs shielded: cancelling a waiter
 before its batch starts removes it (nothing reserved); once its batch started, its work
-commits (consumed, as any cancelled attempt's slot) and the waiter just does not see it.
+commits (consumed, as any cancelled attempt's slot), and the cancelled waiter may still
+receive its outcome (the task that ran the batch can return it before its cancellation lands).
 """
 
 from __future__ import annotations
