@@ -31,8 +31,9 @@ from plugin.evaluation.analysis import (
     summarise,
 )
 from plugin.evaluation.command import configure, run, tables, verdict
-from plugin.evaluation.evaluator import ScenarioResult
 from plugin.evaluation.results import hit_at_k
+
+from .test_evaluate_command import _row
 
 # -- helpers -------------------------------------------------------------------------------------
 
@@ -48,19 +49,6 @@ def _scenario(relevant: dict[str, int], must_not: tuple[str, ...] = ()) -> Scena
         "memories": [_memory(i, f"note {i}") for i in ids],
         "people": [{"name": "Alice", "beliefs": [{"id": "b1", "text": "Alice likes dry-runs."}]}],
         "state": {"current_request": "x"}, "relevant": relevant, "must_not": list(must_not)})
-
-
-def _row(ranked: tuple[str, ...], **kw: Any) -> ScenarioResult:
-    values: dict[str, Any] = {
-        "scenario_id": "s1", "family": "continuation", "strategy": "baseline", "arm": "sparse",
-        "query_strategy": "baseline", "baseline_reason": None, "query": "q", "query_bytes": 1,
-        "fingerprint": "f", "semantic_withheld": None, "people": (), "retrieved": ranked,
-        "recall_at_k": None, "ndcg_at_k": None, "mrr": None, "must_not": 0, "foreign": 0,
-        "reserved": 2, "executed": 1, "rounds": 1, "refused": 0, "bounded": False,
-        "ranked": ranked,
-    }
-    values.update(kw)
-    return ScenarioResult(**values)
 
 
 def _scored(scenario: str, family: str, strategy: str, value: float,
