@@ -44,6 +44,13 @@ library), and prints the same table as :mod:`bench.tune_ranking`:
   power 0.5 or 1: the rarity-weighted share of the memory's own words that some query word
   matches (each at its best cosine), so a memory the state explains little counts less
   (round ten).
+- ``topic-coherence``, ``topic-neighbours``: the fused ranking's first fifteen re-scored by
+  how close each one's sentence vector is to the others', so the notes of the work in progress,
+  which are about one thing, lift each other and a distractor that shares a word from another
+  topic stands alone: 0.8 of the fused score (over the best) plus 0.2 of the coherence, scaled
+  to [0, 1] over the fifteen; the coherence is the mean cosine to the other fourteen weighted
+  by their fused scores (``topic-coherence``, 0.4 of it) or to its three nearest
+  (``topic-neighbours``) (round eleven).
 - ``beliefs-words-once``: the beliefs' placement (:func:`~plugin.memory.ranking.query_coverage`)
   counts a word several fragments hold once, in the heaviest of them, as the sparse arm does.
 
@@ -64,6 +71,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+import attrs
 import numpy as np
 
 from plugin.memory import pipeline, ranking
@@ -437,6 +445,35 @@ def _word_precision(power: float = 0.5) -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def _topic_coherence(share: float, *, nearest: int | None = None, top: int = 15
+                     ) -> Iterator[None]:
+    shipped = pipeline.MemoryRetriever._rank
+
+    async def rank(self: Any, prepared: Any, principal: str, scope: str, caps: Any,
+                   arms: list[str], notes: list[str]) -> Any:
+        ranked = await shipped(self, prepared, principal, scope, caps, arms, notes)
+        if not {"sparse", "semantic"} <= set(arms) or len(ranked) < 3:
+            return ranked  # the fused arm only
+        head = ranked[:top]
+        vectors = self.store.embedding.embed([item.text for item in head])
+        close = vectors @ vectors.T
+        np.fill_diagonal(close, 0.0)
+        scores = np.array([item.score for item in head])
+        scores = scores / (scores.max() or 1.0)
+        if nearest is None:
+            coherence = (close * scores).sum(axis=1) / np.maximum(scores.sum() - scores, 1e-9)
+        else:
+            coherence = np.sort(close, axis=1)[:, -nearest:].mean(axis=1)
+        spread = float(coherence.max() - coherence.min()) or 1.0
+        mixed = (1 - share) * scores + share * (coherence - coherence.min()) / spread
+        order = sorted(range(len(head)), key=lambda index: -mixed[index])
+        return [attrs.evolve(head[i], score=float(mixed[i])) for i in order] + ranked[top:]
+
+    with mock.patch.object(pipeline.MemoryRetriever, "_rank", rank):
+        yield
+
+
 VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "default": contextlib.nullcontext,
     "fragment-cosines": _fragment_cosines,
@@ -454,6 +491,8 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "request-new-words": _request_new_words,
     "word-precision": _word_precision,
     "word-precision-1": lambda: _word_precision(1.0),
+    "topic-coherence": lambda: _topic_coherence(0.4),
+    "topic-neighbours": lambda: _topic_coherence(0.2, nearest=3),
 }
 
 
