@@ -13,6 +13,7 @@ from plugin.memory import minilm_adapter
 from plugin.memory.embedding import EmbeddingAdapter
 from plugin.memory.minilm_adapter import MINILM_TOKEN_LIMIT, MiniLMAdapter
 from plugin.memory.preparation import WithheldReason
+from plugin.memory.store.words import word_embed, word_level
 
 _ADAPTER: list[MiniLMAdapter] = []
 
@@ -101,3 +102,62 @@ def test_a_missing_models_extra_is_named(
     monkeypatch.delitem(sys.modules, "plugin.memory.wordllama_adapter", raising=False)
     with pytest.raises(MissingExtraError, match=rf"pip install 'recallbound\[{extra}\]'"):
         load_embedding(Semantic(choice))
+
+
+def test_the_minilm_choice_matches_words_in_wordllamas_word_space() -> None:
+    from plugin.memory.embedding_choice import load_embedding
+    from plugin.memory.wordllama_adapter import WordLlamaAdapter
+
+    adapter = load_embedding("minilm")
+    assert isinstance(adapter, MiniLMAdapter) and word_level(adapter)
+    embed = word_embed(adapter)
+    assert embed is not None
+    words = ["invoice", "qx", "7781"]
+    np.testing.assert_array_equal(embed(words), WordLlamaAdapter.load().embed(words))
+    # Sentences, the vectors stored and compared, stay MiniLM's.
+    assert adapter.name == _adapter().name
+    np.testing.assert_array_equal(adapter.embed(words), _adapter().embed(words))
+
+
+def test_minilm_alone_matches_no_words(monkeypatch: pytest.MonkeyPatch) -> None:
+    from plugin.memory import embedding_choice, wordllama_adapter
+
+    alone = _adapter()
+    assert not word_level(alone) and word_embed(alone) is None
+    with pytest.raises(TypeError, match="matches no words"):
+        alone.embed_words(["invoice"])
+    monkeypatch.setattr(wordllama_adapter, "available", lambda: False)  # no semantic extra
+    assert not word_level(embedding_choice.load_embedding("minilm"))
+
+
+NOTES = {
+    "filed": "QX-7781 filed under taxes 2024",
+    "folder": "Invoices go in the blue folder on the office shelf",
+    "paid": "Paid the plumber's invoice by bank transfer",
+    "scan": "Scan receipts before putting them away",
+    "post": "The post arrives around eleven",
+}
+
+
+@pytest.mark.anyio
+async def test_an_id_the_sentence_vectors_rank_second_is_found_by_its_words(
+    tmp_path: Path,
+) -> None:
+    from plugin.control import ManualClock
+    from plugin.memory.embedding_choice import load_embedding
+    from plugin.memory.store import MemoryStore
+    from plugin.memory.store.words import WordQuery
+
+    query = "find invoice QX-7781"
+    first = []
+    for name, adapter in (("alone", _adapter()), ("words", load_embedding("minilm"))):
+        assert adapter is not None
+        async with MemoryStore(tmp_path / f"{name}.db", embedding=adapter,
+                               clock=ManualClock(wall=1_000.0)) as store:
+            for id, text in NOTES.items():
+                await store.remember(text, id=id, principal="ana", scope="home")
+            words = WordQuery(((query, 1.0),), 0.5) if word_level(adapter) else None
+            found = await store.semantic_candidates(
+                adapter.embed([query])[0], limit=5, words=words, principal="ana", scope="home")
+            first.append(found[0].id)
+    assert first == ["folder", "filed"]  # the id ranks first once its words are matched

@@ -12,6 +12,13 @@ attention mask, L2 normalisation, 384 dimensions. Texts run in padded batches of
 intra-op thread. The token limit is
 the model's training length, 256 tokens: a longer *query* is withheld by the caller, a longer
 *memory* is embedded from its first 256 tokens.
+
+A contextual model's vector of a single word means little on its own, so MiniLM cannot match
+words by itself. Given a word-level adapter (``words``: the packaged WordLlama, which
+:func:`~plugin.memory.embedding_choice.load_embedding` passes when the ``semantic`` extra is
+installed too), the semantic arm ranks by MiniLM's sentence vectors *and* matches each query
+word against each memory's words in that adapter's word space
+(:mod:`plugin.memory.store.words`); the vectors stored and compared as sentences stay MiniLM's.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
+from .embedding import EmbeddingAdapter
 from .terms import remove_lone_surrogates
 
 __all__ = ["MINILM_TOKEN_LIMIT", "MODEL_SHA256", "MiniLMAdapter", "available", "model_files"]
@@ -94,10 +102,24 @@ class MiniLMAdapter:
     _inputs: tuple[str, ...] = attrs.field(alias="inputs")
     dimensions: int = _DIMENSIONS
     token_limit: int = MINILM_TOKEN_LIMIT
+    words: EmbeddingAdapter | None = None
+    """A word-level adapter whose word vectors the semantic arm's word match uses (None: the
+    arm ranks by MiniLM's sentence vectors alone)."""
+
+    @property
+    def word_level(self) -> bool:
+        """Whether the semantic arm also matches words (through :attr:`words`)."""
+        return self.words is not None
+
+    def embed_words(self, words: Sequence[str]) -> npt.NDArray[np.float32]:
+        """Vectors of single words, for the word match: :attr:`words`' own."""
+        if self.words is None:
+            raise TypeError("this MiniLM adapter matches no words: it was loaded without words")
+        return self.words.embed(words)
 
     @classmethod
-    def load(cls) -> MiniLMAdapter:
-        """Load the packaged model offline.
+    def load(cls, *, words: EmbeddingAdapter | None = None) -> MiniLMAdapter:
+        """Load the packaged model offline; ``words``: see :attr:`words`.
 
         Raises ``ImportError`` when onnxruntime or tokenizers is missing, ``FileNotFoundError``
         when the data packages are, and ``ValueError`` when ``model.onnx`` is not the pinned file.
@@ -122,7 +144,8 @@ class MiniLMAdapter:
             str(model), sess_options=options, providers=["CPUExecutionProvider"]
         )
         inputs = tuple(item.name for item in session.get_inputs())
-        return cls(session=session, counter=counter, encoder=encoder, inputs=inputs)
+        return cls(session=session, counter=counter, encoder=encoder, inputs=inputs,
+                   words=words)
 
     @property
     def name(self) -> str:

@@ -22,7 +22,7 @@ from .schema import MEMORY_COLUMNS, memory_evidence
 from .sparse_index import index_logged, ranked_seqs
 from .values import Evidence, check_limit, visible
 from .vectors import VectorCache
-from .words import WordQuery, WordVectors, word_level
+from .words import WordQuery, WordVectors, word_embed
 
 __all__ = ["MAX_QUERY_TERMS", "Search"]
 
@@ -70,9 +70,8 @@ class Search:
     """Word vectors by the adapter, when its words mean something alone (:mod:`.words`)."""
 
     def __attrs_post_init__(self) -> None:
-        adapter = self.embedding
-        self.word_vectors = WordVectors(adapter.embed) \
-            if adapter is not None and word_level(adapter) else None
+        embed = word_embed(self.embedding)
+        self.word_vectors = WordVectors(embed) if embed is not None else None
 
     async def sparse_candidates(
         self, query: str, *, principal: str, scope: str, limit: int

@@ -15,8 +15,10 @@ The arm's score mixes both: ``(1 - share) * cosine / best cosine + share * words
 words`` over the cell, with ``share`` :attr:`RankingPolicy.words
 <plugin.memory.ranking.RankingPolicy.words>`. Only adapters whose word vectors mean something
 on their own take part (``word_level = True``: the packaged WordLlama, whose vectors are
-averages of static token vectors); any other adapter (the hashing adapter, whose single-word
-vectors are one-hot, MiniLM, a custom one) is ranked by its sentence vectors alone.
+averages of static token vectors; MiniLM given WordLlama's words, whose sentence vectors are
+MiniLM's and word vectors WordLlama's, through its ``embed_words``); any other adapter (the
+hashing adapter, whose single-word vectors are one-hot, MiniLM alone, a custom one) is ranked
+by its sentence vectors alone.
 
 The index of a cell (its vocabulary, the words of each memory, the words' vectors) is built
 from the same rows as the cell's vector matrix and kept while that matrix is current; a cell of
@@ -35,6 +37,7 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
+from ..embedding import EmbeddingAdapter
 from ..terms import STOPWORDS, word_terms
 
 __all__ = [
@@ -45,6 +48,7 @@ __all__ = [
     "WordVectors",
     "match_words",
     "mixed",
+    "word_embed",
     "word_level",
 ]
 
@@ -65,6 +69,16 @@ Embed = Callable[[Sequence[str]], npt.NDArray[np.float32]]
 def word_level(adapter: object) -> bool:
     """Whether ``adapter``'s vectors of single words can be compared (``word_level = True``)."""
     return getattr(adapter, "word_level", False) is True
+
+
+def word_embed(adapter: EmbeddingAdapter | None) -> Embed | None:
+    """How ``adapter`` embeds single words for the word match: its ``embed_words`` where it
+    has one (an adapter that borrows another's word space), else its ``embed``; None when it
+    is not word-level."""
+    if adapter is None or not word_level(adapter):
+        return None
+    borrowed: Embed | None = getattr(adapter, "embed_words", None)
+    return borrowed if callable(borrowed) else adapter.embed
 
 
 def match_words(text: str) -> tuple[str, ...]:
