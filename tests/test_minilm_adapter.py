@@ -126,6 +126,10 @@ def test_minilm_alone_matches_no_words(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not word_level(alone) and word_embed(alone) is None
     with pytest.raises(TypeError, match="matches no words"):
         alone.embed_words(["invoice"])
+    from plugin.memory.hashing import HashingEmbedding
+
+    with pytest.raises(TypeError, match="word-level"):  # one-hot words would match nothing
+        MiniLMAdapter.load(words=HashingEmbedding())
     monkeypatch.setattr(wordllama_adapter, "available", lambda: False)  # no semantic extra
     assert not word_level(embedding_choice.load_embedding("minilm"))
 

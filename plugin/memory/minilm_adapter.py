@@ -86,6 +86,12 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _word_level(_instance: object, _attribute: object, words: EmbeddingAdapter | None) -> None:
+    if words is not None and getattr(words, "word_level", False) is not True:
+        raise TypeError(f"words must be a word-level adapter (word_level = True), "
+                        f"got {type(words).__name__}")
+
+
 @attrs.frozen(kw_only=True)
 class MiniLMAdapter:
     """:class:`~plugin.memory.embedding.EmbeddingAdapter` over the packaged ONNX MiniLM.
@@ -102,7 +108,7 @@ class MiniLMAdapter:
     _inputs: tuple[str, ...] = attrs.field(alias="inputs")
     dimensions: int = _DIMENSIONS
     token_limit: int = MINILM_TOKEN_LIMIT
-    words: EmbeddingAdapter | None = None
+    words: EmbeddingAdapter | None = attrs.field(default=None, validator=_word_level)
     """A word-level adapter whose word vectors the semantic arm's word match uses (None: the
     arm ranks by MiniLM's sentence vectors alone)."""
 
