@@ -459,6 +459,34 @@ async def test_an_arm_that_matches_words_is_fused_with_its_own_rank_constant(
     assert constants == [0, 7, 3, 3]
 
 
+@attrs.frozen
+class BorrowedWords(StaticWords):
+    """Sentence vectors of one model beside the word vectors of another (``embed_words``),
+    as MiniLM with WordLlama's words."""
+
+    def embed_words(self, words: Sequence[str]) -> npt.NDArray[np.float32]:
+        return self.embed(words)
+
+
+async def test_an_arm_matching_borrowed_words_weighs_semantic_contextual(
+    tmp_path: Path,
+) -> None:
+    assert RankingPolicy().semantic_contextual == 40.0
+    both = {"sparse", "semantic"}
+    clock = ManualClock()
+    async with SqliteLedger(tmp_path / "l.db") as ledger, MemoryStore(
+        tmp_path / "m.db", embedding=BorrowedWords(flat=True), clock=clock,
+    ) as store:
+        env = (store, RecallAllowance(ledger, clock=clock))
+        sparse = await _words_ranked(env, {"sparse"})
+        assert "gold" not in sparse and (await _words_ranked(env, {"semantic"}))[0] == "gold"
+        # Its weight is semantic_contextual, neither semantic_words nor semantic.
+        assert (await _words_ranked(env, both, ranking=RankingPolicy(
+            semantic=100.0, semantic_words=100.0, semantic_contextual=0.0))) == sparse
+        assert (await _words_ranked(env, both, ranking=RankingPolicy(
+            semantic=0.0, semantic_words=0.0, semantic_contextual=100.0)))[0] == "gold"
+
+
 def test_rank_constant_zero_ranks_by_weight_over_rank() -> None:
     a, b, c = (Evidence(id=i, text=i, score=1.0, arm="x") for i in "abc")
     # k = 0: a list's first place counts its whole weight, its second half of it, its third a

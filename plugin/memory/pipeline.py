@@ -42,7 +42,7 @@ from .rendering import Rendered as Rendered
 from .rendering import fit
 from .rendering import render as render
 from .store import Evidence, MemoryStore, WordQuery
-from .store.words import MAX_FRAGMENTS, word_level
+from .store.words import MAX_FRAGMENTS, borrows_words, word_level
 from .terms import STOPWORDS as STOPWORDS
 from .terms import content_terms as content_terms
 from .terms import query_terms as query_terms
@@ -161,7 +161,8 @@ class MemoryRetriever:
         if "semantic" in self.arms:
             semantic = await self._semantic(prepared, weights, principal, scope, caps)
             if semantic is not None:
-                weight = policy.semantic_words if words else policy.semantic
+                weight = policy.semantic if not words else policy.semantic_contextual \
+                    if borrows_words(self.store.embedding) else policy.semantic_words
                 lists.append((self._confidence(weight, semantic), semantic))
                 arms.append("semantic")
             elif prepared.semantic.withheld_reason is not None:

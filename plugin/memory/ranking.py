@@ -35,7 +35,9 @@ arms keep that structure instead of flattening it:
   weight times how peaked its scores are. With the word match the semantic arm is the
   stronger one, and its scores look less peaked than bm25's: its weight is ``semantic_words``
   (6) and each list counts ``weight / rank`` (``rrf_k_words`` 0), so the stronger arm's first
-  places lead; by sentence vectors alone, ``semantic`` (0.5) and ``rrf_k`` (10).
+  places lead; by sentence vectors alone, ``semantic`` (0.5) and ``rrf_k`` (10). MiniLM's
+  sentence vectors beside WordLlama's words make the strongest semantic arm measured: its
+  weight is ``semantic_contextual`` (40), so its ranking leads while it is confident.
 - **Turns of one conversation (opt-in, ``adjacent``).** In a chat the answer to the turn that
   matches a need is often the next turn, which shares no word with it: the best memories of
   the fused ranking lend part of their score to the turns written just before and after them.
@@ -164,6 +166,12 @@ class RankingPolicy:
     semantic_words: float = attrs.field(default=6.0, validator=_unit)
     """Fusion weight of the semantic arm when it also matches words (``words`` above 0, with
     the packaged WordLlama), times its peakedness when ``confidence``."""
+    semantic_contextual: float = attrs.field(default=40.0, validator=_unit)
+    """Fusion weight of the semantic arm when it matches words in another model's word space
+    beside a contextual encoder's sentence vectors (MiniLM with WordLlama's words), times its
+    peakedness when ``confidence``. That arm is the strongest measured on every development
+    set, so the fused ranking is its ranking while it is confident: the sparse arm breaks its
+    ties and adds what it did not find."""
     words: float = attrs.field(default=0.5, validator=_share)
     """Semantic: the share of the word-level match in the arm's score, in [0, 1] (each query
     word against the nearest word of a memory, :mod:`plugin.memory.store.words`); the rest

@@ -46,6 +46,7 @@ __all__ = [
     "WordIndex",
     "WordQuery",
     "WordVectors",
+    "borrows_words",
     "match_words",
     "mixed",
     "word_embed",
@@ -69,6 +70,12 @@ Embed = Callable[[Sequence[str]], npt.NDArray[np.float32]]
 def word_level(adapter: object) -> bool:
     """Whether ``adapter``'s vectors of single words can be compared (``word_level = True``)."""
     return getattr(adapter, "word_level", False) is True
+
+
+def borrows_words(adapter: object) -> bool:
+    """Whether ``adapter`` matches words in another model's word space (``embed_words``):
+    a contextual encoder's sentence vectors beside a static model's words."""
+    return word_level(adapter) and callable(getattr(adapter, "embed_words", None))
 
 
 def word_embed(adapter: EmbeddingAdapter | None) -> Embed | None:
