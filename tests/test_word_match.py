@@ -382,10 +382,11 @@ def test_scores_are_finite_and_bounded(texts: list[str], query: str, share: floa
 
 
 @contextlib.asynccontextmanager
-async def words_env(folder: Path, *, flat: bool = True) -> AsyncIterator[RankingEnv]:
+async def words_env(folder: Path, *, flat: bool = True,
+                    adapter: type[StaticWords] = StaticWords) -> AsyncIterator[RankingEnv]:
     clock = ManualClock()
     async with SqliteLedger(folder / "l.db") as ledger, MemoryStore(
-        folder / "m.db", embedding=StaticWords(flat=flat), clock=clock,
+        folder / "m.db", embedding=adapter(flat=flat), clock=clock,
     ) as store:
         yield store, RecallAllowance(ledger, clock=clock)
 
@@ -473,11 +474,7 @@ async def test_an_arm_matching_borrowed_words_weighs_semantic_contextual(
 ) -> None:
     assert RankingPolicy().semantic_contextual == 40.0
     both = {"sparse", "semantic"}
-    clock = ManualClock()
-    async with SqliteLedger(tmp_path / "l.db") as ledger, MemoryStore(
-        tmp_path / "m.db", embedding=BorrowedWords(flat=True), clock=clock,
-    ) as store:
-        env = (store, RecallAllowance(ledger, clock=clock))
+    async with words_env(tmp_path, adapter=BorrowedWords) as env:
         sparse = await _words_ranked(env, {"sparse"})
         assert "gold" not in sparse and (await _words_ranked(env, {"semantic"}))[0] == "gold"
         # Its weight is semantic_contextual, neither semantic_words nor semantic.

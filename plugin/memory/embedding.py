@@ -51,6 +51,11 @@ class EmbeddingAdapter(Protocol):
         ...
 
 
+def word_level(adapter: object) -> bool:
+    """Whether ``adapter``'s vectors of single words can be compared (``word_level = True``)."""
+    return getattr(adapter, "word_level", False) is True
+
+
 _EMBEDDING_METHODS = ("count_tokens", "embed")
 _EMBEDDING_PROPERTIES = ("name", "token_limit", "dimensions")
 

@@ -33,7 +33,7 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
-from .embedding import EmbeddingAdapter
+from .embedding import EmbeddingAdapter, word_level
 from .terms import remove_lone_surrogates
 
 __all__ = ["MINILM_TOKEN_LIMIT", "MODEL_SHA256", "MiniLMAdapter", "available", "model_files"]
@@ -87,7 +87,7 @@ def _sha256(path: Path) -> str:
 
 
 def _word_level(_instance: object, _attribute: object, words: EmbeddingAdapter | None) -> None:
-    if words is not None and getattr(words, "word_level", False) is not True:
+    if words is not None and not word_level(words):
         raise TypeError(f"words must be a word-level adapter (word_level = True), "
                         f"got {type(words).__name__}")
 

@@ -161,8 +161,12 @@ class MemoryRetriever:
         if "semantic" in self.arms:
             semantic = await self._semantic(prepared, weights, principal, scope, caps)
             if semantic is not None:
-                weight = policy.semantic if not words else policy.semantic_contextual \
-                    if borrows_words(self.store.embedding) else policy.semantic_words
+                if not words:
+                    weight = policy.semantic
+                elif borrows_words(self.store.embedding):
+                    weight = policy.semantic_contextual
+                else:
+                    weight = policy.semantic_words
                 lists.append((self._confidence(weight, semantic), semantic))
                 arms.append("semantic")
             elif prepared.semantic.withheld_reason is not None:

@@ -67,7 +67,8 @@ class Search:
     embedding: EmbeddingAdapter | None
     vectors: VectorCache
     word_vectors: WordVectors | None = attrs.field(init=False)
-    """Word vectors by the adapter, when its words mean something alone (:mod:`.words`)."""
+    """Word vectors for the word match, when the adapter's words mean something alone: its
+    own, or those it borrows from another model (:func:`.words.word_embed`)."""
 
     def __attrs_post_init__(self) -> None:
         embed = word_embed(self.embedding)

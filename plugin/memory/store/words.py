@@ -37,7 +37,7 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
-from ..embedding import EmbeddingAdapter
+from ..embedding import EmbeddingAdapter, word_level
 from ..terms import STOPWORDS, word_terms
 
 __all__ = [
@@ -67,15 +67,16 @@ _SCAN_CHARS = 16 * 1024
 Embed = Callable[[Sequence[str]], npt.NDArray[np.float32]]
 
 
-def word_level(adapter: object) -> bool:
-    """Whether ``adapter``'s vectors of single words can be compared (``word_level = True``)."""
-    return getattr(adapter, "word_level", False) is True
+def _borrowed(adapter: object) -> Embed | None:
+    """``adapter``'s ``embed_words``, the word space it borrows from another model, if any."""
+    borrowed: Embed | None = getattr(adapter, "embed_words", None)
+    return borrowed if callable(borrowed) else None
 
 
 def borrows_words(adapter: object) -> bool:
     """Whether ``adapter`` matches words in another model's word space (``embed_words``):
     a contextual encoder's sentence vectors beside a static model's words."""
-    return word_level(adapter) and callable(getattr(adapter, "embed_words", None))
+    return word_level(adapter) and _borrowed(adapter) is not None
 
 
 def word_embed(adapter: EmbeddingAdapter | None) -> Embed | None:
@@ -84,8 +85,7 @@ def word_embed(adapter: EmbeddingAdapter | None) -> Embed | None:
     is not word-level."""
     if adapter is None or not word_level(adapter):
         return None
-    borrowed: Embed | None = getattr(adapter, "embed_words", None)
-    return borrowed if callable(borrowed) else adapter.embed
+    return _borrowed(adapter) or adapter.embed
 
 
 def match_words(text: str) -> tuple[str, ...]:
