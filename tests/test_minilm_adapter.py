@@ -8,6 +8,8 @@ from pathlib import Path
 import attrs
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from plugin import QueryPlanner, QueryPreparation, QueryStrategy, WorkingState
 from plugin.memory import minilm_adapter
@@ -63,9 +65,9 @@ def test_a_text_already_read_is_not_read_again(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(MiniLMAdapter, "_run", counting)
     long = "The quarterly report for the Lisbon office is due on Friday, " * 6
     first = adapter.embed(["Continue", long])
-    assert read == [2]
+    assert sum(read) == 2
     again = adapter.embed(["Continue", "next step: ask Priya", "Continue", long])
-    assert read == [2, 1]  # only the new text went through the model, once
+    assert sum(read) == 3  # only the new text went through the model, once
     np.testing.assert_array_equal(again[0], first[0])
     np.testing.assert_array_equal(again[2], first[0])
     np.testing.assert_array_equal(again[3], first[1])
@@ -75,6 +77,33 @@ def test_a_text_already_read_is_not_read_again(monkeypatch: pytest.MonkeyPatch) 
         np.testing.assert_array_equal(attrs.evolve(adapter).embed([text])[0], vector)
     again[0] = 0.0  # the caller's array is its own
     np.testing.assert_array_equal(adapter.embed(["Continue"])[0], first[0])
+
+
+def _positions(lengths: list[int], spans: list[tuple[int, int]]) -> int:
+    return sum(minilm_adapter.CALL_COST + (end - start) * lengths[end - 1] for start, end in spans)
+
+
+def test_a_short_fragment_is_not_padded_to_a_long_query() -> None:
+    batches = minilm_adapter.batches
+    # A working state's fragments and the query that joins them: the query runs alone.
+    assert batches([5, 6, 9, 12, 14, 69])[-1] == (5, 6)
+    assert batches([16] * 40) in ([(0, 8), (8, 40)], [(0, 32), (32, 40)])  # like lengths share
+    assert batches([]) == []
+
+
+@given(st.lists(st.integers(min_value=1, max_value=MINILM_TOKEN_LIMIT), max_size=200))
+def test_batches_cover_every_text_once_and_read_no_more_than_fixed_batches(
+    lengths: list[int],
+) -> None:
+    lengths.sort()
+    spans = minilm_adapter.batches(lengths)
+    assert [i for start, end in spans for i in range(start, end)] == list(range(len(lengths)))
+    assert all(0 < end - start <= minilm_adapter.BATCH for start, end in spans)
+    fixed = [(i, min(i + minilm_adapter.BATCH, len(lengths)))
+             for i in range(0, len(lengths), minilm_adapter.BATCH)]
+    alone = [(i, i + 1) for i in range(len(lengths))]
+    cost = _positions(lengths, spans)
+    assert cost <= _positions(lengths, fixed) and cost <= _positions(lengths, alone)
 
 
 def test_the_memo_keeps_the_most_recently_used_texts() -> None:
@@ -170,6 +199,31 @@ def test_minilm_alone_matches_no_words(monkeypatch: pytest.MonkeyPatch) -> None:
         MiniLMAdapter.load(words=HashingEmbedding())
     monkeypatch.setattr(wordllama_adapter, "available", lambda: False)  # no semantic extra
     assert not word_level(embedding_choice.load_embedding("minilm"))
+
+
+@pytest.mark.parametrize(("words", "sentences", "chosen"), [
+    (True, True, "minilm"), (True, False, "wordllama"), (False, True, "minilm"),
+    (False, False, "none")])
+def test_auto_loads_the_strongest_installed_arm(
+    monkeypatch: pytest.MonkeyPatch, words: bool, sentences: bool, chosen: str
+) -> None:
+    from plugin.evaluation.evaluator import default_embedding
+    from plugin.memory import embedding_choice, wordllama_adapter
+    from runtime_hooks.bootstrap import Semantic, best_installed
+
+    monkeypatch.setattr(wordllama_adapter, "available", lambda: words)
+    monkeypatch.setattr(minilm_adapter, "available", lambda: sentences)
+    assert embedding_choice.best_installed() == chosen
+    assert best_installed() is Semantic(chosen)
+    adapter = embedding_choice.load_embedding("auto")
+    evaluated = default_embedding()  # recallbound evaluate's default is auto's choice
+    if chosen == "none":
+        assert adapter is None and evaluated.name.startswith("hashing")
+        return
+    assert adapter is not None and evaluated.name == adapter.name
+    # Both extras: MiniLM's sentences with WordLlama's words, the arm that ranks best.
+    assert word_level(adapter) == word_level(evaluated) == words
+    assert isinstance(adapter, MiniLMAdapter) == sentences
 
 
 NOTES = {
