@@ -14,7 +14,8 @@ alternately over ``--rounds`` rounds:
 
 Then what the recall hook embeds each turn: a working state's six fragments and the query that
 joins them, in one padded batch (the baseline), through ``embed`` on the first turn, and on a
-later turn with one fragment changed. Reported: median milliseconds, per text, and the ratio
+later turn with one fragment changed (and, for scale, through WordLlama where the ``semantic``
+extra is installed). Reported: median milliseconds, per text, and the ratio
 of each against its baseline. The vectors of the ways are checked equal.
 """
 
@@ -31,7 +32,7 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
-from plugin.memory import minilm_adapter
+from plugin.memory import minilm_adapter, wordllama_adapter
 from plugin.memory.minilm_adapter import BATCH, MiniLMAdapter
 
 FRAGMENTS = (
@@ -101,6 +102,10 @@ def main(argv: list[str] | None = None) -> None:
         turn["first turn"].append(_ms(adapter.embed, [query, *FRAGMENTS]))
         later = [*FRAGMENTS[:-1], f"Move the invoice exports, step {round_}"]
         turn["later turn"].append(_ms(adapter.embed, [" ".join(later), *later]))
+    if wordllama_adapter.available():  # the lighter model, the same turn, for scale
+        words = wordllama_adapter.WordLlamaAdapter.load()
+        turn["WordLlama"] = [_ms(words.embed, [query, *FRAGMENTS])
+                             for _ in range(max(args.rounds, 5))]
     first = statistics.median(turn["one batch"])
     print(f"a turn: the query and its {len(FRAGMENTS)} fragments (median ms; against one batch)")
     for name, values in turn.items():

@@ -196,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--test", type=Path, action="append", default=[])
     parser.add_argument("--features", default="ranks,words,fields")
     parser.add_argument("--semantic", choices=SEMANTIC_CHOICES, default=None,
-                        help="the semantic arm's model (default: wordllama when installed)")
+                        help="the semantic arm's model (default: the best installed)")
     args = parser.parse_args(argv)
     groups = [group for group in args.features.split(",") if group]
     if not groups or set(groups) - set(GROUPS):

@@ -58,7 +58,7 @@ def load_embedding(choice: Semantic) -> EmbeddingAdapter | None:
 
 
 def best_installed() -> Semantic:
-    """What ``semantic = "auto"`` loads: WordLlama, else MiniLM, else none."""
+    """What ``semantic = "auto"`` loads (see :class:`Semantic`)."""
     return Semantic(embedding_choice.best_installed())
 
 

@@ -55,12 +55,13 @@ class Semantic(enum.Enum):
     """Sparse arm only (the default: the semantic arm is chosen, never switched on by an
     installed package)."""
     AUTO = "auto"
-    """The best installed adapter: WordLlama (the ``semantic`` extra; the pipeline's semantic
-    thresholds are calibrated on it), else MiniLM (the ``minilm`` extra), else none."""
+    """The best installed adapter: MiniLM with WordLlama's word match where the ``minilm``
+    and ``semantic`` extras are both installed, else WordLlama, else MiniLM, else none."""
     WORDLLAMA = "wordllama"
     """The packaged WordLlama model (the ``semantic`` extra), loaded offline."""
     MINILM = "minilm"
-    """all-MiniLM-L6-v2 on onnxruntime (the ``minilm`` extra), loaded offline."""
+    """all-MiniLM-L6-v2 on onnxruntime (the ``minilm`` extra), loaded offline; it matches
+    words in WordLlama's word space where the ``semantic`` extra is installed too."""
     HASHING = "hashing"
     """A deterministic hashing embedding sized like WordLlama (tests and demos without the
     extra)."""

@@ -428,7 +428,7 @@ def test_the_committed_development_set_is_what_the_seeded_generator_writes(
     assert out.read_bytes() != DEVSET.read_bytes()
 
 
-def test_the_development_set_is_hard_in_the_ways_the_issue_asks() -> None:
+def test_the_development_set_is_hard_in_the_ways_a_real_state_is() -> None:
     scenarios = list(stream_scenarios(DEVSET))
     assert len(scenarios) >= 300
     families = {s.family for s in scenarios}

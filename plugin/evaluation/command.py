@@ -90,7 +90,8 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--k", default="5,10", type=_ks,
                         help="comma-separated cut-offs for recall@k and hit@k (default 5,10)")
     parser.add_argument("--semantic", choices=SEMANTIC_CHOICES, default=None,
-                        help="the semantic arm's model (default: wordllama when installed)")
+                        help="the semantic arm's model (default: the best installed, "
+                        "as semantic = \"auto\" picks it)")
     parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
     parser.add_argument("--arms", default=DEFAULT_ARMS, type=_arms,
                         help="comma-separated arms to evaluate, each with baseline and "

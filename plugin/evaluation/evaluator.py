@@ -94,16 +94,17 @@ ScenarioCallback = Callable[["Scenario", "list[ScenarioResult]"], None]
 
 
 def default_embedding() -> EmbeddingAdapter:
-    """The packaged WordLlama model when the ``semantic`` extra is installed, else hashing.
+    """The best installed model (what ``semantic = "auto"`` loads: MiniLM with WordLlama's
+    word match where both extras are installed, else WordLlama, else MiniLM), else hashing.
 
     The hashing fallback reads 256 tokens, like WordLlama, so the same queries are embedded.
     """
-    from plugin.memory import wordllama_adapter
-    from plugin.memory.embedding_choice import load_embedding
+    from plugin.memory.embedding_choice import best_installed, load_embedding
 
-    if wordllama_adapter.available():
+    choice = best_installed()
+    if choice != "none":
         try:
-            adapter = load_embedding("wordllama")
+            adapter = load_embedding(choice)
         except FileNotFoundError:  # installed without its model files
             pass
         else:
