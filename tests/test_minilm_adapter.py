@@ -106,6 +106,29 @@ def test_batches_cover_every_text_once_and_read_no_more_than_fixed_batches(
     assert cost <= _positions(lengths, fixed) and cost <= _positions(lengths, alone)
 
 
+def test_threads_sharing_the_memo_get_the_models_vectors() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    adapter = attrs.evolve(_adapter())
+    texts = [f"note {i}: the {'long ' * (i % 7)}export job for region {i % 5}" for i in range(40)]
+    expected = attrs.evolve(adapter).embed(texts)
+    orders = [texts[i:] + texts[:i] for i in range(0, 40, 5)]  # overlapping, in other orders
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(pool.map(adapter.embed, orders))
+    for i, got in zip(range(0, 40, 5), results, strict=True):
+        np.testing.assert_array_equal(got, np.roll(expected, -i, axis=0))
+
+
+def test_the_memo_holds_digests_not_texts() -> None:
+    adapter = attrs.evolve(_adapter())
+    huge = "quarterly export " * 60_000  # about a megabyte: embedded from its first tokens
+    lone = "\ud800 a lone surrogate"
+    first = adapter.embed([huge, lone])
+    np.testing.assert_array_equal(adapter.embed([huge, lone]), first)  # read from the memo
+    kept = adapter._memo._vectors
+    assert len(kept) == 2 and all(isinstance(k, bytes) and len(k) == 16 for k in kept)
+
+
 def test_the_memo_keeps_the_most_recently_used_texts() -> None:
     memo = minilm_adapter._Memo(size=2)
     for text in ("a", "b"):
