@@ -42,6 +42,7 @@ from .settings import is_ephemeral as is_ephemeral
 from .settings import loosened as loosened
 
 _log = logging.getLogger("recallbound.config")
+_memory_log = logging.getLogger("recallbound.memory")
 
 
 def load_embedding(choice: Semantic) -> EmbeddingAdapter | None:
@@ -74,6 +75,19 @@ def _warn_about(config: RecallConfig) -> None:
                   source=config.sources.get("query_planning", "code (RecallConfig)"),
                   detail="task_context is configured but no admission is: every query is "
                          "the baseline (set admission)")
+
+
+async def _warn_about_vectors(store: MemoryStore) -> None:
+    """WARNING when stored memories have no vector for the configured model (written while
+    ``semantic`` named another model, or none): the semantic arm does not see them."""
+    if store.embedding is None or not await store.unembedded(probe=64):
+        return
+    missing = await store.unembedded()
+    if missing:
+        log_event(_memory_log, logging.WARNING, "store.unembedded", model=store.embedding.name,
+                  memories=missing,
+                  detail="the semantic arm does not see these memories until their vectors "
+                         "are computed: run `recallbound memory embed`")
 
 
 @asynccontextmanager
@@ -150,6 +164,7 @@ async def open_hooks(
         if retriever is None:
             store = await stack.enter_async_context(
                 MemoryStore(required_store_path(config), embedding=embedding, clock=clock))
+            await _warn_about_vectors(store)
             retriever = MemoryRetriever(store)
         await stack.enter_async_context(_telemetry(config.telemetry))
         if config.legacy is True:

@@ -1,11 +1,14 @@
-"""``recallbound memory add|import|list|forget``: write and manage memories from a shell.
+"""``recallbound memory add|import|list|forget|embed``: write and manage memories from a shell.
 
 The store is ``--store PATH`` (before the subcommand; before ``memory`` or after the
 subcommand work too), else the configured ``store``, else
 the default store, ``$XDG_DATA_HOME/recallbound/memory.db`` (``~/.local/share/...``), whose
 folder is created on first use. A store given explicitly must sit in an existing folder;
 ``list`` and ``forget`` never create a store.
-With a configured ``semantic`` embedding, writes compute their vectors too.
+With a configured ``semantic`` embedding, writes compute their vectors too, and ``embed``
+computes the vectors that model lacks: for memories written while ``semantic`` named another
+model, or none (the semantic arm does not see them until then). It prints how many it
+embedded; it is safe to interrupt and run again (each batch is committed).
 
 ``import FILE`` reads JSONL (``-`` is standard input): one ``{"text", "principal", "scope",
 "id"?}`` object a line, blank lines skipped, each line read to a bound of 64 MiB (so
@@ -71,8 +74,8 @@ def default_store() -> Path:
 def add_commands(commands: Any) -> None:
     """Register ``memory`` and its subcommands on the top-level subparsers."""
     memory = commands.add_parser(
-        "memory", help="write, import, list and forget memories",
-        description="Write, import, list and forget memories in the memory store.")
+        "memory", help="write, import, list, forget and embed memories",
+        description="Write, import, list, forget and embed memories in the memory store.")
     memory.add_argument("--store", metavar="PATH", default=None,
                         help="the store file (default: the configured store, else "
                              f"{default_store()})")
@@ -93,10 +96,12 @@ def add_commands(commands: Any) -> None:
     listing.add_argument("--json", action="store_true", help="print a JSON array")
     forget = sub.add_parser("forget", help="delete one memory from every index")
     forget.add_argument("id", metavar="ID")
+    embed = sub.add_parser(
+        "embed", help="compute the vectors the configured semantic model lacks")
     for parser in (add, listing, forget):
         parser.add_argument("--principal", required=True)
         parser.add_argument("--scope", required=True)
-    for parser in (add, importing, listing, forget):  # after the subcommand too, as users type
+    for parser in (add, importing, listing, forget, embed):  # after the subcommand too
         parser.add_argument("--store", metavar="PATH", default=argparse.SUPPRESS,
                             help="the store file (as before the subcommand)")
         parser.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS,
@@ -230,6 +235,14 @@ async def _list(store: MemoryStore, args: argparse.Namespace, out: TextIO) -> in
     return 0
 
 
+async def _embed(store: MemoryStore, out: TextIO) -> int:
+    done = await store.embed_missing()
+    assert store.embedding is not None  # checked before the store opened
+    out.write(f"embedded {done} {'memory' if done == 1 else 'memories'} "
+              f"({safe(store.embedding.name)})\n")
+    return 0
+
+
 async def _forget(store: MemoryStore, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if await store.forget(args.id, principal=args.principal, scope=args.scope):
         out.write(f"forgot {safe(args.id)}\n")
@@ -258,9 +271,13 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     lines = _read_lines(args.file) if args.memory_command == "import" else []
     where = "standard input" if lines and args.file == "-" else getattr(args, "file", "")
     path = _store_path(args, values)
-    if args.memory_command in ("list", "forget") and not path.exists():
+    if args.memory_command in ("list", "forget", "embed") and not path.exists():
         raise MemoryInputError(f"no memory store at {str(path)!r}: nothing was remembered there")
-    embedding = _embedding(values) if args.memory_command in ("add", "import") else None
+    writes = ("add", "import", "embed")
+    embedding = _embedding(values) if args.memory_command in writes else None
+    if embedding is None and args.memory_command == "embed":
+        raise MemoryInputError('no semantic model is configured (semantic = "none"): set '
+                               "semantic in the configuration or RECALLBOUND_SEMANTIC")
 
     async def main() -> int:
         async with MemoryStore(path, embedding=embedding) as store:
@@ -269,6 +286,7 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 "import": lambda: _import(store, lines, where, out),
                 "list": lambda: _list(store, args, out),
                 "forget": lambda: _forget(store, args, out, err),
+                "embed": lambda: _embed(store, out),
             }
             return await commands[args.memory_command]()
 

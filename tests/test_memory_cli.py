@@ -256,6 +256,56 @@ def test_a_store_given_on_the_command_line_still_gets_the_configured_vectors(
     assert vectors == 1
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+def test_embed_computes_the_vectors_the_configured_model_lacks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+    anyio_backend: str,
+) -> None:
+    import logging
+
+    from plugin.memory.embedding_choice import load_embedding
+    from plugin.memory.store import MemoryStore
+    from runtime_hooks.bootstrap import RecallConfig, Semantic, open_hooks
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "recallbound.toml").write_text('ledger = "l.db"\nstore = "m.db"\n')
+    for text in ("Invoice QX-7781 is filed under taxes", "The plumber comes on Tuesday"):
+        assert cli("memory", "add", text, *WHO)[0] == 0  # semantic = "none": no vectors
+    hashing = load_embedding("hashing")
+    assert hashing is not None
+
+    async def seen() -> list[str]:  # what the semantic arm finds, by text
+        async with MemoryStore(tmp_path / "m.db", embedding=hashing) as store:
+            found = await store.semantic_candidates(
+                hashing.embed(["invoice QX-7781 taxes"])[0], principal="u1", scope="proj",
+                limit=5)
+            return [item.text for item in found]
+
+    async def warned() -> list[logging.LogRecord]:
+        caplog.clear()
+        config = RecallConfig(ledger_path=tmp_path / "l.db", store_path=tmp_path / "m.db",
+                              semantic=Semantic.HASHING)
+        with caplog.at_level(logging.WARNING, logger="recallbound.memory"):
+            async with open_hooks(config):
+                pass
+        return [r for r in caplog.records if getattr(r, "recallbound", {}).get("event")
+                == "store.unembedded"]
+
+    assert anyio.run(seen, backend=anyio_backend) == []
+    (record,) = anyio.run(warned, backend=anyio_backend)
+    assert record.recallbound["memories"] == 2 and "recallbound memory embed" in record.message
+    monkeypatch.setenv("RECALLBOUND_SEMANTIC", "hashing")
+    assert cli("memory", "embed") == (0, "embedded 2 memories (hashing-blake2b-256)\n", "")
+    assert cli("memory", "embed") == (0, "embedded 0 memories (hashing-blake2b-256)\n", "")
+    assert "Invoice QX-7781 is filed under taxes" in anyio.run(seen, backend=anyio_backend)
+    assert anyio.run(warned, backend=anyio_backend) == []
+    monkeypatch.delenv("RECALLBOUND_SEMANTIC")
+    status, out, err = cli("memory", "embed")
+    assert (status, out) == (2, "") and "no semantic model is configured" in err
+    assert cli("memory", "--store", "absent.db", "embed")[0] == 2  # creates no store
+    assert not (tmp_path / "absent.db").exists()
+
+
 def test_a_console_that_cannot_encode_a_memory_gets_it_escaped(tmp_path: Path) -> None:
     import os
     import subprocess

@@ -485,6 +485,29 @@ async def test_semantic_arm_without_adapter_is_empty_and_embed_missing_fills_it(
         assert [e.id for e in await store.semantic_candidates(query, limit=3, **ME)] == ["m1"]
 
 
+async def test_unembedded_counts_the_memories_the_model_has_no_vector_for(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "m.db"
+    old, new = HashingEmbedding(dimensions=32), HashingEmbedding()
+    async with MemoryStore(path, embedding=old) as before:  # written under another model
+        await before.add_memories([MemoryRecord(id=f"m{i:03d}", text=f"note {i}", **ME)
+                                   for i in range(100)])
+        assert await before.unembedded() == 0 and await before.unembedded(probe=5) == 0
+    async with MemoryStore(path) as plain:
+        assert await plain.unembedded() == 0  # no model: nothing is missing
+    async with MemoryStore(path, embedding=new) as store:
+        # The switch left every memory without a vector; a probe reads the 5 oldest and newest.
+        assert (await store.unembedded(), await store.unembedded(probe=5)) == (100, 10)
+        assert await store.embed_missing(batch=30) == 100
+        assert (await store.unembedded(), await store.unembedded(probe=5)) == (0, 0)
+        await store.add_memories([MemoryRecord(id="late", text="written without it", **ME)])
+    async with MemoryStore(path) as plain:
+        await plain.add_memories([MemoryRecord(id="later", text="no model at all", **ME)])
+    async with MemoryStore(path, embedding=new) as store:
+        assert (await store.unembedded(), await store.unembedded(probe=1)) == (1, 1)
+
+
 async def test_recent_is_newest_first_with_ties_by_id(
     store: MemoryStore, clock: ManualClock
 ) -> None:

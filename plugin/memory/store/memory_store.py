@@ -233,6 +233,18 @@ class MemoryStore:
         """
         return await self._writer.embed_missing(batch=batch)
 
+    async def unembedded(self, *, probe: int | None = None) -> int:
+        """How many stored memories have no vector for this store's adapter (0 without one):
+        the semantic arm does not see them until :meth:`embed_missing` computes them (a
+        store filled while another model, or none, was configured).
+
+        Every memory is checked (a read of every memory's vector key: about 0.4 s for
+        100,000), unless ``probe`` is given: then only the ``probe`` oldest and newest
+        memories are, which is what opening the hooks does (a model switch leaves the oldest
+        without vectors, a write without a model the newest).
+        """
+        return await self._writer.unembedded(probe=probe)
+
     async def add_person(self, name: str, *, principal: str, scope: str) -> None:
         """Make ``name`` a known person for this principal and scope; idempotent."""
         await self._writer.add_person(name, principal=principal, scope=scope)

@@ -227,6 +227,23 @@ class Writer:
 
         return await self.db.transact(delete)
 
+    async def unembedded(self, *, probe: int | None = None) -> int:
+        adapter = self.embedding
+        if adapter is None:
+            return 0
+        lacking = ("NOT EXISTS (SELECT 1 FROM embeddings AS e "
+                   "WHERE e.memory_seq = m.seq AND e.model = ?)")
+        if probe is None:
+            query = f"SELECT count(*) FROM memories AS m WHERE {lacking}"
+            params: tuple[object, ...] = (adapter.name,)
+        else:
+            query = (f"SELECT count(*) FROM memories AS m WHERE {lacking} AND m.seq IN ("
+                     "SELECT seq FROM (SELECT seq FROM memories ORDER BY seq LIMIT ?) UNION "
+                     "SELECT seq FROM (SELECT seq FROM memories ORDER BY seq DESC LIMIT ?))")
+            params = (adapter.name, probe, probe)
+        rows = await self.db.fetch(query, params)
+        return int(rows[0][0])
+
     async def embed_missing(self, *, batch: int = 256) -> int:
         adapter = self.embedding
         if adapter is None:
