@@ -249,6 +249,22 @@ def test_auto_loads_the_strongest_installed_arm(
     assert isinstance(adapter, MiniLMAdapter) == sentences
 
 
+def test_the_evaluators_default_passes_over_a_model_installed_without_its_files(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from plugin.evaluation.evaluator import default_embedding
+    from plugin.memory import wordllama_adapter
+
+    def missing() -> tuple[Path, Path]:
+        raise FileNotFoundError("packaged model file missing")
+
+    monkeypatch.setattr(minilm_adapter, "model_files", missing)
+    chosen = default_embedding()
+    assert chosen.name == wordllama_adapter.WordLlamaAdapter.load().name  # not hashing
+    monkeypatch.setattr(wordllama_adapter, "available", lambda: False)
+    assert default_embedding().name.startswith("hashing")
+
+
 NOTES = {
     "filed": "QX-7781 filed under taxes 2024",
     "folder": "Invoices go in the blue folder on the office shelf",

@@ -97,19 +97,20 @@ def default_embedding() -> EmbeddingAdapter:
     """The best installed model (what ``semantic = "auto"`` loads: MiniLM with WordLlama's
     word match where both extras are installed, else WordLlama, else MiniLM), else hashing.
 
-    The hashing fallback reads 256 tokens, like WordLlama, so the same queries are embedded.
+    A model installed without its files is passed over for the next. The hashing fallback
+    reads 256 tokens, like WordLlama, so the same queries are embedded.
     """
+    from plugin.memory import wordllama_adapter
     from plugin.memory.embedding_choice import best_installed, load_embedding
 
-    choice = best_installed()
-    if choice != "none":
+    choices = [best_installed(), "wordllama" if wordllama_adapter.available() else "none"]
+    for choice in dict.fromkeys(c for c in choices if c != "none"):
         try:
             adapter = load_embedding(choice)
         except FileNotFoundError:  # installed without its model files
-            pass
-        else:
-            assert adapter is not None
-            return adapter
+            continue
+        assert adapter is not None
+        return adapter
     return hashing_embedding()
 
 
