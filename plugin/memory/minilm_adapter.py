@@ -11,9 +11,9 @@ attention mask, L2 normalisation, 384 dimensions. Texts run in padded batches of
 most :data:`BATCH`, cut by length so that little is padding (:func:`batches`; padding is
 masked out, and the same texts always give the same vectors), with one intra-op thread; the
 vectors of the last :data:`MEMO_SIZE` texts read are kept, so a text that comes back (a
-working state's fragments, turn after turn) is not read again. The token
-limit is the model's training length, 256 tokens: a longer *query* is withheld by the caller,
-a longer *memory* is embedded from its first 256 tokens.
+working state's fragments, turn after turn) is not read again. The token limit is the
+model's training length, 256 tokens: a longer *query* is withheld by the caller, a longer
+*memory* is embedded from its first 256 tokens.
 
 A contextual model's vector of a single word means little on its own, so MiniLM cannot match
 words by itself. Given a word-level adapter (``words``: the packaged WordLlama, which
@@ -110,13 +110,12 @@ def batches(lengths: Sequence[int]) -> list[tuple[int, int]]:
     most :data:`BATCH`, as ``(start, end)``, so that the model reads the fewest positions.
 
     A batch is padded to its longest text, and the model's time grows with the positions it
-    reads (texts times width), plus about what :data:`CALL_COST` positions take per call: a short
-    fragment is not padded to the width of a long query beside it, and like lengths still
-    share a call. The cheapest cut, by dynamic programming over the sorted lengths.
+    reads (texts times width), plus about what :data:`CALL_COST` positions take per call: a
+    short fragment is not padded to the width of a long query beside it, and like lengths
+    still share a call. The cheapest cut, by dynamic programming over the sorted lengths.
     """
     count = len(lengths)
-    cost = [0] + [0] * count
-    cut = [0] * (count + 1)
+    cost, cut = [0] * (count + 1), [0] * (count + 1)
     for end in range(1, count + 1):
         cost[end], cut[end] = min(
             (cost[start] + CALL_COST + (end - start) * lengths[end - 1], start)
@@ -248,6 +247,8 @@ class MiniLMAdapter:
                 missing.setdefault(text, []).append(row)
             else:
                 out[row] = known
+        if not missing:
+            return out
         unread = list(missing)
         encodings = self._encoder.encode_batch([remove_lone_surrogates(t) for t in unread])
         order = sorted(range(len(unread)), key=lambda i: len(encodings[i].ids))
