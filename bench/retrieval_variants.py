@@ -10,7 +10,9 @@ library), and prints the same table as :mod:`bench.tune_ranking`:
 - ``fragment-cosines``: each fragment's cosines divided by the best in the cell, then summed
   by the fragments' weights (the sparse arm's "share"), instead of one combined vector.
 - ``fragment-words``: the word match summed per fragment the same way: each word in its
-  heaviest fragment, each fragment's match divided by its best in the cell.
+  heaviest fragment, each fragment's match divided by its best in the cell. Shipped for an arm
+  that borrows its words (MiniLM with WordLlama's, ``WordQuery.per_fragment``); the variant
+  scores every arm's words so.
 - ``fragment-words-roots``: the same per fragment, without the division: each fragment's
   match (in [0, 1]) enters as its square root, as the sparse arm's shares do (round seven).
 - ``word-squares``, ``word-floor``: a word's match with a memory's nearest word sharpened,
@@ -116,29 +118,11 @@ def _fragment_cosines() -> Iterator[None]:
 @contextlib.contextmanager
 def _fragment_words(*, power: float | None = None) -> Iterator[None]:
     def scores(self: words.WordIndex, query: words.WordQuery, table: words.WordVectors) -> Any:
-        parts = sorted(((words.match_words(text), weight) for text, weight in query.fragments
-                        if weight > 0), key=lambda part: -part[1])
-        asked = list(dict.fromkeys(word for found, _ in parts for word in found))
+        if power is None:  # the shipped per-fragment match, for every arm
+            return self.per_fragment(query, table)
         total = np.zeros(self.count)
-        if not asked or not self.count:
-            return total
-        best = self.best_matches(table.of(asked))
-        row = {word: i for i, word in enumerate(asked)}
-        seen: set[str] = set()
-        for found, weight in parts:
-            fresh = [word for word in found if word not in seen]
-            seen.update(fresh)
-            if not fresh:
-                continue
-            frequency = np.array([self.document_frequency[self.vocabulary[word]]
-                                  if word in self.vocabulary else 0.0 for word in fresh])
-            rarity = np.log1p(self.count / (1.0 + frequency))
-            match = best[:, [row[word] for word in fresh]] @ (rarity / rarity.sum())
-            if power is not None:
-                total += weight * match ** power
-                continue
-            top = float(match.max())
-            total += weight * (match / top if top > 0 else match)
+        for weight, match in self.fragment_matches(query, table):
+            total += weight * match ** power
         return total
 
     with mock.patch.object(words.WordIndex, "scores", scores):

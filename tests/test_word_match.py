@@ -8,7 +8,7 @@ import hashlib
 import threading
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import attrs
 import numpy as np
@@ -482,6 +482,51 @@ async def test_an_arm_matching_borrowed_words_weighs_semantic_contextual(
             semantic=100.0, semantic_words=100.0, semantic_contextual=0.0))) == sparse
         assert (await _words_ranked(env, both, ranking=RankingPolicy(
             semantic=0.0, semantic_words=0.0, semantic_contextual=100.0)))[0] == "gold"
+
+
+async def test_per_fragment_gives_each_fragments_best_memory_its_whole_weight(
+    tmp_path: Path,
+) -> None:
+    async with MemoryStore(tmp_path / "m.db", embedding=StaticWords(flat=True),
+                           clock=ManualClock(wall=1_000.0)) as store:
+        # The heavy fragment's four words are spread over three notes (the best holds two);
+        # the light fragment's one word is in one note.
+        await seed(store, {"pair": "quarterly ledger", "third": "reconcile",
+                           "fourth": "accruals", "name": "Zanele"})
+        fragments = (("quarterly ledger reconcile accruals", 1.0), ("Zanele", 0.8))
+
+        async def ranked(per_fragment: bool) -> list[str]:
+            vector = StaticWords(flat=True).embed(["x y"])[0]  # every cosine ties
+            words = WordQuery(fragments, 1.0, per_fragment=per_fragment)
+            found = await store.semantic_candidates(vector, limit=10, words=words, **ME)
+            return [item.id for item in found]
+
+        # Summed over the query: the pair holds half the heavy fragment (1.0 * 0.5), the name
+        # all of the light one (0.8). Per fragment: the pair is the heavy fragment's best.
+        assert (await ranked(False))[0] == "name"
+        assert (await ranked(True))[:2] == ["pair", "name"]
+
+
+async def test_only_an_arm_that_borrows_its_words_scores_them_per_fragment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sent: list[bool] = []
+    shipped = MemoryStore.semantic_candidates
+
+    async def spy(self: MemoryStore, vector: Any, **kwargs: Any) -> Any:
+        words = kwargs.get("words")
+        if words is not None:
+            sent.append(words.per_fragment)
+        return await shipped(self, vector, **kwargs)
+
+    monkeypatch.setattr(MemoryStore, "semantic_candidates", spy)
+    for adapter, expected in ((StaticWords, False), (BorrowedWords, True)):
+        sent.clear()
+        folder = tmp_path / adapter.__name__
+        folder.mkdir()
+        async with words_env(folder, adapter=adapter) as env:
+            await _words_ranked(env, {"semantic"})
+        assert sent and set(sent) == {expected}
 
 
 def test_rank_constant_zero_ranks_by_weight_over_rank() -> None:

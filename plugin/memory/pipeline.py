@@ -312,7 +312,8 @@ class MemoryRetriever:
             fragments = tuple(pair for pair in zip(query.fragments, weights, strict=True)
                               if pair[1] > 0)[:MAX_FRAGMENTS] \
                 if weights and len(weights) == len(query.fragments) else ((query.text, 1.0),)
-            words = WordQuery(fragments, self.ranking.words)
+            words = WordQuery(fragments, self.ranking.words,
+                              per_fragment=borrows_words(self.store.embedding))
         similar = await self.store.semantic_candidates(
             vector, principal=principal, scope=scope, limit=caps.candidates_per_arm,
             words=words,

@@ -31,7 +31,7 @@ import itertools
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import attrs
 import numpy as np
@@ -111,6 +111,11 @@ class WordQuery:
 
     fragments: tuple[tuple[str, float], ...]
     share: float
+    per_fragment: bool = False
+    """Whether each fragment's match is divided by its best memory's before the fragments are
+    summed by weight (each word counted in its heaviest fragment), so a fragment whose words
+    only a few memories hold still gives its best one its whole weight. The pipeline sets it
+    for an arm that borrows its words beside a contextual encoder's sentence vectors."""
 
     def __attrs_post_init__(self) -> None:
         share = self.share
@@ -234,8 +239,48 @@ class WordIndex:
 
     def scores(self, query: WordQuery, vectors: WordVectors) -> npt.NDArray[np.float64]:
         """Each memory's word score for ``query`` (0 for every memory when no fragment has a
-        word): :meth:`asked` (it embeds the query's new words), then :meth:`scored`."""
+        word): :meth:`asked` (it embeds the query's new words), then :meth:`scored`; or, for a
+        query scored :attr:`~WordQuery.per_fragment`, :meth:`per_fragment`."""
+        if query.per_fragment:
+            return self.per_fragment(query, vectors)
         return self.scored(*self.asked(query, vectors))
+
+    def per_fragment(self, query: WordQuery, vectors: WordVectors) -> npt.NDArray[np.float64]:
+        """Each memory's word score, fragment by fragment (:meth:`fragment_matches`): each
+        fragment's match divided by its best memory's, then summed by the fragments'
+        weights."""
+        total = np.zeros(self.count, dtype=np.float64)
+        for weight, match in self.fragment_matches(query, vectors):
+            top = float(match.max())
+            total += weight * (match / top if top > 0 else match)
+        return total
+
+    def fragment_matches(
+        self, query: WordQuery, vectors: WordVectors
+    ) -> Iterator[tuple[float, npt.NDArray[np.float64]]]:
+        """Each fragment's weight and each memory's match for it, from the heaviest fragment:
+        each word in the first fragment that holds it (a fragment left with no word of its
+        own is skipped), its words weighed by their share of its rarity (``idf`` in the
+        cell)."""
+        parts = sorted(((match_words(text), weight) for text, weight in query.fragments
+                        if weight > 0), key=lambda part: -part[1])
+        asked = list(dict.fromkeys(word for words, _ in parts for word in words))
+        if not asked or not self.count:
+            return
+        best = self.best_matches(vectors.of(asked))
+        column = {word: i for i, word in enumerate(asked)}
+        seen: set[str] = set()
+        for words, weight in parts:
+            fresh = [word for word in words if word not in seen]
+            seen.update(fresh)
+            if not fresh:
+                continue
+            frequency = np.array(
+                [self.document_frequency[self.vocabulary[w]] if w in self.vocabulary else 0.0
+                 for w in fresh])
+            rarity = np.log1p(self.count / (1.0 + frequency))
+            yield weight, np.einsum("nq,q->n", best[:, [column[w] for w in fresh]],
+                                    rarity / rarity.sum())
 
     def asked(
         self, query: WordQuery, vectors: WordVectors
