@@ -563,3 +563,31 @@ async def test_junk_word_vectors_match_nothing(tmp_path: Path) -> None:
                                                                     share=None)
         vectors = WordVectors(JunkWords().embed)
         assert np.isfinite(vectors.of(["alpha", "beta"])).all()
+
+
+@attrs.frozen
+class WideningWords(BorrowedWords):
+    """Borrowed word vectors that come back one column wider after the first call."""
+
+    calls: list[int] = attrs.field(factory=list)
+
+    def embed_words(self, words: Sequence[str]) -> npt.NDArray[np.float32]:
+        self.calls.append(len(words))
+        out = super().embed_words(words)
+        return out if len(self.calls) == 1 else np.pad(out, ((0, 0), (0, 1)))
+
+
+@pytest.mark.parametrize("per_fragment", [False, True])
+async def test_word_vectors_whose_width_changes_match_nothing(
+    tmp_path: Path, per_fragment: bool,
+) -> None:
+    adapter = WideningWords(flat=True)
+    async with MemoryStore(tmp_path / "m.db", embedding=adapter,
+                           clock=ManualClock(wall=1_000.0)) as store:
+        await seed(store, {"m1": "Invoice paid", "m2": "Trip to Zanzibar booked"})
+        vector = adapter.embed(["x y"])[0]
+        for query in ("invoice", "holiday voyage"):  # the second's words come back wider
+            words = WordQuery(((query, 1.0),), 0.5, per_fragment=per_fragment)
+            found = await store.semantic_candidates(vector, limit=10, words=words, **ME)
+            assert {item.id for item in found} == {"m1", "m2"}
+        assert len(adapter.calls) >= 2

@@ -265,9 +265,10 @@ class WordIndex:
         parts = sorted(((match_words(text), weight) for text, weight in query.fragments
                         if weight > 0), key=lambda part: -part[1])
         asked = list(dict.fromkeys(word for words, _ in parts for word in words))
-        if not asked or not self.count:
+        table = vectors.of(asked) if asked and self.count else None
+        if table is None or table.shape[1] != self.vectors.shape[1]:  # as :meth:`scored`
             return
-        best = self.best_matches(vectors.of(asked))
+        best = self.best_matches(table)
         column = {word: i for i, word in enumerate(asked)}
         seen: set[str] = set()
         for words, weight in parts:
