@@ -411,11 +411,14 @@ def _request_new_words() -> Iterator[None]:
 def _word_precision(power: float = 0.5) -> Iterator[None]:
     """The word score times the memory's precision to the ``power``: the rarity-weighted share
     of the memory's own words that some query word matches (each at its best cosine)."""
-    shipped = words.WordIndex.scored
+    shipped = words.WordIndex.scores
 
-    def scored(self: words.WordIndex, table: Any, coefficients: Any) -> Any:
-        found = shipped(self, table, coefficients)
-        if not self.count or not len(table) or table.shape[1] != self.vectors.shape[1]:
+    def scores(self: words.WordIndex, query: words.WordQuery, known: words.WordVectors) -> Any:
+        found = shipped(self, query, known)  # summed or per fragment, as the arm scores them
+        asked = list(dict.fromkeys(word for text, weight in query.fragments if weight > 0
+                                   for word in words.match_words(text)))
+        table = known.of(asked) if asked and self.count else None
+        if table is None or table.shape[1] != self.vectors.shape[1]:
             return found
         similar = np.clip(np.einsum("vd,qd->vq", self.vectors, table), 0.0, 1.0).max(axis=1)
         documents = float(self.count)
@@ -425,7 +428,7 @@ def _word_precision(power: float = 0.5) -> Iterator[None]:
         precision = np.divide(covered, mass, out=np.zeros_like(covered), where=mass > 0)
         return found * precision ** power
 
-    with mock.patch.object(words.WordIndex, "scored", scored):
+    with mock.patch.object(words.WordIndex, "scores", scores):
         yield
 
 

@@ -30,10 +30,8 @@ arms keep that structure instead of flattening it:
   content word of each fragment against the nearest word of each memory (1 for the same word,
   a high cosine for a close one), weighted by rarity in the cell and by role, each word once
   (:mod:`plugin.memory.store.words`): half the cosine, half that match, each relative to its
-  best in the cell. Beside MiniLM's sentence vectors (which already read the query whole) the
-  words are matched fragment by fragment (``WordQuery.per_fragment``): each fragment's match
-  relative to its best memory, then summed by role weight, so a field whose words few notes
-  hold still gives its best note its whole weight.
+  best in the cell. Beside MiniLM's sentence vectors, each fragment's match is relative to its
+  best memory before the role weights sum them (``WordQuery.per_fragment``).
 - **Fusion by confidence** (:mod:`plugin.memory.fusion`): each arm weighted by its policy
   weight times how peaked its scores are. With the word match the semantic arm is the
   stronger one, and its scores look less peaked than bm25's: its weight is ``semantic_words``
