@@ -26,10 +26,9 @@ def best_installed() -> str:
     """
     from . import minilm_adapter, wordllama_adapter
 
-    words, sentences = wordllama_adapter.available(), minilm_adapter.available()
-    if words:
-        return "minilm" if sentences else "wordllama"
-    return "minilm" if sentences else "none"
+    if minilm_adapter.available():  # with WordLlama's words when it is installed too
+        return "minilm"
+    return "wordllama" if wordllama_adapter.available() else "none"
 
 
 def load_embedding(choice: str) -> EmbeddingAdapter | None:

@@ -276,12 +276,8 @@ class WordIndex:
             seen.update(fresh)
             if not fresh:
                 continue
-            frequency = np.array(
-                [self.document_frequency[self.vocabulary[w]] if w in self.vocabulary else 0.0
-                 for w in fresh])
-            rarity = np.log1p(self.count / (1.0 + frequency))
             yield weight, np.einsum("nq,q->n", best[:, [column[w] for w in fresh]],
-                                    rarity / rarity.sum())
+                                    self.rarity_shares(fresh))
 
     def asked(
         self, query: WordQuery, vectors: WordVectors
@@ -297,17 +293,20 @@ class WordIndex:
         if not asked or not self.count:
             return np.zeros((0, self.vectors.shape[1]), dtype=np.float32), coefficients
         row = {word: i for i, word in enumerate(asked)}
-        documents = float(self.count)
         for words, weight in fragments:
-            if not words:
-                continue
-            frequency = np.array(
-                [self.document_frequency[self.vocabulary[w]] if w in self.vocabulary else 0.0
-                 for w in words])
-            rarity = np.log1p(documents / (1.0 + frequency))
-            np.maximum.at(coefficients, [row[w] for w in words],
-                          weight * rarity / rarity.sum())
+            if words:
+                np.maximum.at(coefficients, [row[w] for w in words],
+                              weight * self.rarity_shares(words))
         return vectors.of(asked), coefficients
+
+    def rarity_shares(self, words: Sequence[str]) -> npt.NDArray[np.float64]:
+        """Each of ``words``' share of their rarity in the cell (``log(1 + N / (1 + df))``,
+        a word the cell lacks at its rarest): a fragment's words weighed against each other."""
+        frequency = np.array([self.document_frequency[self.vocabulary[w]]
+                              if w in self.vocabulary else 0.0 for w in words])
+        rarity = np.log1p(float(self.count) / (1.0 + frequency))
+        shares: npt.NDArray[np.float64] = rarity / rarity.sum()
+        return shares
 
     def scored(
         self, table: npt.NDArray[np.float32], coefficients: npt.NDArray[np.float64]
