@@ -415,10 +415,8 @@ def _word_precision(power: float = 0.5) -> Iterator[None]:
 
     def scores(self: words.WordIndex, query: words.WordQuery, known: words.WordVectors) -> Any:
         found = shipped(self, query, known)  # summed or per fragment, as the arm scores them
-        asked = list(dict.fromkeys(word for text, weight in query.fragments if weight > 0
-                                   for word in words.match_words(text)))
-        table = known.of(asked) if asked and self.count else None
-        if table is None or table.shape[1] != self.vectors.shape[1]:
+        table, _ = self.asked(query, known)  # the query's words' vectors
+        if not self.count or not len(table) or table.shape[1] != self.vectors.shape[1]:
             return found
         similar = np.clip(np.einsum("vd,qd->vq", self.vectors, table), 0.0, 1.0).max(axis=1)
         documents = float(self.count)

@@ -4,7 +4,7 @@ The store is ``--store PATH`` (before the subcommand; before ``memory`` or after
 subcommand work too), else the configured ``store``, else
 the default store, ``$XDG_DATA_HOME/recallbound/memory.db`` (``~/.local/share/...``), whose
 folder is created on first use. A store given explicitly must sit in an existing folder;
-``list`` and ``forget`` never create a store.
+``list``, ``forget`` and ``embed`` never create a store.
 With a configured ``semantic`` embedding, writes compute their vectors too, and ``embed``
 computes the vectors that model lacks: for memories written while ``semantic`` named another
 model, or none (the semantic arm does not see them until then). It prints how many it
