@@ -43,7 +43,7 @@ from plugin.control.ledger_admin import (
     RunSummary,
     check_limit,
 )
-from plugin.control.sql_rows import attempt_row
+from plugin.control.sql_rows import attempt_row, call_row, evidence_rows, refusal_row, storable_row
 from plugin.errors import LedgerClosedError
 
 
@@ -192,6 +192,10 @@ class MemoryLedger:
         store = self._open()
         for trace in attempts:
             attempt_row(trace)  # the same checks as the SQL ledgers
+        for refusal in refusals:
+            refusal_row(refusal)
+        for call in calls:
+            call_row(call)
         for trace in attempts:
             known = self.traces.get(trace.attempt_id)
             if known is None or known.outcome is AttemptOutcome.IN_FLIGHT:  # never regresses
@@ -208,6 +212,8 @@ class MemoryLedger:
         self, run_id: str, calls: Sequence[CallIdentity]
     ) -> dict[CallIdentity, CallRecord]:
         store, there = self._open(), {}
+        for call_id, digest in calls:  # the same checks as the SQL ledgers
+            storable_row({"call_id": call_id, "digest": digest}, "call")
         for call_id, digest in calls:
             key = (run_id, call_id, digest)
             if key in store.calls:
@@ -219,6 +225,8 @@ class MemoryLedger:
 
     async def release_calls(self, run_id: str, calls: Sequence[CallIdentity]) -> None:
         store = self._open()
+        for call_id, digest in calls:
+            storable_row({"call_id": call_id, "digest": digest}, "call")
         for call_id, digest in calls:
             key = (run_id, call_id, digest)
             if key in store.calls and store.calls[key].status == PENDING:
@@ -254,7 +262,7 @@ class MemoryLedger:
 
     async def retain(self, run_id: str, evidence_ids: Sequence[str], *, limit: int) -> None:
         held = self.retained.setdefault(run_id, [])
-        for evidence_id in dict.fromkeys(evidence_ids):
+        for evidence_id in dict.fromkeys(evidence_rows(evidence_ids)):
             if evidence_id not in held and len(held) < limit:
                 held.append(evidence_id)
 

@@ -305,6 +305,57 @@ async def test_an_attempt_whose_times_are_not_finite_is_refused_and_the_run_goes
     _granted(await ledger.reserve("run", DELIB, 1, POLICY, WALL + 1))
 
 
+_UNSTORABLE = ["x\ud800", "x\x00y"]
+"""Text no ledger can store as given: a lone surrogate (not UTF-8), a NUL (PostgreSQL)."""
+
+
+@pytest.mark.parametrize("bad", _UNSTORABLE)
+@pytest.mark.parametrize("field", ["attempt_id", "kind", "strategy", "fingerprint"])
+async def test_an_attempt_with_text_no_ledger_can_store_is_refused_and_nothing_is_written(
+    ledger: Ledger, field: str, bad: str
+) -> None:
+    _granted(await ledger.reserve("run", AUTO, 2, POLICY, WALL))
+    good = _trace("a1", "run", 1)
+    with pytest.raises(InvalidArgumentError, match=field):
+        await ledger.record([good, attrs.evolve(_trace("a2", "run", 2), **{field: bad})], [])
+    assert await ledger.attempts("run") == []
+    await ledger.record([good], [])
+    assert [t.attempt_id for t in await ledger.attempts("run")] == ["a1"]
+
+
+@pytest.mark.parametrize("bad", _UNSTORABLE)
+@pytest.mark.parametrize("field", ["call_id", "digest", "reason", "evidence_ids"])
+async def test_a_call_record_with_text_no_ledger_can_store_is_refused(
+    ledger: Ledger, field: str, bad: str
+) -> None:
+    value: object = (bad,) if field == "evidence_ids" else bad
+    call = CallRecord(run_id="run", call_id="c1", digest="d" * 64, status="ok", slot=1,
+                      evidence_ids=("m1",))
+    with pytest.raises(InvalidArgumentError, match=field.removesuffix("s")):
+        await ledger.record([], [], [attrs.evolve(call, **{field: value})], retain_limit=8)
+    assert await ledger.recorded_calls("run", ["c1", bad]) == []
+    if field in ("call_id", "digest"):
+        identity = (bad, "d" * 64) if field == "call_id" else ("c1", bad)
+        with pytest.raises(InvalidArgumentError, match=field):
+            await ledger.claim_calls("run", [("c0", "d" * 64), identity])
+        assert await ledger.recorded_calls("run", ["c0", "c1", bad]) == []
+        with pytest.raises(InvalidArgumentError, match=field):
+            await ledger.release_calls("run", [identity])
+    with pytest.raises(InvalidArgumentError, match="evidence"):
+        await ledger.retain("run", ["m1", bad], limit=8)
+
+
+@pytest.mark.parametrize("bad", _UNSTORABLE)
+async def test_a_refusal_with_text_no_ledger_can_store_is_refused(
+    ledger: Ledger, bad: str
+) -> None:
+    refusal = RefusalRecord(run_id="run", round_index=None, what="round", kind=bad,
+                            reason=RefusalReason.SLOTS, at_wall=WALL)
+    with pytest.raises(InvalidArgumentError, match="kind"):
+        await ledger.record([], [refusal])
+    assert await ledger.refusals("run") == []
+
+
 async def test_refusals_are_recorded_as_rounds(ledger: Ledger) -> None:
     _granted(await ledger.reserve("run", AUTO, 4, POLICY, WALL))
     _refused(await ledger.reserve("run", DELIB, 1, POLICY, WALL + 1), RefusalReason.SLOTS)

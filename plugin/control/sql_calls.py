@@ -26,6 +26,7 @@ from .sql_rows import (
     calls_of,
     claim_rows,
     held,
+    storable_row,
 )
 
 if TYPE_CHECKING:
@@ -72,12 +73,14 @@ class SqlCalls:
 
     async def release_calls(self, run_id: str, calls: Sequence[CallIdentity]) -> None:
         validate.run_id(run_id)
-        rows = [{"run_id": run_id, "call_id": c, "digest": d} for c, d in calls]
+        rows = [storable_row({"run_id": run_id, "call_id": c, "digest": d}, "call")
+                for c, d in calls]
         await self._writes.submit((run_id, [(self._sql(_RELEASE_CALL), rows)]))
 
     async def recorded_calls(self, run_id: str, call_ids: Sequence[str]) -> list[CallRecord]:
         validate.run_id(run_id)
-        ids = list(dict.fromkeys(call_ids))
+        # An id no ledger can store was never recorded: it is not asked for.
+        ids = [i for i in dict.fromkeys(call_ids) if validate.is_storable(i)]
         if not ids:
             return []
         where = f"reading the calls of run {run_id!r}"

@@ -27,7 +27,7 @@ from .ledger import (
 from .policy import RoundKind
 from .refusal import RefusalReason
 from .sql_schema import Row
-from .validate import finite
+from .validate import finite, storable
 
 _RECORD_ATTEMPT = """
 INSERT INTO {q}attempts AS a (attempt_id, run_id, round_index, slot, kind, strategy, fingerprint,
@@ -139,31 +139,51 @@ ORDER BY id
 """
 
 
+def storable_row(row: dict[str, Any], what: str) -> dict[str, Any]:
+    """``row`` if every one of its strings can be stored by every ledger
+    (:func:`~plugin.control.validate.storable`), else
+    :class:`~plugin.errors.InvalidArgumentError` naming ``what`` and the field."""
+    for field, value in row.items():
+        if isinstance(value, str):
+            storable(value, field=f"{what}: {field}")
+    return row
+
+
 def attempt_row(trace: AttemptTrace) -> dict[str, Any]:
     """An attempt trace as the parameters of the attempt upsert. Its start and its end must be
-    finite times (the end is the run's clock for its later rounds)."""
+    finite times (the end is the run's clock for its later rounds), and its text storable
+    (:func:`storable_row`)."""
     elapsed = 0.0 if trace.elapsed_s is None else trace.elapsed_s
     if not (finite(trace.started_wall) and finite(elapsed) and elapsed >= 0
             and finite(trace.started_wall + elapsed)):
         raise InvalidArgumentError(
             f"attempt {trace.attempt_id!r}: its start and end must be finite times")
-    return {
+    return storable_row({
         "attempt_id": trace.attempt_id, "run_id": trace.run_id,
         "round_index": trace.round_index, "slot": trace.slot, "kind": trace.kind,
         "strategy": trace.strategy, "fingerprint": trace.fingerprint,
         "outcome": trace.outcome.value, "started_wall": trace.started_wall,
         "elapsed_s": trace.elapsed_s, "legacy": bool(trace.legacy), "dropped": trace.dropped,
-    }
+    }, "attempt")
 
 
 def call_row(record: CallRecord) -> dict[str, Any]:
-    """A call record as the parameters of its insert."""
-    return {
+    """A call record as the parameters of its insert; its text storable."""
+    evidence_rows(record.evidence_ids)
+    return storable_row({
         "run_id": record.run_id, "call_id": record.call_id, "digest": record.digest,
         "status": record.status, "slot": record.slot, "reason": record.reason,
         "evidence": json.dumps(list(record.evidence_ids), ensure_ascii=True),
         "more": record.more, "reserved": record.reserved, "executed": record.executed,
-    }
+    }, "call")
+
+
+def evidence_rows(evidence_ids: Sequence[str]) -> Sequence[str]:
+    """``evidence_ids`` if each can be stored by every ledger, else
+    :class:`~plugin.errors.InvalidArgumentError`."""
+    for evidence_id in evidence_ids:
+        storable(evidence_id, field="evidence_id")
+    return evidence_ids
 
 
 def claim_rows(run_id: str, calls: Sequence[CallIdentity], token: str) -> list[dict[str, Any]]:
@@ -205,11 +225,11 @@ def call_record(run_id: str, row: Row) -> CallRecord:
 
 
 def refusal_row(record: RefusalRecord) -> dict[str, Any]:
-    """A refusal as the parameters of its insert."""
-    return {
+    """A refusal as the parameters of its insert; its text storable."""
+    return storable_row({
         "run_id": record.run_id, "round_index": record.round_index, "what": record.what,
         "kind": record.kind, "reason": record.reason.value, "at_wall": record.at_wall,
-    }
+    }, "refusal")
 
 
 def reservation(run_id: str, kind: RoundKind, requested: int, *, rounds: int, reserved: int,

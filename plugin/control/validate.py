@@ -27,6 +27,8 @@ __all__ = [
     "is_identifier",
     "run_id",
     "seconds",
+    "is_storable",
+    "storable",
 ]
 
 MAX_ID_BYTES = 512
@@ -113,6 +115,29 @@ def _encoded_size(
     if size > max_bytes:
         raise error(f"{field} must be at most {max_bytes} UTF-8 bytes, got {size}")
     return size
+
+
+def storable(value: str, *, field: str, error: ErrorClass = InvalidArgumentError) -> str:
+    """Return ``value`` (a ``str``) if every ledger can store it as given: valid Unicode (no
+    lone surrogate, which is not UTF-8) and no NUL (which PostgreSQL's text cannot hold)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise error(
+            f"{field} is not valid Unicode text (a lone surrogate at position {exc.start})"
+        ) from None
+    if "\x00" in value:
+        raise error(f"{field} must not contain a NUL character")
+    return value
+
+
+def is_storable(value: str) -> bool:
+    """Whether every ledger can store ``value`` (:func:`storable`)."""
+    try:
+        storable(value, field="text")
+    except InvalidArgumentError:
+        return False
+    return True
 
 
 def bounded_text(
