@@ -508,6 +508,23 @@ async def test_unembedded_counts_the_memories_the_model_has_no_vector_for(
         assert (await store.unembedded(), await store.unembedded(probe=1)) == (1, 1)
 
 
+@pytest.mark.parametrize("bad", [0, -1, True, 2.5, "8", 2**64])
+async def test_embedding_the_missing_takes_a_batch_of_at_least_one(
+    tmp_path: Path, bad: object
+) -> None:
+    path = tmp_path / "m.db"
+    async with MemoryStore(path) as plain:
+        await plain.add_memories([MemoryRecord(id="m1", text="no model yet", **ME)])
+    async with MemoryStore(path, embedding=HashingEmbedding()) as store:
+        with pytest.raises(ValueError, match="batch"):
+            await store.embed_missing(batch=bad)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="probe"):
+            await store.unembedded(probe=-1 if bad == 0 else bad)  # type: ignore[arg-type]
+        assert await store.unembedded() == 1  # nothing was lost or half-done
+        assert await store.embed_missing(batch=1) == 1
+        assert await store.unembedded() == 0
+
+
 async def test_recent_is_newest_first_with_ties_by_id(
     store: MemoryStore, clock: ManualClock
 ) -> None:

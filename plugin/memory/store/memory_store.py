@@ -228,8 +228,9 @@ class MemoryStore:
     async def embed_missing(self, *, batch: int = 256) -> int:
         """Compute vectors for stored memories that have none for this store's adapter.
 
-        For a store filled before an adapter was configured. Returns how many were embedded
-        (0 without an adapter).
+        For a store filled before an adapter was configured. ``batch`` memories (at least 1)
+        are read, embedded and written at a time, each memory looked at once. Returns how
+        many were embedded (0 without an adapter).
         """
         return await self._writer.embed_missing(batch=batch)
 
@@ -239,9 +240,10 @@ class MemoryStore:
         store filled while another model, or none, was configured).
 
         Every memory is checked (a read of every memory's vector key: about 0.4 s for
-        100,000), unless ``probe`` is given: then only the ``probe`` oldest and newest
-        memories are, which is what opening the hooks does (a model switch leaves the oldest
-        without vectors, a write without a model the newest).
+        100,000), unless ``probe`` (an int, 0 or more) is given: then only the ``probe``
+        oldest and newest memories are, which is what opening the hooks does (a model switch
+        leaves the oldest without vectors, a write without a model the newest). A bad
+        ``probe`` or ``batch`` is a ``ValueError`` naming it.
         """
         return await self._writer.unembedded(probe=probe)
 

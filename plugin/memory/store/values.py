@@ -34,6 +34,7 @@ __all__ = [
     "check_memory_text",
     "check_ids",
     "check_key",
+    "check_count",
     "check_limit",
     "check_text",
     "check_time",
@@ -326,11 +327,18 @@ def person_key(name: str) -> str:
 MAX_LIMIT = 2**63 - 1
 
 
+def check_count(value: object, name: str, *, least: int = 0) -> int:
+    """A count argument ``name``: an int from ``least`` to :data:`MAX_LIMIT`, else
+    ``ValueError`` naming it."""
+    if isinstance(value, bool) or not isinstance(value, int) \
+            or not least <= value <= MAX_LIMIT:
+        raise ValueError(f"{name} must be an int from {least} to 2**63 - 1, got {value!r}")
+    return value
+
+
 def check_limit(limit: object) -> int:
     """A read's ``limit``: an int from 0 to :data:`MAX_LIMIT`, else ``ValueError``."""
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= MAX_LIMIT:
-        raise ValueError(f"limit must be an int from 0 to 2**63 - 1, got {limit!r}")
-    return limit
+    return check_count(limit, "limit")
 
 
 def visible(principal: object, scope: object) -> bool:

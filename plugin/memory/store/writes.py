@@ -22,6 +22,7 @@ from .sparse_index import index_logged
 from .values import (
     MemoryRecord,
     MemoryWrite,
+    check_count,
     check_ids,
     check_key,
     check_text,
@@ -228,6 +229,8 @@ class Writer:
         return await self.db.transact(delete)
 
     async def unembedded(self, *, probe: int | None = None) -> int:
+        if probe is not None:
+            probe = check_count(probe, "probe")
         adapter = self.embedding
         if adapter is None:
             return 0
@@ -245,19 +248,21 @@ class Writer:
         return int(rows[0][0])
 
     async def embed_missing(self, *, batch: int = 256) -> int:
+        batch = check_count(batch, "batch", least=1)
         adapter = self.embedding
         if adapter is None:
             return 0
-        done = 0
-        while True:
+        done, after = 0, -1
+        while True:  # on from the last memory read: each memory is looked at once
             rows = await self.db.fetch(
-                "SELECT m.seq, m.text FROM memories AS m WHERE NOT EXISTS ("
+                "SELECT m.seq, m.text FROM memories AS m WHERE m.seq > ? AND NOT EXISTS ("
                 "SELECT 1 FROM embeddings AS e WHERE e.memory_seq = m.seq AND e.model = ?) "
                 "ORDER BY m.seq LIMIT ?",
-                (adapter.name, batch),
+                (after, adapter.name, batch),
             )
             if not rows:
                 return done
+            after = rows[-1][0]
             blobs = await _vectors(adapter, [row[1] for row in rows])
             await self.db.write(
                 [
