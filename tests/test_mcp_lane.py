@@ -61,9 +61,12 @@ class Lines:
 
     broken = False
     """Set: every write fails as a pipe whose reader is gone does."""
+    failed = 0
+    """Writes that failed so."""
 
     async def write(self, data: bytes) -> None:
         if self.broken:
+            self.failed += 1
             raise BrokenPipeError("the client is gone")
         self.lines.append(data)
         self._grew.set()
@@ -206,7 +209,9 @@ async def test_a_cancelled_call_is_never_answered_and_its_round_runs_on(tmp_path
             await retriever.entered.wait()
             await conn.send(json.dumps({"jsonrpc": "2.0", "method": "notifications/cancelled",
                                         "params": {"requestId": 1}}).encode())
-            await anyio.sleep(0.05)  # the cancellation is taken before the search ends
+            # The reader takes lines in order: once a later request is answered, the
+            # cancellation was taken, and the search has not ended.
+            assert "result" in await conn.ask(request(5, "tools/list"))
             retriever.release.set()
             with anyio.fail_after(10):
                 while not retriever.finished:
@@ -241,9 +246,9 @@ async def test_a_client_gone_before_its_answer_leaves_the_server_serving(
             conn.out.broken = True  # the reader of the server's output went away
             retriever.release.set()
             with anyio.fail_after(10):
-                while not retriever.finished:
+                while not conn.out.failed:  # the answer's write
                     await anyio.sleep(0.01)
-            await anyio.sleep(0.05)  # the answer's write failed by now
+            assert retriever.finished
             conn.out.broken = False
             assert "result" in await conn.ask(request(2, "tools/list"))
         assert 1 not in conn.out.answers()
