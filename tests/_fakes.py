@@ -272,10 +272,11 @@ class MemoryLedger:
         rules.check_identity(run_id, bound, principal, scope)
 
     async def open_run(
-        self, run_id: str, *, principal: str, scope: str, now: WallTime, per_hour: int
+        self, run_id: str, *, principal: str, scope: str, now: WallTime, per_hour: int,
+        floor: WallTime = -math.inf,
     ) -> rules.RunOpening:
         rules.open_run_arguments(run_id, principal, scope)
-        at = read_time(now)
+        at = max(read_time(now), read_time(floor))
         identities = self._open().identities
         rules.check_identity(run_id, identities.get(run_id, (principal, scope)), principal, scope)
         opened = self._open().run_opens.setdefault((principal, scope), {})

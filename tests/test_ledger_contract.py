@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import random
 import sqlite3
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -1134,6 +1135,27 @@ async def test_runs_opened_per_hour_are_capped_per_principal_and_scope(ledger: L
                                  per_hour=3)
     assert not await ledger.open_run("r4", principal="alice", scope="proj",
                                      now=WALL + HOUR + 0.5, per_hour=3)
+
+
+async def test_a_worker_whose_clock_is_hours_ahead_cannot_reset_the_fleets_hourly_count(
+    anyio_backend: object,
+) -> None:
+    """Judged by the server's clock, as rounds are: a worker whose own clock is two hours
+    ahead neither forgets the pair's openings of the last hour nor opens past the cap."""
+    with fresh_schema("skew") as schema:
+        async with PostgresLedger(DSN, schema=schema) as ledger:
+            now = time.time()
+            for n in range(2):
+                assert await ledger.open_run(f"r{n}", principal="alice", scope="proj", now=now,
+                                             per_hour=2)
+            ahead = now + 2 * HOUR
+            assert not await ledger.open_run("r2", principal="alice", scope="proj", now=ahead,
+                                             per_hour=2)
+            assert not await ledger.open_run("r3", principal="alice", scope="proj", now=now,
+                                             per_hour=2)
+            # never judged before the floor: an hour the caller has watched pass has passed
+            assert await ledger.open_run("r3", principal="alice", scope="proj", now=now,
+                                         floor=ahead, per_hour=2)
 
 
 async def test_runs_opened_per_hour_survive_reopening(open_ledger: Callable[..., Any]) -> None:

@@ -355,11 +355,15 @@ class Ledger(Protocol):
         ...
 
     async def open_run(
-        self, run_id: str, *, principal: str, scope: str, now: WallTime, per_hour: int
+        self, run_id: str, *, principal: str, scope: str, now: WallTime, per_hour: int,
+        floor: WallTime = -math.inf,
     ) -> RunOpening:
         """Bind ``run_id`` to ``principal`` and ``scope`` (as :meth:`bind_identity`: another
         principal or scope raises :class:`~plugin.errors.RunIdentityError` and stores nothing)
-        and count it as a run they opened at ``now``, once; in one transaction.
+        and count it as a run they opened at ``now``, once; in one transaction. ``now`` is
+        judged as :meth:`reserve` judges it: a ledger with an authoritative clock of its own
+        reads that clock instead (so a worker whose clock is off cannot move the fleet's
+        hour), never below ``floor``.
 
         ``OPENED`` when the run is counted now; ``KNOWN`` when it is bound already, however
         long ago it opened: a run is never counted twice; ``REFUSED`` (false),

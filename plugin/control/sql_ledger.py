@@ -275,7 +275,8 @@ class SqlLedger(SqlCalls, abc.ABC):
         check_identity(run_id, bound, principal, scope)
 
     async def open_run(
-        self, run_id: str, *, principal: str, scope: str, now: WallTime, per_hour: int
+        self, run_id: str, *, principal: str, scope: str, now: WallTime, per_hour: int,
+        floor: WallTime = -math.inf,
     ) -> RunOpening:
         open_run_arguments(run_id, principal, scope)
         at = read_time(now)
@@ -283,7 +284,8 @@ class SqlLedger(SqlCalls, abc.ABC):
         async def write(s: Session) -> RunOpening:
             # One lock per (principal, scope): two processes opening runs for it queue here.
             await self._lock_run(s, json.dumps(["run_opens", principal, scope]))
-            return await self._open_run(s, run_id, principal, scope, at, per_hour)
+            return await self._open_run(s, run_id, principal, scope,
+                                        await self._judged_at(s, at, floor), per_hour)
 
         return await self._transact_unsynced(write, f"opening run {run_id!r}")
 
@@ -297,19 +299,24 @@ class SqlLedger(SqlCalls, abc.ABC):
 
         async def write(s: Session) -> str:
             await self._lock_run(s, json.dumps(["run_opens", principal, scope]))
-            now = at
-            if self._dialect.clock is not None:  # judged by the clock deadlines are set by
-                ((now,),) = await s.fetchall(self._sql("SELECT " + self._dialect.clock), {})
-            now = max(float(now), read_time(floor))
+            now = await self._judged_at(s, at, floor)
             rows = await s.fetchall(self._sql(CURRENT_RUN), {
                 **cell, "prefix": prefix, "prefix_length": len(prefix), "now": now,
                 "since": now - live})
             if rows:
                 return str(rows[0][0])
-            await self._open_run(s, candidate, principal, scope, float(now), per_hour)
+            await self._open_run(s, candidate, principal, scope, now, per_hour)
             return candidate
 
         return await self._transact_unsynced(write, f"finding the current run of {prefix!r}")
+
+    async def _judged_at(self, s: Session, now: float, floor: WallTime) -> float:
+        """When a run opening is judged: by the clock deadlines are set by (the database's
+        own, where it judges by it; else ``now``), never before ``floor`` (read here, inside
+        the transaction, after the pair's lock)."""
+        if self._dialect.clock is not None:
+            ((now,),) = await s.fetchall(self._sql("SELECT " + self._dialect.clock), {})
+        return max(float(now), read_time(floor))
 
     async def _open_run(self, s: Session, run_id: str, principal: str, scope: str, at: float,
                         per_hour: int) -> RunOpening:
