@@ -283,9 +283,9 @@ class MemoryLedger:
         if run_id in identities:  # bound by its opening: never counted again
             identities.setdefault(run_id, (principal, scope))
             return rules.RunOpening.KNOWN
-        for old in [r for r, at_ in opened.items() if at_ <= at - rules.RUN_RATE_WINDOW_S]:
+        for old in [r for r, at_ in opened.items() if at_ <= at - rules.RUN_OPENS_KEPT_S]:
             del opened[old]
-        if len(opened) >= per_hour:
+        if sum(at_ > at - rules.RUN_RATE_WINDOW_S for at_ in opened.values()) >= per_hour:
             return rules.RunOpening.REFUSED  # nothing stored: the run is not bound either
         identities.setdefault(run_id, (principal, scope))
         opened[run_id] = at

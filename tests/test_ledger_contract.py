@@ -1137,6 +1137,23 @@ async def test_runs_opened_per_hour_are_capped_per_principal_and_scope(ledger: L
                                      now=WALL + HOUR + 0.5, per_hour=3)
 
 
+async def test_a_clock_that_steps_forward_and_back_keeps_the_hours_openings(
+    ledger: Ledger,
+) -> None:
+    for n in range(2):
+        assert await ledger.open_run(f"r{n}", principal="alice", scope="proj", now=WALL + n,
+                                     per_hour=2)
+    # two hours on, the hour's openings are behind: a run opens
+    assert await ledger.open_run("ahead", principal="alice", scope="proj",
+                                 now=WALL + 2 * HOUR, per_hour=2)
+    # the clock steps back: the openings of its hour still count, and so does the later one
+    assert not await ledger.open_run("r2", principal="alice", scope="proj", now=WALL + 10,
+                                     per_hour=2)
+    # a day on, all of them are behind
+    assert await ledger.open_run("r2", principal="alice", scope="proj", now=WALL + 26 * HOUR,
+                                 per_hour=2)
+
+
 async def test_a_worker_whose_clock_is_hours_ahead_cannot_reset_the_fleets_hourly_count(
     anyio_backend: object,
 ) -> None:

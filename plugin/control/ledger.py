@@ -96,6 +96,9 @@ def _text_arguments(method: str, run_id: object, principal: object, scope: objec
 
 RUN_RATE_WINDOW_S = 3600.0
 """The window :meth:`Ledger.open_run` counts a caller's run openings over (an hour)."""
+RUN_OPENS_KEPT_S = 24 * RUN_RATE_WINDOW_S
+"""How long a run's opening is kept (a day, far past the hour it counts in), so a clock that
+steps forward and then back does not lose the openings of the hour it returns to."""
 
 
 class RunOpening(enum.Enum):

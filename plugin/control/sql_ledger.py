@@ -24,6 +24,7 @@ from plugin.errors import LedgerError, LedgerLockedError, LedgerUnavailableError
 from . import validate
 from ._group import GroupCommit
 from .ledger import (
+    RUN_OPENS_KEPT_S,
     RUN_RATE_WINDOW_S,
     AttemptTrace,
     CallRecord,
@@ -327,9 +328,11 @@ class SqlLedger(SqlCalls, abc.ABC):
         bound = bound or next(((str(p), str(c)) for p, c in rows), None)
         known = bound is not None  # bound by its opening: whatever run_opens holds now
         if not known:
-            # Openings older than the window count no more: the pair's rows stay bounded.
-            await s.fetchall(self._sql(_FORGET_OPENS), {**cell, "since": at - RUN_RATE_WINDOW_S})
-            ((opened,),) = await s.fetchall(self._sql(_OPENS), cell)
+            # Openings older than a day go (the pair's rows stay bounded); those of the hour
+            # before ``at`` count, and so do any after it (a clock that stepped back).
+            await s.fetchall(self._sql(_FORGET_OPENS), {**cell, "since": at - RUN_OPENS_KEPT_S})
+            ((opened,),) = await s.fetchall(self._sql(_OPENS),
+                                            {**cell, "since": at - RUN_RATE_WINDOW_S})
             if opened >= per_hour:
                 return RunOpening.REFUSED  # nothing of a refused run is stored, its binding neither
         if bound is None:  # bound as bind_identity binds it, in this transaction

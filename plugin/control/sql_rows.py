@@ -98,7 +98,7 @@ ON CONFLICT (run_id) DO NOTHING
 _BOUND = "SELECT principal, scope FROM {q}run_identity WHERE run_id = :run_id"
 _CELL = "principal = :principal AND scope = :scope"
 _FORGET_OPENS = "DELETE FROM {q}run_opens WHERE " + _CELL + " AND opened_wall <= :since"
-_OPENS = "SELECT count(*) FROM {q}run_opens WHERE " + _CELL
+_OPENS = "SELECT count(*) FROM {q}run_opens WHERE " + _CELL + " AND opened_wall > :since"
 _OPEN = """
 INSERT INTO {q}run_opens (principal, scope, run_id, opened_wall)
 VALUES (:principal, :scope, :run_id, :now)
