@@ -43,7 +43,13 @@ from plugin.control.ledger_admin import (
     RunSummary,
     check_limit,
 )
-from plugin.control.sql_rows import attempt_row, call_row, evidence_rows, refusal_row, storable_row
+from plugin.control.sql_rows import (
+    attempt_row,
+    call_row,
+    refusal_row,
+    storable_evidence,
+    storable_row,
+)
 from plugin.errors import LedgerClosedError
 
 
@@ -262,7 +268,7 @@ class MemoryLedger:
 
     async def retain(self, run_id: str, evidence_ids: Sequence[str], *, limit: int) -> None:
         held = self.retained.setdefault(run_id, [])
-        for evidence_id in dict.fromkeys(evidence_rows(evidence_ids)):
+        for evidence_id in dict.fromkeys(storable_evidence(evidence_ids)):
             if evidence_id not in held and len(held) < limit:
                 held.append(evidence_id)
 

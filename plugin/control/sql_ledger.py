@@ -65,10 +65,10 @@ from .sql_rows import (
     attempt_row,
     attempts_of,
     call_row,
-    evidence_rows,
     refusal_row,
     refusals_of,
     reservations_of,
+    storable_evidence,
     usage_of,
 )
 from .sql_schema import Dialect, Row, Rows, Session
@@ -237,7 +237,7 @@ class SqlLedger(SqlCalls, abc.ABC):
 
     def _retaining(self, run_id: str, evidence_ids: Sequence[str], limit: int) -> Rows:
         """The statements retaining ``evidence_ids`` with the run (under its lock)."""
-        ids = list(dict.fromkeys(evidence_rows(evidence_ids)))
+        ids = list(dict.fromkeys(storable_evidence(evidence_ids)))
         dialect = self._dialect
         statements: Rows = []
         if dialect.lock_run is not None:

@@ -169,7 +169,7 @@ def attempt_row(trace: AttemptTrace) -> dict[str, Any]:
 
 def call_row(record: CallRecord) -> dict[str, Any]:
     """A call record as the parameters of its insert; its text storable."""
-    evidence_rows(record.evidence_ids)
+    storable_evidence(record.evidence_ids)
     return storable_row({
         "run_id": record.run_id, "call_id": record.call_id, "digest": record.digest,
         "status": record.status, "slot": record.slot, "reason": record.reason,
@@ -178,9 +178,9 @@ def call_row(record: CallRecord) -> dict[str, Any]:
     }, "call")
 
 
-def evidence_rows(evidence_ids: Sequence[str]) -> Sequence[str]:
-    """``evidence_ids`` if each can be stored by every ledger, else
-    :class:`~plugin.errors.InvalidArgumentError`."""
+def storable_evidence(evidence_ids: Sequence[str]) -> Sequence[str]:
+    """``evidence_ids`` if every ledger can store each of them, else
+    :class:`~plugin.errors.InvalidArgumentError` naming ``evidence_id``."""
     for evidence_id in evidence_ids:
         storable(evidence_id, field="evidence_id")
     return evidence_ids

@@ -25,9 +25,9 @@ __all__ = [
     "first_bad_character",
     "identifier",
     "is_identifier",
+    "is_storable",
     "run_id",
     "seconds",
-    "is_storable",
     "storable",
 ]
 
