@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import anyio
+import attrs
 import psycopg
 import pytest
 
@@ -35,7 +36,12 @@ from plugin.control.ledger import (
 )
 from plugin.control.postgres_ledger import PostgresLedger
 from plugin.control.refusal import BudgetRefusal, RefusalReason
-from plugin.errors import LedgerError, LedgerLockedError, LedgerUnavailableError
+from plugin.errors import (
+    InvalidArgumentError,
+    LedgerError,
+    LedgerLockedError,
+    LedgerUnavailableError,
+)
 
 from . import _pg
 from .test_postgres_pooler import _servers_lent
@@ -425,25 +431,31 @@ async def test_hostile_text_is_stored_as_itself(schema: str, dsn: str, time_sour
 
 
 @pytest.mark.parametrize("dsn", WHERE)
-async def test_a_nul_in_a_trace_fails_that_write_alone_and_typed(schema: str, dsn: str) -> None:
-    """Text PostgreSQL cannot store (a NUL): that write fails with a ledger error; the writes
-    that shared its batch are written."""
+async def test_a_trace_postgresql_cannot_take_fails_that_write_alone_and_typed(
+    schema: str, dsn: str
+) -> None:
+    """A NUL, which PostgreSQL's text cannot hold, is refused before it is sent; a slot past a
+    64-bit integer reaches the server and fails that write with a ledger error. Either way the
+    writes that shared its batch are written."""
     dsn = _pg.pooled_dsn() if dsn == "pgbouncer" else dsn
     async with PostgresLedger(dsn, schema=schema, max_size=4) as ledger:
-        failed: list[BaseException] = []
+        failed: dict[str, BaseException] = {}
 
         async def write(trace: AttemptTrace) -> None:
             try:
                 await ledger.record([trace], [])
-            except LedgerError as exc:
-                failed.append(exc)
+            except (LedgerError, InvalidArgumentError) as exc:
+                failed[trace.attempt_id] = exc
 
         with anyio.fail_after(60):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(write, _trace("run", "fine-1"))
                 tg.start_soon(write, _trace("run", "nul", strategy="a\x00b"))
+                tg.start_soon(write, attrs.evolve(_trace("run", "huge"), slot=2**63))
                 tg.start_soon(write, _trace("run", "fine-2"))
-        assert len(failed) == 1 and "NUL" in str(failed[0]), failed
+        assert sorted(failed) == ["huge", "nul"], failed
+        assert isinstance(failed["nul"], InvalidArgumentError) and "NUL" in str(failed["nul"])
+        assert isinstance(failed["huge"], LedgerError), failed["huge"]
         assert sorted(a.attempt_id for a in await ledger.attempts("run")) == ["fine-1", "fine-2"]
         if dsn != _pg.DSN:
             assert _servers_lent(_app(schema)) == 0
