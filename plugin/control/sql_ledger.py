@@ -237,7 +237,7 @@ class SqlLedger(SqlCalls, abc.ABC):
 
     def _retaining(self, run_id: str, evidence_ids: Sequence[str], limit: int) -> Rows:
         """The statements retaining ``evidence_ids`` with the run (under its lock)."""
-        ids = list(dict.fromkeys(storable_evidence(evidence_ids)))
+        ids = list(dict.fromkeys(evidence_ids))
         dialect = self._dialect
         statements: Rows = []
         if dialect.lock_run is not None:
@@ -253,6 +253,7 @@ class SqlLedger(SqlCalls, abc.ABC):
         validate.run_id(run_id)
         if not evidence_ids or limit < 1:
             return
+        storable_evidence(evidence_ids)  # record()'s calls were checked as their rows were built
         # Group-committed with the trace writes; a batch takes its runs' locks in one order.
         await self._writes.submit((run_id, self._retaining(run_id, evidence_ids, limit)))
 
