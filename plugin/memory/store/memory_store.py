@@ -229,8 +229,9 @@ class MemoryStore:
         """Compute vectors for stored memories that have none for this store's adapter.
 
         For a store filled before an adapter was configured. ``batch`` memories (at least 1)
-        are read, embedded and written at a time, each memory looked at once. Returns how
-        many were embedded (0 without an adapter).
+        are read, embedded and written at a time, each memory looked at once (another
+        ``batch`` is a ``ValueError`` naming it). Returns how many were embedded (0 without
+        an adapter).
         """
         return await self._writer.embed_missing(batch=batch)
 
@@ -242,8 +243,8 @@ class MemoryStore:
         Every memory is checked (a read of every memory's vector key: about 0.4 s for
         100,000), unless ``probe`` (an int, 0 or more) is given: then only the ``probe``
         oldest and newest memories are, which is what opening the hooks does (a model switch
-        leaves the oldest without vectors, a write without a model the newest). A bad
-        ``probe`` or ``batch`` is a ``ValueError`` naming it.
+        leaves the oldest without vectors, a write without a model the newest). Another
+        ``probe`` is a ``ValueError`` naming it.
         """
         return await self._writer.unembedded(probe=probe)
 
