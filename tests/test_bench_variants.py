@@ -101,3 +101,19 @@ def test_request_new_words_weighs_a_short_request_that_names_what_the_state_does
     assert patched.keys() == shipped.keys() and len(shipped) == 3
     assert patched[("a039", "semantic", "task_context")] != shipped[
         ("a039", "semantic", "task_context")]
+
+
+def test_request_topicality_lists_the_requests_no_note_holds_a_word_of(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``bench.request_topicality`` measures the requests that weigh 0 today: B's marathon
+    request (no note says "marathon") is listed with its family; "switch to the talk slides"
+    (the notes say "slides") and "continue" (no content word) are not."""
+    from bench import request_topicality
+
+    assert request_topicality.main([str(HARDER_B)]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[2:]}
+    assert "b037" in rows and "topic_switch" in rows["b037"] and "marathon" in rows["b037"]
+    assert "b040" not in rows and "b001" not in rows
+    best = float(rows["b037"].split()[2])
+    assert -1.0 <= best <= 1.0
