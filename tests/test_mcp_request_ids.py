@@ -1,5 +1,6 @@
 """A request whose id MCP does not allow (null, a boolean, a number with a fraction, an object,
-an array) is answered with an Invalid Request error (id null) and never run: by the stdio
+an array) is answered with an Invalid Request error (id null) and never run, and one whose
+``params`` is null with an Invalid Params error under its id: by the stdio
 reader itself (tests/test_mcp_wire.py sends these lines to a real server process too) and over
 streamable HTTP. The SDK's parser would
 drop such an id and take the request for a notification: no answer, and the method run."""
@@ -18,7 +19,7 @@ import pytest
 from mcp.shared.message import SessionMessage
 
 from runtime_hooks.mcp.request_id import invalid_request_id
-from runtime_hooks.mcp.wire import INVALID_REQUEST, read_message
+from runtime_hooks.mcp.wire import INVALID_PARAMS, INVALID_REQUEST, read_message
 
 from ._mcp_env import search
 from .test_mcp_transports import TOKEN, _http_client, _http_server, _seeded
@@ -89,6 +90,15 @@ async def test_http_answers_every_invalid_id_and_runs_nothing(tmp_path: Path) ->
                         error = answer.json()
                         assert error["id"] is None, (version, bad)
                         assert error["error"]["code"] == INVALID_REQUEST, (version, bad)
+                    # params null: the SDK would read it as absent and list the tools
+                    answer = await raw.post(
+                        url, content=b'{"jsonrpc":"2.0","id":41,"method":"tools/list",'
+                                     b'"params":null}',
+                        headers={**headers, "Mcp-Protocol-Version": version, **more,
+                                 "Authorization": f"Bearer {TOKEN}"})
+                    assert answer.status_code == 400, version
+                    assert (answer.json()["id"], answer.json()["error"]["code"]) == (
+                        41, INVALID_PARAMS), version
             assert _runs(tmp_path) == 0  # no search ran
             async with _http_client(url, TOKEN) as client:  # and the server keeps serving
                 hit = await search(client, "invoice backfill dry-run", run_id="run-after")

@@ -59,6 +59,10 @@ MALFORMED = [
     (b"{not json", None, -32700),
     (b'\xff\xfe{"jsonrpc":"2.0","id":8,"method":"tools/list"}', 8, -32700),
     (b'{"jsonrpc":"2.0","id":2,"method":"tools/list","params":[1]}', 2, -32602),
+    # params null is no object either (the SDK's model reads it as absent and runs the method);
+    # the second line takes the slower parse (an escaped "NaN" in a string)
+    (b'{"jsonrpc":"2.0","id":10,"method":"tools/list","params":null}', 10, -32602),
+    (b'{"jsonrpc":"2.0","id":11,"method":"tools/list","params":null,"x":"NaN"}', 11, -32602),
     (b'{"jsonrpc":"2.0","id":"three"}', "three", -32600),
     (b'{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"search_memory",'
      b'"arguments":{"query":"\\ud800"}}}', 4, -32602),

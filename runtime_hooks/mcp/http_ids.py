@@ -1,4 +1,5 @@
-"""Streamable HTTP: a request whose id MCP does not allow is answered, never run.
+"""Streamable HTTP: a request whose id MCP does not allow, or whose ``params`` is null, is
+answered, never run.
 
 On a connection that opened with the ``initialize`` handshake, the SDK parses a POST body with
 a parser that drops an id it does not accept (``{"id": true, "method": ...}``) and takes the
@@ -7,7 +8,9 @@ in front of the SDK's application and answers such a body itself, as the stdio r
 (:func:`~runtime_hooks.mcp.request_id.invalid_request_id`): ``400`` with a JSON-RPC Invalid Request
 error whose id is null. It answers only a request the SDK would have read (Host and Origin
 allowed, a valid bearer token); any other request goes to the SDK unchanged, which refuses it
-as usual (``421``, ``403``, ``401``). A body is read at most up to the transport's size cap
+as usual (``421``, ``403``, ``401``). A request whose ``params`` is null (the SDK reads it as
+absent and runs the method) is answered the same way, with an Invalid Params error under its
+own id. A body is read at most up to the transport's size cap
 before it is looked at; a larger one goes to the SDK, which refuses it.
 """
 
@@ -25,7 +28,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .request_id import BAD_ID_MESSAGE, invalid_request_id
-from .wire import INVALID_REQUEST, MAX_LINE_BYTES, error_line
+from .wire import INVALID_PARAMS, INVALID_REQUEST, MAX_LINE_BYTES, error_line
 
 Admitted = Callable[[Request], Awaitable[bool]]
 """Whether the SDK would read a request's body (its Host, Origin and token are accepted)."""
@@ -63,9 +66,9 @@ class RequestIdCheck:
                 document = json.loads(body)
             except (ValueError, RecursionError):
                 document = None  # the SDK answers it
-            if invalid_request_id(document) and await self.admitted(Request(scope)):
-                answer = Response(error_line(None, INVALID_REQUEST, BAD_ID_MESSAGE),
-                                  status_code=400, media_type="application/json")
+            refusal = _refusal(document)
+            if refusal is not None and await self.admitted(Request(scope)):
+                answer = Response(refusal, status_code=400, media_type="application/json")
                 await answer(scope, receive, send)
                 return
 
@@ -73,6 +76,17 @@ class RequestIdCheck:
             return read.pop(0) if read else await receive()
 
         await self.app(scope, replay, send)
+
+
+def _refusal(document: object) -> bytes | None:
+    """The error line for a body the SDK would run wrongly: an id MCP does not allow (id
+    null), or a request whose ``params`` is null (the SDK reads it as absent), else None."""
+    if invalid_request_id(document):
+        return error_line(None, INVALID_REQUEST, BAD_ID_MESSAGE)
+    if isinstance(document, dict) and "method" in document and "id" in document \
+            and "params" in document and document["params"] is None:
+        return error_line(document["id"], INVALID_PARAMS, "Invalid params: must be an object")
+    return None
 
 
 def admitted_by(security: TransportSecuritySettings, verifier: TokenVerifier) -> Admitted:

@@ -135,6 +135,8 @@ def read_message(line: bytes, *, max_depth: int = MAX_DEPTH) -> SessionMessage |
         else:
             # A notification is rare; one is parsed again to tell it from a request whose
             # id the parser dropped (checked on the decoded keys, so an escaped "id" counts).
+            if (refused := _null_params(parsed)) is not None:
+                return refused
             if not isinstance(parsed, types.JSONRPCNotification) \
                     or not invalid_request_id(json.loads(line)):
                 return SessionMessage(parsed)
@@ -170,7 +172,19 @@ def read_message(line: bytes, *, max_depth: int = MAX_DEPTH) -> SessionMessage |
                 and "error" not in document:
             return error_line(request_id, INVALID_REQUEST, "Invalid request: no method")
         return error_line(request_id, INVALID_REQUEST, "Invalid request: not JSON-RPC 2.0")
+    if (refused := _null_params(message)) is not None:
+        return refused
     return SessionMessage(message)
+
+
+def _null_params(message: object) -> bytes | None:
+    """The error for a request whose ``params`` is JSON null, else None. The SDK's model reads
+    null as absent, but JSON-RPC allows an object, an array or no member at all, so null is a
+    wrong ``params`` shape and the method does not run."""
+    if isinstance(message, types.JSONRPCRequest) and message.params is None \
+            and "params" in message.model_fields_set:
+        return error_line(message.id, INVALID_PARAMS, "Invalid params: must be an object")
+    return None
 
 
 class Answers(Protocol):
