@@ -241,6 +241,8 @@ async def test_a_call_whose_process_was_killed_mid_search_is_not_searched_again(
         (again,) = await hooks.dispatch([CALL], run_id="r", scope=S, principal=P)
         assert (again.status, again.failure, fresh.searches) == ("failed", "in_flight", 0)
         assert await _counts(hooks) == (1, 1)  # the killed attempt's round, and no other
+        # its trace was never committed: reserved, not executed (the slot stays spent)
+        assert (await hooks.allowance.ledger.usage("r")).executed == 0
         report = await hooks.allowance.ledger.admin().check()
         assert report.ok, report
 
