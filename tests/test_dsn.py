@@ -303,6 +303,22 @@ async def test_an_unreachable_keyword_dsn_fails_without_the_password(
             pass  # pragma: no cover
     assert SECRET not in str(caught.value) and "\n" not in str(caught.value)
     assert SECRET not in caplog.text
+    # nor in the chain: a driver error keeps its connection (pgconn), options and password
+    assert [type(e).__name__ for e in _everything_in(caught.value)] == [
+        "LedgerUnavailableError"]
+    assert SECRET not in "".join(traceback.format_exception(caught.value))
+
+
+def _everything_in(error: BaseException) -> list[BaseException]:
+    """``error`` and every exception its causes and contexts reach."""
+    seen: list[BaseException] = []
+    waiting: list[BaseException | None] = [error]
+    while waiting:
+        found = waiting.pop()
+        if found is not None and all(found is not e for e in seen):
+            seen.append(found)
+            waiting += [found.__cause__, found.__context__]
+    return seen
 
 
 def test_the_ledger_cli_never_prints_the_password(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import traceback
 from collections.abc import Iterator
 from typing import Any
 
@@ -191,8 +192,15 @@ async def test_connections_lost_while_idle_are_replaced(schema: str) -> None:
         assert (await ledger.usage("run")).rounds == 2
 
 
-async def test_a_connection_lost_mid_reservation_issues_no_permit(schema: str) -> None:
-    async with PostgresLedger(_pg.DSN, schema=schema, max_size=2) as ledger:
+@pytest.mark.parametrize("password", [None, "Sentinel-Pw-lost"])
+async def test_a_connection_lost_mid_reservation_issues_no_permit(
+    schema: str, password: str | None
+) -> None:
+    """Also with a password in the connection string (the test server trusts any): the
+    driver's error keeps its connection, whose options hold the password, so then no driver
+    error stays anywhere in the typed error's chain."""
+    dsn = _pg.DSN.replace("root@", f"root:{password}@") if password else _pg.DSN
+    async with PostgresLedger(dsn, schema=schema, max_size=2) as ledger:
         allowance = RecallAllowance(ledger, clock=ManualClock(wall=time.time()))
         async with allowance.round("run", AUTO):
             pass
@@ -218,6 +226,9 @@ async def test_a_connection_lost_mid_reservation_issues_no_permit(schema: str) -
             holder.execute("SELECT pg_advisory_unlock_all()")
         (failure,) = failures
         assert isinstance(failure, LedgerUnavailableError)
+        if password is not None:
+            assert failure.__cause__ is None and failure.__context__ is None
+            assert password not in "".join(traceback.format_exception(failure))
         usage = await ledger.usage("run")  # nothing of the lost round was committed
         assert (usage.rounds, usage.reserved, usage.refused) == (1, 2, 0)
         async with allowance.round("run", DELIB, slots=1) as permit:  # and the ledger goes on

@@ -91,9 +91,11 @@ def _translate(exc: BaseException, where: str, secret: str | None = None) -> Led
 
 
 def _cause(exc: BaseException, secret: str | None) -> BaseException | None:
-    """``exc`` as the typed error's cause, unless its text holds the password (a traceback
-    would print it): then no cause."""
-    return None if secret and secret in str(exc) else exc
+    """``exc`` as the typed error's cause, unless the connection string holds a password: a
+    driver error keeps the connection it came from (``pgconn``, whose options hold the
+    password), so then the typed error, raised outside the handler, keeps no driver error in
+    its chain at all (its message already says what the driver said, redacted)."""
+    return None if secret else exc
 
 
 def _translate_type(exc: BaseException, where: str) -> LedgerError:
@@ -248,6 +250,7 @@ class PostgresLedger(SqlLedger):
             connect_timeout=self._connect_timeout, pool_timeout=self._pool_timeout,
             name=f"recallbound-{self._schema}",
         )
+        failure: tuple[LedgerError, BaseException | None] | None = None
         try:
             with anyio.CancelScope(shield=True):
                 await driver.open()
@@ -257,10 +260,12 @@ class PostgresLedger(SqlLedger):
             self._driver = None
             with anyio.CancelScope(shield=True):
                 await driver.close()
-            if isinstance(exc, psycopg.Error):
-                raise _translate(exc, f"opening ledger schema {self._schema!r}",
-                                 self._secret) from _cause(exc, self._secret)
-            raise
+            if not isinstance(exc, psycopg.Error):
+                raise
+            failure = (_translate(exc, f"opening ledger schema {self._schema!r}",
+                                  self._secret), _cause(exc, self._secret))
+        if failure is not None:  # raised here, so no driver error is its implicit context
+            raise failure[0] from failure[1]
 
     async def _setup(self, s: Session) -> None:
         await setup_schema(s, self._schema, create=self._create)
@@ -295,15 +300,15 @@ class PostgresLedger(SqlLedger):
             async with driver.session() as session:
                 with anyio.CancelScope(shield=True):
                     try:
-                        result = await fn(session)
+                        return await fn(session)
                     except BaseException:
                         if not session.broken:
                             with contextlib.suppress(psycopg.Error):
                                 await session.fetchall("ROLLBACK")
                         raise
         except psycopg.Error as exc:
-            raise _translate(exc, where, self._secret) from _cause(exc, self._secret)
-        return result
+            failure = (_translate(exc, where, self._secret), _cause(exc, self._secret))
+        raise failure[0] from failure[1]  # outside the handler: see _cause
 
     def _begin(self, *, read_only: bool) -> list[tuple[str, None]]:
         begin = "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY" if read_only else "BEGIN"
@@ -389,6 +394,7 @@ class PostgresLedger(SqlLedger):
             try:
                 return await driver.transaction(statements)
             except psycopg.Error as exc:
-                raise _translate(exc, where, self._secret) from _cause(exc, self._secret)
+                failure = (_translate(exc, where, self._secret), _cause(exc, self._secret))
+            raise failure[0] from failure[1]  # outside the handler: see _cause
 
         return send
