@@ -351,6 +351,30 @@ async def test_a_sqlite_ledger_error_never_shows_a_password_in_its_path() -> Non
     assert SECRET not in str(caught.value)
 
 
+@pytest.mark.parametrize("path", [
+    f"host=127.0.0.1 dbname=test password={SECRET}", f"dbname=x port=notanumber password={SECRET}",
+    "host=", f"postgres:{SECRET}@127.0.0.1/test",
+])
+@pytest.mark.parametrize("as_path", [False, True])
+def test_a_sqlite_ledger_refuses_a_connection_string_and_creates_no_file(
+    path: str, as_path: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SqliteLedger itself, not only the ``ledger`` setting: a connection string is never a
+    file name (that file's name would hold the password), and the error does not echo it."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(LedgerPathError) as caught:
+        SqliteLedger(Path(path) if as_path else path)
+    assert "connection string" in str(caught.value) and SECRET not in str(caught.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_sqlite_ledger_still_opens_files_whose_names_hold_an_equals_sign(
+    tmp_path: Path,
+) -> None:
+    for name in (str(tmp_path / "host=x dbname=y"), "./a b=c", ":memory:", "ledger.db"):
+        SqliteLedger(name)  # constructed, not opened: no file yet
+
+
 @pytest.mark.parametrize("argv", [
     ["ledger", "runs", "--ledger", f"postgresql://app:{SECRET}@127.0.0.1/db"],
     ["ledger", "check", "--ledger", f"host=127.0.0.1 dbname=db user=app password={SECRET}"],

@@ -37,7 +37,7 @@ from ._group import GroupCommit
 from ._sqlite.reserve import reserve_one
 from ._sqlite.translate import Family
 from ._sqlite.translate import translate as translate_sqlite
-from .dsn import redact
+from .dsn import is_connection_string, redact
 from .ledger import Reservation, WallTime
 from .policy import AllowancePolicy, RoundKind
 from .refusal import BudgetRefusal
@@ -101,8 +101,9 @@ class SqliteLedger(SqlLedger):
     operation fails with :class:`~plugin.errors.LedgerLockedError`. Opening creates the schema
     and switches the file to WAL; several processes may open one file at once.
 
-    Raises :class:`~plugin.errors.LedgerPathError` when the folder does not exist or the file
-    cannot be opened, :class:`~plugin.errors.LedgerCorruptError` for a file that is not a
+    Raises :class:`~plugin.errors.LedgerPathError` when the path is a connection string (at
+    construction, never a file of that name), the folder does not exist or the file cannot be
+    opened, :class:`~plugin.errors.LedgerCorruptError` for a file that is not a
     recallbound ledger (or is damaged), :class:`~plugin.errors.LedgerLockedError` when busy
     beyond ``timeout``. Every error is a :class:`~plugin.errors.LedgerError`.
     """
@@ -123,6 +124,12 @@ class SqliteLedger(SqlLedger):
         self._path = os.fspath(path)
         if self._path == "" or "\x00" in self._path:
             raise LedgerPathError(f"invalid ledger path {redact(self._path)!r}")
+        if is_connection_string(self._path):
+            # Never a file of that name (its name would hold the password); not echoed.
+            raise LedgerPathError(
+                "SqliteLedger takes a file path, and this one is a connection string: open "
+                "it with open_ledger() or PostgresLedger (a file of such a name: give its "
+                "absolute path)")
         self._timeout = _busy_timeout(timeout)
         self._conn: _sqlite.Connection | None = None
         self._now: sqlite3.Connection | None = None
