@@ -303,14 +303,15 @@ async def test_forget_in_another_process_reaches_a_warm_store(store: MemoryStore
     assert [m.id async for m in store.memories(**ME)] == ["keep"]
 
 
-async def test_memories_pages_through_a_cell_newest_first_with_ties_by_id(
+async def test_memories_pages_through_a_cell_newest_first_ties_by_the_later_write(
     store: MemoryStore, clock: ManualClock
 ) -> None:
     expected: list[str] = []
     for step in range(7):
-        batch = [MemoryWrite(text=f"memory {step} {k}", id=f"{step}-{k}", **ME) for k in "ba"]
-        await store.remember_many(batch)
-        expected = [f"{step}-a", f"{step}-b", *expected]
+        batch = [MemoryWrite(text=f"memory {step} {k}", id=f"{step}-{k}", **ME) for k in "ab"]
+        await store.remember_many(batch)  # one clock reading: "b" is the later write
+        await store.remember(f"memory {step} c", id=f"{step}-0", **ME)  # and this one
+        expected = [f"{step}-0", f"{step}-b", f"{step}-a", *expected]
         clock.advance(1)
     await store.remember("elsewhere", **THEM)
     got = [m async for m in store.memories(page=3, **ME)]

@@ -56,24 +56,26 @@ class Lookups:
         return [memory_evidence(row, score=float(row[4]), arm="lookup") for row in rows]
 
     async def memories_page(
-        self, *, principal: str, scope: str, after: tuple[float, str] | None, limit: int
-    ) -> list[Evidence]:
-        """One page of the cell's memories, newest first (ties by id), after ``after``
-        (the ``(created_at, id)`` of the previous page's last memory)."""
+        self, *, principal: str, scope: str, after: tuple[float, int] | None, limit: int
+    ) -> tuple[list[Evidence], tuple[float, int] | None]:
+        """One page of the cell's memories, newest first (a tie: the later write first), after
+        ``after``; and the ``(created_at, write order)`` key the page ends on, to pass as the
+        next page's ``after`` (None for an empty page)."""
         if not visible(principal, scope):
-            return []
+            return [], None
         where = ""
         params: tuple[str | float | int, ...] = (principal, scope, limit)
         if after is not None:
-            where = "AND (m.created_at < ? OR (m.created_at = ? AND m.id > ?)) "
+            where = "AND (m.created_at < ? OR (m.created_at = ? AND m.seq < ?)) "
             params = (principal, scope, after[0], after[0], after[1], limit)
         rows = await self.db.fetch(
-            f"SELECT {MEMORY_COLUMNS} FROM memories AS m "
+            f"SELECT {MEMORY_COLUMNS}, m.seq FROM memories AS m "
             f"WHERE m.principal = ? AND m.scope = ? {where}"
-            "ORDER BY m.created_at DESC, m.id LIMIT ?",
+            "ORDER BY m.created_at DESC, m.seq DESC LIMIT ?",
             params,
         )
-        return [memory_evidence(row, score=float(row[4]), arm="lookup") for row in rows]
+        last = (float(rows[-1][4]), int(rows[-1][6])) if rows else None
+        return [memory_evidence(row, score=float(row[4]), arm="lookup") for row in rows], last
 
     async def get_memories(
         self, ids: Iterable[str], *, principal: str, scope: str

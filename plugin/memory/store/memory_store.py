@@ -165,7 +165,8 @@ class MemoryStore:
     async def memories(
         self, *, principal: str, scope: str, page: int = 256
     ) -> AsyncIterator[Evidence]:
-        """Every memory of one principal and scope, newest first (ties by id).
+        """Every memory of one principal and scope, newest first (a tie on ``created_at``: the
+        later write first, so two memories written within one clock reading list as written).
 
         Read ``page`` at a time: a write made while iterating may or may not be seen, but no
         memory is yielded twice. ``page`` is an int from 1 to 2**63 - 1, else ``ValueError``.
@@ -174,16 +175,15 @@ class MemoryStore:
             check_key(value, field)
         if isinstance(page, bool) or not isinstance(page, int) or not 1 <= page <= MAX_LIMIT:
             raise ValueError(f"page must be an int from 1 to 2**63 - 1, got {page!r}")
-        after: tuple[float, str] | None = None
+        after: tuple[float, int] | None = None
         while True:
-            found = await self._lookups.memories_page(
+            found, after = await self._lookups.memories_page(
                 principal=principal, scope=scope, after=after, limit=page
             )
             for memory in found:
                 yield memory
             if len(found) < page:
                 return
-            after = (found[-1].created_at, found[-1].id)
 
     # -- writes ---------------------------------------------------------------------------------
 
