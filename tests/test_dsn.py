@@ -656,3 +656,16 @@ def test_a_usage_error_quoting_an_escaped_password_never_prints_it(
     printed = capsys.readouterr()
     assert printed.err.startswith(("usage", "recallbound"))
     assert SECRET not in printed.out + printed.err
+
+
+@pytest.mark.parametrize("dsn", [
+    f"postgresql://app:{SECRET}@x@db/fleet",  # a raw "@" in the password
+    f"postgresql://app:{SECRET}%zz@db/fleet",  # bad percent-encoding
+    f"postgresql://app:{SECRET}@db/fleet?no_such_option=1",
+])
+def test_a_whole_postgresql_uri_that_cannot_be_used_is_named_by_its_scheme(dsn: str) -> None:
+    """Its scheme is there: the error says so (not "a URI without its scheme"), and hides the
+    password."""
+    with pytest.raises(LedgerConfigError) as caught:
+        parse_location(dsn)
+    assert "(a postgresql: URI)" in str(caught.value) and SECRET not in str(caught.value)

@@ -103,9 +103,11 @@ def _keywords(text: str) -> bool:
 
 def _form(text: str) -> str:
     """What an unusable location is, for an error, without its text (it may hold a password)."""
+    scheme = _SCHEME.match(text.strip())
+    if _URI.match(text.strip()) and scheme is not None and not _keywords(text):
+        return f"a {scheme.group(0)} URI"  # a whole scheme, then whatever it cannot use
     if SCHEMELESS_URI.match(text):
         return "a URI without its scheme"
-    scheme = _SCHEME.match(text.strip())
     if scheme is not None and not _keywords(text):
         return f"a {scheme.group(0)} URI"
     return "a key=value string"
