@@ -127,6 +127,44 @@ async def test_an_adapter_never_keeps_an_in_flight_answer(opener: Callable[[], A
         assert (again.status, again.slot, second.searches) == ("ok", 1, 0)
 
 
+async def test_a_batch_of_other_calls_is_not_held_up_by_a_batch_still_searching(
+    opener: Callable[[], Any],
+) -> None:
+    """An adapter waits only for a batch that shares a call with its own: a later turn's
+    search runs while an earlier turn's (left running by its framework after the host
+    cancelled it) still searches; the same batch sent again meanwhile waits and searches
+    nothing."""
+    clock, retriever = ManualClock(wall=WALL, monotonic=1.0), Held()
+    async with _hooks(opener, clock, retriever) as hooks:
+        recall = RunRecalls(hooks).get("r", scope=S, principal=P)
+        later = ToolCall(call_id="c2", arguments={"query": "rollback"})
+        firsts: list[Any] = []
+
+        async def first_batch() -> None:
+            firsts.extend(await recall.dispatch_batch([CALL]))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(first_batch)
+            await retriever.started.wait()
+            retriever.started = anyio.Event()
+            tg.start_soon(first_batch)  # the same batch again: it waits for the first
+            with anyio.fail_after(30):  # a guard only: the search below is not held
+                searching = anyio.Event()
+
+                async def later_batch() -> None:
+                    (answer,) = await recall.dispatch_batch([later])
+                    assert (answer.status, answer.slot) == ("ok", 2)
+                    searching.set()
+
+                tg.start_soon(later_batch)
+                await retriever.started.wait()  # the later call is searching, the first too
+                assert retriever.searches == 2 and not firsts
+                retriever.release.set()
+                await searching.wait()
+        assert [(a.status, a.slot) for a in firsts] == [("ok", 1), ("ok", 1)]
+        assert retriever.searches == 2 and await _counts(hooks) == (2, 2)
+
+
 async def test_a_made_up_call_sent_again_is_not_searched_again(
     opener: Callable[[], Any],
 ) -> None:

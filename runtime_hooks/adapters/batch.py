@@ -22,8 +22,9 @@ into the next one.
 from __future__ import annotations
 
 import collections
+import contextlib
 import contextvars
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Literal, cast
 
 import anyio
@@ -98,7 +99,7 @@ class RunRecall:
     principal: str
     _results: dict[CallKey, ToolResult] = attrs.field(factory=dict, init=False, repr=False)
     _latest: dict[str, ToolResult] = attrs.field(factory=dict, init=False, repr=False)
-    _lock: anyio.Lock = attrs.field(factory=anyio.Lock, init=False, repr=False)
+    _busy: dict[CallKey, anyio.Event] = attrs.field(factory=dict, init=False, repr=False)
     on_bound: Callable[[RunRecall], None] | None = attrs.field(default=None, kw_only=True,
                                                                 repr=False)
     _bound: bool = attrs.field(default=False, init=False, repr=False)
@@ -114,6 +115,27 @@ class RunRecall:
             if self.on_bound is not None:
                 self.on_bound(self)
 
+    @contextlib.asynccontextmanager
+    async def _holding(self, keys: Iterable[CallKey]) -> AsyncIterator[None]:
+        """Hold these calls for the block, once no other block holds any of them.
+
+        Only blocks that share a call wait for each other: a batch seen twice then reserves
+        once, while a turn's batch is never held up by another turn's batch of other calls
+        (one a framework left running after its consumer was cancelled, say)."""
+        wanted = set(keys)
+        while (busy := next((self._busy[k] for k in wanted if k in self._busy), None)) \
+                is not None:
+            await busy.wait()
+        done = anyio.Event()
+        for key in wanted:
+            self._busy[key] = done
+        try:
+            yield
+        finally:
+            for key in wanted:
+                del self._busy[key]
+            done.set()
+
     async def prepare(self, state: WorkingState) -> PreparedContext:
         """The automatic round, now (an adapter calls it through its :class:`Invocation`)."""
         context = await self.hooks.prepare(
@@ -126,12 +148,13 @@ class RunRecall:
         """One deliberate round for the calls of one model response that have no result yet.
 
         Returns the results of every call in ``calls`` (stored ones included), in order.
-        Batches of one run are serialized, so a batch seen twice reserves once. A stored
-        result answers only a call with the same id and the same arguments.
+        Batches that share a call are serialized, so a batch seen twice reserves once; batches
+        of other calls run side by side, each its own round. A stored result answers only a
+        call with the same id and the same arguments.
         """
         keys = [call_key(call.call_id, call.arguments) for call in calls]
         answered: dict[CallKey, ToolResult] = {}
-        async with self._lock:
+        async with self._holding(keys):
             pending: dict[CallKey, ToolCall] = {}
             for key, call in zip(keys, calls, strict=True):
                 if key not in self._results:
@@ -158,7 +181,7 @@ class RunRecall:
         """The stored result of this call, or the outcome the ledger recorded for it in any
         process (replayed: never searched again); None for a call never dispatched."""
         key = call_key(call_id, arguments)
-        async with self._lock:
+        async with self._holding([key]):
             if key not in self._results:
                 (result,) = await self.hooks.replay(
                     [ToolCall(call_id=call_id, arguments=arguments)], run_id=self.run_id,
@@ -205,7 +228,7 @@ class RunRecall:
         in the bounded wording. A call that was refused or invalid then keeps that answer.
         Records already stored in this process are left alone.
         """
-        async with self._lock:
+        async with self._holding((str(r["call_id"]), str(r["arguments"])) for r in records):
             for record in records:
                 key = (str(record["call_id"]), str(record["arguments"]))
                 if key in self._results:
