@@ -1,9 +1,16 @@
-"""Which request ids MCP allows: the one rule the stdio reader and the HTTP check share."""
+"""Which request ids MCP allows, and what ``params`` may be: the rules the stdio reader and the
+HTTP check share."""
 
 from __future__ import annotations
 
+from typing import TypeGuard
+
+import mcp_types as types
+
 BAD_ID_MESSAGE = "Invalid request: the id must be a string or an integer"
 """The error message of a request whose id MCP does not allow."""
+PARAMS_NOT_AN_OBJECT = "Invalid params: must be an object"
+"""The error message of a request whose ``params`` is not an object."""
 
 
 def invalid_request_id(document: object) -> bool:
@@ -22,3 +29,11 @@ def invalid_request_id(document: object) -> bool:
         return False
     request_id = document["id"]
     return isinstance(request_id, bool) or not isinstance(request_id, (str, int))
+
+
+def null_params(message: object) -> TypeGuard[types.JSONRPCRequest]:
+    """Whether ``message`` (parsed) is a request whose ``params`` is JSON null. The SDK's model
+    reads null as absent, but JSON-RPC allows an object, an array or no member at all: a wrong
+    ``params`` shape, answered with Invalid Params, and the method is not run."""
+    return isinstance(message, types.JSONRPCRequest) and message.params is None \
+        and "params" in message.model_fields_set

@@ -41,7 +41,7 @@ import pydantic
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.shared.message import SessionMessage
 
-from .request_id import BAD_ID_MESSAGE, invalid_request_id
+from .request_id import BAD_ID_MESSAGE, PARAMS_NOT_AN_OBJECT, invalid_request_id, null_params
 
 MAX_LINE_BYTES = 4 * 1024 * 1024
 """The longest line read (a JSON-RPC message), in bytes: as the SDK's HTTP body limit."""
@@ -135,8 +135,8 @@ def read_message(line: bytes, *, max_depth: int = MAX_DEPTH) -> SessionMessage |
         else:
             # A notification is rare; one is parsed again to tell it from a request whose
             # id the parser dropped (checked on the decoded keys, so an escaped "id" counts).
-            if (refused := _null_params(parsed)) is not None:
-                return refused
+            if null_params(parsed):
+                return error_line(parsed.id, INVALID_PARAMS, PARAMS_NOT_AN_OBJECT)
             if not isinstance(parsed, types.JSONRPCNotification) \
                     or not invalid_request_id(json.loads(line)):
                 return SessionMessage(parsed)
@@ -163,28 +163,16 @@ def read_message(line: bytes, *, max_depth: int = MAX_DEPTH) -> SessionMessage |
     if _has_lone_surrogate(document):
         return error_line(request_id, INVALID_PARAMS,
                           "Invalid params: a string holds a lone surrogate (not Unicode text)")
+    if "params" in document and not isinstance(document["params"], dict):  # null included
+        return error_line(request_id, INVALID_PARAMS, PARAMS_NOT_AN_OBJECT)
     try:
         message = types.jsonrpc_message_adapter.validate_python(document, by_name=False)
     except pydantic.ValidationError:
-        if "params" in document and not isinstance(document["params"], dict):
-            return error_line(request_id, INVALID_PARAMS, "Invalid params: must be an object")
         if not isinstance(document.get("method"), str) and "result" not in document \
                 and "error" not in document:
             return error_line(request_id, INVALID_REQUEST, "Invalid request: no method")
         return error_line(request_id, INVALID_REQUEST, "Invalid request: not JSON-RPC 2.0")
-    if (refused := _null_params(message)) is not None:
-        return refused
     return SessionMessage(message)
-
-
-def _null_params(message: object) -> bytes | None:
-    """The error for a request whose ``params`` is JSON null, else None. The SDK's model reads
-    null as absent, but JSON-RPC allows an object, an array or no member at all, so null is a
-    wrong ``params`` shape and the method does not run."""
-    if isinstance(message, types.JSONRPCRequest) and message.params is None \
-            and "params" in message.model_fields_set:
-        return error_line(message.id, INVALID_PARAMS, "Invalid params: must be an object")
-    return None
 
 
 class Answers(Protocol):
@@ -206,8 +194,7 @@ async def read_lines(
     answer: Answers, *, max_line_bytes: int = MAX_LINE_BYTES, max_depth: int = MAX_DEPTH,
     intercept: Intercept = _leave,
 ) -> None:
-    """Frame ``read()`` chunks into lines; hand each to ``intercept``, then to the server, or
-    answer it. A last line that the input ends without a newline is a line too."""
+    """Frame ``read()`` chunks into lines; each goes to ``intercept``, the server or an answer."""
     pending = bytearray()
     skipping = False
 
