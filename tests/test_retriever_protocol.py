@@ -9,6 +9,7 @@ its attempt refuses. Both loops; trio on an autojumping MockClock (no worker thr
 from __future__ import annotations
 
 import copy
+import itertools
 import pickle
 import threading
 from collections.abc import Sequence
@@ -145,6 +146,39 @@ async def test_its_nested_read_goes_back_through_the_hooks(clock: ManualClock) -
     assert [r.status for r in results] == ["ok", "ok", "refused"]
     assert [b.part for b in results[0].bounded] == ["nested_read"]
     assert "not evidence" in results[0].content and "b-priya" not in results[0].content
+
+
+@attrs.define(eq=False)
+class EndlessPeople(DictRetriever):
+    """Hands its nested read an endless iterable of names (``itertools.cycle`` by mistake)."""
+
+    asked: list[tuple[str, ...]] = attrs.Factory(list)
+
+    async def search(self, prepared: PreparedRecall, handle: AttemptHandle, *,
+                     caps: ContextCaps, nested_beliefs: bool) -> Found:
+        read = await handle.nested(itertools.cycle(["Priya", 7]))  # type: ignore[arg-type]
+        return Found(evidence=[_item("m-cutover", self.memories["m-cutover"]), *read.beliefs])
+
+    async def read_beliefs(self, people: Sequence[str], handle: AttemptHandle, *,
+                           principal: str, scope: str, caps: ContextCaps) -> tuple[Evidence, ...]:
+        self.asked.append(tuple(people))
+        return await super().read_beliefs(people, handle, principal=principal, scope=scope,
+                                          caps=caps)
+
+
+async def test_a_nested_read_reads_the_first_names_of_an_endless_iterable(
+    clock: ManualClock,
+) -> None:
+    """As of a search's own People, only the first ``caps.examined`` names are read (the
+    strings among them): an endless iterable costs what a long one does."""
+    retriever = EndlessPeople(MEMORIES, BELIEFS)
+    hooks = _hooks(retriever, clock)
+    with anyio.fail_after(30):  # a guard only: without the cap this never returns
+        (result,) = await hooks.dispatch(_calls("cutover Priya"), run_id="r", scope=S,
+                                         principal=P)
+    assert result.status == "ok" and "b-priya" in {item.id for item in result.evidence}
+    (asked,) = retriever.asked
+    assert asked == ("Priya",) * (ContextCaps().examined // 2)
 
 
 async def test_the_deadline_cuts_a_retriever_that_ignores_its_handle(clock: ManualClock) -> None:

@@ -322,7 +322,7 @@ async def search_attempt(
         if on_slot is not None:
             on_slot(slot)
         handle = AttemptHandle(permit, slot, kind, nested if nested_beliefs else None,
-                               read_source)
+                               read_source, names=caps.examined)
         try:
             found = _found(await contained(lambda: retriever.search(
                 prepared, handle, caps=caps, nested_beliefs=nested_beliefs)), caps)

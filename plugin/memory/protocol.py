@@ -18,6 +18,7 @@ pipeline or the enforcement built on it.
 from __future__ import annotations
 
 import inspect
+import itertools
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Literal, NoReturn, Protocol, cast, runtime_checkable
@@ -153,8 +154,8 @@ class AttemptHandle:
     (reason ``closed``) and :meth:`seconds_left` is 0.
     """
 
-    __slots__ = ("__weakref__", "_ended", "_kind", "_lock", "_nested", "_nested_used",
-                 "_permit", "_read_source", "_refused", "_slot")
+    __slots__ = ("__weakref__", "_ended", "_kind", "_lock", "_names", "_nested",
+                 "_nested_used", "_permit", "_read_source", "_refused", "_slot")
 
     def __init__(
         self,
@@ -163,8 +164,11 @@ class AttemptHandle:
         kind: AttemptKind,
         nested: NestedReader | None,
         read_source: SourceReader | None = None,
+        *,
+        names: int | None = None,
     ) -> None:
         self._permit = permit
+        self._names = names if names is not None else ContextCaps().examined
         self._slot = slot
         self._kind = kind
         self._nested = nested
@@ -241,7 +245,10 @@ class AttemptHandle:
                 f"a {self._kind.value} attempt offers no nested read; the hooks read the "
                 f"People's beliefs themselves"
             )
-        names = tuple(name for name in people if isinstance(name, str))
+        # The first names alone are read (as of a search's own People): an endless iterable
+        # given by mistake costs what a long one does, and the deadline can still cut.
+        names = tuple(name for name in itertools.islice(people, self._names)
+                      if isinstance(name, str))
         with self._lock:
             ended, used = self._ended, self._nested_used
             self._nested_used = True
