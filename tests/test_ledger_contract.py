@@ -771,6 +771,25 @@ async def test_a_foreign_sqlite_database_is_not_a_ledger(
         conn.close()
 
 
+async def test_a_database_holding_only_a_view_is_not_a_ledger_and_is_left_untouched(
+    anyio_backend: object, tmp_path: Path
+) -> None:
+    """No table, but a view: not an empty file to create a ledger in. Likewise the store."""
+    from plugin.memory import MemoryStore
+    from plugin.memory.store import MemoryStoreCorruptError
+
+    for name, opened, error in (("ledger", SqliteLedger, LedgerCorruptError),
+                                ("store", MemoryStore, MemoryStoreCorruptError)):
+        path = tmp_path / f"{name}.sqlite3"
+        with contextlib.closing(sqlite3.connect(path)) as conn:
+            conn.execute("CREATE VIEW v AS SELECT 1 AS one")
+        before = path.read_bytes()
+        with pytest.raises(error):
+            async with opened(path):
+                pytest.fail("a foreign database must not open")
+        assert path.read_bytes() == before, name
+
+
 async def test_a_foreign_database_is_left_untouched(anyio_backend: object, tmp_path: Path) -> None:
     # Refusing a file that is not ours must not change it (here: its journal mode).
     path = tmp_path / "theirs.sqlite3"

@@ -60,7 +60,7 @@ _SCHEMA = [statement for table in TABLES
 _IDENTITY = """
 SELECT (SELECT application_id FROM pragma_application_id()),
        (SELECT user_version FROM pragma_user_version()),
-       (SELECT count(*) FROM sqlite_schema WHERE type = 'table')
+       (SELECT count(*) FROM sqlite_schema)  -- any table, view, index or trigger
 """
 
 _FAMILY = Family("ledger", LedgerError, LedgerPathError, LedgerLockedError, LedgerFullError,

@@ -93,11 +93,9 @@ class Database:
         created, migrated or completed under the write lock, by statements that skip what
         another process did first.
         """
-        tables = {
-            row[0]
-            for row in await conn.fetchall("SELECT name FROM sqlite_master WHERE type = 'table'")
-        }
-        if tables:
+        objects = await conn.fetchall("SELECT type, name FROM sqlite_master")
+        tables = {name for kind, name in objects if kind == "table"}
+        if objects:  # a view alone is no empty file either
             await self._check_version(conn, tables, READABLE_VERSIONS)
         # Busy while another process switches it: retried up to the busy timeout.
         await switch_to_wal(conn, timeout=self.timeout)
