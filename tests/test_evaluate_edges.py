@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from contextlib import redirect_stderr
 from pathlib import Path
 from typing import Any
@@ -47,10 +48,50 @@ def test_a_family_that_could_forge_a_row_is_refused(family: str) -> None:
         parse_scenarios(json.dumps(_scenario(family)))
 
 
-def test_the_whole_files_family_name_is_refused_for_a_scenario() -> None:
-    # "all" is the reports' row of the whole file: a scenario in it would be counted twice.
+@pytest.mark.parametrize("family", ["all", "all ", " all", "ALL", "all\u00a0", "a\u200bll",
+                                    "\uff41ll"])
+def test_the_whole_files_family_name_is_refused_for_a_scenario(family: str) -> None:
+    # "all" is the reports' row of the whole file: a scenario in it would be counted twice,
+    # and one that only reads "all" in report.md would forge that row.
     with pytest.raises(InvalidScenarioError, match="family"):
-        parse_scenarios(json.dumps(_scenario("all")))
+        parse_scenarios(json.dumps(_scenario(family)))
+    parse_scenarios(json.dumps(_scenario("all-hands")))  # a family that only starts so is fine
+
+
+@pytest.mark.parametrize(("own", "field", "clash"), [
+    ({"memories": [_memory("m1", "again")]}, "memories[0].id", "memories[0] of corpus 'c1'"),
+    ({"memories": [_memory("m9", "new"), _memory("m1", "again")]}, "memories[1].id",
+     "memories[0] of corpus 'c1'"),
+    ({"people": [{"name": "Priya", "beliefs": []}]}, "people[0].name",
+     "people[0] of corpus 'c1'"),
+])
+def test_an_item_clashing_with_its_corpus_names_its_own_field_and_the_corpus_item(
+    own: dict[str, Any], field: str, clash: str
+) -> None:
+    corpus = {"corpus": "c1", "memories": [_memory("m1", "backfill dry-run")],
+              "people": [{"name": "Priya", "beliefs": [{"id": "b1", "text": "prefers mornings"}]}]}
+    scenario = {k: v for k, v in _scenario("continuation").items() if k != "memories"}
+    with pytest.raises(InvalidScenarioError) as caught:
+        parse_scenarios(json.dumps(corpus) + "\n" + json.dumps({**scenario, "corpus": "c1", **own}))
+    assert f"line 2, field {field!r}" in str(caught.value) and clash in str(caught.value)
+
+
+def test_a_corpus_with_a_repeated_id_is_refused_on_its_own_line() -> None:
+    corpus = {"corpus": "c1", "memories": [_memory("m1", "a"), _memory("m1", "b")]}
+    with pytest.raises(InvalidScenarioError, match=re.escape("line 1, field 'memories[1].id'")):
+        parse_scenarios(json.dumps(corpus))
+
+
+@pytest.mark.parametrize("content", [b"", b"\n\n", b"\xef\xbb\xbf",
+                                     b'{"corpus": "c1", "memories": []}\n'])
+def test_a_file_without_a_scenario_is_one_line_and_no_report(tmp_path: Path,
+                                                             content: bytes) -> None:
+    scenarios, out = tmp_path / "none.jsonl", tmp_path / "out"
+    scenarios.write_bytes(content)
+    code, err = _run_recallbound(["evaluate", "--scenarios", str(scenarios), "--out", str(out),
+                                  "--semantic", "hashing", "--quiet", "--determinism", "0"])
+    assert code == 1 and err.count("\n") == 1 and "holds no scenario" in err
+    assert not (out / "report.json").exists()
 
 
 def test_a_number_too_long_to_read_is_one_line_naming_its_line(tmp_path: Path) -> None:

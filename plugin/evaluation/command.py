@@ -291,6 +291,8 @@ def _evaluate(args: argparse.Namespace, given: Path, path: Path, embedding: Embe
             return _fail(f"{given}: {exc}"), False
         except (RecallboundError, OSError) as exc:
             return _fail(f"evaluation failed: {exc}"), False
+        if not report["scenarios"]:  # nothing to report on: no run leaves an empty report
+            return _fail(f"{given} holds no scenario (only blank or corpus lines)"), False
         report = {"provenance": {**origin, "limit": args.limit,
                                  "seed": args.seed if args.limit is not None else None},
                   **report}

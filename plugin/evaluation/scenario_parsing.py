@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import math
+import unicodedata
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from plugin import strict_json
 from plugin.control import validate
+from plugin.control.dsn_text import visible
 from plugin.errors import InvalidArgumentError, InvalidArgumentTypeError
 from plugin.memory.state import WorkingState
 
@@ -111,6 +113,12 @@ def _text(value: object, field: str, *, key: bool = False) -> str:
     return value
 
 
+def _reads_as(text: str) -> str:
+    """What ``text`` looks like in a report: compatibility forms folded, case folded, and no
+    white space or invisible character around or inside it."""
+    return "".join(visible(unicodedata.normalize("NFKC", text)).split()).casefold()
+
+
 def _array(value: object, field: str) -> list[Any]:
     if not isinstance(value, (list, tuple)):
         raise InvalidScenarioError(f"must be an array, got {_json_type(value)}", field=field)
@@ -198,11 +206,13 @@ def _state(data: object) -> WorkingState:
 
 def _corpus(data: object) -> ScenarioCorpus:
     top = _object(data, "", _CORPUS_KEYS, _CORPUS_OPTIONAL)
-    return ScenarioCorpus(
+    corpus = ScenarioCorpus(
         id=_text(top["corpus"], "corpus", key=True),
         memories=_memories(top),
         people=_people(top),
     )
+    _check_ids("", "", corpus.memories, corpus.people, {}, ())  # on its own line, once
+    return corpus
 
 
 def _memories(top: Mapping[str, Any]) -> tuple[ScenarioMemory, ...]:
@@ -223,7 +233,7 @@ def _scenario(data: object, corpora: Mapping[str, ScenarioCorpus]) -> Scenario:
     top = _object(data, "", _SCENARIO_KEYS, _SCENARIO_OPTIONAL)
     scenario_id = _text(top["id"], "id", key=True)
     family = _text(top["family"], "family", key=True)
-    if family == ALL:
+    if _reads_as(family) == ALL:  # "all ", "ALL", "all" with a no-break space: all read "all"
         raise InvalidScenarioError(f"{ALL!r} names the whole file in the reports; give the "
                                    f"scenario's own family", field="family")
     principal = _text(top["principal"], "principal", key=True)
@@ -243,8 +253,10 @@ def _scenario(data: object, corpora: Mapping[str, ScenarioCorpus]) -> Scenario:
         for i, item in enumerate(_array(top.get("corrections", []), "corrections"))
     )
     own_items = bool(memories or people or corrections)
+    shared: tuple[str, int, int] | None = None
     if corpus_id is not None:
         corpus = corpora[corpus_id]
+        shared = (corpus_id, len(corpus.memories), len(corpus.people))
         memories = corpus.memories + memories if memories else corpus.memories
         people = corpus.people + people if people else corpus.people
     state = _state(top["state"])
@@ -253,7 +265,8 @@ def _scenario(data: object, corpora: Mapping[str, ScenarioCorpus]) -> Scenario:
         _text(item, f"must_not[{i}]", key=True)
         for i, item in enumerate(_array(top.get("must_not", []), "must_not"))
     )
-    _check_ids(principal, scope, memories, people, relevant, must_not, corrections)
+    _check_ids(principal, scope, memories, people, relevant, must_not, corrections,
+               corpus=shared)
     return Scenario(
         id=scenario_id,
         family=family,
@@ -278,35 +291,50 @@ def _check_ids(
     relevant: Mapping[str, int],
     must_not: tuple[str, ...],
     corrections: tuple[ScenarioCorrection, ...] = (),
+    *,
+    corpus: tuple[str, int, int] | None = None,
 ) -> None:
     """Ids name one item each (corrections included); relevance names memories or beliefs the
     scenario has. A prohibition may name an id the scenario lacks (it can never be shown, so
-    it never counts as harm), but not a correction's."""
+    it never counts as harm), but not a correction's.
+
+    ``corpus`` is ``(id, memories, people)`` when the first memories and people are a
+    corpus's (checked on its own line already): an error then names the scenario's own
+    field, by its index on this line, and the corpus item it clashes with."""
+    shared, shared_memories, shared_people = corpus or ("", 0, 0)
+
+    def label(kind: str, index: int, first: int, tail: str = "") -> str:
+        return (f"{kind}[{index}]{tail} of corpus {shared!r}" if index < first
+                else f"{kind}[{index - first}]{tail}")
+
     owners: dict[str, str] = {}
 
     def claim(item_id: str, owner: str) -> None:
         if item_id in owners:
-            raise InvalidScenarioError(
-                f"id {item_id!r} is already used by {owners[item_id]}", field=f"{owner}.id"
-            )
+            first, second = owners[item_id], owner
+            if " of corpus " in second:  # the error names the field on this line
+                first, second = second, first
+            raise InvalidScenarioError(f"id {item_id!r} is already used by {first}",
+                                       field=f"{second}.id")
         owners[item_id] = owner
 
     foreign: set[str] = set()
     for index, memory in enumerate(memories):
-        claim(memory.id, f"memories[{index}]")
+        claim(memory.id, label("memories", index, shared_memories))
         if (memory.principal, memory.scope) != (principal, scope):
             foreign.add(memory.id)
-    names: dict[str, int] = {}
+    names: dict[str, str] = {}
     for p_index, person in enumerate(people):
         key = " ".join(person.name.casefold().split())
+        listed = label("people", p_index, shared_people)
         if key in names:
             raise InvalidScenarioError(
-                f"person {person.name!r} is already listed as people[{names[key]}]",
-                field=f"people[{p_index}].name",
+                f"person {person.name!r} is already listed as {names[key]}",
+                field=f"{listed}.name",
             )
-        names[key] = p_index
+        names[key] = listed
         for b_index, belief in enumerate(person.beliefs):
-            claim(belief.id, f"people[{p_index}].beliefs[{b_index}]")
+            claim(belief.id, label("people", p_index, shared_people, f".beliefs[{b_index}]"))
     gradable = dict(owners)
     for index, correction in enumerate(corrections):
         claim(correction.id, f"corrections[{index}]")
