@@ -106,26 +106,26 @@ def _encoded_size(
     # refused before it is encoded (a 100 MB id costs nothing).
     if len(value) > max_bytes:
         raise error(f"{field} must be at most {max_bytes} UTF-8 bytes, got {len(value)} characters")
-    try:
-        size = len(value.encode("utf-8"))
-    except UnicodeEncodeError as exc:
-        raise error(
-            f"{field} is not valid Unicode text (a lone surrogate at position {exc.start})"
-        ) from None
+    size = len(_utf8(value, field=field, error=error))
     if size > max_bytes:
         raise error(f"{field} must be at most {max_bytes} UTF-8 bytes, got {size}")
     return size
 
 
-def storable(value: str, *, field: str, error: ErrorClass = InvalidArgumentError) -> str:
-    """Return ``value`` (a ``str``) if every ledger can store it as given: valid Unicode (no
-    lone surrogate, which is not UTF-8) and no NUL (which PostgreSQL's text cannot hold)."""
+def _utf8(value: str, *, field: str, error: ErrorClass) -> bytes:
+    """``value`` as UTF-8, else ``error`` naming ``field`` and its first lone surrogate."""
     try:
-        value.encode("utf-8")
+        return value.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise error(
             f"{field} is not valid Unicode text (a lone surrogate at position {exc.start})"
         ) from None
+
+
+def storable(value: str, *, field: str, error: ErrorClass = InvalidArgumentError) -> str:
+    """Return ``value`` (a ``str``) if every ledger can store it as given: valid Unicode (no
+    lone surrogate, which is not UTF-8) and no NUL (which PostgreSQL's text cannot hold)."""
+    _utf8(value, field=field, error=error)
     if "\x00" in value:
         raise error(f"{field} must not contain a NUL character")
     return value
