@@ -22,7 +22,7 @@ from .database import Database
 from .errors import InvalidMemoryError, MemoryStorePathError
 from .lookups import Lookups
 from .search import Search
-from .values import MAX_LIMIT, Evidence, MemoryRecord, MemoryWrite, Person, check_key
+from .values import Evidence, MemoryRecord, MemoryWrite, Person, check_count, check_key
 from .vectors import DEFAULT_CACHE_BYTES, VectorCache
 from .words import WordQuery
 from .writes import Writer
@@ -173,8 +173,7 @@ class MemoryStore:
         """
         for field, value in (("principal", principal), ("scope", scope)):
             check_key(value, field)
-        if isinstance(page, bool) or not isinstance(page, int) or not 1 <= page <= MAX_LIMIT:
-            raise ValueError(f"page must be an int from 1 to 2**63 - 1, got {page!r}")
+        page = check_count(page, "page", least=1)
         after: tuple[float, int] | None = None
         while True:
             found, after = await self._lookups.memories_page(
