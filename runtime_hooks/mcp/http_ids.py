@@ -27,7 +27,7 @@ from starlette.requests import HTTPConnection, Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .request_id import BAD_ID_MESSAGE, PARAMS_NOT_AN_OBJECT, invalid_request_id
+from .request_id import BAD_ID_MESSAGE, PARAMS_NOT_AN_OBJECT, invalid_request_id, null_params_in
 from .wire import INVALID_PARAMS, INVALID_REQUEST, MAX_LINE_BYTES, error_line
 
 Admitted = Callable[[Request], Awaitable[bool]]
@@ -83,8 +83,7 @@ def _refusal(document: object) -> bytes | None:
     null), or a request whose ``params`` is null (the SDK reads it as absent), else None."""
     if invalid_request_id(document):
         return error_line(None, INVALID_REQUEST, BAD_ID_MESSAGE)
-    if isinstance(document, dict) and "method" in document and "id" in document \
-            and "params" in document and document["params"] is None:
+    if null_params_in(document):
         return error_line(document["id"], INVALID_PARAMS, PARAMS_NOT_AN_OBJECT)
     return None
 

@@ -34,6 +34,15 @@ def invalid_request_id(document: object) -> bool:
 def null_params(message: object) -> TypeGuard[types.JSONRPCRequest]:
     """Whether ``message`` (parsed) is a request whose ``params`` is JSON null. The SDK's model
     reads null as absent, but JSON-RPC allows an object, an array or no member at all: a wrong
-    ``params`` shape, answered with Invalid Params, and the method is not run."""
+    ``params`` shape, answered with Invalid Params, and the method is not run. (The stdio
+    reader's one-pass parse sees only the model; :func:`null_params_in` is the same rule on a
+    decoded document.)"""
     return isinstance(message, types.JSONRPCRequest) and message.params is None \
         and "params" in message.model_fields_set
+
+
+def null_params_in(document: object) -> TypeGuard[dict[str, object]]:
+    """:func:`null_params` on a decoded document: a request (a ``method`` and an ``id``) whose
+    ``params`` member is null."""
+    return isinstance(document, dict) and "method" in document and "id" in document \
+        and "params" in document and document["params"] is None
