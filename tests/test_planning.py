@@ -9,7 +9,7 @@ import anyio
 import attrs
 import pytest
 
-from plugin.errors import InvalidArgumentTypeError
+from plugin.errors import InvalidArgumentError, InvalidArgumentTypeError
 from plugin.memory.planning import (
     BaselineReason,
     FragmentRole,
@@ -757,3 +757,51 @@ async def test_an_admission_that_ignores_cancellation_still_gives_the_baseline_i
         group.cancel_scope.cancel()
     assert query.baseline_reason is BaselineReason.ADMISSION_TIMEOUT
     assert answered_alone  # at its timeout, not when the admission ended
+
+
+def test_a_repeated_huge_text_is_read_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A state that repeats one large string (75 open questions, one 1 MB text) costs the
+    # composers one reading of it, not one per repeat: the baseline, built on every round as
+    # the recent arm's control, has no byte bound that would skip the repeats for it.
+    from plugin.memory import compose
+
+    read: list[int] = []
+    key = compose._dedup_key
+    monkeypatch.setattr(compose, "_dedup_key", lambda text: read.append(len(text)) or key(text))
+    big = "word " * 200_000
+    state = WorkingState("Continue", open_questions=[big] * 75 + ["Which one?", big])
+    query = compose_baseline(state)
+    assert query.fragments == (big.strip(), "Which one?", "Continue")
+    assert read == [len(big.strip()), len("Which one?"), len("Continue")]
+    read.clear()
+    assert compose_task_context(state).fragments == ("Continue",)  # two questions, both huge
+    assert read == [len("Continue")]
+
+
+def test_a_str_subclass_cannot_talk_the_composer_past_its_bound() -> None:
+    # A str subclass whose methods lie (every text ASCII, strip keeping the subclass) is
+    # stored as the plain text it holds: the bound counts real UTF-8 bytes, and a lone
+    # surrogate it hides is still refused.
+    class Liar(str):
+        def isascii(self) -> bool:
+            return True
+
+        def strip(self, chars: str | None = None) -> Liar:
+            return self
+
+        def encode(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+            return b""
+
+    state = WorkingState(Liar("é" * 100), next_action=Liar("ü" * 200),
+                         open_questions=[Liar("ø" * 10)], tasks=[Task(Liar("ß"))],
+                         facts=[Fact(Liar("f"), [Liar("Ana")])])
+    texts = (state.current_request, state.next_action, *state.open_questions,
+             state.tasks[0].text, state.facts[0].text, *state.facts[0].entities)
+    assert all(type(text) is str for text in texts)
+    query = compose_task_context(state)  # 200 bytes, then 400 that do not fit
+    assert query.fragments == ("é" * 100, "ß", "ø" * 10, "Ana")
+    assert len(query.text.encode("utf-8")) <= 512
+    with pytest.raises(InvalidArgumentError, match="lone surrogate"):
+        WorkingState(Liar("a\ud800"))
+    with pytest.raises(InvalidArgumentError, match="lone surrogate"):
+        WorkingState.from_dict({"current_request": "x", "constraints": [Liar("\udfff")]})

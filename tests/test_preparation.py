@@ -6,6 +6,7 @@ import hashlib
 import threading
 from collections.abc import Sequence
 
+import anyio
 import attrs
 import numpy as np
 import numpy.typing as npt
@@ -357,3 +358,37 @@ async def test_a_cut_embedding_keeps_its_plan_and_asks_admission_once() -> None:
     again = await preparation.prepare(STATE, scope="proj", principal="u1")  # a later turn
     assert admission.calls == 2
     assert again.query.baseline_reason is BaselineReason.ADMISSION_WITHDRAWN
+
+
+class SlowAdmission(Admission):
+    """Admits, after ``delay`` seconds of (virtual) time: longer than the preparation bound."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__(True)
+        self.delay = delay
+
+    async def __call__(self, experiment: str) -> bool:
+        self.calls += 1
+        await anyio.sleep(self.delay)
+        return True
+
+
+async def test_a_plan_the_bound_cuts_is_the_baseline_and_asks_admission_once() -> None:
+    # The bound (0.2 s) runs out while admission (0.4 s, under its own 0.5 s timeout) is
+    # being asked: the round takes the baseline at once, as for an admission that did not
+    # answer in time, instead of asking again and waiting outside the bound.
+    admission = SlowAdmission(0.4)
+    preparation = QueryPreparation(
+        QueryPlanner(QueryStrategy.TASK_CONTEXT, admission, admission_timeout_s=0.5),
+        HashingAdapter())
+    bound = PreparationBound(0.2, ManualClock(wall=0.0, monotonic=0.0))
+    started = anyio.current_time()
+    prepared = await bound.prepare(lambda withhold: preparation.prepare(
+        STATE, scope="proj", principal="u1", withhold=withhold))
+    assert admission.calls == 1
+    assert anyio.current_time() - started < 0.3
+    assert prepared.query.baseline_reason is BaselineReason.ADMISSION_TIMEOUT
+    assert prepared.query.fingerprint == compose_baseline(
+        STATE, scope="proj", principal="u1").fingerprint
+    assert prepared.recent_query.baseline_reason is BaselineReason.FROZEN_CONTROL
+    assert prepared.semantic.withheld_reason is WithheldReason.PREPARATION_BOUND

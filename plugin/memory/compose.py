@@ -42,15 +42,22 @@ MAX_ENTITIES = 8
 class _Fragments:
     """Collects whole, stripped, non-empty, deduplicated fragments under an optional bound."""
 
-    __slots__ = ("_keys", "_room", "fragments", "roles")
+    __slots__ = ("_keys", "_raws", "_room", "fragments", "roles")
 
     def __init__(self, max_bytes: int | None) -> None:
         self._room = max_bytes
         self._keys: set[str] = set()
+        self._raws: set[str] = set()
         self.fragments: list[str] = []
         self.roles: list[FragmentRole] = []
 
     def add(self, raw: str, role: FragmentRole) -> None:
+        # A text seen before, as given, is left out as it was the first time (a duplicate, or
+        # too large for the room, which only shrinks) without being read again: a state that
+        # repeats one huge string costs the composer one reading of it, not one per repeat.
+        if raw in self._raws:
+            return
+        self._raws.add(raw)
         fragment = raw.strip()
         if not fragment:
             return
@@ -64,7 +71,7 @@ class _Fragments:
             size = len(fragment) if fragment.isascii() else len(fragment.encode("utf-8"))
             if size > room:
                 return
-        key = " ".join(fragment.casefold().split())
+        key = _dedup_key(fragment)
         if key in self._keys:
             return
         self._keys.add(key)
@@ -76,6 +83,12 @@ class _Fragments:
     def extend(self, raws: Iterable[str], role: FragmentRole) -> None:
         for raw in raws:
             self.add(raw, role)
+
+
+def _dedup_key(fragment: str) -> str:
+    """What two fragments share when they count as one: the text case-folded, its whitespace
+    collapsed to single spaces."""
+    return " ".join(fragment.casefold().split())
 
 
 def _check_state(state: object) -> None:

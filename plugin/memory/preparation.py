@@ -22,7 +22,13 @@ import numpy as np
 from plugin.control.clock import Clock, finite_clock
 from plugin.control.logs import log_event
 from plugin.memory.embedding import EmbeddingAdapter, Vector, is_embedding_adapter
-from plugin.memory.planning import QueryPlanner, QueryStrategy, RecallQuery, compose_search_call
+from plugin.memory.planning import (
+    BaselineReason,
+    QueryPlanner,
+    QueryStrategy,
+    RecallQuery,
+    compose_search_call,
+)
 from plugin.memory.state import WorkingState
 
 _log = logging.getLogger("recallbound.memory")
@@ -33,9 +39,10 @@ MAX_CHARS_PER_TOKEN = 64
 a megabyte takes the WordLlama tokenizer most of a second)."""
 
 
-_PLANNED: contextvars.ContextVar[list[tuple[RecallQuery, RecallQuery]] | None] = (
+_PLANNED: contextvars.ContextVar[list[tuple[RecallQuery | None, RecallQuery]] | None] = (
     contextvars.ContextVar("recallbound_planned", default=None))
-"""Within one :meth:`PreparationBound.prepare`, the query its first attempt planned."""
+"""Within one :meth:`PreparationBound.prepare`, what its first attempt planned: the query
+(None while admission was being asked) and the recent arm's control query."""
 
 
 class WithheldReason(enum.Enum):
@@ -183,13 +190,18 @@ class QueryPreparation:
         failing adapter gives no vector and the reason; the sparse arm still runs.
         """
         planned = _PLANNED.get()
-        if planned:  # the bound cut this call's embedding: its plan stands (admission once)
-            query, recent = planned[0]
+        if planned:  # the bound cut this call's first attempt: admission is not asked again
+            planned_query, recent = planned[0]
+            # Cut while admission was asked (the plan's only wait): it did not answer in time.
+            query = planned_query or attrs.evolve(
+                recent, baseline_reason=BaselineReason.ADMISSION_TIMEOUT)
         else:
-            query = await self.planner.plan(state, scope=scope, principal=principal)
             recent = self.planner.plan_recent(state, scope=scope, principal=principal)
             if planned is not None:
-                planned.append((query, recent))
+                planned.append((None, recent))
+            query = await self.planner.plan(state, scope=scope, principal=principal)
+            if planned is not None:
+                planned[0] = (query, recent)
         semantic = await self._prepare_semantic(query, withhold)
         return PreparedRecall(query=query, recent_query=recent, semantic=semantic)
 
@@ -310,7 +322,8 @@ class PreparationBound:
         """Prepare one query within what is left of the bound (see the class docstring). When
         the bound cuts the embedding, the query is prepared again without it: a
         :class:`QueryPreparation` keeps the plan it already made (its admission is asked
-        once); another preparer plans again."""
+        once), and a plan the bound cut while admission was asked takes the baseline
+        (``ADMISSION_TIMEOUT``) without asking again; another preparer prepares again."""
         left = self.left()
         if withhold is None and left <= 0:
             withhold = WithheldReason.PREPARATION_BOUND

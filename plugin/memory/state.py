@@ -28,19 +28,27 @@ _NOT_SEQUENCES = (str, bytes, bytearray, memoryview)
 def _check_text(name: str, value: object) -> None:
     if not isinstance(value, str):
         raise InvalidArgumentTypeError(f"{name} must be str, got {type(value).__name__}")
-    if not value.isascii():
+    if not str.isascii(value):  # str's own methods: a subclass's may say anything
         try:
-            value.encode("utf-8")
+            str.encode(value, "utf-8")
         except UnicodeEncodeError as exc:
             raise InvalidArgumentError(
                 f"{name} is not valid Unicode text: lone surrogate at index {exc.start}"
             ) from None
 
 
+def _exact(value: Any) -> Any:
+    """A ``str`` subclass becomes the plain text it holds (``str.__str__`` copies it without
+    calling the subclass's methods): what the composer later asks of a text (its size, its
+    stripped form) is then answered by ``str`` itself. Anything else is left as it is."""
+    return str.__str__(value) if isinstance(value, str) and type(value) is not str else value
+
+
 def _to_tuple(value: Any) -> Any:
-    """Sequences become tuples; anything else is left for the validator to reject by type."""
-    if isinstance(value, Sequence) and not isinstance(value, (*_NOT_SEQUENCES, tuple)):
-        return tuple(value)
+    """Sequences become tuples (of plain ``str`` where they hold text, see :func:`_exact`);
+    anything else is left for the validator to reject by type."""
+    if isinstance(value, Sequence) and not isinstance(value, _NOT_SEQUENCES):
+        return tuple(_exact(item) for item in value)
     return value
 
 
@@ -95,7 +103,7 @@ def _check_bool(instance: object, attribute: attrs.Attribute[bool], value: objec
 class Task:
     """One task of the agent's plan; ``done`` tasks are never used for recall."""
 
-    text: str = attrs.field(validator=_text("Task"))
+    text: str = attrs.field(converter=_exact, validator=_text("Task"))
     done: bool = attrs.field(default=False, validator=_check_bool)
 
 
@@ -103,7 +111,7 @@ class Task:
 class Fact:
     """An established fact; only its ``entities`` (names) reach a query, never its text."""
 
-    text: str = attrs.field(validator=_text("Fact"))
+    text: str = attrs.field(converter=_exact, validator=_text("Fact"))
     entities: tuple[str, ...] = attrs.field(
         default=(), converter=_strs, validator=_tuple_of("Fact", str)
     )
@@ -118,9 +126,9 @@ class WorkingState:
     text that is not valid Unicode; the message names the field (``WorkingState.tasks[3]``).
     """
 
-    current_request: str = attrs.field(validator=_text("WorkingState"))
-    objective: str = attrs.field(default="", validator=_text("WorkingState"))
-    next_action: str = attrs.field(default="", validator=_text("WorkingState"))
+    current_request: str = attrs.field(converter=_exact, validator=_text("WorkingState"))
+    objective: str = attrs.field(default="", converter=_exact, validator=_text("WorkingState"))
+    next_action: str = attrs.field(default="", converter=_exact, validator=_text("WorkingState"))
     tasks: tuple[Task, ...] = attrs.field(
         default=(), converter=_tasks, validator=_tuple_of("WorkingState", Task)
     )
