@@ -329,3 +329,24 @@ async def test_a_hung_embedding_cannot_hold_the_turn(clock: ManualClock) -> None
     ]
     assert [b.reason for b in context.bounded] == ["preparation_bound"]
     assert "not evidence" in context.render()
+
+
+async def test_a_retriever_ranking_attribute_is_never_run(clock: ManualClock) -> None:
+    # Only the reference retriever's own ranking policy orders beliefs among the evidence: a
+    # ``ranking`` on any other retriever is its code, and would run outside its slot, with the
+    # permit bound, after the attempt's deadline check. It is not read.
+    read: list[object] = []
+
+    class WithRanking(DictRetriever):
+        @property
+        def ranking(self) -> object:
+            read.append(current_permit())
+            raise ValueError("a ranking that fails")
+
+    hooks = _hooks(WithRanking(MEMORIES, BELIEFS), clock)
+    with hooks.bind_run():
+        context = await hooks.prepare(WorkingState("Priya rounding"), run_id="r", scope=S,
+                                      principal=P)
+    assert read == []
+    assert context.failure is None
+    assert {item.id for item in context.evidence} >= {"b-priya", "m-rounding"}

@@ -34,6 +34,7 @@ from plugin.control.policy import MAX_COUNT
 from plugin.errors import RetrieverFailedError
 
 from .enforce import STOPS, beliefs_read, contained_sync, search_attempt
+from .pipeline import MemoryRetriever
 from .preparation import PreparedRecall
 from .protocol import Bounded, ContextCaps, Retriever
 from .ranking import RankingPolicy, with_beliefs
@@ -42,10 +43,14 @@ from .store import Evidence
 
 
 def _policy(retriever: Retriever) -> RankingPolicy:
-    """The retriever's ranking policy when it has one (the reference retriever), else the
-    default."""
-    policy = getattr(retriever, "ranking", None)
-    return policy if isinstance(policy, RankingPolicy) else RankingPolicy()
+    """The reference retriever's own ranking policy, else the default.
+
+    Only a :class:`~plugin.memory.pipeline.MemoryRetriever` itself (not a subclass) is asked,
+    and only a :class:`RankingPolicy` itself is taken: any other retriever's ``ranking`` is its
+    code, and this runs in the round, outside the retriever's slot, with the permit bound."""
+    if type(retriever) is MemoryRetriever and type(retriever.ranking) is RankingPolicy:
+        return retriever.ranking
+    return RankingPolicy()
 
 
 NOTHING_TO_SEARCH = (
