@@ -229,3 +229,90 @@ async def test_a_corrections_read_cut_by_its_bound_says_deadline_not_raised(
                                     ContextCaps(), principal=P, scope=S, run_id="r",
                                     within_s=0.01)
     assert (share.shown, share.failure) == ((), "deadline")
+
+
+class Stubborn:
+    """Reads that will not be cancelled: each waits, shielded, until the test releases it,
+    and records when it ended, so a test can tell whether the caller waited for it."""
+
+    def __init__(self) -> None:
+        self.release = anyio.Event()
+        self.events: list[str] = []
+
+    async def hold(self, what: str) -> None:
+        with anyio.CancelScope(shield=True):
+            await self.release.wait()
+        self.events.append(f"{what} ended")
+
+    async def search(self, request: SearchRequest) -> list[Evidence]:
+        if request.text == "hold":
+            await self.hold("search")
+        return [Evidence(id="m-1", text="cutover at noon", principal=P, scope=S)]
+
+    async def corrections(self, *, principal: str, scope: str) -> list[Evidence]:
+        await self.hold("corrections")
+        return []
+
+    async def get(self, evidence_id: str, *, principal: str, scope: str) -> Evidence:
+        await self.hold("get")
+        return Evidence(id=evidence_id, text="cutover at noon", principal=P, scope=S)
+
+
+@pytest.mark.parametrize("read", ["corrections", "search", "get"])
+async def test_a_read_that_refuses_cancellation_does_not_hold_the_caller(
+    anyio_backend: object, hooks_for: Callable[..., Any], read: str
+) -> None:
+    # A read that shields itself from cancellation is left to end on its own: the hooks stop
+    # waiting at its bound (the preparation budget, the deadline), and the call has its
+    # result before the read ends.
+    from plugin import AllowancePolicy
+
+    stubborn = Stubborn()
+    hooks = await hooks_for(
+        SimpleRetriever(stubborn.search, corrections=stubborn.corrections, get=stubborn.get),
+        preparation_budget_s=0.05, policy=AllowancePolicy(deadline_s=0.5))
+    run_id = _run()
+
+    async def call() -> None:
+        if read == "corrections":
+            context = await hooks.prepare(WorkingState("cutover"), run_id=run_id, scope=S,
+                                          principal=P)
+            assert context.corrections == () and [e.id for e in context.evidence] == ["m-1"]
+        elif read == "search":
+            (result,) = await hooks.dispatch([ToolCall(call_id="c1", arguments={"query": "hold"})],
+                                             run_id=run_id, scope=S, principal=P)
+            assert result.status == "refused"
+        else:
+            (found,) = await hooks.dispatch([ToolCall(call_id="c1",
+                                                      arguments={"query": "cutover"})],
+                                            run_id=run_id, scope=S, principal=P)
+            assert found.status == "ok"
+            (validation,) = await hooks.validate_retained(["m-1"], run_id=run_id, scope=S,
+                                                          principal=P)
+            assert validation.status == "failed"
+        stubborn.events.append("call returned")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(call)
+        await anyio.sleep(3)  # far past every bound: a caller held by the read is still held
+        stubborn.release.set()
+        await anyio.sleep(0.5)  # the released read ends, in a task of its own
+    assert stubborn.events == ["call returned", f"{read} ended"]
+
+
+async def test_an_id_the_model_could_not_cite_as_shown_is_dropped(
+    anyio_backend: object, hooks_for: Callable[..., Any]
+) -> None:
+    # The rendered line shows the id made inert (one line, bidi controls to spaces, spaces
+    # collapsed): an id that would read as another ("\u2066m1" as "m1") or that no one could
+    # cite as read (" m7 ", "a  b") is dropped and counted, as an invalid id is.
+    async def search(request: SearchRequest) -> list[Evidence]:
+        return [Evidence(id=i, text=f"cutover note {n}", principal=P, scope=S)
+                for n, i in enumerate([" m7 ", "a  b", "\u2066m1", "m1", "a b"])]
+
+    hooks = await hooks_for(SimpleRetriever(search))
+    (result,) = await hooks.dispatch([ToolCall(call_id="c1", arguments={"query": "cutover"})],
+                                     run_id=_run(), scope=S, principal=P)
+    assert result.status == "ok"
+    assert [item.id for item in result.evidence] == ["m1", "a b"]
+    assert result.content.count(" m1]") == 1

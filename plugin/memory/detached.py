@@ -35,6 +35,10 @@ class _Stop:
     stop: BaseException
 
 
+_CANCELLED = object()
+"""What a task cancelled by its own scope returns (its cancellation caught by the scope)."""
+
+
 async def within(call: Callable[[], Awaitable[object]], timeout_s: float) -> Outcome | None:
     """``call()`` run apart, waited for at most ``timeout_s``: its outcome, or None when it
     did not end in time."""
@@ -44,9 +48,16 @@ async def within(call: Callable[[], Awaitable[object]], timeout_s: float) -> Out
 
 
 async def _asyncio(call: Callable[[], Awaitable[object]], timeout_s: float) -> Outcome | None:
+    # Cancelled through a cancel scope, as on trio: the cancellation holds at every later
+    # await (a callable that catches one and waits again is cancelled again), where a bare
+    # Task.cancel() is spent once caught, and the task could then outlive the event loop.
+    scope = anyio.CancelScope()
+
     async def run() -> object:
         try:
-            return await call()
+            with scope:
+                return await call()
+            return _CANCELLED
         except (KeyboardInterrupt, SystemExit) as exc:  # raised by a task, it stops the loop
             return _Stop(exc)
 
@@ -57,7 +68,7 @@ async def _asyncio(call: Callable[[], Awaitable[object]], timeout_s: float) -> O
             await asyncio.wait({task})
     finally:
         if not task.done():  # the bound, or the caller's own cancellation
-            task.cancel()
+            scope.cancel()
     if not task.done():
         return None
     if task.cancelled():
@@ -66,6 +77,8 @@ async def _asyncio(call: Callable[[], Awaitable[object]], timeout_s: float) -> O
     if error is not None:
         return Outcome(error=error)
     value = task.result()
+    if value is _CANCELLED:
+        return Outcome(error=asyncio.CancelledError())
     return Outcome(error=value.stop) if isinstance(value, _Stop) else Outcome(value=value)
 
 

@@ -39,7 +39,7 @@ import functools
 import logging
 import math
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar, cast
 
 import anyio
 import attrs
@@ -48,7 +48,7 @@ from plugin.control import AttemptKind, Permit, RecallBudgetExceeded, hide_permi
 from plugin.control.logs import log_event
 from plugin.errors import RetrieverFailedError
 
-from .cancellation import really_cancelled
+from .detached import within
 from .preparation import PreparedRecall
 from .protocol import AttemptHandle as AttemptHandle
 from .protocol import Bounded as Bounded
@@ -106,15 +106,23 @@ def _failure(exc: BaseException) -> RetrieverFailedError:
 
 async def contained(call: Callable[[], Awaitable[T]]) -> T:
     """Await a retriever call with the permit hidden; its failure becomes a
-    :class:`~plugin.errors.RetrieverFailedError` (real cancellations propagate)."""
-    try:
-        with hide_permit():
-            return await call()
-    except BaseException as exc:
-        if _stop_in(exc) is not None or really_cancelled(exc):
-            raise  # a stop inside the retriever's own task group is still a stop
-        failure = _failure(exc)
-    raise failure
+    :class:`~plugin.errors.RetrieverFailedError` (a stop, ``KeyboardInterrupt`` or
+    ``SystemExit``, propagates).
+
+    The call runs apart, in a task of its own (:func:`~plugin.memory.detached.within`): one
+    that will not take a cancellation (a shielded wait, one that catches it and waits on)
+    cannot hold its caller. When the caller is cancelled (the attempt's deadline, a read's
+    bound, the host), it stops waiting at once, the call is cancelled and left to end on its
+    own, and what it returns or raises later is dropped."""
+    with hide_permit():
+        outcome = await within(call, math.inf)
+    if outcome is None:  # cannot happen unbounded: it ended, or the caller was cancelled
+        raise RetrieverFailedError("deadline")
+    if outcome.error is None:
+        return cast("T", outcome.value)
+    if _stop_in(outcome.error) is not None:
+        raise outcome.error  # a stop inside the retriever's own task group is still a stop
+    raise _failure(outcome.error)
 
 
 async def contained_within(call: Callable[[], Awaitable[T]], within_s: float | None) -> T:
@@ -147,6 +155,8 @@ def _number(value: object) -> bool:
 
 MAX_CITES = 64
 """The most source ids one evidence item may cite."""
+NOTE_LIMIT = 200
+"""The characters a search's note keeps (the rest is cut, and an ellipsis says so)."""
 
 
 def _well_formed(value: object) -> bool:
@@ -166,9 +176,12 @@ def _well_formed(value: object) -> bool:
 
 def _valid_ids(item: Evidence) -> bool:
     """The item's id and those it cites (at most :data:`MAX_CITES`) are valid ids, and its arm
-    a short name: what every ledger can store and every output print on one line."""
+    a short name: what every ledger can store and every output print on one line. The id also
+    reads as itself once rendered (:func:`~plugin.memory.safe_text.one_line`: no edge or
+    doubled space, no bidi control), so the id the model reads is the id it can cite."""
     return (
         len(item.cites) <= MAX_CITES and validate.is_identifier(item.id)
+        and one_line(item.id) == item.id
         and all(validate.is_identifier(c) for c in item.cites)
         and len(item.arm) <= validate.MAX_ID_BYTES
     )
@@ -333,7 +346,7 @@ async def search_attempt(
                                   run_id=permit.run_id, caps=caps)
         permit.note_dropped(slot, foreign)
         found = Found(evidence=evidence, people=found.people, arms=found.arms,
-                      notes=tuple(one_line(note, limit=200) for note in found.notes))
+                      notes=tuple(one_line(note, limit=NOTE_LIMIT) for note in found.notes))
     return Attempted(slot=slot, found=found, bounded=(*bounded, *nested_cut),
                      belief_slot=belief_slot[0] if belief_slot else None,
                      dropped=dropped + foreign, unexamined=unread)
