@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 from plugin import Evidence, SearchRequest, SimpleRetriever
+from plugin.memory.protocol import Found
 
 
 async def slow_search(request: SearchRequest) -> list[Evidence]:
@@ -34,3 +36,21 @@ async def huge_names_search(request: SearchRequest) -> list[Evidence]:
 
 def huge_names() -> SimpleRetriever:
     return SimpleRetriever(huge_names_search)
+
+
+class _LongNotes(SimpleRetriever):
+    """A full-protocol search whose notes and arm names are far larger than the pipe's cap."""
+
+    async def search(self, *args: Any, **kwargs: Any) -> Found:
+        found = await super().search(*args, **kwargs)
+        huge = "n" * 20_000_000
+        return Found(evidence=found.evidence, people=found.people, arms=(huge,),
+                     notes=(huge, "short note"))
+
+
+async def one_search(request: SearchRequest) -> list[Evidence]:
+    return [Evidence(id="m-1", text="cutover at noon")]
+
+
+def long_notes() -> SimpleRetriever:
+    return _LongNotes(one_search)

@@ -188,6 +188,25 @@ async def test_a_worker_cuts_long_texts_as_the_host_would_and_the_search_stands(
     assert answers[0] == answers[1]
 
 
+async def test_long_notes_give_the_same_search_in_a_worker_as_in_process(
+    clock: ManualClock,
+) -> None:
+    # Notes and arm names are cut in the worker as the host cuts them, so 20 MB of notes do
+    # not push the answer past the pipe's cap and fail a search that stands in process.
+    from . import _process_edge_factories as edge
+
+    statuses = []
+    for retriever in (edge.long_notes(), ProcessRetriever(edge.long_notes)):
+        async with contextlib.AsyncExitStack() as stack:
+            if isinstance(retriever, ProcessRetriever):
+                await stack.enter_async_context(retriever)
+            hooks = hooks_over(retriever, clock)
+            (result,) = await hooks.dispatch(search_calls("cutover"), run_id="r", scope=S,
+                                             principal=P)
+        statuses.append((result.status, [e.id for e in result.evidence]))
+    assert statuses == [("ok", ["m-1"]), ("ok", ["m-1"])]
+
+
 def _local_factory() -> SimpleRetriever:
     return factories.probing()
 

@@ -27,7 +27,7 @@ from plugin.errors import InvalidArgumentError, RetrieverFailedError
 
 from ._process_launch import load
 from ._process_values import read_limit, text_limit
-from .enforce import MAX_CITES
+from .enforce import MAX_CITES, NOTE_LIMIT
 from .preparation import PreparedRecall, SemanticPreparation, WithheldReason
 from .protocol import ContextCaps, Found, NestedRead, Retriever, check_retriever
 from .query import BaselineReason, FragmentRole, QueryStrategy, RecallQuery
@@ -173,6 +173,13 @@ def _items(values: object, limit: int, longest: int) -> list[dict[str, Any]]:
     return [evidence_to_json(item, longest) for item in values[:limit]]
 
 
+def _cut_texts(values: Sequence[object], limit: int, longest: int) -> list[object]:
+    """The first ``limit`` of ``values``, each text cut to ``longest`` characters: at least
+    what the host keeps of it (a note is shown cut to :data:`NOTE_LIMIT`), so the answer
+    stays within the pipe's cap and the host sees what it would see in process."""
+    return [value[:longest] if isinstance(value, str) else value for value in values[:limit]]
+
+
 def _caps(data: dict[str, Any]) -> ContextCaps:
     return ContextCaps(**data)
 
@@ -192,8 +199,9 @@ async def serve(retriever: Retriever, request: dict[str, Any], channel: Channel)
         if not isinstance(found, Found):
             raise BadResult
         return {"evidence": _items(found.evidence, limit, longest),
-                "people": list(found.people[:limit]), "arms": list(found.arms[:limit]),
-                "notes": list(found.notes[:limit])}
+                "people": _cut_texts(found.people, limit, longest),
+                "arms": _cut_texts(found.arms, limit, longest),
+                "notes": _cut_texts(found.notes, limit, NOTE_LIMIT + 1)}
     if op == "read_beliefs":
         handle = WorkerHandle(request["slot"], AttemptKind(request["kind"]),
                               request["seconds_left"], channel)
