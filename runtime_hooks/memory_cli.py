@@ -38,6 +38,7 @@ from typing import Any, BinaryIO, TextIO
 import anyio
 
 from plugin import strict_json
+from plugin.control import validate
 from plugin.control.dsn import is_connection_string, redact, shown_location
 from plugin.errors import RecallboundError
 from plugin.memory.embedding import EmbeddingAdapter
@@ -271,8 +272,18 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     lines = _read_lines(args.file) if args.memory_command == "import" else []
     where = "standard input" if lines and args.file == "-" else getattr(args, "file", "")
     path = _store_path(args, values)
-    if args.memory_command in ("list", "forget", "embed") and not path.exists():
-        raise MemoryInputError(f"no memory store at {str(path)!r}: nothing was remembered there")
+    if args.memory_command in ("list", "forget"):  # what no memory could have: said, not echoed
+        validate.identifier(args.principal, field="--principal")
+        validate.identifier(args.scope, field="--scope")
+        if args.memory_command == "forget":
+            validate.identifier(args.id, field="the memory id")
+    if args.memory_command in ("list", "forget", "embed"):  # never create a store
+        if not path.exists():
+            raise MemoryInputError(
+                f"no memory store at {str(path)!r}: nothing was remembered there")
+        if path.is_file() and path.stat().st_size == 0:  # SQLite would make a store of it
+            raise MemoryInputError(
+                f"{str(path)!r} is empty (0 bytes): nothing was remembered there")
     writes = ("add", "import", "embed")
     embedding = _embedding(values) if args.memory_command in writes else None
     if embedding is None and args.memory_command == "embed":

@@ -42,6 +42,7 @@ from plugin.control.ledger_admin import (
     RunSummary,
 )
 from plugin.control.refusal import BudgetRefusal
+from plugin.errors import LedgerCorruptError
 from runtime_hooks.ledgers import admin_for
 
 from ._fakes import MemoryLedger, MemoryStore
@@ -479,3 +480,18 @@ async def test_check_reports_a_call_whose_recorded_outcome_is_damaged(sql_pair: 
     result = await pair.admin.check()
     assert not result.ok
     assert any("'c1'" in problem and "damaged" in problem for problem in result.problems)
+
+
+@pytest.mark.parametrize("damage", [
+    {1: None}, {2: None}, {3: None}, {0: None}, {1: "soon"}, {4: 2.5}, {8: True},
+    {1: float("nan")},
+])
+def test_a_damaged_run_row_is_a_typed_corruption_not_a_crash(damage: dict[int, object]) -> None:
+    # A damaged page can read back as NULLs or wrong types where the schema forbids them:
+    # listing the runs says the ledger is damaged (one typed error), never a TypeError.
+    row: list[object] = ["run-1", 1_800_000_000.0, 1_800_000_010.0, 1, 2, 1, 4, 1, 0]
+    assert RunSummary.from_row(row).run_id == "run-1"
+    for column, value in damage.items():
+        row[column] = value
+    with pytest.raises(LedgerCorruptError, match="damaged"):
+        RunSummary.from_row(row)

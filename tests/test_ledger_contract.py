@@ -790,6 +790,25 @@ async def test_a_database_holding_only_a_view_is_not_a_ledger_and_is_left_untouc
         assert path.read_bytes() == before, name
 
 
+@pytest.mark.parametrize("content", [b"x", b"\n", b"SQLite format 3", b"SQLite format 3\x01" * 8])
+async def test_a_short_or_foreign_file_is_not_taken_for_an_empty_one(
+    anyio_backend: object, tmp_path: Path, content: bytes
+) -> None:
+    """SQLite takes a file shorter than its header for an empty database, and would write a
+    new one over it: a file that holds anything but a SQLite header is refused, untouched."""
+    from plugin.memory import MemoryStore
+    from plugin.memory.store import MemoryStoreCorruptError
+
+    for name, opened, error in (("ledger", SqliteLedger, LedgerCorruptError),
+                                ("store", MemoryStore, MemoryStoreCorruptError)):
+        path = tmp_path / f"{name}.sqlite3"
+        path.write_bytes(content)
+        with pytest.raises(error, match=r"not a (readable )?SQLite database"):
+            async with opened(path):
+                pytest.fail("a file that is not a database must not open")
+        assert path.read_bytes() == content, name
+
+
 async def test_a_foreign_database_is_left_untouched(anyio_backend: object, tmp_path: Path) -> None:
     # Refusing a file that is not ours must not change it (here: its journal mode).
     path = tmp_path / "theirs.sqlite3"

@@ -382,3 +382,40 @@ def test_list_reads_while_another_process_writes(tmp_path: Path) -> None:
         other.close()
     assert (status, err) == (0, "")
     assert [m["id"] for m in json.loads(out)] == ["m1"]
+
+
+@pytest.mark.parametrize("command", [["list", *WHO], ["forget", *WHO, "m-1"], ["embed"]])
+@pytest.mark.parametrize("content", [None, b""])
+def test_list_forget_and_embed_never_create_a_store(
+    tmp_path: Path, command: list[str], content: bytes | None
+) -> None:
+    # No file, or an empty one: nothing was remembered there, and reading must not make a
+    # store of it (an empty file is what SQLite would silently turn into one).
+    store = tmp_path / "memory.db"
+    if content is not None:
+        store.write_bytes(content)
+    code, out, err = cli("memory", "--store", str(store), *command)
+    assert code == 2 and out == ""
+    assert err.startswith("recallbound: ") and err.count("\n") == 1
+    assert "nothing was remembered there" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ([] if content is None else ["memory.db"])
+    if content is not None:
+        assert store.read_bytes() == content
+
+
+@pytest.mark.parametrize("argv", [
+    ["list", "--principal", "p" * 130_000, "--scope", "proj"],
+    ["list", "--principal", "u1", "--scope", "a\nb"],
+    ["forget", *WHO, "x" * 100_000],
+    ["forget", "--principal", " ", "--scope", "proj", "m-1"],
+])
+def test_a_principal_scope_or_id_no_memory_could_have_is_refused_in_one_short_line(
+    tmp_path: Path, argv: list[str]
+) -> None:
+    # The rule add applies: a principal, scope or id that is not an id is a typed error (exit
+    # 2), said without echoing it, instead of an empty list or a megabyte "no memory" line.
+    store = str(tmp_path / "memory.db")
+    assert cli("memory", "--store", store, "add", "Ana owns the schema review.", *WHO)[0] == 0
+    code, out, err = cli("memory", "--store", store, *argv)
+    assert code == 2 and out == ""
+    assert err.startswith("recallbound: ") and err.count("\n") == 1 and len(err) < 300

@@ -11,12 +11,13 @@ Every ledger offers its admin as ``ledger.admin()`` (the SQL ledgers share one,
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import attrs
 
-from plugin.errors import InvalidArgumentError
+from plugin.errors import InvalidArgumentError, LedgerCorruptError
 
 PRUNED_TABLES = ("runs", "rounds", "attempts", "refusals", "retained", "validations", "calls")
 """What a run leaves in a ledger, by the name a :class:`PruneReport` counts it under. A pruned
@@ -59,10 +60,20 @@ class RunSummary:
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> RunSummary:
         """From the admin queries' row: run id, opened, deadline, rounds, max rounds, reserved,
-        max searches, executed, refused (every ledger selects these columns in this order)."""
-        run_id, opened, deadline, rounds, max_rounds, reserved, max_searches, executed, refused = (
-            row
-        )
+        max searches, executed, refused (every ledger selects these columns in this order).
+
+        A value of the wrong kind (a damaged page can read back as NULLs where the schema
+        allows none) raises :class:`~plugin.errors.LedgerCorruptError`.
+        """
+        run_id, opened, deadline, *counts = row
+        walls = (opened, deadline)
+        if (type(run_id) is not str or len(counts) != 6
+                or not all(type(wall) in (int, float) and math.isfinite(wall) for wall in walls)
+                or not all(type(count) is int for count in counts)):
+            named = repr(run_id)[:80] if type(run_id) is str else "a run"
+            raise LedgerCorruptError(f"the ledger's record of {named} is damaged: run "
+                                     "`recallbound ledger check`")
+        rounds, max_rounds, reserved, max_searches, executed, refused = counts
         return cls(
             run_id=run_id, opened_wall=float(opened), deadline_wall=float(deadline),
             rounds=rounds, max_rounds=max_rounds, reserved=reserved, max_searches=max_searches,

@@ -165,6 +165,8 @@ class SqliteLedger(SqlLedger):
         problem = await _sqlite.path_problem(self._path)
         if problem is not None:
             raise LedgerPathError(f"ledger {redact(self._path)!r}: {problem}")
+        if await _sqlite.not_a_database(self._path):
+            raise LedgerCorruptError(f"{redact(self._path)!r} is not a SQLite database")
         try:
             conn = await _sqlite.connect(self._path, timeout=self._timeout)
         except (sqlite3.Error, UnicodeDecodeError, OSError) as exc:

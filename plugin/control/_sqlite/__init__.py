@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeAlias, TypeVar
 
 import anyio
+import anyio.to_thread
 import sniffio
 
 # Primary result codes (sqlite3 exposes them as names only from Python 3.11 on).
@@ -131,6 +132,27 @@ async def path_problem(path: str) -> str | None:
     except UnicodeError:
         return "cannot be a file name: it holds a lone surrogate"
     return None
+
+
+_HEADER = b"SQLite format 3\x00"
+
+
+def _foreign(path: str) -> bool:
+    try:
+        with open(path, "rb") as file:
+            start = file.read(len(_HEADER))
+    except OSError:  # missing or unreadable: SQLite's own open says which
+        return False
+    return bool(start) and start != _HEADER
+
+
+async def not_a_database(path: str) -> bool:
+    """Whether ``path`` is a file that holds something but not a SQLite header. SQLite takes
+    a file shorter than its header for an empty database and would write one over it; such a
+    file is refused instead, as a longer foreign file is."""
+    if path == ":memory:" or path.startswith("file:"):
+        return False
+    return await anyio.to_thread.run_sync(_foreign, path)
 
 
 FileIdentity: TypeAlias = "tuple[str, int, int]"

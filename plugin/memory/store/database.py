@@ -25,6 +25,7 @@ from ...control._sqlite import (
     Row,
     connect,
     file_identity,
+    not_a_database,
     path_problem,
     run_transaction,
     still_there,
@@ -67,6 +68,8 @@ class Database:
         problem = await path_problem(self.path)
         if problem is not None:
             raise MemoryStorePathError(f"memory store {self.path!r}: {problem}")
+        if await not_a_database(self.path):
+            raise MemoryStoreCorruptError(f"memory store {self.path!r} is not a SQLite database")
         try:
             conn = await connect(self.path, timeout=self.timeout)
         except sqlite3.Error as exc:
