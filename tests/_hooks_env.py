@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from plugin import AllowancePolicy, Clock, QueryPlanner, QueryPreparation, RecallAllowance
@@ -45,6 +45,18 @@ def hooks_over(retriever: Any, clock: Clock, **policy: Any) -> RecallHooks:
     allowance = RecallAllowance(MemoryLedger(), policy=AllowancePolicy(**policy), clock=clock)
     return RecallHooks(allowance=allowance, preparer=QueryPreparation(QueryPlanner()),
                        retriever=retriever)
+
+
+async def each_way(factory: Callable[[], Any], clock: Clock) -> AsyncIterator[RecallHooks]:
+    """Hooks over the retriever ``factory`` makes, in process, then in a worker process
+    (``ProcessRetriever(factory)``, closed before the next): the same search both ways."""
+    from plugin import ProcessRetriever
+
+    for retriever in (factory(), ProcessRetriever(factory)):
+        async with contextlib.AsyncExitStack() as stack:
+            if isinstance(retriever, ProcessRetriever):
+                await stack.enter_async_context(retriever)
+            yield hooks_over(retriever, clock)
 
 
 @contextlib.asynccontextmanager

@@ -4,14 +4,12 @@ call stands (not a failed call because the answer outgrew the pipe's cap)."""
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 
-from plugin import ManualClock, ProcessRetriever
+from plugin import ManualClock
 
 from . import _process_edge_factories as factories
-from ._hooks_env import hooks_over, search_calls
+from ._hooks_env import each_way, search_calls
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -20,13 +18,9 @@ async def test_huge_names_are_dropped_and_counted_through_a_worker_as_in_process
     clock: ManualClock,
 ) -> None:
     answers = []
-    for retriever in (factories.huge_names(), ProcessRetriever(factories.huge_names)):
-        async with contextlib.AsyncExitStack() as stack:
-            if isinstance(retriever, ProcessRetriever):
-                await stack.enter_async_context(retriever)
-            hooks = hooks_over(retriever, clock)
-            (result,) = await hooks.dispatch(search_calls("anything"), run_id="r",
-                                             scope="atlas", principal="ana")
+    async for hooks in each_way(factories.huge_names, clock):
+        (result,) = await hooks.dispatch(search_calls("anything"), run_id="r",
+                                         scope="atlas", principal="ana")
         answers.append((result.status, result.failure, [e.id for e in result.evidence],
                         result.dropped, result.omitted >= 1))
     assert answers[0] == ("ok", None, ["m-good"], 79, True)  # 80 examined, 2 left out

@@ -8,7 +8,6 @@ call's ``failed`` result, and the next call gets a fresh worker.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -29,7 +28,7 @@ from plugin import (
 from plugin.memory.process import ProcessRetriever as FromModule
 
 from . import _process_factories as factories
-from ._hooks_env import hooks_over, search_calls, usage_counts
+from ._hooks_env import each_way, hooks_over, search_calls, usage_counts
 from ._procs import running
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -172,16 +171,11 @@ async def test_a_worker_cuts_long_texts_as_the_host_would_and_the_search_stands(
     # The same retriever in process and in a worker: the same evidence and the same count of
     # what was left out (the texts cut in the worker, not a failed search).
     answers = []
-    for retriever in (factories.long_texts_and_corrections(),
-                      ProcessRetriever(factories.long_texts_and_corrections)):
-        async with contextlib.AsyncExitStack() as stack:
-            if isinstance(retriever, ProcessRetriever):
-                await stack.enter_async_context(retriever)
-            hooks = hooks_over(retriever, clock)
-            (result,) = await hooks.dispatch(search_calls("cutover"), run_id="r", scope=S,
-                                             principal=P)
-            context = await hooks.prepare(WorkingState("cutover"), run_id="r2", scope=S,
-                                          principal=P)
+    async for hooks in each_way(factories.long_texts_and_corrections, clock):
+        (result,) = await hooks.dispatch(search_calls("cutover"), run_id="r", scope=S,
+                                         principal=P)
+        context = await hooks.prepare(WorkingState("cutover"), run_id="r2", scope=S,
+                                      principal=P)
         assert result.status == "ok" and result.evidence, result.content
         assert result.omitted >= 73 and not context.notes  # the corrections were read
         answers.append(([e.id for e in result.evidence], context.corrections_omitted))
@@ -196,13 +190,9 @@ async def test_long_notes_give_the_same_search_in_a_worker_as_in_process(
     from . import _process_edge_factories as edge
 
     statuses = []
-    for retriever in (edge.long_notes(), ProcessRetriever(edge.long_notes)):
-        async with contextlib.AsyncExitStack() as stack:
-            if isinstance(retriever, ProcessRetriever):
-                await stack.enter_async_context(retriever)
-            hooks = hooks_over(retriever, clock)
-            (result,) = await hooks.dispatch(search_calls("cutover"), run_id="r", scope=S,
-                                             principal=P)
+    async for hooks in each_way(edge.long_notes, clock):
+        (result,) = await hooks.dispatch(search_calls("cutover"), run_id="r", scope=S,
+                                         principal=P)
         statuses.append((result.status, [e.id for e in result.evidence]))
     assert statuses == [("ok", ["m-1"]), ("ok", ["m-1"])]
 
