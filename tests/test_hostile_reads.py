@@ -258,13 +258,15 @@ class Stubborn:
         return Evidence(id=evidence_id, text="cutover at noon", principal=P, scope=S)
 
 
-@pytest.mark.parametrize("read", ["corrections", "search", "get"])
+@pytest.mark.parametrize("read", ["corrections", "get"])
 async def test_a_read_that_refuses_cancellation_does_not_hold_the_caller(
     anyio_backend: object, hooks_for: Callable[..., Any], read: str
 ) -> None:
-    # A read that shields itself from cancellation is left to end on its own: the hooks stop
-    # waiting at its bound (the preparation budget, the deadline), and the call has its
-    # result before the read ends.
+    # A read outside a slot that shields itself from cancellation is left to end on its own:
+    # the hooks stop waiting at its bound (the preparation budget, the deadline), and the
+    # call has its result before the read ends. (A search runs inside its attempt, so that a
+    # slot taken is a search started in time: one that refuses cancellation holds its call,
+    # and is a deadline refusal when it returns.)
     from plugin import AllowancePolicy
 
     stubborn = Stubborn()
@@ -278,10 +280,6 @@ async def test_a_read_that_refuses_cancellation_does_not_hold_the_caller(
             context = await hooks.prepare(WorkingState("cutover"), run_id=run_id, scope=S,
                                           principal=P)
             assert context.corrections == () and [e.id for e in context.evidence] == ["m-1"]
-        elif read == "search":
-            (result,) = await hooks.dispatch([ToolCall(call_id="c1", arguments={"query": "hold"})],
-                                             run_id=run_id, scope=S, principal=P)
-            assert result.status == "refused"
         else:
             (found,) = await hooks.dispatch([ToolCall(call_id="c1",
                                                       arguments={"query": "cutover"})],

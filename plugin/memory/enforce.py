@@ -48,6 +48,7 @@ from plugin.control import AttemptKind, Permit, RecallBudgetExceeded, hide_permi
 from plugin.control.logs import log_event
 from plugin.errors import RetrieverFailedError
 
+from .cancellation import really_cancelled
 from .detached import within
 from .preparation import PreparedRecall
 from .protocol import AttemptHandle as AttemptHandle
@@ -105,15 +106,30 @@ def _failure(exc: BaseException) -> RetrieverFailedError:
 
 
 async def contained(call: Callable[[], Awaitable[T]]) -> T:
-    """Await a retriever call with the permit hidden; its failure becomes a
-    :class:`~plugin.errors.RetrieverFailedError` (a stop, ``KeyboardInterrupt`` or
-    ``SystemExit``, propagates).
+    """Await a retriever call in this task, with the permit hidden; its failure becomes a
+    :class:`~plugin.errors.RetrieverFailedError` (real cancellations and stops propagate).
 
-    The call runs apart, in a task of its own (:func:`~plugin.memory.detached.within`): one
-    that will not take a cancellation (a shielded wait, one that catches it and waits on)
-    cannot hold its caller. When the caller is cancelled (the attempt's deadline, a read's
-    bound, the host), it stops waiting at once, the call is cancelled and left to end on its
-    own, and what it returns or raises later is dropped."""
+    A search or a belief read runs so, inside its attempt: it starts the moment its slot is
+    taken, so a slot taken is a search started while the permit was live. A call that refuses
+    the attempt's cancellation holds its attempt until it returns, and leaves as a
+    ``deadline`` refusal. Reads outside a slot run apart (:func:`contained_apart`)."""
+    try:
+        with hide_permit():
+            return await call()
+    except BaseException as exc:
+        if _stop_in(exc) is not None or really_cancelled(exc):
+            raise  # a stop inside the retriever's own task group is still a stop
+        failure = _failure(exc)
+    raise failure
+
+
+async def contained_apart(call: Callable[[], Awaitable[T]]) -> T:
+    """:func:`contained`, the call run apart in a task of its own
+    (:func:`~plugin.memory.detached.within`): one that will not take a cancellation (a
+    shielded wait, one that catches it and waits on) cannot hold its caller. When the caller
+    is cancelled (a read's bound, the host), it stops waiting at once; the call is cancelled
+    (again at each later await) and left to end on its own, and what it returns then is
+    dropped."""
     with hide_permit():
         outcome = await within(call, math.inf)
     if outcome is None:  # cannot happen unbounded: it ended, or the caller was cancelled
@@ -126,12 +142,12 @@ async def contained(call: Callable[[], Awaitable[T]]) -> T:
 
 
 async def contained_within(call: Callable[[], Awaitable[T]], within_s: float | None) -> T:
-    """:func:`contained`, cut after ``within_s`` seconds (None: no bound). A read cut there,
-    or one that answered past it (a swallowed cancellation, a blocked loop), is a
+    """:func:`contained_apart`, cut after ``within_s`` seconds (None: no bound). A read cut
+    there, or one that answered past it (a swallowed cancellation, a blocked loop), is a
     :class:`~plugin.errors.RetrieverFailedError` with the reason ``deadline``: late is none."""
     answered: list[T] = []
     with anyio.move_on_after(within_s) as bound:
-        answered.append(await contained(call))
+        answered.append(await contained_apart(call))
     if bound.cancel_called or anyio.current_time() >= bound.deadline:
         raise RetrieverFailedError("deadline")
     return answered[0]

@@ -9,9 +9,10 @@ Text rules: any ``str`` is accepted, including NUL characters and very large str
 composer bounds what it uses), except text that cannot be encoded as UTF-8 (a lone surrogate),
 which raises :class:`~plugin.errors.InvalidArgumentError`: such text could not be hashed,
 stored or searched later. A ``str`` subclass is stored as the plain text it holds, so what
-the composer asks of a text (its size, its stripped form) is answered by ``str`` itself. A ``str`` where a sequence of strings is expected is a type error,
-never split into characters. Sets and other unordered or one-shot iterables are refused too:
-the planner's output must not depend on iteration order.
+the composer asks of a text (its size, its stripped form) is answered by ``str`` itself. A
+``str`` where a sequence of strings is expected is a type error, never split into characters.
+Sets and other unordered or one-shot iterables are refused too: the planner's output must not
+depend on iteration order.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ from plugin.control import RecallAllowance
 from plugin.control.ledger import CallRecord
 from plugin.errors import RetrieverFailedError
 
-from .enforce import admit, contained, contained_within
+from .enforce import admit, contained_apart, contained_within
 from .preparation import PreparationBound, PreparedRecall, RecallPreparer, WithheldReason
 from .protocol import CORRECTIONS_EXAMINED, ContextCaps, Retriever
 from .recall import (
@@ -216,7 +216,7 @@ class DeliberateTurn:
 async def _named_people(retriever: Retriever, prepared: PreparedRecall) -> tuple[str, ...] | None:
     """The People the query names (None when the retriever failed: its search says so)."""
     try:
-        people = await contained(lambda: retriever.named_people(prepared))
+        people = await contained_apart(lambda: retriever.named_people(prepared))
     except RetrieverFailedError:
         return None
     if type(people) not in (tuple, list) or not all(type(n) is str for n in people):
