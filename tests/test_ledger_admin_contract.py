@@ -483,14 +483,14 @@ async def test_check_reports_a_call_whose_recorded_outcome_is_damaged(sql_pair: 
 
 
 @pytest.mark.parametrize("damage", [
-    {1: None}, {2: None}, {3: None}, {0: None}, {1: "soon"}, {4: 2.5}, {8: True},
-    {1: float("nan")},
+    {1: None}, {2: None}, {3: None}, {0: None}, {1: "soon"}, {4: 2.5}, {8: True}, {7: "3"},
 ])
 def test_a_damaged_run_row_is_a_typed_corruption_not_a_crash(damage: dict[int, object]) -> None:
     # A damaged page can read back as NULLs or wrong types where the schema forbids them:
     # listing the runs says the ledger is damaged (one typed error), never a TypeError.
     row: list[object] = ["run-1", 1_800_000_000.0, 1_800_000_010.0, 1, 2, 1, 4, 1, 0]
     assert RunSummary.from_row(row).run_id == "run-1"
+    assert RunSummary.from_row([*row[:2], float("inf"), *row[3:]]).deadline_wall == float("inf")
     for column, value in damage.items():
         row[column] = value
     with pytest.raises(LedgerCorruptError, match="damaged"):

@@ -11,7 +11,6 @@ Every ledger offers its admin as ``ledger.admin()`` (the SQL ledgers share one,
 from __future__ import annotations
 
 import enum
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
@@ -63,12 +62,13 @@ class RunSummary:
         max searches, executed, refused (every ledger selects these columns in this order).
 
         A value of the wrong kind (a damaged page can read back as NULLs where the schema
-        allows none) raises :class:`~plugin.errors.LedgerCorruptError`.
+        allows none) raises :class:`~plugin.errors.LedgerCorruptError`; a time that is no time
+        (an infinity an older worker's broken clock stored) is kept, for the caller to say.
         """
         run_id, opened, deadline, *counts = row
         walls = (opened, deadline)
         if (type(run_id) is not str or len(counts) != 6
-                or not all(type(wall) in (int, float) and math.isfinite(wall) for wall in walls)
+                or not all(type(wall) in (int, float) for wall in walls)
                 or not all(type(count) is int for count in counts)):
             named = repr(run_id)[:80] if type(run_id) is str else "a run"
             raise LedgerCorruptError(f"the ledger's record of {named} is damaged: run "

@@ -166,7 +166,7 @@ class SqliteLedger(SqlLedger):
         if problem is not None:
             raise LedgerPathError(f"ledger {redact(self._path)!r}: {problem}")
         if await _sqlite.not_a_database(self._path):
-            raise LedgerCorruptError(f"{redact(self._path)!r} is not a SQLite database")
+            raise LedgerCorruptError(f"ledger {redact(self._path)!r} is not a SQLite database")
         try:
             conn = await _sqlite.connect(self._path, timeout=self._timeout)
         except (sqlite3.Error, UnicodeDecodeError, OSError) as exc:
