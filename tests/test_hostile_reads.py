@@ -245,8 +245,6 @@ class Stubborn:
         self.events.append(f"{what} ended")
 
     async def search(self, request: SearchRequest) -> list[Evidence]:
-        if request.text == "hold":
-            await self.hold("search")
         return [Evidence(id="m-1", text="cutover at noon", principal=P, scope=S)]
 
     async def corrections(self, *, principal: str, scope: str) -> list[Evidence]:
