@@ -14,7 +14,7 @@ import anyio
 import pytest
 from anyio.abc import Process
 
-from runtime_hooks.mcp.wire import MAX_LINE_BYTES, read_message, scan
+from runtime_hooks.mcp.wire import _TOKEN, MAX_LINE_BYTES, read_message, scan
 
 from ._mcp_env import server_process
 
@@ -126,6 +126,21 @@ async def test_a_200_mb_line_is_answered_without_being_read_whole(
             assert (await raw.answer())["id"] == 2
             grown_mib = (_peak_rss_kib(raw.process.pid) - before) / 1024
             assert grown_mib < 32, grown_mib  # the cap (4 MiB) and a chunk, not 200 MB
+
+
+def test_a_string_left_open_is_one_token_to_the_end_of_the_line() -> None:
+    # A line cut at the cap, or one that never closes its string, is read once: the open
+    # string runs to the end of the line. Were it tried again from each escaped quote inside
+    # it, a line of escaped quotes would cost the square of its length.
+    assert [m.group(0) for m in _TOKEN.finditer(b'{"id": 4, "t": "a\\"b\\"c')] == [
+        b"{", b'"id":', b'"t":', b'"a\\"b\\"c']
+    assert [m.group(0) for m in _TOKEN.finditer(b'"x\\')] == [b'"x\\']
+    line = b'{"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"t": "' \
+        + b'\\"' * 200_000
+    assert scan(line, 64) == (True, 7)
+    answer = read_message(line)
+    assert isinstance(answer, bytes)
+    assert json.loads(answer)["id"] == 7
 
 
 def test_the_scanner_reads_the_top_level_id_only() -> None:

@@ -8,7 +8,7 @@ import sys
 from collections.abc import AsyncIterator
 from functools import partial
 from pathlib import Path
-from typing import TypedDict
+from typing import Any, TypedDict
 
 import anyio
 import anyio.lowlevel
@@ -547,6 +547,38 @@ async def test_people_are_discovered_as_whole_words_in_order(store: MemoryStore)
     assert [p.name for p in found] == ["Bob", "Alice", "Ann-Marie O'Neil"]
     assert await store.discover_people("Alicea and Bobby", **ME) == []
     assert await store.discover_people("", **ME) == []
+
+
+async def test_people_are_found_by_the_words_of_the_text_not_by_reading_every_name(
+    store: MemoryStore, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A cell may know many People: discovering the ones a text names reads the names that
+    # start with one of its words (an index range each), never every name of the cell.
+    names = [f"Person{i:05d}" for i in range(3_000)]
+    for name in ("Bob", "Bobby Tables", "Ann-Marie O'Neil", "@ops team", "Zoë"):
+        names.append(name)
+    for name in names:
+        await store.add_person(name, **ME)
+    read: list[int] = []
+    database = type(store._lookups.db)
+    fetch = database.fetch
+
+    async def counted(self: Any, sql: str, params: Any = ()) -> Any:
+        rows = await fetch(self, sql, params)
+        if "people" in sql:
+            read.append(len(rows))
+        return rows
+
+    monkeypatch.setattr(database, "fetch", counted)
+    text = ("ask bob and ZOË whether person00042 told ann-marie o'neil; cc @ops team "
+            + "filler " * 2_000)
+    found = await store.discover_people(text, **ME)
+    assert [p.name for p in found] == ["Bob", "Zoë", "Person00042", "Ann-Marie O'Neil",
+                                       "@ops team"]
+    assert sum(read) <= 6  # the candidates, not 3,005 names
+    assert await store.discover_people("Bobby", **ME) == []
+    assert [p.name for p in await store.discover_people("bobby tables!", **ME)] \
+        == ["Bobby Tables"]
 
 
 async def test_beliefs_of_a_person(store: MemoryStore, clock: ManualClock) -> None:

@@ -55,7 +55,9 @@ PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
 INVALID_PARAMS = -32602
 
-_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"(\s*:)?|[\[\]{}]')
+# A string, or one left open: it runs to the end of the line, so each byte is read once (were
+# it tried again from every escaped quote inside it, a line of them would cost its square).
+_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*(?:"(\s*:)?|\\?\Z)|[\[\]{}]', re.DOTALL)
 # A whole integer (never the start of a fraction, an exponent or a longer number) or a string.
 _ID_VALUE = re.compile(rb'\s*(-?\d{1,18}(?![\d.eE])|"(?:[^"\\]|\\.){0,256}")')
 _SLOW = re.compile(rb"\\[uU][dD][89a-fA-F]|NaN|Infinity")  # what the one-pass parse lets by

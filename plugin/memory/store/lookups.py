@@ -125,9 +125,16 @@ class Lookups:
         haystack = person_key(text[:MAX_SCAN_CHARS])
         if not haystack:
             return []
+        words, marks = _name_starts(haystack)
+        # A name the text holds starts where one of its words does (its first word is that
+        # word) or at one of its other marks: an index range of the cell's names each, never
+        # every name of the cell. What a range over-reads, the whole-word match leaves out.
         rows = await self.db.fetch(
-            "SELECT key, name FROM people WHERE principal = ? AND scope = ?",
-            (principal, scope),
+            f"{_NAMES_FROM} json_each(?) AS w JOIN people AS p {_NAMES_ON} "
+            "AND (length(p.key) = length(w.value) "
+            "OR substr(p.key, length(w.value) + 1, 1) NOT GLOB '[0-9A-Za-z_]') "
+            f"UNION {_NAMES_FROM} json_each(?) AS w JOIN people AS p {_NAMES_ON}",
+            (json.dumps(words), principal, scope, json.dumps(marks), principal, scope),
         )
         found: list[tuple[int, str, str]] = []
         for key, name in rows:
@@ -191,3 +198,16 @@ def _wanted(ids: Iterable[str]) -> list[str]:
         if encodable(evidence_id):
             wanted.setdefault(evidence_id)
     return list(wanted)
+
+
+_NAMES_FROM = "SELECT p.key, p.name FROM"
+_NAMES_ON = ("ON p.principal = ? AND p.scope = ? "
+             "AND p.key >= w.value AND p.key < w.value || char(1114111)")
+
+
+def _name_starts(haystack: str) -> tuple[list[str], list[str]]:
+    """Where a name may start in ``haystack``: its distinct words, and its distinct
+    characters that are neither word characters nor spaces."""
+    words = list(dict.fromkeys(re.findall(r"\w+", haystack)))
+    marks = list(dict.fromkeys(re.findall(r"[^\w\s]", haystack)))
+    return words, marks
