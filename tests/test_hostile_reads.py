@@ -20,7 +20,7 @@ import pytest
 
 from plugin import Evidence, ManualClock, SearchRequest, SimpleRetriever, WorkingState
 from plugin.memory.pipeline import ContextCaps
-from plugin.memory.protocol import Found
+from plugin.memory.protocol import CORRECTIONS_EXAMINED, Found
 from plugin.memory.simple import LAZY_CORRECTIONS
 from runtime_hooks import RecallHooks, ToolCall
 from runtime_hooks.bootstrap import RecallConfig, open_hooks
@@ -59,8 +59,9 @@ async def hooks_for(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
     async with contextlib.AsyncExitStack() as stack:
 
         async def open_with(retriever: Any, **config: Any) -> RecallHooks:
+            config.setdefault("caps", CAPS)
             settings = RecallConfig(ledger_path=tmp_path / f"{uuid.uuid4()}.db",
-                                    store_path=tmp_path / "memory.db", caps=CAPS, **config)
+                                    store_path=tmp_path / "memory.db", **config)
             hooks: RecallHooks = await stack.enter_async_context(open_hooks(
                 settings, retriever=retriever,
                 clock=ManualClock(wall=1_800_000_000.0, monotonic=10.0)))
@@ -104,6 +105,28 @@ async def test_the_automatic_round_reads_a_lazy_result_up_to_the_caps(
     context = await hooks.prepare(WorkingState("cutover"), run_id=_run(), scope=S, principal=P)
     assert context.evidence
     assert endless.pulled <= CAPS.examined + 1
+    assert lazy_corrections.pulled <= LAZY_CORRECTIONS
+
+
+async def test_a_lazy_corrections_read_past_what_is_examined_says_more_were_left_out(
+    anyio_backend: object, hooks_for: Callable[..., Any]
+) -> None:
+    # Caps wide enough to show every examined correction: the one read past them still
+    # tells the model that more were left out.
+    lazy_corrections = Endless("correction")
+
+    async def search(request: SearchRequest) -> list[Evidence]:
+        return [Evidence(id="m-1", text="cutover at noon", principal=P, scope=S)]
+
+    async def corrections(*, principal: str, scope: str) -> Endless:
+        return lazy_corrections
+
+    wide = ContextCaps(max_items=4_096, max_bytes=1_000_000)
+    hooks = await hooks_for(SimpleRetriever(search, corrections=corrections), caps=wide)
+    context = await hooks.prepare(WorkingState("cutover"), run_id=_run(), scope=S, principal=P)
+    assert len(context.corrections) == CORRECTIONS_EXAMINED
+    assert context.corrections_omitted >= 1
+    assert "more correction left out" in context.render()
     assert lazy_corrections.pulled <= LAZY_CORRECTIONS
 
 

@@ -22,7 +22,7 @@ from plugin.control import RecallBudgetExceeded
 
 from .fusion import peakedness, score_fuse, weighted_fuse, weighted_score_fuse
 from .preparation import PreparedRecall
-from .protocol import AttemptHandle, Found
+from .protocol import CORRECTIONS_EXAMINED, AttemptHandle, Found
 from .protocol import ContextCaps as ContextCaps
 from .protocol import Retriever as Retriever
 from .query import FragmentRole, RecallQuery
@@ -380,7 +380,10 @@ class MemoryRetriever:
         return tuple(beliefs)
 
     async def corrections(self, *, principal: str, scope: str) -> tuple[Evidence, ...]:
-        return tuple(await self.store.current_corrections(principal=principal, scope=scope))
+        # The newest that the hooks examine, and one more to tell that more were left out:
+        # a cell of a million current corrections costs what one of a thousand does.
+        return tuple(await self.store.current_corrections(
+            principal=principal, scope=scope, limit=CORRECTIONS_EXAMINED + 1))
 
     async def revalidate(
         self, ids: Sequence[str], *, principal: str, scope: str

@@ -73,8 +73,9 @@ def _async(name: str) -> Callable[[object, attrs.Attribute[Any], object], None]:
     return check
 
 
-LAZY_CORRECTIONS = CORRECTIONS_EXAMINED
-"""The most items read from a lazy iterable of corrections (a list or a tuple is kept whole)."""
+LAZY_CORRECTIONS = CORRECTIONS_EXAMINED + 1
+"""The most items read from a lazy iterable of corrections (a list or a tuple is kept whole):
+those the hooks examine and one more, which tells that more were left out."""
 
 
 def _close(value: object) -> None:
