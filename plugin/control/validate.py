@@ -26,6 +26,7 @@ __all__ = [
     "identifier",
     "is_identifier",
     "is_storable",
+    "plain",
     "run_id",
     "seconds",
     "storable",
@@ -140,6 +141,13 @@ def is_storable(value: str) -> bool:
     return True
 
 
+def plain(value: str) -> str:
+    """``value`` as a plain ``str``: a subclass's text is copied by ``str.__str__``, which calls
+    none of its methods, so what is checked and compared later (a principal against an item's,
+    say) is ``str``'s own answer, never a subclass's ``__eq__``."""
+    return value if type(value) is str else str.__str__(value)
+
+
 def bounded_text(
     value: object,
     *,
@@ -149,9 +157,11 @@ def bounded_text(
     type_error: ErrorClass = InvalidArgumentTypeError,
 ) -> str:
     """Return ``value``: a ``str`` that is not blank, valid Unicode, and at most ``max_bytes``
-    UTF-8 bytes. Newlines and tabs are allowed (this is text, not an id)."""
+    UTF-8 bytes. Newlines and tabs are allowed (this is text, not an id). A ``str`` subclass
+    is returned as the plain text it holds (:func:`plain`)."""
     if not isinstance(value, str):
         raise type_error(f"{field} must be a str, got {type(value).__name__}")
+    value = plain(value)
     _encoded_size(value, field=field, max_bytes=max_bytes, error=error)
     if "\x00" in value:
         raise error(f"{field} must not contain a NUL character")
@@ -171,9 +181,10 @@ def identifier(
     """Return ``value``: an id. A ``str`` that is not blank, at most ``max_bytes`` UTF-8 bytes,
     valid Unicode (no lone surrogate), with no control character (NUL, newline, escape, C1)
     and no line or paragraph separator. Every ledger can store it and every output can print
-    it on one line."""
+    it on one line. A ``str`` subclass is returned as the plain text it holds (:func:`plain`)."""
     if not isinstance(value, str):
         raise type_error(f"{field} must be a str, got {type(value).__name__}")
+    value = plain(value)
     _encoded_size(value, field=field, max_bytes=max_bytes, error=error)
     bad = first_bad_character(value)
     if bad is not None:

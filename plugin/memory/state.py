@@ -22,6 +22,7 @@ from typing import Any, cast
 
 import attrs
 
+from plugin.control.validate import plain
 from plugin.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 _NOT_SEQUENCES = (str, bytes, bytearray, memoryview)
@@ -43,7 +44,7 @@ def _exact(value: Any) -> Any:
     """A ``str`` subclass becomes the plain text it holds (``str.__str__`` copies it without
     calling the subclass's methods): what the composer later asks of a text (its size, its
     stripped form) is then answered by ``str`` itself. Anything else is left as it is."""
-    return str.__str__(value) if isinstance(value, str) and type(value) is not str else value
+    return plain(value) if isinstance(value, str) else value
 
 
 def _to_tuple(value: Any) -> Any:
