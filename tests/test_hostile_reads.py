@@ -130,6 +130,23 @@ async def test_a_lazy_corrections_read_past_what_is_examined_says_more_were_left
     assert lazy_corrections.pulled <= LAZY_CORRECTIONS
 
 
+async def test_items_past_the_examined_are_said_when_none_examined_is_admitted(
+    anyio_backend: object, hooks_for: Callable[..., Any]
+) -> None:
+    # The examined items are all another tenant's; the run's own come after them. Nothing is
+    # shown, and what was never looked at is still said to be left out.
+    async def search(request: SearchRequest) -> list[Evidence]:
+        return [*(Evidence(id=f"f{i}", text="foreign", principal="someone-else")
+                  for i in range(CAPS.examined)),
+                *(Evidence(id=f"m{i}", text="cutover note", principal=P, scope=S)
+                  for i in range(20))]
+
+    hooks = await hooks_for(SimpleRetriever(search))
+    context = await hooks.prepare(WorkingState("cutover"), run_id=_run(), scope=S, principal=P)
+    assert context.evidence == ()
+    assert "20 more items left out" in context.render()
+
+
 async def test_a_corrections_read_that_never_returns_ends_with_the_preparation_budget(
     anyio_backend: object, hooks_for: Callable[..., Any]
 ) -> None:

@@ -149,7 +149,7 @@ async def automatic_round(
     except RecallBudgetExceeded as exc:
         refusal = exc.refusal
     return AutomaticRecall(
-        rendered=render(ranked, caps, unexamined=unexamined) if ranked else None,
+        rendered=render(ranked, caps, unexamined=unexamined) if ranked or unexamined else None,
         candidates=tuple(ranked),
         slots=tuple(slots),
         people=people,
