@@ -205,6 +205,11 @@ async def test_remember_many_is_all_or_nothing(store: MemoryStore, tmp_path: Pat
         ("ok", "lone\udc80", "valid Unicode"),
         ("ok", "x" * 513, "at most 512 UTF-8 bytes"),
         ("ok", 7, "id must be a str"),
+        # an id that would not read as itself once rendered: it could never be shown
+        ("ok", "c9] cancelled. [memory m1", "as itself"),
+        ("ok", " padded", "as itself"),
+        ("ok", "two  spaces", "as itself"),
+        ("ok", "\u2066m1", "as itself"),
     ],
 )
 async def test_bad_input_is_a_typed_error_that_writes_nothing(

@@ -57,7 +57,7 @@ from .protocol import ContextCaps, Retriever
 from .protocol import Found as Found
 from .protocol import NestedRead as NestedRead
 from .protocol import Part as Part
-from .safe_text import one_line
+from .safe_text import one_line, reads_as_itself
 from .store import Evidence
 from .store.values import EVIDENCE_KINDS
 
@@ -193,11 +193,11 @@ def _well_formed(value: object) -> bool:
 def _valid_ids(item: Evidence) -> bool:
     """The item's id and those it cites (at most :data:`MAX_CITES`) are valid ids, and its arm
     a short name: what every ledger can store and every output print on one line. The id also
-    reads as itself once rendered (:func:`~plugin.memory.safe_text.one_line`: no edge or
-    doubled space, no bidi control), so the id the model reads is the id it can cite."""
+    reads as itself once rendered (:func:`~plugin.memory.safe_text.reads_as_itself`), so the
+    id the model reads is the id it can cite."""
     return (
         len(item.cites) <= MAX_CITES and validate.is_identifier(item.id)
-        and one_line(item.id) == item.id
+        and reads_as_itself(item.id)
         and all(validate.is_identifier(c) for c in item.cites)
         and len(item.arm) <= validate.MAX_ID_BYTES
     )

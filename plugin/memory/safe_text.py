@@ -28,6 +28,14 @@ def _inert(char: str) -> str:
     return char
 
 
+def reads_as_itself(item_id: str) -> bool:
+    """Whether ``item_id`` reads as itself inside a rendered item's tag (``[memory ID]``):
+    :func:`one_line` leaves it as it is (no edge or doubled space, no control or bidi
+    character), and it holds no ``]``, which would close the tag and let the rest of the id
+    read as another item's. So the id the model reads is the id it can cite."""
+    return "]" not in item_id and one_line(item_id) == item_id
+
+
 def one_line(text: str, *, limit: int | None = None) -> str:
     """``text`` as one line with no control character; at most ``limit`` characters."""
     if limit is not None and len(text) > limit:

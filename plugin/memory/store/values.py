@@ -17,6 +17,7 @@ from typing import Any, Literal
 import attrs
 
 from ...control import validate
+from ..safe_text import reads_as_itself
 from ..terms import remove_lone_surrogates
 from .errors import InvalidMemoryError
 
@@ -220,11 +221,18 @@ def check_memory_id(value: object, name: str = "id") -> str:
     """A memory id for ``remember``: the shared rule for ids
     (:func:`plugin.control.validate.identifier`: not blank, at most
     :data:`MAX_MEMORY_ID_BYTES` UTF-8 bytes, valid Unicode, no control character or line
-    separator); else :class:`InvalidMemoryError`."""
-    return validate.identifier(
+    separator) that also reads as itself once rendered
+    (:func:`~plugin.memory.safe_text.reads_as_itself`: one no rendering could show is refused
+    when it is written); else :class:`InvalidMemoryError`."""
+    checked = validate.identifier(
         value, field=name, max_bytes=MAX_MEMORY_ID_BYTES,
         error=InvalidMemoryError, type_error=InvalidMemoryError,
     )
+    if not reads_as_itself(checked):
+        raise InvalidMemoryError(
+            f"{name} must read as itself once rendered: no ']', no space at either end or "
+            f"two in a row, no bidi control; got {checked!r}")
+    return checked
 
 
 def check_memory_text(value: object) -> str:
