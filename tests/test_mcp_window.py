@@ -221,6 +221,22 @@ async def test_a_lone_request_on_the_last_round_waits_at_most_the_window(
     assert hooks.batches == [(pytest.approx(started + 0.005), ["a"])]
 
 
+@pytest.mark.trio
+async def test_a_batch_holds_a_call_at_most_half_of_what_its_run_has_left(
+    autojump_clock: Any,
+) -> None:
+    # A window longer than the run has left would hold a live run's call until its deadline
+    # and refuse it for that: the batch closes within half of the time left.
+    hooks = _hooks(rounds=1, reserved=1)
+    clock = hooks.allowance.clock
+    hooks.allowance.ledger.usage_now = _Usage(rounds=1, reserved=1,
+                                              deadline_wall=clock.wall() + 1.0)
+    window = BatchWindow(hooks, window_s=0.6)  # type: ignore[arg-type]
+    started = anyio.current_time()
+    await _burst(window, ["a"])
+    assert hooks.batches == [(pytest.approx(started + 0.5), ["a"])]
+
+
 @pytest.mark.parametrize("value", [-1, float("nan"), float("inf"), True, "5"])
 def test_a_bad_window_is_refused(value: object) -> None:
     with pytest.raises((TypeError, ValueError)):

@@ -26,8 +26,10 @@ Then
   without waiting).
 
 The wait is bounded: a batch never stays open past ``window_s`` after its first call,
-however many calls trickle in meanwhile, and a round never takes more than the allowance
-grants (the ledger's reservation decides).
+however many calls trickle in meanwhile, nor past half of what its run has left before its
+deadline (a window longer than that would hold a live run's call until the deadline refuses
+it), and a round never takes more than the allowance grants (the ledger's reservation
+decides).
 
 What the allowance knows is an estimate: only the ledger's reservation decides what a round is
 granted, so a stale estimate can cost a burst its shared round, never an extra slot.
@@ -192,10 +194,13 @@ class BatchWindow:
         if allowance.is_legacy:
             return
         room = allowance.known_room(batch.run_id) or allowance.fresh_room()
-        slots_left = room.slots_at(allowance.checked_clock.wall())
+        wall = allowance.checked_clock.wall()
+        slots_left = room.slots_at(wall)
         if slots_left <= 0 or room.rounds <= 0:
             return
         closes = batch.opened + self.window_s
+        if room.deadline_wall is not None:  # a live run's call is not held to its deadline
+            closes = min(closes, anyio.current_time() + (room.deadline_wall - wall) / 2)
         while len(batch.calls) < slots_left:
             left = closes - anyio.current_time()
             if left <= 0:
