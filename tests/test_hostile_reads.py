@@ -336,6 +336,48 @@ async def test_a_read_that_refuses_cancellation_does_not_hold_the_caller(
     assert stubborn.events == ["call returned", f"{read} ended"]
 
 
+@pytest.mark.parametrize("turn", ["dispatch", "prepare"])
+async def test_a_search_that_refuses_cancellation_does_not_hold_its_call(
+    anyio_backend: object, hooks_for: Callable[..., Any], turn: str
+) -> None:
+    # The search starts in its attempt, the moment its slot is taken, in a task of its own:
+    # one that shields itself from the deadline's cancellation is left to end on its own, and
+    # its call is a deadline refusal soon after the deadline, not when the search returns.
+    from plugin import AllowancePolicy
+
+    stubborn = Stubborn()
+
+    async def search(request: SearchRequest) -> list[Evidence]:
+        await stubborn.hold("search")
+        return [Evidence(id="m-late", text="cutover at noon", principal=P, scope=S)]
+
+    hooks = await hooks_for(SimpleRetriever(search), policy=AllowancePolicy(deadline_s=0.5))
+    run_id = _run()
+
+    async def call() -> None:
+        if turn == "prepare":
+            context = await hooks.prepare(WorkingState("cutover"), run_id=run_id, scope=S,
+                                          principal=P)
+            assert context.evidence == ()
+            assert context.notice is not None and context.notice.reason.value == "deadline"
+        else:
+            (found,) = await hooks.dispatch([ToolCall(call_id="c1",
+                                                      arguments={"query": "cutover"})],
+                                            run_id=run_id, scope=S, principal=P)
+            assert found.status == "refused" and found.evidence == ()
+            assert "m-late" not in found.content
+        stubborn.events.append("call returned")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(call)
+        await anyio.sleep(4)  # far past the deadline and its grace
+        stubborn.release.set()
+        await anyio.sleep(0.5)  # the released search ends, in a task of its own
+    assert stubborn.events == ["call returned", "search ended"]
+    usage = await hooks.allowance.usage(run_id)
+    assert usage.executed == 1  # its slot stays spent
+
+
 async def test_an_id_the_model_could_not_cite_as_shown_is_dropped(
     anyio_backend: object, hooks_for: Callable[..., Any]
 ) -> None:

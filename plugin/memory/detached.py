@@ -39,15 +39,23 @@ _CANCELLED = object()
 """What a task cancelled by its own scope returns (its cancellation caught by the scope)."""
 
 
-async def within(call: Callable[[], Awaitable[object]], timeout_s: float) -> Outcome | None:
+async def within(
+    call: Callable[[], Awaitable[object]], timeout_s: float,
+    *, past_it: Callable[[], bool] | None = None,
+) -> Outcome | None:
     """``call()`` run apart, waited for at most ``timeout_s``: its outcome, or None when it
-    did not end in time."""
+    did not end in time. With ``past_it``, a call still running at the bound is waited for on
+    (until it ends, or the caller is cancelled) when ``past_it()`` says so then: a call whose
+    own bounded work is all that is left."""
     if sniffio.current_async_library() == "asyncio":
-        return await _asyncio(call, timeout_s)
-    return await _trio(call, timeout_s)
+        return await _asyncio(call, timeout_s, past_it)
+    return await _trio(call, timeout_s, past_it)
 
 
-async def _asyncio(call: Callable[[], Awaitable[object]], timeout_s: float) -> Outcome | None:
+async def _asyncio(
+    call: Callable[[], Awaitable[object]], timeout_s: float,
+    past_it: Callable[[], bool] | None = None,
+) -> Outcome | None:
     # Cancelled through a cancel scope, as on trio: the cancellation holds at every later
     # await (a callable that catches one and waits again is cancelled again), where a bare
     # Task.cancel() is spent once caught, and the task could then outlive the event loop.
@@ -66,6 +74,8 @@ async def _asyncio(call: Callable[[], Awaitable[object]], timeout_s: float) -> O
     try:
         with anyio.move_on_after(timeout_s):
             await asyncio.wait({task})
+        if not task.done() and past_it is not None and past_it():
+            await asyncio.wait({task})
     finally:
         if not task.done():  # the bound, or the caller's own cancellation
             scope.cancel()
@@ -82,7 +92,10 @@ async def _asyncio(call: Callable[[], Awaitable[object]], timeout_s: float) -> O
     return Outcome(error=value.stop) if isinstance(value, _Stop) else Outcome(value=value)
 
 
-async def _trio(call: Callable[[], Awaitable[object]], timeout_s: float) -> Outcome | None:
+async def _trio(
+    call: Callable[[], Awaitable[object]], timeout_s: float,
+    past_it: Callable[[], bool] | None = None,
+) -> Outcome | None:
     import trio
 
     ended = trio.Event()
@@ -101,6 +114,8 @@ async def _trio(call: Callable[[], Awaitable[object]], timeout_s: float) -> Outc
     trio.lowlevel.spawn_system_task(run, context=contextvars.copy_context())
     try:
         with anyio.move_on_after(timeout_s):
+            await ended.wait()
+        if not ended.is_set() and past_it is not None and past_it():
             await ended.wait()
     finally:
         if not ended.is_set():

@@ -44,7 +44,14 @@ from typing import Any, ParamSpec, TypeVar, cast
 import anyio
 import attrs
 
-from plugin.control import AttemptKind, Permit, RecallBudgetExceeded, hide_permit, validate
+from plugin.control import (
+    AttemptKind,
+    Permit,
+    RecallBudgetExceeded,
+    RefusalReason,
+    hide_permit,
+    validate,
+)
 from plugin.control.logs import log_event
 from plugin.errors import RetrieverFailedError
 
@@ -345,27 +352,31 @@ async def search_attempt(
     def read_source(slot: int) -> int:
         return permit.source_read(slot)
 
-    async with permit.attempt(
-        kind, strategy=query.strategy.value, fingerprint=query.fingerprint
-    ) as slot:
-        if on_slot is not None:
-            on_slot(slot)
-        handle = AttemptHandle(permit, slot, kind, nested if nested_beliefs else None,
-                               read_source, names=caps.examined)
-        try:
-            found = _found(await contained(lambda: retriever.search(
-                prepared, handle, caps=caps, nested_beliefs=nested_beliefs)), caps)
-        finally:
-            bounded = handle._end()
-        unread = unexamined(found.evidence, caps)
-        evidence, foreign = admit(found.evidence, principal=principal, scope=scope,
-                                  run_id=permit.run_id, caps=caps)
-        permit.note_dropped(slot, foreign)
-        found = Found(evidence=evidence, people=found.people, arms=found.arms,
-                      notes=tuple(one_line(note, limit=NOTE_LIMIT) for note in found.notes))
-    return Attempted(slot=slot, found=found, bounded=(*bounded, *nested_cut),
-                     belief_slot=belief_slot[0] if belief_slot else None,
-                     dropped=dropped + foreign, unexamined=unread)
+    async def attempt(searched: Callable[[], None]) -> Attempted:
+        async with permit.attempt(
+            kind, strategy=query.strategy.value, fingerprint=query.fingerprint
+        ) as slot:
+            if on_slot is not None:
+                on_slot(slot)
+            handle = AttemptHandle(permit, slot, kind, nested if nested_beliefs else None,
+                                   read_source, names=caps.examined)
+            try:
+                found = _found(await contained(lambda: retriever.search(
+                    prepared, handle, caps=caps, nested_beliefs=nested_beliefs)), caps)
+            finally:
+                searched()
+                bounded = handle._end()
+            unread = unexamined(found.evidence, caps)
+            evidence, foreign = admit(found.evidence, principal=principal, scope=scope,
+                                      run_id=permit.run_id, caps=caps)
+            permit.note_dropped(slot, foreign)
+            found = Found(evidence=evidence, people=found.people, arms=found.arms,
+                          notes=tuple(one_line(note, limit=NOTE_LIMIT) for note in found.notes))
+        return Attempted(slot=slot, found=found, bounded=(*bounded, *nested_cut),
+                         belief_slot=belief_slot[0] if belief_slot else None,
+                         dropped=dropped + foreign, unexamined=unread)
+
+    return await in_attempt_apart(permit, attempt)
 
 
 async def beliefs_read(
@@ -381,14 +392,50 @@ async def beliefs_read(
     """A People-to-belief read on a slot of its own: its slot, the admitted beliefs, how many
     were dropped for naming another principal or scope, and what the allowance cut short in
     it (source reads past the fallbacks: said to the model as any attempt's are)."""
-    async with permit.attempt(kind) as slot:
-        handle = AttemptHandle(permit, slot, kind, None, permit.source_read)
-        try:
-            beliefs = await contained(lambda: retriever.read_beliefs(
-                tuple(people), handle, principal=principal, scope=scope, caps=caps))
-        finally:
-            cut = handle._end()
-        admitted, dropped = admit(beliefs, principal=principal, scope=scope,
-                                  run_id=permit.run_id, what="beliefs", caps=caps)
-        permit.note_dropped(slot, dropped)
-    return slot, admitted, dropped, tuple(cut)
+    async def attempt(
+        searched: Callable[[], None],
+    ) -> tuple[int, tuple[Evidence, ...], int, tuple[Bounded, ...]]:
+        async with permit.attempt(kind) as slot:
+            handle = AttemptHandle(permit, slot, kind, None, permit.source_read)
+            try:
+                beliefs = await contained(lambda: retriever.read_beliefs(
+                    tuple(people), handle, principal=principal, scope=scope, caps=caps))
+            finally:
+                searched()
+                cut = handle._end()
+            admitted, dropped = admit(beliefs, principal=principal, scope=scope,
+                                      run_id=permit.run_id, what="beliefs", caps=caps)
+            permit.note_dropped(slot, dropped)
+        return slot, admitted, dropped, tuple(cut)
+
+    return await in_attempt_apart(permit, attempt)
+
+
+LATE_GRACE_S = 1.0
+"""How long past the deadline a call waits for a search or a belief read that the deadline's
+cancellation did not end (it shields itself, or catches the cancellation and waits on)."""
+
+
+async def in_attempt_apart(permit: Permit, attempt: Callable[[Callable[[], None]], Awaitable[T]]
+                           ) -> T:
+    """``attempt`` (an attempt of ``permit`` and the retriever call in it) run in a task of its
+    own, and waited for until the permit's deadline and :data:`LATE_GRACE_S` more.
+
+    The slot is taken and the call started in that task, one right after the other, so a slot
+    taken is still a call started while the permit was live, and the attempt's cancel scope
+    cuts the call at the deadline as before. A call that will not be cancelled no longer holds
+    its caller: past the grace the caller stops waiting, the permit ends as at its deadline,
+    and the call is a ``deadline`` refusal (its slot stays spent; the late call is left to
+    end on its own, its attempt traced ``deadline`` when it does, and what it returns is
+    dropped). Once the call has returned (``searched()``), what is left is recallbound's own
+    bounded work, which is waited for whatever the time."""
+    returned: list[bool] = []
+    bound = permit.seconds_left() + LATE_GRACE_S
+    outcome = await within(lambda: attempt(lambda: returned.append(True)), bound,
+                           past_it=lambda: bool(returned))
+    if outcome is None or isinstance(outcome.error, anyio.get_cancelled_exc_class()):
+        permit.expire()
+        raise RecallBudgetExceeded(permit.refusal(RefusalReason.DEADLINE))
+    if outcome.error is not None:
+        raise outcome.error
+    return cast("T", outcome.value)
