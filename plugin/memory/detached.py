@@ -28,15 +28,6 @@ class Outcome:
     error: BaseException | None = None
 
 
-@attrs.frozen
-class _Stop:
-    """A ``KeyboardInterrupt`` or ``SystemExit`` the callable raised, carried out of its task."""
-
-    stop: BaseException
-
-
-_CANCELLED = object()
-"""What a task cancelled by its own scope returns (its cancellation caught by the scope)."""
 
 
 async def within(
@@ -61,13 +52,17 @@ async def _asyncio(
     # Task.cancel() is spent once caught, and the task could then outlive the event loop.
     scope = anyio.CancelScope()
 
-    async def run() -> object:
+    async def run() -> Outcome:
+        # Whatever the callable raises is kept in its outcome, never raised by the task: a
+        # KeyboardInterrupt raised by a task stops the loop, and an error of a callable that
+        # ends after its caller left (at the loop's shutdown, say) would be logged as
+        # unhandled. A cancellation by its own scope is caught by the scope.
         try:
             with scope:
-                return await call()
-            return _CANCELLED
-        except (KeyboardInterrupt, SystemExit) as exc:  # raised by a task, it stops the loop
-            return _Stop(exc)
+                return Outcome(value=await call())
+            return Outcome(error=asyncio.CancelledError())
+        except BaseException as exc:
+            return Outcome(error=exc)
 
     task = asyncio.ensure_future(run())  # a task of its own, in a copy of the context
     task.add_done_callback(read_outcome)
@@ -83,13 +78,7 @@ async def _asyncio(
         return None
     if task.cancelled():
         return Outcome(error=asyncio.CancelledError())
-    error = task.exception()
-    if error is not None:
-        return Outcome(error=error)
-    value = task.result()
-    if value is _CANCELLED:
-        return Outcome(error=asyncio.CancelledError())
-    return Outcome(error=value.stop) if isinstance(value, _Stop) else Outcome(value=value)
+    return task.result()
 
 
 async def _trio(

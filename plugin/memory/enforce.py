@@ -6,7 +6,9 @@ retriever runs: :func:`search_attempt` takes the slot from the permit, opens the
 cancel scope (the permit's deadline), and only then calls the retriever, so a retriever that
 ignores everything it is given still runs inside a slot and is cut at the deadline. One that
 blocks where no cancel scope reaches (a thread, a blocking call on the loop) and returns late
-gets nothing through: the attempt leaves as a ``deadline`` refusal and stays executed.
+gets nothing through: the attempt leaves as a ``deadline`` refusal and stays executed. The
+attempt runs in a task of its own (:func:`in_attempt_apart`), so one that will not end does
+not hold its caller past the deadline and :data:`LATE_GRACE_S`.
 
 The retriever gets an :class:`~plugin.memory.protocol.AttemptHandle`, never the permit: every
 call into a retriever runs under :func:`contained`, with ``current_permit()`` None, so a
@@ -116,10 +118,10 @@ async def contained(call: Callable[[], Awaitable[T]]) -> T:
     """Await a retriever call in this task, with the permit hidden; its failure becomes a
     :class:`~plugin.errors.RetrieverFailedError` (real cancellations and stops propagate).
 
-    A search or a belief read runs so, inside its attempt: it starts the moment its slot is
-    taken, so a slot taken is a search started while the permit was live. A call that refuses
-    the attempt's cancellation holds its attempt until it returns, and leaves as a
-    ``deadline`` refusal. Reads outside a slot run apart (:func:`contained_apart`)."""
+    A search or a belief read runs so, inside its attempt, in the attempt's own task
+    (:func:`in_attempt_apart`): it starts the moment its slot is taken, so a slot taken is a
+    search started while the permit was live. Reads outside a slot run apart
+    (:func:`contained_apart`)."""
     try:
         with hide_permit():
             return await call()
