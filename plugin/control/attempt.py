@@ -118,13 +118,27 @@ class _AttemptBase:
 class Attempt(_AttemptBase):
     """``async with permit.attempt() as slot:``: one attempt, cut at the permit's deadline."""
 
-    __slots__ = ("_scope",)
+    __slots__ = ("_abandoned", "_scope")
 
     def __init__(
         self, permit: Permit, kind: AttemptKind, strategy: str | None, fingerprint: str | None
     ) -> None:
         super().__init__(permit, kind, strategy, fingerprint)
         self._scope: anyio.CancelScope | None = None
+        self._abandoned = False
+
+    def abandon(self, outcome: AttemptOutcome) -> None:
+        """End the attempt now with ``outcome`` (``deadline`` or ``cancelled``), for a caller
+        that stopped waiting for a body running in another task: its trace is recorded in the
+        round that is still open, and the body, when it ends, records nothing more. A
+        ``deadline`` ends the permit as the deadline does. Does nothing for an attempt that
+        took no slot or has already ended."""
+        if not self._id or self._id == "entered" or self._abandoned or self._scope is None:
+            return
+        self._abandoned = True
+        if outcome is AttemptOutcome.DEADLINE:
+            self._permit._ended = True
+        self._end(outcome)
 
     async def __aenter__(self) -> int:
         try:
@@ -147,9 +161,10 @@ class Attempt(_AttemptBase):
         assert self._scope is not None
         scope, self._scope = self._scope, None
         swallowed = scope.__exit__(exc_type, exc, tb)
-        if scope.cancelled_caught or (exc is None and (
-                scope.cancel_called or anyio.current_time() >= scope.deadline
-                or self._permit._outlived())):
+        if self._abandoned:  # its caller ended it and recorded its trace
+            return bool(swallowed)
+        late = anyio.current_time() >= scope.deadline or self._permit._outlived()
+        if scope.cancelled_caught or (exc is None and (scope.cancel_called or late)):
             # A body that returns past the deadline blocked where no cancel scope reaches, or
             # swallowed the deadline's cancellation: what it produced is late, so it leaves
             # the way a cancelled one does. Like the cancel scope, this follows the monotonic
@@ -161,12 +176,16 @@ class Attempt(_AttemptBase):
         elif exc is None:
             outcome = AttemptOutcome.OK
         elif isinstance(exc, anyio.get_cancelled_exc_class()):
-            outcome = AttemptOutcome.CANCELLED
+            # One past the deadline cut late work (its own scope's was swallowed): traced as
+            # the deadline, and the cancellation goes on.
+            outcome = AttemptOutcome.DEADLINE if late else AttemptOutcome.CANCELLED
+            if late:
+                self._permit._ended = True
         else:
             outcome = AttemptOutcome.ERROR
         self._end(outcome)
         await self._permit._flush_late()
-        if outcome is AttemptOutcome.DEADLINE:
+        if outcome is AttemptOutcome.DEADLINE and (exc is None or scope.cancelled_caught):
             raise RecallBudgetExceeded(self._permit.refusal(RefusalReason.DEADLINE)) from None
         return bool(swallowed)
 

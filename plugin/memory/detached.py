@@ -32,20 +32,28 @@ class Outcome:
 
 async def within(
     call: Callable[[], Awaitable[object]], timeout_s: float,
-    *, past_it: Callable[[], bool] | None = None,
+    *, past_it: Callable[[], bool] | None = None, settle_s: float = 0.0,
 ) -> Outcome | None:
     """``call()`` run apart, waited for at most ``timeout_s``: its outcome, or None when it
     did not end in time. With ``past_it``, a call still running at the bound is waited for on
     (until it ends, or the caller is cancelled) when ``past_it()`` says so then: a call whose
-    own bounded work is all that is left."""
+    own bounded work is all that is left. A caller cancelled (or stopped) while it waits
+    cancels the call and gives it up to ``settle_s`` seconds, shielded, to end (a call that
+    takes the cancellation finishes its own clean-up before the caller goes on)."""
     if sniffio.current_async_library() == "asyncio":
-        return await _asyncio(call, timeout_s, past_it)
-    return await _trio(call, timeout_s, past_it)
+        return await _asyncio(call, timeout_s, past_it, settle_s)
+    return await _trio(call, timeout_s, past_it, settle_s)
+
+
+async def _settle(ended: Callable[[], Awaitable[object]], settle_s: float) -> None:
+    if settle_s > 0:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(settle_s):
+            await ended()
 
 
 async def _asyncio(
     call: Callable[[], Awaitable[object]], timeout_s: float,
-    past_it: Callable[[], bool] | None = None,
+    past_it: Callable[[], bool] | None = None, settle_s: float = 0.0,
 ) -> Outcome | None:
     # Cancelled through a cancel scope, as on trio: the cancellation holds at every later
     # await (a callable that catches one and waits again is cancelled again), where a bare
@@ -71,8 +79,12 @@ async def _asyncio(
             await asyncio.wait({task})
         if not task.done() and past_it is not None and past_it():
             await asyncio.wait({task})
+    except BaseException:  # the caller's own cancellation
+        scope.cancel()
+        await _settle(lambda: asyncio.wait({task}), settle_s)
+        raise
     finally:
-        if not task.done():  # the bound, or the caller's own cancellation
+        if not task.done():  # the bound
             scope.cancel()
     if not task.done():
         return None
@@ -83,7 +95,7 @@ async def _asyncio(
 
 async def _trio(
     call: Callable[[], Awaitable[object]], timeout_s: float,
-    past_it: Callable[[], bool] | None = None,
+    past_it: Callable[[], bool] | None = None, settle_s: float = 0.0,
 ) -> Outcome | None:
     import trio
 
@@ -91,6 +103,10 @@ async def _trio(
     scope = trio.CancelScope()
     outcome: list[Outcome] = []
 
+    # A system task is shielded from KeyboardInterrupt unless it says otherwise: this one
+    # takes it (and hands it to the caller in its outcome), so Ctrl-C still stops a call that
+    # blocks the loop, as it would in the caller's own task.
+    @trio.lowlevel.disable_ki_protection
     async def run() -> None:
         try:
             with scope:
@@ -106,6 +122,10 @@ async def _trio(
             await ended.wait()
         if not ended.is_set() and past_it is not None and past_it():
             await ended.wait()
+    except BaseException:  # the caller's own cancellation
+        scope.cancel()
+        await _settle(ended.wait, settle_s)
+        raise
     finally:
         if not ended.is_set():
             scope.cancel()

@@ -47,7 +47,9 @@ import anyio
 import attrs
 
 from plugin.control import (
+    Attempt,
     AttemptKind,
+    AttemptOutcome,
     Permit,
     RecallBudgetExceeded,
     RefusalReason,
@@ -354,10 +356,10 @@ async def search_attempt(
     def read_source(slot: int) -> int:
         return permit.source_read(slot)
 
+    entered = permit.attempt(kind, strategy=query.strategy.value, fingerprint=query.fingerprint)
+
     async def attempt(searched: Callable[[], None]) -> Attempted:
-        async with permit.attempt(
-            kind, strategy=query.strategy.value, fingerprint=query.fingerprint
-        ) as slot:
+        async with entered as slot:
             if on_slot is not None:
                 on_slot(slot)
             handle = AttemptHandle(permit, slot, kind, nested if nested_beliefs else None,
@@ -378,7 +380,7 @@ async def search_attempt(
                          belief_slot=belief_slot[0] if belief_slot else None,
                          dropped=dropped + foreign, unexamined=unread)
 
-    return await in_attempt_apart(permit, attempt)
+    return await in_attempt_apart(permit, entered, attempt)
 
 
 async def beliefs_read(
@@ -394,10 +396,12 @@ async def beliefs_read(
     """A People-to-belief read on a slot of its own: its slot, the admitted beliefs, how many
     were dropped for naming another principal or scope, and what the allowance cut short in
     it (source reads past the fallbacks: said to the model as any attempt's are)."""
+    entered = permit.attempt(kind)
+
     async def attempt(
         searched: Callable[[], None],
     ) -> tuple[int, tuple[Evidence, ...], int, tuple[Bounded, ...]]:
-        async with permit.attempt(kind) as slot:
+        async with entered as slot:
             handle = AttemptHandle(permit, slot, kind, None, permit.source_read)
             try:
                 beliefs = await contained(lambda: retriever.read_beliefs(
@@ -410,7 +414,7 @@ async def beliefs_read(
             permit.note_dropped(slot, dropped)
         return slot, admitted, dropped, tuple(cut)
 
-    return await in_attempt_apart(permit, attempt)
+    return await in_attempt_apart(permit, entered, attempt)
 
 
 LATE_GRACE_S = 1.0
@@ -418,26 +422,39 @@ LATE_GRACE_S = 1.0
 cancellation did not end (it shields itself, or catches the cancellation and waits on)."""
 
 
-async def in_attempt_apart(permit: Permit, attempt: Callable[[Callable[[], None]], Awaitable[T]]
-                           ) -> T:
-    """``attempt`` (an attempt of ``permit`` and the retriever call in it) run in a task of its
-    own, and waited for until the permit's deadline and :data:`LATE_GRACE_S` more.
+async def in_attempt_apart(
+    permit: Permit, entered: Attempt, attempt: Callable[[Callable[[], None]], Awaitable[T]]
+) -> T:
+    """``attempt`` (which enters ``entered``, an attempt of ``permit``, and makes the retriever
+    call in it) run in a task of its own, and waited for until the permit's deadline and
+    :data:`LATE_GRACE_S` more.
 
     The slot is taken and the call started in that task, one right after the other, so a slot
     taken is still a call started while the permit was live, and the attempt's cancel scope
     cuts the call at the deadline as before. A call that will not be cancelled no longer holds
-    its caller: past the grace the caller stops waiting, the permit ends as at its deadline,
-    and the call is a ``deadline`` refusal (its slot stays spent; the late call is left to
-    end on its own, its attempt traced ``deadline`` when it does, and what it returns is
-    dropped). Once the call has returned (``searched()``), what is left is recallbound's own
-    bounded work, which is waited for whatever the time."""
+    its caller: past the grace the caller stops waiting and ends the attempt as ``deadline``
+    (traced in the round still open; the permit ends as at its deadline), the call is a
+    ``deadline`` refusal with its slot spent, and the late call is left to end on its own,
+    what it returns dropped. Once the call has returned (``searched()``), what is left is
+    recallbound's own bounded work, which is waited for whatever the time. A caller cancelled
+    (the host) cancels the call and waits up to the grace for the attempt to end and record
+    itself, as it did in the caller's task; past it, the attempt is ended ``cancelled``.
+    A cancellation the call brought on itself (a retriever that cancels its own task) is that
+    call's own ``failed`` result (reason ``raised``), not the deadline."""
     returned: list[bool] = []
     bound = permit.seconds_left() + LATE_GRACE_S
-    outcome = await within(lambda: attempt(lambda: returned.append(True)), bound,
-                           past_it=lambda: bool(returned))
-    if outcome is None or isinstance(outcome.error, anyio.get_cancelled_exc_class()):
+    try:
+        outcome = await within(lambda: attempt(lambda: returned.append(True)), bound,
+                               past_it=lambda: bool(returned), settle_s=LATE_GRACE_S)
+    except BaseException:
+        entered.abandon(AttemptOutcome.CANCELLED)  # when it did not end while it settled
+        raise
+    if outcome is None:
+        entered.abandon(AttemptOutcome.DEADLINE)
         permit.expire()
         raise RecallBudgetExceeded(permit.refusal(RefusalReason.DEADLINE))
+    if isinstance(outcome.error, anyio.get_cancelled_exc_class()):
+        raise RetrieverFailedError("raised")
     if outcome.error is not None:
         raise outcome.error
     return cast("T", outcome.value)

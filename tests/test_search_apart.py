@@ -1,0 +1,144 @@
+"""A search runs in its attempt, in a task of its own: what that must not change.
+
+The slot is taken and the retriever called in that task, and the caller waits for it until the
+deadline and a grace. These attacks check what the caller's own task used to give for free: a
+trace for every attempt (written while the round is open, whatever happens to the hooks after),
+a cancellation the search brings on itself kept to its own call, and Ctrl-C on trio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import uuid
+from pathlib import Path
+
+import anyio
+import pytest
+
+from plugin import AllowancePolicy, Evidence, SearchRequest, SimpleRetriever, WorkingState
+from runtime_hooks.bootstrap import RecallConfig, open_hooks
+from runtime_hooks.hooks import ToolCall
+
+P, S = "ana", "work"
+
+
+def _outcomes(ledger: Path, run_id: str) -> list[str]:
+    with sqlite3.connect(ledger) as db:
+        return [row[0] for row in db.execute(
+            "SELECT outcome FROM attempts WHERE run_id = ? ORDER BY slot", (run_id,))]
+
+
+def _call(call_id: str, query: str = "cutover") -> ToolCall:
+    return ToolCall(call_id=call_id, arguments={"query": query})
+
+
+async def test_a_search_left_past_its_deadline_is_traced_deadline_though_the_hooks_closed(
+    anyio_backend: object, tmp_path: Path
+) -> None:
+    # The caller stops waiting a grace after the deadline and records the attempt then, in
+    # the round still open: the search that ends later, after the ledger closed, owes nothing.
+    release, ended = anyio.Event(), anyio.Event()
+
+    async def search(request: SearchRequest) -> list[Evidence]:
+        try:
+            with anyio.CancelScope(shield=True):
+                await release.wait()
+            return [Evidence(id="m-late", text="cutover at noon")]
+        finally:
+            ended.set()
+
+    ledger, run_id = tmp_path / "ledger.db", f"run-{uuid.uuid4()}"
+    config = RecallConfig(ledger_path=ledger, policy=AllowancePolicy(deadline_s=0.3))
+    async with open_hooks(config, retriever=SimpleRetriever(search)) as hooks:
+        (result,) = await hooks.dispatch([_call("c1")], run_id=run_id, scope=S, principal=P)
+    assert result.status == "refused" and "m-late" not in result.content
+    release.set()
+    with anyio.fail_after(5):
+        await ended.wait()
+    await anyio.sleep(0.05)  # what the late search's task does after it returns
+    assert _outcomes(ledger, run_id) == ["deadline"]
+
+
+async def test_a_search_the_host_cancels_ends_its_attempt_before_the_caller_goes_on(
+    anyio_backend: object, tmp_path: Path
+) -> None:
+    # A cooperative search takes the host's cancellation at once: its attempt is traced
+    # cancelled before the turn unwinds, never left in flight when the hooks close.
+    started = anyio.Event()
+
+    async def search(request: SearchRequest) -> list[Evidence]:
+        started.set()
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    ledger = tmp_path / "ledger.db"
+    runs = [f"run-{uuid.uuid4()}" for _ in range(5)]
+    async with open_hooks(RecallConfig(ledger_path=ledger),
+                          retriever=SimpleRetriever(search)) as hooks:
+        for run_id in runs:
+            async with anyio.create_task_group() as tg:
+                async def prepare(run_id: str = run_id) -> None:
+                    await hooks.prepare(WorkingState("cutover"), run_id=run_id, scope=S,
+                                        principal=P)
+
+                tg.start_soon(prepare)
+                await started.wait()
+                tg.cancel_scope.cancel()
+            started = anyio.Event()
+    assert [_outcomes(ledger, run_id) for run_id in runs] == [["cancelled"]] * 5
+
+
+async def test_a_search_that_cancels_itself_fails_its_own_call_only(
+    anyio_backend: str, tmp_path: Path
+) -> None:
+    searched: list[str] = []
+
+    async def search(request: SearchRequest) -> list[Evidence]:
+        searched.append(request.text)
+        if request.text == "bad":
+            if anyio_backend == "trio":
+                import trio
+
+                caught: BaseException | None = None
+                with trio.CancelScope() as own:
+                    own.cancel()
+                    try:
+                        await trio.sleep(0)
+                    except trio.Cancelled as exc:
+                        caught = exc
+                assert caught is not None
+                raise caught
+            task = asyncio.current_task()
+            assert task is not None
+            task.cancel()
+            await asyncio.sleep(0)
+        return [Evidence(id="m1", text="cutover on friday")]
+
+    calls = [_call("c0", "bad"), _call("c1", "good one"), _call("c2", "good two")]
+    async with open_hooks(RecallConfig(ledger_path=tmp_path / "ledger.db"),
+                          retriever=SimpleRetriever(search)) as hooks:
+        results = await hooks.dispatch(calls, run_id="r", scope=S, principal=P)
+    assert [(r.status, r.failure) for r in results] == [
+        ("failed", "raised"), ("ok", None), ("ok", None)]
+    assert sorted(searched) == ["bad", "good one", "good two"]
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_ctrl_c_reaches_a_search_on_trio(anyio_backend: str, tmp_path: Path) -> None:
+    # A trio system task is shielded from KeyboardInterrupt unless it says otherwise; the
+    # search's task says so, so Ctrl-C stops a search that blocks the loop as it would in the
+    # caller's own task.
+    import trio
+
+    protected: list[bool] = []
+
+    async def search(request: SearchRequest) -> list[Evidence]:
+        protected.append(trio.lowlevel.currently_ki_protected())
+        return [Evidence(id="m1", text="cutover on friday")]
+
+    async with open_hooks(RecallConfig(ledger_path=tmp_path / "ledger.db"),
+                          retriever=SimpleRetriever(search)) as hooks:
+        (result,) = await hooks.dispatch([_call("c1")], run_id="r", scope=S, principal=P)
+    assert result.status == "ok"
+    assert protected == [False]
