@@ -12,11 +12,13 @@ import asyncio
 import sqlite3
 import uuid
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 
 from plugin import AllowancePolicy, Evidence, SearchRequest, SimpleRetriever, WorkingState
+from plugin.memory.protocol import Found
 from runtime_hooks.bootstrap import RecallConfig, open_hooks
 from runtime_hooks.hooks import ToolCall
 
@@ -142,3 +144,57 @@ async def test_ctrl_c_reaches_a_search_on_trio(anyio_backend: str, tmp_path: Pat
         (result,) = await hooks.dispatch([_call("c1")], run_id="r", scope=S, principal=P)
     assert result.status == "ok"
     assert protected == [False]
+
+
+class _StubbornBeliefs:
+    """A retriever whose searches name Priya and read her beliefs nested, and whose belief
+    read will not be cancelled until the test releases it."""
+
+    def __init__(self) -> None:
+        self.release = anyio.Event()
+
+    def searchable(self, prepared: Any) -> bool:
+        return True
+
+    async def named_people(self, prepared: Any) -> tuple[str, ...]:
+        return ("Priya",)
+
+    async def search(self, prepared: Any, handle: Any, *, caps: Any,
+                     nested_beliefs: bool) -> Found:
+        if nested_beliefs:
+            await handle.nested(("Priya",))
+        return Found(evidence=(), people=("Priya",))
+
+    async def read_beliefs(self, people: Any, handle: Any, *, principal: str, scope: str,
+                           caps: Any) -> tuple[Evidence, ...]:
+        with anyio.CancelScope(shield=True):
+            await self.release.wait()
+        return ()
+
+    async def corrections(self, *, principal: str, scope: str) -> tuple[Evidence, ...]:
+        return ()
+
+    async def revalidate(self, ids: Any, *, principal: str,
+                         scope: str) -> tuple[Evidence, ...]:
+        return ()
+
+
+@pytest.mark.parametrize("ends", ["deadline", "host"])
+async def test_a_nested_read_that_will_not_end_ends_with_its_search(
+    anyio_backend: object, tmp_path: Path, ends: str
+) -> None:
+    # The nested reads' attempts are the search's: when its caller gives up on it (the
+    # deadline's grace, the host's cancellation), they are ended and traced with it, never
+    # left in flight in the ledger once the hooks closed.
+    retriever = _StubbornBeliefs()
+    ledger, run_id = tmp_path / "ledger.db", f"run-{uuid.uuid4()}"
+    policy = AllowancePolicy(max_searches=4, deadline_s=0.3 if ends == "deadline" else 10.0)
+    async with open_hooks(RecallConfig(ledger_path=ledger, policy=policy),
+                          retriever=retriever) as hooks:
+        with anyio.move_on_after(30 if ends == "deadline" else 0.2):
+            await hooks.dispatch([_call("c0", "Priya cutover"), _call("c1", "Priya plan")],
+                                 run_id=run_id, scope=S, principal=P)
+    retriever.release.set()
+    await anyio.sleep(0.2)  # the released reads end, in tasks of their own
+    expected = "deadline" if ends == "deadline" else "cancelled"
+    assert _outcomes(ledger, run_id) == [expected] * 4

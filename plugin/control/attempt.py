@@ -127,18 +127,23 @@ class Attempt(_AttemptBase):
         self._scope: anyio.CancelScope | None = None
         self._abandoned = False
 
-    def abandon(self, outcome: AttemptOutcome) -> None:
+    async def abandon(self, outcome: AttemptOutcome) -> None:
         """End the attempt now with ``outcome`` (``deadline`` or ``cancelled``), for a caller
-        that stopped waiting for a body running in another task: its trace is recorded in the
-        round that is still open, and the body, when it ends, records nothing more. A
-        ``deadline`` ends the permit as the deadline does. Does nothing for an attempt that
-        took no slot or has already ended."""
+        that stopped waiting for a body running in another task: its trace is recorded now
+        (written with the round, or at once after it), and the body, when it ends, records
+        nothing more. A ``deadline`` ends the permit as the deadline does; so does a
+        cancellation past the deadline, which is traced as the deadline (as in
+        :meth:`__aexit__`). Does nothing for an attempt that took no slot or has already
+        ended."""
         if not self._id or self._id == "entered" or self._abandoned or self._scope is None:
             return
+        if anyio.current_time() >= self._scope.deadline or self._permit._outlived():
+            outcome = AttemptOutcome.DEADLINE
         self._abandoned = True
         if outcome is AttemptOutcome.DEADLINE:
             self._permit._ended = True
         self._end(outcome)
+        await self._permit._flush_late()
 
     async def __aenter__(self) -> int:
         try:

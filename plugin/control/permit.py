@@ -183,12 +183,6 @@ class Permit(metaclass=NoPublicConstructor):
             self._ended = True  # only ever set: no lock needed
         return self._ended
 
-    def expire(self) -> None:
-        """End the permit as its deadline does (no later attempt gets a slot): for a caller
-        that stopped waiting for an attempt the deadline's cancellation did not end. Only
-        ever set."""
-        self._ended = True
-
     def _outlived(self) -> bool:
         """Whether the monotonic (worker) deadline has passed: what the cancel scope follows."""
         return self._monotonic() >= self._mono_deadline

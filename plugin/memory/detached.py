@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import signal
+import threading
 from collections.abc import Awaitable, Callable
 
 import anyio
@@ -60,16 +62,21 @@ async def _asyncio(
     # Task.cancel() is spent once caught, and the task could then outlive the event loop.
     scope = anyio.CancelScope()
 
+    left: list[bool] = []
+
     async def run() -> Outcome:
-        # Whatever the callable raises is kept in its outcome, never raised by the task: a
-        # KeyboardInterrupt raised by a task stops the loop, and an error of a callable that
-        # ends after its caller left (at the loop's shutdown, say) would be logged as
-        # unhandled. A cancellation by its own scope is caught by the scope.
+        # Whatever the callable raises is kept in its outcome for its caller, never raised by
+        # the task: an error of a callable that ends after its caller left (at the loop's
+        # shutdown, say) would be logged as unhandled. A stop (Ctrl-C) that comes once the
+        # caller left is raised, and stops the loop as it would from the caller's own task.
+        # A cancellation by its own scope is caught by the scope.
         try:
             with scope:
                 return Outcome(value=await call())
             return Outcome(error=asyncio.CancelledError())
         except BaseException as exc:
+            if left and isinstance(exc, _STOPS):
+                raise
             return Outcome(error=exc)
 
     task = asyncio.ensure_future(run())  # a task of its own, in a copy of the context
@@ -86,6 +93,7 @@ async def _asyncio(
     finally:
         if not task.done():  # the bound
             scope.cancel()
+            left.append(True)
     if not task.done():
         return None
     if task.cancelled():
@@ -103,15 +111,20 @@ async def _trio(
     scope = trio.CancelScope()
     outcome: list[Outcome] = []
 
+    left: list[bool] = []
+
     # A system task is shielded from KeyboardInterrupt unless it says otherwise: this one
     # takes it (and hands it to the caller in its outcome), so Ctrl-C still stops a call that
-    # blocks the loop, as it would in the caller's own task.
+    # blocks the loop, as it would in the caller's own task. One that comes once the caller
+    # left is handed to the run's main task, as trio hands it a Ctrl-C it could not deliver.
     @trio.lowlevel.disable_ki_protection
     async def run() -> None:
         try:
             with scope:
                 outcome.append(Outcome(value=await call()))
         except BaseException as exc:
+            if left and isinstance(exc, KeyboardInterrupt):
+                _interrupt_again()
             outcome.append(Outcome(error=exc))
         finally:
             ended.set()
@@ -129,4 +142,21 @@ async def _trio(
     finally:
         if not ended.is_set():
             scope.cancel()
+            left.append(True)
     return outcome[0] if ended.is_set() and outcome else None
+
+
+_STOPS = (KeyboardInterrupt, SystemExit)
+
+
+def _interrupt_again() -> None:
+    """Raise SIGINT again from a frame shielded from KeyboardInterrupt: trio's handler then
+    marks it pending and delivers it to the main task (a host's own handler is called)."""
+    import trio
+
+    @trio.lowlevel.enable_ki_protection
+    def again() -> None:
+        if threading.current_thread() is threading.main_thread():  # where signals are handled
+            signal.raise_signal(signal.SIGINT)
+
+    again()

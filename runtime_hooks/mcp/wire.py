@@ -55,8 +55,6 @@ PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
 INVALID_PARAMS = -32602
 
-# A string, or one left open: it runs to the end of the line, so each byte is read once (were
-# it tried again from every escaped quote inside it, a line of them would cost its square).
 _TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*(?:"(\s*:)?|\\?\Z)|[\[\]{}]', re.DOTALL)
 # A whole integer (never the start of a fraction, an exponent or a longer number) or a string.
 _ID_VALUE = re.compile(rb'\s*(-?\d{1,18}(?![\d.eE])|"(?:[^"\\]|\\.){0,256}")')
@@ -88,8 +86,8 @@ def _encodes(text: str) -> bool:
 
 
 def scan(line: bytes, max_depth: int) -> tuple[bool, str | int | None]:
-    """Whether ``line`` nests at most ``max_depth`` deep, and the top-level ``"id"`` it names
-    (read without parsing the line, so a line that does not parse is answered with its id)."""
+    """Whether ``line`` nests at most ``max_depth`` deep, and its top-level ``"id"``: read in one
+    pass without parsing (a string left open runs to the end), so a bad line keeps its id."""
     depth = 0
     found: str | int | None = None
     for match in _TOKEN.finditer(line):
