@@ -9,7 +9,6 @@ a cancellation the search brings on itself kept to its own call, and Ctrl-C on t
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import uuid
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ import anyio
 import pytest
 
 from plugin import AllowancePolicy, Evidence, SearchRequest, SimpleRetriever, WorkingState
+from plugin.control import SqliteLedger
 from plugin.memory.protocol import Found
 from runtime_hooks.bootstrap import RecallConfig, open_hooks
 from runtime_hooks.hooks import ToolCall
@@ -25,10 +25,11 @@ from runtime_hooks.hooks import ToolCall
 P, S = "ana", "work"
 
 
-def _outcomes(ledger: Path, run_id: str) -> list[str]:
-    with sqlite3.connect(ledger) as db:
-        return [row[0] for row in db.execute(
-            "SELECT outcome FROM attempts WHERE run_id = ? ORDER BY slot", (run_id,))]
+async def _outcomes(ledger: Path, run_id: str) -> list[str]:
+    """The run's attempt outcomes by slot, read from the ledger file once the hooks closed."""
+    async with SqliteLedger(ledger) as opened:
+        return [trace.outcome.value for trace in sorted(await opened.attempts(run_id),
+                                                  key=lambda trace: trace.slot)]
 
 
 def _call(call_id: str, query: str = "cutover") -> ToolCall:
@@ -59,7 +60,7 @@ async def test_a_search_left_past_its_deadline_is_traced_deadline_though_the_hoo
     with anyio.fail_after(5):
         await ended.wait()
     await anyio.sleep(0.05)  # what the late search's task does after it returns
-    assert _outcomes(ledger, run_id) == ["deadline"]
+    assert await _outcomes(ledger, run_id) == ["deadline"]
 
 
 async def test_a_search_the_host_cancels_ends_its_attempt_before_the_caller_goes_on(
@@ -88,7 +89,7 @@ async def test_a_search_the_host_cancels_ends_its_attempt_before_the_caller_goes
                 await started.wait()
                 tg.cancel_scope.cancel()
             started = anyio.Event()
-    assert [_outcomes(ledger, run_id) for run_id in runs] == [["cancelled"]] * 5
+    assert [await _outcomes(ledger, run_id) for run_id in runs] == [["cancelled"]] * 5
 
 
 async def test_a_search_that_cancels_itself_fails_its_own_call_only(
@@ -197,4 +198,4 @@ async def test_a_nested_read_that_will_not_end_ends_with_its_search(
     retriever.release.set()
     await anyio.sleep(0.2)  # the released reads end, in tasks of their own
     expected = "deadline" if ends == "deadline" else "cancelled"
-    assert _outcomes(ledger, run_id) == [expected] * 4
+    assert await _outcomes(ledger, run_id) == [expected] * 4

@@ -28,6 +28,7 @@ from plugin.control import (
 from plugin.errors import RetrieverFailedError
 
 from .cancellation import really_cancelled
+from .detached import STOPS as STOPS
 from .detached import within
 
 __all__ = [
@@ -43,13 +44,6 @@ __all__ = [
 
 T = TypeVar("T")
 P = ParamSpec("P")
-
-STOPS = (KeyboardInterrupt, SystemExit)
-"""What a retriever raises that is never its own failure: the process is being stopped.
-A ``GeneratorExit`` it leaks (from a generator it closed) is a failure like any other. Raised
-in a child task on asyncio, one stops the event loop itself: a child task catches it and the
-caller's task raises it."""
-
 
 def stop_unwrapped(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
     """``fn`` whose ``KeyboardInterrupt`` or ``SystemExit`` (a retriever's, never contained)

@@ -30,6 +30,11 @@ class Outcome:
     error: BaseException | None = None
 
 
+STOPS = (KeyboardInterrupt, SystemExit)
+"""What a retriever raises that is never its own failure: the process is being stopped.
+A ``GeneratorExit`` it leaks (from a generator it closed) is a failure like any other. Raised
+in a child task on asyncio, one stops the event loop itself: a child task catches it and the
+caller's task raises it."""
 
 
 async def within(
@@ -47,10 +52,28 @@ async def within(
     return await _trio(call, timeout_s, past_it, settle_s)
 
 
-async def _settle(ended: Callable[[], Awaitable[object]], settle_s: float) -> None:
-    if settle_s > 0:
-        with anyio.CancelScope(shield=True), anyio.move_on_after(settle_s):
-            await ended()
+async def _wait(
+    wait: Callable[[], Awaitable[object]], ended: Callable[[], bool], cancel: Callable[[], None],
+    left: list[bool], timeout_s: float, past_it: Callable[[], bool] | None, settle_s: float,
+) -> None:
+    """Wait for the call run apart (``wait`` returns once it ended) as :func:`within` says,
+    on either loop. A caller that stops waiting before it ended cancels it (``cancel``) and
+    marks it ``left``; one cancelled itself first gives it ``settle_s`` seconds, shielded."""
+    try:
+        with anyio.move_on_after(timeout_s):
+            await wait()
+        if not ended() and past_it is not None and past_it():
+            await wait()
+    except BaseException:  # the caller's own cancellation
+        cancel()
+        if settle_s > 0:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(settle_s):
+                await wait()
+        raise
+    finally:
+        if not ended():  # the bound
+            cancel()
+            left.append(True)
 
 
 async def _asyncio(
@@ -61,7 +84,6 @@ async def _asyncio(
     # await (a callable that catches one and waits again is cancelled again), where a bare
     # Task.cancel() is spent once caught, and the task could then outlive the event loop.
     scope = anyio.CancelScope()
-
     left: list[bool] = []
 
     async def run() -> Outcome:
@@ -75,25 +97,14 @@ async def _asyncio(
                 return Outcome(value=await call())
             return Outcome(error=asyncio.CancelledError())
         except BaseException as exc:
-            if left and isinstance(exc, _STOPS):
+            if left and isinstance(exc, STOPS):
                 raise
             return Outcome(error=exc)
 
     task = asyncio.ensure_future(run())  # a task of its own, in a copy of the context
     task.add_done_callback(read_outcome)
-    try:
-        with anyio.move_on_after(timeout_s):
-            await asyncio.wait({task})
-        if not task.done() and past_it is not None and past_it():
-            await asyncio.wait({task})
-    except BaseException:  # the caller's own cancellation
-        scope.cancel()
-        await _settle(lambda: asyncio.wait({task}), settle_s)
-        raise
-    finally:
-        if not task.done():  # the bound
-            scope.cancel()
-            left.append(True)
+    await _wait(lambda: asyncio.wait({task}), task.done, scope.cancel, left, timeout_s,
+                past_it, settle_s)
     if not task.done():
         return None
     if task.cancelled():
@@ -110,7 +121,6 @@ async def _trio(
     ended = trio.Event()
     scope = trio.CancelScope()
     outcome: list[Outcome] = []
-
     left: list[bool] = []
 
     # A system task is shielded from KeyboardInterrupt unless it says otherwise: this one
@@ -130,23 +140,8 @@ async def _trio(
             ended.set()
 
     trio.lowlevel.spawn_system_task(run, context=contextvars.copy_context())
-    try:
-        with anyio.move_on_after(timeout_s):
-            await ended.wait()
-        if not ended.is_set() and past_it is not None and past_it():
-            await ended.wait()
-    except BaseException:  # the caller's own cancellation
-        scope.cancel()
-        await _settle(ended.wait, settle_s)
-        raise
-    finally:
-        if not ended.is_set():
-            scope.cancel()
-            left.append(True)
+    await _wait(ended.wait, ended.is_set, scope.cancel, left, timeout_s, past_it, settle_s)
     return outcome[0] if ended.is_set() and outcome else None
-
-
-_STOPS = (KeyboardInterrupt, SystemExit)
 
 
 def _interrupt_again() -> None:
