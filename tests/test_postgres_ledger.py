@@ -503,6 +503,9 @@ async def test_a_connection_killed_as_it_is_lent_fails_one_call_closed_then_is_r
     ("host=127.0.0.1 dbname=db connect_timeout=3", None),
     ("postgresql://u@127.0.0.1/db?connect_timeout=3", None),
     ("host=127.0.0.1 dbname=db", 7),
+    # libpq waits forever for 0 or a negative number: the ledger's own bound instead
+    ("host=127.0.0.1 dbname=db connect_timeout=0", 7),
+    ("postgresql://u@127.0.0.1/db?connect_timeout=-5", 7),
 ])
 async def test_a_dsns_own_connect_timeout_is_passed_on_unchanged(
     dsn: str, expected: int | None
@@ -512,5 +515,5 @@ async def test_a_dsns_own_connect_timeout_is_passed_on_unchanged(
     from plugin.control._postgres import make_driver
 
     driver = make_driver(dsn, min_size=1, max_size=1, connect_timeout=7.0, pool_timeout=1.0,
-                         name="t")
+                         statement_timeout=3.0, name="t")
     assert driver._probe[1].get("connect_timeout") == expected  # type: ignore[attr-defined]

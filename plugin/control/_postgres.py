@@ -26,7 +26,6 @@ after ``Sync`` makes PgBouncer lend a server connection that the idle client the
 from __future__ import annotations
 
 import contextlib
-import re
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeAlias, TypeVar
@@ -37,19 +36,14 @@ import psycopg
 import psycopg_pool
 import sniffio
 
+from ._postgres_bound import bounded
+from ._postgres_options import REFUSED_OPTION as REFUSED_OPTION
+from ._postgres_options import connection_options
 from .dsn import conninfo_dict
 
 Params: TypeAlias = "Sequence[Any] | Mapping[str, Any]"
 Row: TypeAlias = "tuple[Any, ...]"
 T = TypeVar("T")
-
-REFUSED_OPTION = re.compile(
-    r'invalid "?\w+"? value: "|invalid port number: "|invalid integer value ".*" for connection '
-    r'option "|could not match \d+ [\w ]+ to \d+ |definition of service ".*" not found|service '
-    r'file ".*" not found|bad value for connect_timeout')
-"""libpq's (and psycopg's) reasons for refusing a connection string's option before any
-connection is tried: a configuration error, never an unreachable server."""
-
 
 class Session(Protocol):
     """A pooled connection, held by one task for one read or one transaction."""
@@ -129,23 +123,26 @@ def _rollback(conn: psycopg.Connection[Row] | psycopg.AsyncConnection[Row]) -> b
 
 
 class _AsyncSession:
-    def __init__(self, conn: psycopg.AsyncConnection[Row]) -> None:
+    def __init__(self, conn: psycopg.AsyncConnection[Row], bound_s: float) -> None:
         self._conn = conn
+        self._bound_s = bound_s
 
     async def fetchall(self, sql: str, params: Params | None = None) -> list[Row]:
-        cur = await self._conn.execute(sql, params)
-        return await cur.fetchall() if _rows(cur) else []
+        async with bounded(lambda: self._conn, self._bound_s):
+            cur = await self._conn.execute(sql, params)
+            return await cur.fetchall() if _rows(cur) else []
 
     async def executemany(self, sql: str, rows: Iterable[Params]) -> None:
         await self.pipeline([(sql, row) for row in rows])
 
     async def pipeline(self, statements: Sequence[tuple[str, Params | None]]) -> list[list[Row]]:
         conn = self._conn
-        cur = await conn.execute(*_query(psycopg.AsyncClientCursor(conn), statements))
-        results = [await cur.fetchall() if _rows(cur) else []]
-        while cur.nextset():
-            results.append(await cur.fetchall() if _rows(cur) else [])
-        return results
+        async with bounded(lambda: conn, self._bound_s):
+            cur = await conn.execute(*_query(psycopg.AsyncClientCursor(conn), statements))
+            results = [await cur.fetchall() if _rows(cur) else []]
+            while cur.nextset():
+                results.append(await cur.fetchall() if _rows(cur) else [])
+            return results
 
     @property
     def broken(self) -> bool:
@@ -156,8 +153,8 @@ class AsyncDriver:
     """The asyncio driver: :class:`psycopg_pool.AsyncConnectionPool`."""
 
     def __init__(self, pool: psycopg_pool.AsyncConnectionPool[Any], open_timeout: float,
-                 conninfo: str, kwargs: Mapping[str, Any]) -> None:
-        self._pool = pool
+                 conninfo: str, kwargs: Mapping[str, Any], bound_s: float) -> None:
+        self._pool, self._bound_s = pool, bound_s
         self._open_timeout = open_timeout
         self._probe = conninfo, dict(kwargs)
 
@@ -188,7 +185,7 @@ class AsyncDriver:
     async def session(self) -> AsyncIterator[Session]:
         conn = await self._checkout()
         try:
-            yield _AsyncSession(conn)
+            yield _AsyncSession(conn, self._bound_s)
         finally:
             with anyio.CancelScope(shield=True):
                 await self._pool.putconn(conn)
@@ -198,7 +195,7 @@ class AsyncDriver:
         try:
             with anyio.CancelScope(shield=True):
                 try:
-                    rows = await _AsyncSession(conn).pipeline(statements)
+                    rows = await _AsyncSession(conn, self._bound_s).pipeline(statements)
                 except BaseException:
                     if _rollback(conn):
                         with contextlib.suppress(psycopg.Error):
@@ -211,12 +208,15 @@ class AsyncDriver:
 
 
 class _ThreadedSession:
-    def __init__(self, conn: psycopg.Connection[Row], limiter: anyio.CapacityLimiter) -> None:
+    def __init__(self, conn: psycopg.Connection[Row], limiter: anyio.CapacityLimiter,
+                 bound_s: float) -> None:
         self._conn = conn
         self._limiter = limiter
+        self._bound_s = bound_s
 
     async def _run(self, fn: Callable[[], T]) -> T:
-        return await anyio.to_thread.run_sync(fn, limiter=self._limiter)
+        async with bounded(lambda: self._conn, self._bound_s):
+            return await anyio.to_thread.run_sync(fn, limiter=self._limiter)
 
     async def fetchall(self, sql: str, params: Params | None = None) -> list[Row]:
         conn = self._conn
@@ -243,8 +243,8 @@ class ThreadedDriver:
     """The trio (any-loop) driver: :class:`psycopg_pool.ConnectionPool` through worker threads."""
 
     def __init__(self, pool: psycopg_pool.ConnectionPool[Any], open_timeout: float,
-                 conninfo: str, kwargs: Mapping[str, Any]) -> None:
-        self._pool = pool
+                 conninfo: str, kwargs: Mapping[str, Any], bound_s: float) -> None:
+        self._pool, self._bound_s = pool, bound_s
         self._open_timeout = open_timeout
         self._probe = conninfo, dict(kwargs)
         size = pool.max_size
@@ -273,7 +273,7 @@ class ThreadedDriver:
             # always reaches the ``finally`` below and goes back to the pool.
             conn = await anyio.to_thread.run_sync(_checkout, self._pool, limiter=self._limiter)
             try:
-                yield _ThreadedSession(conn, self._limiter)
+                yield _ThreadedSession(conn, self._limiter, self._bound_s)
             finally:
                 with anyio.CancelScope(shield=True):
                     await anyio.to_thread.run_sync(
@@ -281,10 +281,11 @@ class ThreadedDriver:
                     )
 
     async def transaction(self, statements: Sequence[tuple[str, Params | None]]) -> list[list[Row]]:
-        pool = self._pool
+        pool, lent = self._pool, []
 
         def run() -> list[list[Row]]:
             conn = _checkout(pool)
+            lent.append(conn)
             try:
                 return _pipeline(conn, statements)
             except BaseException:
@@ -297,7 +298,8 @@ class ThreadedDriver:
 
         async with self._admitted:
             # One hop: a worker thread is never abandoned, so the connection always goes back.
-            return await anyio.to_thread.run_sync(run, limiter=self._limiter)
+            async with bounded(lambda: lent[0] if lent else None, self._bound_s):
+                return await anyio.to_thread.run_sync(run, limiter=self._limiter)
 
 
 _TERMINATED: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -371,18 +373,14 @@ def make_driver(
     max_size: int,
     connect_timeout: float,
     pool_timeout: float,
+    statement_timeout: float,
     name: str,
 ) -> Driver:
     """A driver for the running async library (not yet opened)."""
-    kwargs: dict[str, Any] = {
-        "autocommit": True,
-        # Operators (and tests) find a ledger's connections in pg_stat_activity by this name.
-        "application_name": name,
-        # Server-side prepared statements are session state a transaction pooler loses.
-        "prepare_threshold": None,
-    }
-    if "connect_timeout" not in conninfo_dict(conninfo):  # the DSN's own one stands
-        kwargs["connect_timeout"] = max(2, round(connect_timeout))  # whole seconds, >= 2
+    kwargs = connection_options(conninfo_dict(conninfo), name=name,
+                                connect_timeout=connect_timeout,
+                                statement_timeout=statement_timeout)
+    bound_s = 2 * statement_timeout  # a round trip's bound on the client's side
     common: dict[str, Any] = {
         "min_size": min_size, "max_size": max_size, "kwargs": kwargs, "open": False,
         "timeout": pool_timeout, "name": name,
@@ -391,10 +389,10 @@ def make_driver(
         return AsyncDriver(
             psycopg_pool.AsyncConnectionPool(
                 conninfo, configure=_watch_async, **common),
-            connect_timeout, conninfo, kwargs,
+            connect_timeout, conninfo, kwargs, bound_s,
         )
     return ThreadedDriver(
         psycopg_pool.ConnectionPool(
             conninfo, configure=watch, **common),
-        connect_timeout, conninfo, kwargs,
+        connect_timeout, conninfo, kwargs, bound_s,
     )

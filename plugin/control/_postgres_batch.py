@@ -60,6 +60,14 @@ def wave_params(batch: Sequence[ReserveRequest], wave: list[int],
     return {"server": server, "requests": json.dumps(requests)}
 
 
+BEGIN = "BEGIN ISOLATION LEVEL READ COMMITTED"
+READ_COMMITTED: tuple[str, None] = ("SET TRANSACTION ISOLATION LEVEL READ COMMITTED", None)
+"""The first statement of an implicit transaction that writes: whatever isolation the server,
+database, role or DSN makes the default, a reservation waits on the run's lock and then reads
+what was committed meanwhile (under a snapshot taken before the wait it would fail to
+serialize, and a round the allowance grants would be lost)."""
+
+
 @attrs.frozen(kw_only=True)
 class Judge:
     """How one PostgreSQL ledger judges a batch of reservations (its statements and settings)."""
@@ -87,11 +95,11 @@ class Judge:
         if not caller and len(batch) == 1:
             return await self._lone(batch[0], send)
         locks = (self.lock_runs, {"space": self.space, "runs": sorted({r.run_id for r in batch})})
-        head: list[tuple[str, Any]] = [(self.settings, None), locks]
+        head: list[tuple[str, Any]] = [READ_COMMITTED, (self.settings, None), locks]
         tail: list[tuple[str, Any]] = []
         if caller:
             # Two trips: an explicit transaction across them; the clocks are read between.
-            await send([("BEGIN", None), *head])
+            await send([(BEGIN, None), *head[1:]])
             head, tail = [], [("COMMIT", None)]
         times: dict[int, tuple[float | None, float]] = {}
         for i, request in enumerate(batch):
@@ -124,5 +132,6 @@ class Judge:
             return [exc]
         params = {"space": self.space, **self.lone_settings,
                   "requests": wave_params([request], [0], {0: (None, floor)}, True)["requests"]}
-        _, (row,) = await send([(self.settings, None), (self.reserve_one, params)])
+        *_, (row,) = await send([READ_COMMITTED, (self.settings, None),
+                                 (self.reserve_one, params)])
         return [judged(request, row)]

@@ -63,7 +63,8 @@ __all__ = [
 ]
 
 _RECORD_RETRIES = (0.05, 0.2, None)
-"""Pauses between tries of a trace write that found the ledger locked (None: give up)."""
+"""Pauses between tries of a trace write that found the ledger locked (None: give up); none
+once the run's deadline is nearer than the pause (the records are then owed)."""
 
 PASSING_FAILURES = (LedgerLockedError, LedgerUnavailableError, LedgerFullError)
 """Ledger failures a later write can get past: records that meet one stay owed, written by a
@@ -329,7 +330,7 @@ class Permit(metaclass=NoPublicConstructor):
                             await self._ledger.record(list(traces.values()), refusals)
                         return
                     except LedgerLockedError:
-                        if delay is None:
+                        if delay is None or self.seconds_left() <= delay:  # none past the end
                             raise
                         await anyio.sleep(delay)
             except BaseException as exc:

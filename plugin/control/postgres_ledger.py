@@ -6,8 +6,9 @@ run (``pg_advisory_xact_lock``: two workers reserving for one run queue here); t
 is read and the round judged in ONE statement, a conditional ``INSERT … ON CONFLICT DO UPDATE
 … WHERE … RETURNING`` that records the round, or the refusal, in the same statement;
 ``COMMIT`` with ``synchronous_commit = on``, so a permit is issued only for a round whose WAL
-is flushed. The upsert's row lock alone already forbids over-admission; the advisory lock
-makes the judged time and a refusal's reason and counts current after any wait.
+is flushed. The upsert's row lock alone forbids over-admission; the advisory lock makes the
+judged time, a refusal's reason and counts current after any wait (each transaction that
+writes is READ COMMITTED, whatever the server's default isolation).
 
 Whose clock: by default the database server's (``clock_timestamp()``): every worker of a fleet
 judges its rounds by one clock, so a worker whose own clock is off neither gains nor loses
@@ -46,7 +47,8 @@ from plugin.errors import (
 
 from . import _postgres, validate
 from ._group import GroupCommit
-from ._postgres_batch import Judge, Send
+from ._postgres_batch import BEGIN, READ_COMMITTED, Judge, Send
+from ._postgres_options import interval_ms as _interval_ms
 from ._postgres_schema import (
     LOCK_RUN,
     LOCK_RUNS,
@@ -116,10 +118,6 @@ def _translate_type(exc: BaseException, where: str) -> LedgerError:
     return LedgerError(f"{where} failed: {exc}")
 
 
-def _interval_ms(seconds: float) -> str:
-    return f"{max(1, round(seconds * 1000))}ms"
-
-
 class PostgresLedger(SqlLedger):
     """A :class:`~plugin.control.ledger.Ledger` on PostgreSQL: ``async with PostgresLedger(dsn)``.
 
@@ -169,9 +167,7 @@ class PostgresLedger(SqlLedger):
         schema = schema if schema is not None else named if named is not None else "recallbound"
         check_schema(schema)
         if time_source not in ("server", "caller"):
-            raise LedgerConfigError(
-                f"time_source must be 'server' or 'caller', not {time_source!r}"
-            )
+            raise LedgerConfigError(f"time_source must be 'server' or 'caller': {time_source!r}")
         if not (isinstance(min_size, int) and isinstance(max_size, int)
                 and 0 <= min_size <= max_size and max_size >= 1):
             raise LedgerConfigError(f"need 0 <= min_size <= max_size, 1 <= max_size; "
@@ -193,20 +189,22 @@ class PostgresLedger(SqlLedger):
         self._time_source: TimeSource = time_source
         self._min_size, self._max_size = min_size, max_size
         self._connect_timeout = float(connect_timeout)
-        self._pool_timeout = float(pool_timeout)
+        self._pool_timeout, self._statement_timeout = float(pool_timeout), statement_timeout
         lone_settings = {
             "statement": _interval_ms(statement_timeout), "lock": _interval_ms(lock_timeout),
             "idle": _interval_ms(statement_timeout * 2),
         }
         self._settings = (
             "SELECT set_config('synchronous_commit', 'on', true), "
+            "set_config('extra_float_digits', '3', true), "
             f"set_config('statement_timeout', '{_interval_ms(statement_timeout)}', true), "
             f"set_config('lock_timeout', '{_interval_ms(lock_timeout)}', true), "
-            # A worker that hangs inside a transaction must not hold a run's lock forever.
             "set_config('idle_in_transaction_session_timeout', "
             f"'{_interval_ms(statement_timeout * 2)}', true)"
         )
-        """What every transaction sets for itself (``SET LOCAL``): nothing of the session."""
+        """What every transaction sets for itself (``SET LOCAL``), nothing of the session: times
+        read back as text with every digit whatever the role, database or DSN sets; a worker
+        hung inside a transaction does not hold a run's lock forever."""
         quoted = f'"{schema}"'
         self._q = quoted
         server = time_source == "server"
@@ -248,7 +246,7 @@ class PostgresLedger(SqlLedger):
         driver = _postgres.make_driver(
             self._dsn, min_size=self._min_size, max_size=self._max_size,
             connect_timeout=self._connect_timeout, pool_timeout=self._pool_timeout,
-            name=f"recallbound-{self._schema}",
+            statement_timeout=self._statement_timeout, name=f"recallbound-{self._schema}",
         )
         failure: tuple[LedgerError, BaseException | None] | None = None
         try:
@@ -311,7 +309,7 @@ class PostgresLedger(SqlLedger):
         raise failure[0] from failure[1]  # outside the handler: see _cause
 
     def _begin(self, *, read_only: bool) -> list[tuple[str, None]]:
-        begin = "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY" if read_only else "BEGIN"
+        begin = "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY" if read_only else BEGIN
         return [(begin, None), (self._settings, None)]
 
     async def _transact(
@@ -326,14 +324,15 @@ class PostgresLedger(SqlLedger):
         return await self._session(run, where)
 
     async def _fetch(self, sql: str, params: Mapping[str, Any], where: str) -> list[Row]:
-        # The settings and the read, one implicit transaction (one query of two statements).
-        return (await self._one_trip(where)([(self._settings, None), (sql, params)]))[1]
+        return (await self._one_trip(where)([READ_COMMITTED, (self._settings, None),
+                                             (sql, params)]))[2]
 
     async def _write_rows(self, statements: Rows, where: str) -> None:
         # The whole transaction in one round trip (on trio, one hop to a worker thread): the
         # statements of one query are one implicit transaction, committed whole or not at all.
         await self._one_trip(where)([
-            (self._settings, None), *((sql, row) for sql, rows in statements for row in rows),
+            READ_COMMITTED, (self._settings, None),
+            *((sql, row) for sql, rows in statements for row in rows),
         ])
 
     def _lock_params(self, run_id: str) -> dict[str, Any]:
