@@ -38,18 +38,28 @@ SCOPE = "recallbound"
 class _RoundWatch:
     span: Span
     kind: RoundKind
+    attached: Context
     token: Token[Context] | None
 
 
 @attrs.define(eq=False)
 class _AttemptWatch:
     span: Span
+    attached: Context
     token: Token[Context] | None
 
 
-def _detach(token: Token[Context] | None) -> None:
-    if token is not None:
-        # Detaching in a foreign context only logs in OpenTelemetry; nothing to undo then.
+def _attach(span: Span) -> tuple[Context, Token[Context]]:
+    """``span`` made current: the context attached, and the token that detaches it."""
+    attached = trace.set_span_in_context(span)
+    return attached, otel_context.attach(attached)
+
+
+def _detach(attached: Context, token: Token[Context] | None) -> None:
+    """Detach where ``attached`` is still current: in the context that attached it. Elsewhere
+    (a search's attempt ended by its caller, the search left in a task of its own) there is
+    nothing to undo, and OpenTelemetry would log an error with a traceback."""
+    if token is not None and otel_context.get_current() is attached:
         with contextlib.suppress(ValueError):
             otel_context.detach(token)
 
@@ -98,8 +108,8 @@ class OtelObserver:
                         "recallbound.requested": requested},
         )
         # Current while the round's body runs, so the host's own spans nest under it.
-        token = otel_context.attach(trace.set_span_in_context(span))
-        return _RoundWatch(span=span, kind=kind, token=token)
+        attached, token = _attach(span)
+        return _RoundWatch(span=span, kind=kind, attached=attached, token=token)
 
     def round_granted(self, token: object, permit: PermitView) -> None:
         assert isinstance(token, _RoundWatch)
@@ -140,7 +150,7 @@ class OtelObserver:
                 _failed(span, error)
         finally:
             span.end()
-            _detach(token.token)
+            _detach(token.attached, token.token)
 
     # -- attempts ----------------------------------------------------------------------------
 
@@ -167,8 +177,8 @@ class OtelObserver:
             context=None if parent is None else trace.set_span_in_context(parent),
             attributes=attributes,
         )
-        token = otel_context.attach(trace.set_span_in_context(span))
-        return _AttemptWatch(span=span, token=token)
+        attached, token = _attach(span)
+        return _AttemptWatch(span=span, attached=attached, token=token)
 
     def attempt_refused(
         self, permit: PermitView, kind: AttemptKind, refusal: BudgetRefusal
@@ -193,7 +203,7 @@ class OtelObserver:
                     trace_.elapsed_s, {"kind": trace_.kind, "outcome": trace_.outcome.value})
         finally:
             span.end()
-            _detach(token.token)
+            _detach(token.attached, token.token)
 
 
 def _refusal_attributes(refusal: BudgetRefusal) -> dict[str, str | bool | int | float]:

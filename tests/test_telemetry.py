@@ -229,3 +229,42 @@ async def test_uninstalled_observes_nothing(allowance: RecallAllowance) -> None:
             pass
     assert probe.spans.get_finished_spans() == ()
     assert probe.points("recallbound.rounds") == {}
+
+
+async def test_a_search_left_past_its_deadline_ends_its_span_without_an_error_log(
+    otel: Otel, tmp_path: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The search's attempt span was made current in the search's own task; the caller that
+    # gives up on it ends the span in its task, where there is nothing to detach.
+    import logging
+    from pathlib import Path
+
+    from opentelemetry import trace
+
+    from plugin import Evidence, SearchRequest, SimpleRetriever
+    from runtime_hooks.bootstrap import RecallConfig, open_hooks
+    from runtime_hooks.hooks import ToolCall
+
+    release = anyio.Event()
+
+    async def search(request: SearchRequest) -> list[Evidence]:
+        with anyio.CancelScope(shield=True):
+            await release.wait()
+        return []
+
+    assert isinstance(tmp_path, Path)
+    config = RecallConfig(ledger_path=tmp_path / "ledger.db",
+                          policy=AllowancePolicy(deadline_s=0.2))
+    before = trace.get_current_span()
+    with caplog.at_level(logging.ERROR):
+        async with open_hooks(config, retriever=SimpleRetriever(search)) as hooks:
+            (result,) = await hooks.dispatch(
+                [ToolCall(call_id="c1", arguments={"query": "cutover"})],
+                run_id="run-late", scope="work", principal="ana")
+            assert trace.get_current_span() is before
+            release.set()
+    assert result.status == "refused"
+    (attempt,) = otel.finished("recallbound.attempt")
+    assert attempt.attributes is not None
+    assert attempt.attributes["recallbound.outcome"] == "deadline"
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
