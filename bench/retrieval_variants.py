@@ -53,6 +53,10 @@ library), and prints the same table as :mod:`bench.tune_ranking`:
   to [0, 1] over the fifteen; the coherence is the mean cosine to the other fourteen weighted
   by their fused scores (``topic-coherence``, 0.4 of it) or to its three nearest
   (``topic-neighbours``) (round eleven).
+- ``semantic-aspects`` (``-3``, ``-7``, ``-p2``, ``-p8``): xQuAD over the first twenty as
+  ``aspect-diversity``, each field's coverage by a note its sentence-vector cosine with the
+  field over the best of the twenty, to the power 4 (``-p2``, ``-p8``: 2, 8), half coverage and
+  half score (``-3``, ``-7``: 0.3, 0.7 coverage) (round seventeen).
 - ``beliefs-words-once``: the beliefs' placement (:func:`~plugin.memory.ranking.query_coverage`)
   counts a word several fragments hold once, in the heaviest of them, as the sparse arm does.
 
@@ -333,6 +337,52 @@ def _aspect_diversity(share: float = 0.5, top: int = 20) -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def _semantic_aspects(share: float = 0.5, top: int = 20, power: float = 4.0) -> Iterator[None]:
+    """xQuAD over the fields, coverage read by the sentence model: each fragment's cosine with
+    each of the first ``top`` memories, over the best of them, to the power ``power``."""
+    shipped = pipeline.MemoryRetriever._rank
+
+    async def rank(self: Any, prepared: Any, principal: str, scope: str, caps: Any,
+                   arms: list[str], notes: list[str]) -> Any:
+        ranked = await shipped(self, prepared, principal, scope, caps, arms, notes)
+        query = prepared.query
+        if not {"sparse", "semantic"} <= set(arms) or len(ranked) < 2:
+            return ranked  # the fused arm only
+        if not ranking.uses_fragments(query):
+            return ranked
+        weights = ranking.fragment_weights(
+            query, self.ranking,
+            request_share=await self._request_share(query, principal, scope))
+        parts = [(w, f) for w, f in zip(weights, query.fragments, strict=True) if w > 0]
+        if len(parts) < 2:
+            return ranked
+        total = math.fsum(w for w, _ in parts)
+        head, tail = list(ranked[:top]), list(ranked[top:])
+        embed = self.store.embedding.embed
+        frags = np.asarray(embed([f for _, f in parts]), dtype=np.float64)
+        mems = np.asarray(embed([item.text for item in head]), dtype=np.float64)
+        cos = np.clip(mems @ frags.T, 0.0, None)
+        best = cos.max(axis=0)
+        cover = (cos / np.where(best > 0, best, 1.0)) ** power
+        aspect = np.array([w / total for w, _ in parts])
+        scores = np.array([item.score for item in head])
+        scores = scores / (scores.max() or 1.0)
+        left = np.ones(len(parts))
+        order: list[int] = []
+        rest = list(range(len(head)))
+        while rest:
+            gains = [(1 - share) * scores[i] + share * float((aspect * cover[i] * left).sum())
+                     for i in rest]
+            chosen = rest.pop(gains.index(max(gains)))
+            order.append(chosen)
+            left = left * (1 - cover[chosen])
+        return [head[i] for i in order] + tail
+
+    with mock.patch.object(pipeline.MemoryRetriever, "_rank", rank):
+        yield
+
+
 _NAME = re.compile(r"[^\W_](?:[\w\-#./@']*[^\W_])?")
 _NAMES: contextvars.ContextVar[tuple[str, float] | None] = contextvars.ContextVar(
     "names", default=None)
@@ -473,6 +523,11 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "sparse-idf-mass": _sparse_idf_mass,
     "aspect-diversity": _aspect_diversity,
     "names-from-fields": _names_from_fields,
+    "semantic-aspects": _semantic_aspects,
+    "semantic-aspects-3": lambda: _semantic_aspects(0.3),
+    "semantic-aspects-7": lambda: _semantic_aspects(0.7),
+    "semantic-aspects-p2": lambda: _semantic_aspects(power=2.0),
+    "semantic-aspects-p8": lambda: _semantic_aspects(power=8.0),
     "request-new-words": _request_new_words,
     "word-precision": _word_precision,
     "word-precision-1": lambda: _word_precision(1.0),
