@@ -36,7 +36,7 @@ import psycopg
 import psycopg_pool
 import sniffio
 
-from ._postgres_bound import bounded
+from ._postgres_bound import bounded, in_thread
 from ._postgres_options import REFUSED_OPTION as REFUSED_OPTION
 from ._postgres_options import connection_options
 from .dsn import conninfo_dict
@@ -128,7 +128,7 @@ class _AsyncSession:
         self._bound_s = bound_s
 
     async def fetchall(self, sql: str, params: Params | None = None) -> list[Row]:
-        async with bounded(lambda: self._conn, self._bound_s):
+        with bounded(lambda: self._conn, self._bound_s):
             cur = await self._conn.execute(sql, params)
             return await cur.fetchall() if _rows(cur) else []
 
@@ -137,7 +137,7 @@ class _AsyncSession:
 
     async def pipeline(self, statements: Sequence[tuple[str, Params | None]]) -> list[list[Row]]:
         conn = self._conn
-        async with bounded(lambda: conn, self._bound_s):
+        with bounded(lambda: conn, self._bound_s):
             cur = await conn.execute(*_query(psycopg.AsyncClientCursor(conn), statements))
             results = [await cur.fetchall() if _rows(cur) else []]
             while cur.nextset():
@@ -215,8 +215,7 @@ class _ThreadedSession:
         self._bound_s = bound_s
 
     async def _run(self, fn: Callable[[], T]) -> T:
-        async with bounded(lambda: self._conn, self._bound_s):
-            return await anyio.to_thread.run_sync(fn, limiter=self._limiter)
+        return await in_thread(fn, lambda: self._conn, self._bound_s, self._limiter)
 
     async def fetchall(self, sql: str, params: Params | None = None) -> list[Row]:
         conn = self._conn
@@ -297,9 +296,10 @@ class ThreadedDriver:
                 pool.putconn(conn)
 
         async with self._admitted:
-            # One hop: a worker thread is never abandoned, so the connection always goes back.
-            async with bounded(lambda: lent[0] if lent else None, self._bound_s):
-                return await anyio.to_thread.run_sync(run, limiter=self._limiter)
+            # One hop. Past the bound its wait is abandoned and the connection given up: the
+            # thread's statements then fail at once, and it gives the connection back.
+            return await in_thread(run, lambda: lent[0] if lent else None, self._bound_s,
+                                   self._limiter)
 
 
 _TERMINATED: weakref.WeakSet[Any] = weakref.WeakSet()
