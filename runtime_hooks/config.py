@@ -244,11 +244,13 @@ class LoadedConfig:
 
 
 def _relative_to(folder: Path, location: object) -> object:
-    """A path read from the file, taken relative to the file's folder (a DSN unchanged), and
-    so is a relative ``file:`` URI's path: every process that reads the file, whatever its
-    working folder, names the same ledger."""
+    """A relative path taken relative to ``folder`` (a DSN unchanged), and so is a relative
+    ``file:`` URI's path: the file's folder for a path read from the file (every process that
+    reads the file, whatever its working folder, names the same ledger), the working folder
+    at load time for one from the environment or an argument (a later ``chdir`` does not move
+    the ledger)."""
     assert isinstance(location, str)  # checked by the field
-    if is_connection_string(location) or location == ":memory:":
+    if is_connection_string(location) or is_ephemeral(location):
         return location
     if location.startswith("file:"):
         path = location[len("file:"):]
@@ -378,8 +380,8 @@ def load_config(
                 value = check(field, raw)
             except _Bad as exc:
                 raise ConfigError(f"{key} from {where}: {exc}") from None
-            if field.path and kind == "file" and path is not None:
-                value = _relative_to(path.parent, value)
+            if field.path:  # the file's folder, or the working folder when read
+                value = _relative_to(path.parent if kind == "file" and path else base, value)
             values[key] = value
             sources[key] = Source(kind, where)
     loaded = LoadedConfig(file=path, values=values, sources=sources, admission=admission)

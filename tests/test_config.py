@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from plugin.control import AllowancePolicy, RoundKind, SqliteLedger, observe
+from plugin.control.dsn import parse_location
+from plugin.errors import LedgerConfigError
 from plugin.memory.pipeline import ContextCaps
 from plugin.memory.planning import QueryStrategy
 from runtime_hooks.__main__ import main
@@ -124,10 +126,18 @@ async def test_a_relative_file_uri_in_the_file_names_one_ledger_from_any_working
     assert sorted(p.name for p in shared.iterdir() if p.suffix == ".db") == ["ledger.db"]
 
 
-def test_paths_in_the_environment_are_relative_to_the_working_directory(folder: Path) -> None:
+def test_paths_in_the_environment_are_relative_to_the_working_directory(
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # taken at load time: a later chdir (a library that daemonises) does not move the ledger
     _write(folder, TOML)
     loaded = load_config(env={"RECALLBOUND_LEDGER": "here.db"})
-    assert loaded.values["ledger"] == "here.db"
+    monkeypatch.chdir("/")
+    assert loaded.values["ledger"] == str(folder / "here.db")
+    uri = load_config(env={"RECALLBOUND_LEDGER": "file:here.db?mode=rwc"}, cwd=folder)
+    assert uri.values["ledger"] == f"file:{folder}/here.db?mode=rwc"
+    given = load_config(env={}, overrides={"ledger": "there.db"}, cwd=folder)
+    assert given.values["ledger"] == str(folder / "there.db")
     dsn = load_config(env={"RECALLBOUND_LEDGER": "postgresql://u:pw@db/recall"})
     assert dsn.values["ledger"] == "postgresql://u:pw@db/recall"
 
@@ -485,3 +495,16 @@ def test_a_blank_or_invisible_path_is_refused_in_code_as_from_a_file(
                                    "host=h dbname=x\n", "postgresql://h/db\n"])
 def test_a_file_name_or_a_dsn_with_its_white_space_is_kept(value: str) -> None:
     assert RecallConfig(ledger_path=value).ledger_path == value
+
+
+@pytest.mark.parametrize("ledger", ["/srv/ledger.db ", " /srv/ledger.db", "/srv/ledger.db\u00a0",
+                                    "ledger.db\u3000"])
+def test_a_file_name_that_begins_or_ends_with_white_space_is_refused(
+    folder: Path, ledger: str
+) -> None:
+    # "/srv/ledger.db " is another file than "/srv/ledger.db": two workers, two allowances
+    with pytest.raises(ConfigError, match="white space"):
+        load_config(env={"RECALLBOUND_LEDGER": ledger})
+    with pytest.raises(LedgerConfigError, match="white space"):
+        parse_location(ledger)
+    assert list(folder.iterdir()) == []

@@ -149,7 +149,10 @@ def test_config_show_marks_looser_settings(folder: Path,
 
 @pytest.mark.parametrize("location", [":memory:", "file::memory:?cache=shared",
                                       "file:ledger?mode=memory", "file:x?vfs=memdb",
-                                      "file:%3Amemory%3A", "FILE::memory:"])
+                                      "file:%3Amemory%3A", "FILE::memory:",
+                                      # SQLite ignores a fragment
+                                      "file:ledger.db?mode=memory#x",
+                                      "file:ledger.db?vfs=memdb#x"])
 def test_an_ephemeral_ledger_is_refused_unless_asked_for(folder: Path, location: str) -> None:
     with pytest.raises(ConfigError, match=r"^ledger from env \(RECALLBOUND_LEDGER\): .*keeps "
                                           r"nothing.*allow_ephemeral_ledger = true"):

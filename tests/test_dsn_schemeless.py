@@ -30,6 +30,22 @@ SCHEMELESS = [
     f"PostgreSQL//root:{SECRET}@127.0.0.1/test",
 ]
 
+LOST_SCHEME = [  # no password, but no file name either: each worker would open its own file
+    "postgresql//app@db.internal/fleet", "postgres//db.internal/fleet", "postgresql///fleet",
+    "//app@db.internal/fleet", "app@db.internal:5432", "db.internal:5432",
+    "localhost:5432/fleet",
+]
+
+
+@pytest.mark.parametrize("location", LOST_SCHEME)
+def test_a_scheme_lost_from_a_dsn_without_a_password_is_refused_too(
+    location: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(LedgerConfigError, match="postgresql://"):
+        parse_location(location)
+    assert os.listdir(tmp_path) == []
+
 
 @pytest.mark.parametrize("location", SCHEMELESS)
 def test_a_uri_without_its_scheme_is_refused_and_shows_nothing(
@@ -59,7 +75,8 @@ def test_the_cli_says_so_without_the_password(
 
 @pytest.mark.parametrize("name", [
     "ledger.db", "me@example.com.db", "data/run@2.db", "backup:2026-01-01.db",
-    "./root:x@host/db", "/tmp/root:x@host/db",
+    "./root:x@host/db", "/tmp/root:x@host/db", "app@db.internal", "C:5432",
+    "ledger-2026-01:01.db",
 ])
 def test_file_names_that_hold_an_at_or_a_colon_stay_files(name: str) -> None:
     assert parse_location(name).kind == "sqlite"

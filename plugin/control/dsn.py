@@ -192,6 +192,9 @@ def parse_location(location: str | os.PathLike[str]) -> LedgerLocation:
         raise LedgerConfigError(
             f"the ledger ({_form(unwrapped)}) is a connection string inside quotes or after an "
             f"invisible character: give it without them")
+    if text != location:  # a space an env file or a unit file left on: another file
+        raise LedgerConfigError("the ledger's file name begins or ends with white space: "
+                                "give the file's name without it")
     return LedgerLocation(kind="sqlite", target=location)
 
 

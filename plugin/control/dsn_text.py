@@ -149,6 +149,8 @@ def location_problem(text: str, *, file: bool) -> str | None:
     if file and any(unicodedata.category(char) == "Cc" or char in _STRAY for char in text):
         return ("holds a control or invisible character (a newline, a tab, a BOM, a "
                 "zero-width space): give the file's name without it")
+    if file and text != text.strip():  # a space an env file or a unit file left on
+        return "begins or ends with white space: give the file's name without it"
     return None
 
 
@@ -158,8 +160,9 @@ def is_ephemeral(location: str | os.PathLike[str]) -> bool:
     if text in ("", ":memory:"):  # "" is SQLite's private temporary database
         return True
     if text[:5].lower() == "file:":
-        name, _, query = text[5:].partition("?")
-        name = urllib.parse.unquote(name.partition("#")[0])
+        # SQLite ignores a fragment: ``?mode=memory#x`` is in memory too
+        name, _, query = text[5:].partition("#")[0].partition("?")
+        name = urllib.parse.unquote(name)
         options = urllib.parse.parse_qs(query)
         return (name in ("", ":memory:") or name.startswith(":memory:")
                 or "memory" in options.get("mode", []) or "memdb" in options.get("vfs", []))
