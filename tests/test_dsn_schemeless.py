@@ -76,7 +76,7 @@ def test_the_cli_says_so_without_the_password(
 @pytest.mark.parametrize("name", [
     "ledger.db", "me@example.com.db", "data/run@2.db", "backup:2026-01-01.db",
     "./root:x@host/db", "/tmp/root:x@host/db", "app@db.internal", "C:5432",
-    "ledger-2026-01:01.db",
+    "ledger-2026-01:01.db", "run-10:30", "backup-2024-01-05T10:30", "./node-1:8080",
 ])
 def test_file_names_that_hold_an_at_or_a_colon_stay_files(name: str) -> None:
     assert parse_location(name).kind == "sqlite"

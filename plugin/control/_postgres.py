@@ -36,7 +36,6 @@ import psycopg
 import psycopg_pool
 import sniffio
 
-from ._postgres_bound import bounded, in_thread
 from ._postgres_options import REFUSED_OPTION as REFUSED_OPTION
 from ._postgres_options import connection_options
 from .dsn import conninfo_dict
@@ -123,26 +122,23 @@ def _rollback(conn: psycopg.Connection[Row] | psycopg.AsyncConnection[Row]) -> b
 
 
 class _AsyncSession:
-    def __init__(self, conn: psycopg.AsyncConnection[Row], bound_s: float) -> None:
+    def __init__(self, conn: psycopg.AsyncConnection[Row]) -> None:
         self._conn = conn
-        self._bound_s = bound_s
 
     async def fetchall(self, sql: str, params: Params | None = None) -> list[Row]:
-        with bounded(lambda: self._conn, self._bound_s):
-            cur = await self._conn.execute(sql, params)
-            return await cur.fetchall() if _rows(cur) else []
+        cur = await self._conn.execute(sql, params)
+        return await cur.fetchall() if _rows(cur) else []
 
     async def executemany(self, sql: str, rows: Iterable[Params]) -> None:
         await self.pipeline([(sql, row) for row in rows])
 
     async def pipeline(self, statements: Sequence[tuple[str, Params | None]]) -> list[list[Row]]:
         conn = self._conn
-        with bounded(lambda: conn, self._bound_s):
-            cur = await conn.execute(*_query(psycopg.AsyncClientCursor(conn), statements))
-            results = [await cur.fetchall() if _rows(cur) else []]
-            while cur.nextset():
-                results.append(await cur.fetchall() if _rows(cur) else [])
-            return results
+        cur = await conn.execute(*_query(psycopg.AsyncClientCursor(conn), statements))
+        results = [await cur.fetchall() if _rows(cur) else []]
+        while cur.nextset():
+            results.append(await cur.fetchall() if _rows(cur) else [])
+        return results
 
     @property
     def broken(self) -> bool:
@@ -153,8 +149,8 @@ class AsyncDriver:
     """The asyncio driver: :class:`psycopg_pool.AsyncConnectionPool`."""
 
     def __init__(self, pool: psycopg_pool.AsyncConnectionPool[Any], open_timeout: float,
-                 conninfo: str, kwargs: Mapping[str, Any], bound_s: float) -> None:
-        self._pool, self._bound_s = pool, bound_s
+                 conninfo: str, kwargs: Mapping[str, Any]) -> None:
+        self._pool = pool
         self._open_timeout = open_timeout
         self._probe = conninfo, dict(kwargs)
 
@@ -185,7 +181,7 @@ class AsyncDriver:
     async def session(self) -> AsyncIterator[Session]:
         conn = await self._checkout()
         try:
-            yield _AsyncSession(conn, self._bound_s)
+            yield _AsyncSession(conn)
         finally:
             with anyio.CancelScope(shield=True):
                 await self._pool.putconn(conn)
@@ -195,7 +191,7 @@ class AsyncDriver:
         try:
             with anyio.CancelScope(shield=True):
                 try:
-                    rows = await _AsyncSession(conn, self._bound_s).pipeline(statements)
+                    rows = await _AsyncSession(conn).pipeline(statements)
                 except BaseException:
                     if _rollback(conn):
                         with contextlib.suppress(psycopg.Error):
@@ -208,14 +204,12 @@ class AsyncDriver:
 
 
 class _ThreadedSession:
-    def __init__(self, conn: psycopg.Connection[Row], limiter: anyio.CapacityLimiter,
-                 bound_s: float) -> None:
+    def __init__(self, conn: psycopg.Connection[Row], limiter: anyio.CapacityLimiter) -> None:
         self._conn = conn
         self._limiter = limiter
-        self._bound_s = bound_s
 
     async def _run(self, fn: Callable[[], T]) -> T:
-        return await in_thread(fn, lambda: self._conn, self._bound_s, self._limiter)
+        return await anyio.to_thread.run_sync(fn, limiter=self._limiter)
 
     async def fetchall(self, sql: str, params: Params | None = None) -> list[Row]:
         conn = self._conn
@@ -242,8 +236,8 @@ class ThreadedDriver:
     """The trio (any-loop) driver: :class:`psycopg_pool.ConnectionPool` through worker threads."""
 
     def __init__(self, pool: psycopg_pool.ConnectionPool[Any], open_timeout: float,
-                 conninfo: str, kwargs: Mapping[str, Any], bound_s: float) -> None:
-        self._pool, self._bound_s = pool, bound_s
+                 conninfo: str, kwargs: Mapping[str, Any]) -> None:
+        self._pool = pool
         self._open_timeout = open_timeout
         self._probe = conninfo, dict(kwargs)
         size = pool.max_size
@@ -272,7 +266,7 @@ class ThreadedDriver:
             # always reaches the ``finally`` below and goes back to the pool.
             conn = await anyio.to_thread.run_sync(_checkout, self._pool, limiter=self._limiter)
             try:
-                yield _ThreadedSession(conn, self._limiter, self._bound_s)
+                yield _ThreadedSession(conn, self._limiter)
             finally:
                 with anyio.CancelScope(shield=True):
                     await anyio.to_thread.run_sync(
@@ -280,11 +274,10 @@ class ThreadedDriver:
                     )
 
     async def transaction(self, statements: Sequence[tuple[str, Params | None]]) -> list[list[Row]]:
-        pool, lent = self._pool, []
+        pool = self._pool
 
         def run() -> list[list[Row]]:
             conn = _checkout(pool)
-            lent.append(conn)
             try:
                 return _pipeline(conn, statements)
             except BaseException:
@@ -296,10 +289,8 @@ class ThreadedDriver:
                 pool.putconn(conn)
 
         async with self._admitted:
-            # One hop. Past the bound its wait is abandoned and the connection given up: the
-            # thread's statements then fail at once, and it gives the connection back.
-            return await in_thread(run, lambda: lent[0] if lent else None, self._bound_s,
-                                   self._limiter)
+            # One hop: a worker thread is never abandoned, so the connection always goes back.
+            return await anyio.to_thread.run_sync(run, limiter=self._limiter)
 
 
 _TERMINATED: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -380,7 +371,6 @@ def make_driver(
     kwargs = connection_options(conninfo_dict(conninfo), name=name,
                                 connect_timeout=connect_timeout,
                                 statement_timeout=statement_timeout)
-    bound_s = 2 * statement_timeout  # a round trip's bound on the client's side
     common: dict[str, Any] = {
         "min_size": min_size, "max_size": max_size, "kwargs": kwargs, "open": False,
         "timeout": pool_timeout, "name": name,
@@ -389,10 +379,10 @@ def make_driver(
         return AsyncDriver(
             psycopg_pool.AsyncConnectionPool(
                 conninfo, configure=_watch_async, **common),
-            connect_timeout, conninfo, kwargs, bound_s,
+            connect_timeout, conninfo, kwargs,
         )
     return ThreadedDriver(
         psycopg_pool.ConnectionPool(
             conninfo, configure=watch, **common),
-        connect_timeout, conninfo, kwargs, bound_s,
+        connect_timeout, conninfo, kwargs,
     )

@@ -176,7 +176,7 @@ def parse_location(location: str | os.PathLike[str]) -> LedgerLocation:
     if FOREIGN_DSN.match(text) or SCHEMELESS_URI.match(text):
         raise LedgerConfigError(
             f"the ledger ({_form(text)}) looks like a PostgreSQL DSN but is not one: write "
-            f"postgresql://host/dbname")
+            f"postgresql://host/dbname (a file of that name: ./name)")
     start, end = 0, len(text)
     while start < end and _wrapper(text[start]):
         start += 1

@@ -21,13 +21,14 @@ PHP's ``pgsql:``, ``postgresql+psycopg://``, ``POSTGRES://``): an error, never a
 SCHEMELESS_URI = re.compile(
     r"(?i)\s*(?:postgres(?:ql)?[^\w\s/]?//|//)?[^/:@\s]+:[^/@\s]*@[^/@\s]"
     r"|\s*postgres(?:ql)?[^\w\s/]?//|\s*//[^/@\s]+@"
-    r"|\s*(?:[^/:@\s]+@)?[a-z0-9.\-]{2,}:\d{1,5}(?:/\S*)?\s*$")
+    r"|\s*(?:[^/:@\s]+@)?[a-z0-9.\-]{2,}:\d{4,5}(?:/\S*)?\s*$")
 """A URI whose scheme was lost or mistyped (``root:pw@host/db``, ``//root:pw@host/db``,
 ``postgresql//…``, ``postgresql;//…``): its first part is a user and a password before an
 ``@``, which no file name means; or it is the scheme's name before ``//`` (``postgres//host``,
 ``postgresql///db``), a network path with a user (``//app@host/db``), or a host and a port
-(``db.internal:5432``, ``app@db.internal:5432/fleet``). An error, never a file name (opening
-it as one would quote the password, or make each worker a ledger of its own)."""
+(``db.internal:5432``, ``app@db.internal:5432/fleet``: a port of four or five digits). An
+error, never a file name (opening it as one would quote the password, or make each worker a
+ledger of its own); a file of such a name is written ``./name``."""
 
 
 def query_mark(dsn: str) -> int:
