@@ -244,11 +244,9 @@ class LoadedConfig:
 
 
 def _relative_to(folder: Path, location: object) -> object:
-    """A relative path taken relative to ``folder`` (a DSN unchanged), and so is a relative
-    ``file:`` URI's path: the file's folder for a path read from the file (every process that
-    reads the file, whatever its working folder, names the same ledger), the working folder
-    at load time for one from the environment or an argument (a later ``chdir`` does not move
-    the ledger)."""
+    """A relative path (or ``file:`` URI's path) taken relative to ``folder``, a DSN unchanged:
+    the file's folder (every reader names the same ledger), or the working folder at load time
+    (a later ``chdir`` does not move the ledger)."""
     assert isinstance(location, str)  # checked by the field
     if is_connection_string(location) or is_ephemeral(location):
         return location
