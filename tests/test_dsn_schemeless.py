@@ -37,17 +37,7 @@ LOST_SCHEME = [  # no password, but no file name either: each worker would open 
 ]
 
 
-@pytest.mark.parametrize("location", LOST_SCHEME)
-def test_a_scheme_lost_from_a_dsn_without_a_password_is_refused_too(
-    location: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.chdir(tmp_path)
-    with pytest.raises(LedgerConfigError, match="postgresql://"):
-        parse_location(location)
-    assert os.listdir(tmp_path) == []
-
-
-@pytest.mark.parametrize("location", SCHEMELESS)
+@pytest.mark.parametrize("location", SCHEMELESS + LOST_SCHEME)
 def test_a_uri_without_its_scheme_is_refused_and_shows_nothing(
     location: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
