@@ -252,8 +252,8 @@ def _relative_to(folder: Path, location: object) -> object:
         return location
     if location.startswith("file:"):
         path = location[len("file:"):]
-        if path.startswith(("/", "?", ":memory:")) or not path:
-            return location  # absolute, or in memory
+        if path.startswith("/"):
+            return location  # absolute
         return f"file:{urllib.parse.quote(str(folder), safe='/')}/{path}"
     return str(folder / location)
 

@@ -13,7 +13,6 @@ Metric attributes never include the run id (unbounded cardinality).
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import weakref
 from contextvars import Token
@@ -60,8 +59,7 @@ def _detach(attached: Context, token: Token[Context] | None) -> None:
     (a search's attempt ended by its caller, the search left in a task of its own) there is
     nothing to undo, and OpenTelemetry would log an error with a traceback."""
     if token is not None and otel_context.get_current() is attached:
-        with contextlib.suppress(ValueError):
-            otel_context.detach(token)
+        otel_context.detach(token)
 
 
 class OtelObserver:

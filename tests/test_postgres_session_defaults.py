@@ -65,8 +65,8 @@ async def test_fewer_float_digits_do_not_move_the_deadline(
 async def test_a_default_isolation_loses_no_round(
     anyio_backend: object, schema: str, isolation: str
 ) -> None:
-    dsn = _with_option(f"-c default_transaction_isolation={isolation.replace(' ', chr(92) + ' ')}",
-                       schema)
+    escaped = isolation.replace(" ", "\\ ")  # libpq's options: a space in a value is escaped
+    dsn = _with_option(f"-c default_transaction_isolation={escaped}", schema)
     granted, failed = 0, []
     ledgers = [PostgresLedger(dsn, max_size=4) for _ in range(2)]
     for ledger in ledgers:

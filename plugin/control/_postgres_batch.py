@@ -95,11 +95,12 @@ class Judge:
         if not caller and len(batch) == 1:
             return await self._lone(batch[0], send)
         locks = (self.lock_runs, {"space": self.space, "runs": sorted({r.run_id for r in batch})})
-        head: list[tuple[str, Any]] = [READ_COMMITTED, (self.settings, None), locks]
+        settings = (self.settings, None)
+        head: list[tuple[str, Any]] = [READ_COMMITTED, settings, locks]
         tail: list[tuple[str, Any]] = []
         if caller:
             # Two trips: an explicit transaction across them; the clocks are read between.
-            await send([(BEGIN, None), *head[1:]])
+            await send([(BEGIN, None), settings, locks])
             head, tail = [], [("COMMIT", None)]
         times: dict[int, tuple[float | None, float]] = {}
         for i, request in enumerate(batch):

@@ -149,8 +149,6 @@ def location_problem(text: str, *, file: bool) -> str | None:
     if file and any(unicodedata.category(char) == "Cc" or char in _STRAY for char in text):
         return ("holds a control or invisible character (a newline, a tab, a BOM, a "
                 "zero-width space): give the file's name without it")
-    if file and text != text.strip():  # a space an env file or a unit file left on
-        return "begins or ends with white space: give the file's name without it"
     return None
 
 

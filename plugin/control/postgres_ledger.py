@@ -189,7 +189,7 @@ class PostgresLedger(SqlLedger):
         self._time_source: TimeSource = time_source
         self._min_size, self._max_size = min_size, max_size
         self._connect_timeout = float(connect_timeout)
-        self._pool_timeout, self._statement_timeout = float(pool_timeout), statement_timeout
+        self._pool_timeout, self._statement_timeout = float(pool_timeout), float(statement_timeout)
         lone_settings = {
             "statement": _interval_ms(statement_timeout), "lock": _interval_ms(lock_timeout),
             "idle": _interval_ms(statement_timeout * 2),
