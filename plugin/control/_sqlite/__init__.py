@@ -8,9 +8,11 @@ transactions are explicit (``BEGIN IMMEDIATE`` … ``COMMIT``).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import sqlite3
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeAlias, TypeVar
@@ -61,13 +63,50 @@ async def connect(path: str | Path, *, timeout: float) -> Connection:
     ``timeout`` is SQLite's busy timeout in seconds: how long a statement waits for another
     connection's lock before failing with ``database is locked``.
     """
-    if sniffio.current_async_library() == "asyncio":
-        from ._asyncio import connect as connect_asyncio
+    release = _hold(str(path))
+    try:
+        if sniffio.current_async_library() == "asyncio":
+            from ._asyncio import connect as connect_asyncio
 
-        return await connect_asyncio(path, timeout=timeout)
-    from ._threaded import connect as connect_threaded
+            return await connect_asyncio(path, timeout=timeout, release=release)
+        from ._threaded import connect as connect_threaded
 
-    return await connect_threaded(path, timeout=timeout)
+        return await connect_threaded(path, timeout=timeout, release=release)
+    except BaseException:
+        release()
+        raise
+
+
+_HELD: collections.Counter[str] = collections.Counter()
+"""This process's connections by database file (its real path), from the moment each begins
+to open until it is closed."""
+_HELD_LOCK = threading.Lock()
+
+
+def _held_key(path: str) -> str | None:
+    return None if path == ":memory:" or path.startswith("file:") else os.path.realpath(path)
+
+
+def _hold(path: str) -> Callable[[], None]:
+    """Count a connection of ``path`` as held (see :func:`not_a_database`); the function
+    returned releases it, once."""
+    key = _held_key(path)
+    if key is None:
+        return lambda: None
+    with _HELD_LOCK:
+        _HELD[key] += 1
+    released = False
+
+    def release() -> None:
+        nonlocal released
+        with _HELD_LOCK:
+            if not released:
+                released = True
+                _HELD[key] -= 1
+                if not _HELD[key]:
+                    del _HELD[key]
+
+    return release
 
 
 def _matches(
@@ -138,11 +177,19 @@ _HEADER = b"SQLite format 3\x00"
 
 
 def _foreign(path: str) -> bool:
-    try:
-        with open(path, "rb") as file:
-            start = file.read(len(_HEADER))
-    except OSError:  # missing or unreadable: SQLite's own open says which
-        return False
+    # Closing any descriptor of a file drops every POSIX lock this process holds on it, those
+    # of its open SQLite connections too: another process could then checkpoint and remove the
+    # write-ahead log under them (SQLite's "How To Corrupt An SQLite Database File", 2.2). A
+    # file this process holds open is never read here (it was checked when first opened), and
+    # no connection of it begins to open while the header is read.
+    with _HELD_LOCK:
+        if _HELD[os.path.realpath(path)]:
+            return False
+        try:
+            with open(path, "rb") as file:
+                start = file.read(len(_HEADER))
+        except OSError:  # missing or unreadable: SQLite's own open says which
+            return False
     return bool(start) and start != _HEADER
 
 

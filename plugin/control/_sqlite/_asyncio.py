@@ -19,8 +19,9 @@ T = TypeVar("T")
 class AiosqliteConnection:
     """:class:`~plugin.control._sqlite.Connection` over an :class:`aiosqlite.Connection`."""
 
-    def __init__(self, conn: aiosqlite.Connection) -> None:
+    def __init__(self, conn: aiosqlite.Connection, release: Callable[[], None]) -> None:
         self._conn = conn
+        self._release = release
         self._closed = False
 
     async def fetchall(self, sql: str, params: Params = ()) -> list[Row]:
@@ -43,10 +44,15 @@ class AiosqliteConnection:
     async def close(self) -> None:
         if not self._closed:
             self._closed = True
-            await self._conn.close()
+            try:
+                await self._conn.close()
+            finally:
+                self._release()  # closed, or never to be used again
 
 
-async def connect(path: str | Path, *, timeout: float) -> AiosqliteConnection:
+async def connect(
+    path: str | Path, *, timeout: float, release: Callable[[], None]
+) -> AiosqliteConnection:
     pending = aiosqlite.connect(path, timeout=timeout, isolation_level=None)
     try:
         conn = await pending
@@ -55,4 +61,4 @@ async def connect(path: str | Path, *, timeout: float) -> AiosqliteConnection:
         # about to call back into the loop; wait for it so nothing outlives this call.
         await anyio.to_thread.run_sync(pending._thread.join)
         raise
-    return AiosqliteConnection(conn)
+    return AiosqliteConnection(conn, release)

@@ -22,8 +22,9 @@ class ThreadedConnection:
     :class:`anyio.CapacityLimiter` of one lets only one of them touch it at a time.
     """
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: sqlite3.Connection, release: Callable[[], None]) -> None:
         self._conn = conn
+        self._release = release
         self._limiter = anyio.CapacityLimiter(1)
         self._closed = False
 
@@ -50,13 +51,18 @@ class ThreadedConnection:
     async def close(self) -> None:
         if not self._closed:
             self._closed = True
-            await self._run(self._conn.close)
+            try:
+                await self._run(self._conn.close)
+            finally:
+                self._release()  # closed, or never to be used again
 
 
-async def connect(path: str | Path, *, timeout: float) -> ThreadedConnection:
+async def connect(
+    path: str | Path, *, timeout: float, release: Callable[[], None]
+) -> ThreadedConnection:
     def open_() -> sqlite3.Connection:
         return sqlite3.connect(
             path, timeout=timeout, isolation_level=None, check_same_thread=False
         )
 
-    return ThreadedConnection(await anyio.to_thread.run_sync(open_))
+    return ThreadedConnection(await anyio.to_thread.run_sync(open_), release)
