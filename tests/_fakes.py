@@ -206,7 +206,8 @@ class MemoryLedger:
             known = self.traces.get(trace.attempt_id)
             if known is None or known.outcome is AttemptOutcome.IN_FLIGHT:  # never regresses
                 self.traces[trace.attempt_id] = trace
-        self.refused.extend(refusals)
+        keys = {r.key for r in self.refused if r.key is not None}
+        self.refused.extend(r for r in refusals if r.key is None or r.key not in keys)
         for call in calls:
             key = (call.run_id, call.call_id, call.digest)
             if key not in store.calls or store.calls[key].status == PENDING:

@@ -39,6 +39,7 @@ from plugin.errors import (
     LedgerClosedError,
     LedgerFullError,
     LedgerLockedError,
+    LedgerUnavailableError,
     RecallboundError,
     RoundReusedError,
 )
@@ -195,23 +196,6 @@ async def test_the_wall_step_guard_is_shared_by_every_allowance_in_the_process(
     assert (await ledger.usage("r")).rounds == 1
 
 
-async def test_a_wall_step_forward_during_an_attempt_ends_the_permit_not_the_attempt(
-    allowance: RecallAllowance, clock: ManualClock
-) -> None:
-    # Documented choice: the attempt's cancel scope follows the monotonic deadline; a wall
-    # step forward expires the permit at once, so no further slot is given out.
-    async with allowance.round("r", DELIB, slots=2) as permit:
-        async with permit.attempt() as slot:
-            clock.step_wall(3600.0)
-            assert permit.expired()
-            await anyio.sleep(0)
-        assert slot == 1
-        with pytest.raises(RecallBudgetExceeded) as info:
-            async with permit.attempt():
-                pass
-        assert info.value.refusal.reason is RefusalReason.DEADLINE
-
-
 @attrs.define
 class _SlowLedger:
     """A ledger whose write lock is held by someone else until ``release`` is set."""
@@ -353,6 +337,41 @@ async def test_a_transient_trace_write_failure_loses_no_trace(
     await allowance.flush()
     usage = await ledger.usage("r")
     assert (usage.reserved, usage.executed) == (3, 3)
+
+
+@attrs.define
+class _LostAcknowledgements(_FlakyRecords):
+    """A ledger whose trace writes commit, then fail ``failures`` times as if the connection
+    was lost before the commit's acknowledgement came back."""
+
+    async def record(
+        self, attempts: Sequence[AttemptTrace], refusals: Sequence[RefusalRecord]
+    ) -> None:
+        self.calls += 1
+        await self.inner.record(attempts, refusals)
+        if self.failures > 0:
+            self.failures -= 1
+            raise self.error()
+
+
+async def test_a_refusal_whose_write_was_not_acknowledged_counts_once(
+    ledger: MemoryLedger, clock: ManualClock
+) -> None:
+    lost = _LostAcknowledgements(ledger, failures=5,
+                                 error=lambda: LedgerUnavailableError("connection lost"))
+    allowance = RecallAllowance(lost, clock=clock)
+    async with allowance.round("r", DELIB, slots=1) as permit:
+        async with permit.attempt():
+            pass
+        for _ in range(2):
+            with pytest.raises(RecallBudgetExceeded):
+                async with permit.attempt():
+                    pass
+    lost.failures = 0
+    await allowance.flush()  # the owed records, written again
+    usage = await ledger.usage("r")
+    assert (usage.executed, usage.refused) == (1, 2)
+    assert len({refusal.key for refusal in await ledger.refusals("r")}) == 2
 
 
 async def test_traces_stay_buffered_until_a_later_write_commits(

@@ -480,6 +480,20 @@ async def test_recorded_attempt_refusals_count_as_refused(ledger: Ledger) -> Non
     ]
 
 
+async def test_a_refusal_written_again_is_counted_once(ledger: Ledger) -> None:
+    # A write whose commit was not acknowledged (a connection lost at COMMIT) is owed and
+    # written again; a refusal it held must not count twice.
+    _granted(await ledger.reserve("run", DELIB, 1, POLICY, WALL))
+    refusal = RefusalRecord(
+        run_id="run", round_index=1, what="attempt", kind="deliberate",
+        reason=RefusalReason.SLOTS, at_wall=WALL + 0.5, key="k1",
+    )
+    await ledger.record([], [refusal])
+    await ledger.record([], [refusal, attrs.evolve(refusal, key="k2")])
+    assert (await ledger.usage("run")).refused == 2
+    assert await ledger.refusals("run") == [refusal, attrs.evolve(refusal, key="k2")]
+
+
 async def test_reservations_are_the_runs_history(ledger: Ledger) -> None:
     policy = AllowancePolicy(max_searches=6, max_rounds=3)
     granted = [
@@ -1079,6 +1093,26 @@ async def test_a_version_5_ledger_file_gains_call_records_and_tombstones(
         assert report.run_ids == ("run",) and report.rows["calls"] == 1
         refused = await ledger.reserve("run", AUTO, 2, POLICY, WALL + 200)
         assert isinstance(refused, BudgetRefusal)  # its tombstone: never opened afresh
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("PRAGMA user_version").fetchone() == (SqliteLedger.schema_version,)
+    finally:
+        conn.close()
+
+
+async def test_a_version_6_ledger_file_gains_unique_refusal_keys(
+    anyio_backend: object, tmp_path: Path
+) -> None:
+    path = await _ledger_file_then(
+        tmp_path, "DROP INDEX refusals_by_key", "ALTER TABLE refusals DROP COLUMN refusal_key",
+        "PRAGMA user_version = 6")
+    refusal = RefusalRecord(run_id="run", round_index=1, what="attempt", kind="automatic",
+                            reason=RefusalReason.SLOTS, at_wall=WALL + 1, key="k")
+    async with SqliteLedger(path) as ledger:
+        assert (await ledger.usage("run")).rounds == 1  # kept
+        for _ in range(2):  # written again, as after a commit whose acknowledgement was lost
+            await ledger.record([], [refusal])
+        assert await ledger.refusals("run") == [refusal]
     conn = sqlite3.connect(path)
     try:
         assert conn.execute("PRAGMA user_version").fetchone() == (SqliteLedger.schema_version,)

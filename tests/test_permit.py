@@ -595,3 +595,50 @@ async def test_a_refusal_counts_the_attempts_of_every_open_round_of_the_run() ->
         RefusalReason.ROUNDS, 3, 3)
     refusal = refused_attempt.value.refusal
     assert (refusal.reason, refusal.reserved, refusal.executed) == (RefusalReason.SLOTS, 3, 3)
+
+
+@pytest.mark.parametrize("field", ["slots", "first_slot", "run_id", "round_index", "kind",
+                                   "legacy"])
+async def test_a_permits_grant_cannot_be_reassigned(
+    allowance: RecallAllowance, ledger: MemoryLedger, field: str
+) -> None:
+    # One assignment to a public name must not extend the permit past its reservation (50
+    # attempts of a one-slot round) nor renumber its slots.
+    async with allowance.round("r", RoundKind.DELIBERATE, slots=1) as permit:
+        with pytest.raises(AttributeError):
+            setattr(permit, field, 50)
+        async with permit.attempt() as slot:
+            assert slot == 1
+        with pytest.raises(RecallBudgetExceeded):
+            async with permit.attempt():
+                pass
+    assert (await ledger.usage("r")).executed == 1
+
+
+async def test_a_body_running_when_the_wall_clock_steps_past_the_deadline_leaves_as_deadline(
+    allowance: RecallAllowance, ledger: MemoryLedger, clock: ManualClock
+) -> None:
+    # No cancel scope follows the wall clock, so the body runs on; what it returns is late.
+    async with allowance.round("r", RoundKind.AUTOMATIC) as permit:
+        with pytest.raises(RecallBudgetExceeded) as caught:  # noqa: PT012 (raised at its end)
+            async with permit.attempt(AttemptKind.BASE):
+                clock.step_wall(60.0)
+                await anyio.sleep(0)
+        assert caught.value.refusal.reason is RefusalReason.DEADLINE
+        with pytest.raises(RecallBudgetExceeded):
+            async with permit.attempt(AttemptKind.DELTA):
+                pass
+    (trace,) = await ledger.attempts("r")
+    assert trace.outcome is AttemptOutcome.DEADLINE
+
+
+async def test_an_orphan_attempt_after_the_ledger_closed_is_refused_as_closed(
+    allowance: RecallAllowance, ledger: MemoryLedger
+) -> None:
+    async with allowance.round("r", RoundKind.AUTOMATIC) as permit:
+        pass
+    await ledger.__aexit__(None, None, None)  # the host shut down; a task kept the permit
+    with pytest.raises(RecallBudgetExceeded) as caught:
+        async with permit.attempt():
+            pass
+    assert caught.value.refusal.reason is RefusalReason.CLOSED

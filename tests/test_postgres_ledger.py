@@ -34,7 +34,7 @@ from plugin.control import (
     current_permit,
 )
 from plugin.control._postgres_schema import MIGRATIONS, SCHEMA_VERSION
-from plugin.control.ledger import CallRecord
+from plugin.control.ledger import CallRecord, RefusalRecord
 from plugin.control.refusal import BudgetRefusal
 from plugin.errors import (
     LedgerConfigError,
@@ -325,6 +325,23 @@ async def test_a_version_6_schema_gains_call_records_tombstones_and_the_lone_sta
         report = await ledger.admin().prune(before_wall=1e6, now_wall=1e12, dry_run=False)
         assert report.run_ids == ("old",) and report.rows["calls"] == 1
         assert isinstance(await ledger.reserve("old", AUTO, 2, POLICY, 0.0), BudgetRefusal)
+    assert _sql(f"SELECT version FROM {q}.recallbound_meta") == [(SCHEMA_VERSION,)]
+
+
+async def test_a_version_9_schema_gains_unique_refusal_keys(schema: str) -> None:
+    async with PostgresLedger(_pg.DSN, schema=schema, time_source="caller") as ledger:
+        _granted(await ledger.reserve("old", DELIB, 1, POLICY, 100.0))
+    q = f'"{schema}"'
+    for statement in (f"DROP INDEX {q}.refusals_by_key",
+                      f"ALTER TABLE {q}.refusals DROP COLUMN refusal_key",
+                      f"UPDATE {q}.recallbound_meta SET version = 9"):
+        _sql(statement)
+    refusal = RefusalRecord(run_id="old", round_index=1, what="attempt", kind="deliberate",
+                            reason=RefusalReason.SLOTS, at_wall=100.5, key="k")
+    async with PostgresLedger(_pg.DSN, schema=schema, time_source="caller") as ledger:
+        for _ in range(2):  # written again, as after a commit whose acknowledgement was lost
+            await ledger.record([], [refusal])
+        assert await ledger.refusals("old") == [refusal]
     assert _sql(f"SELECT version FROM {q}.recallbound_meta") == [(SCHEMA_VERSION,)]
 
 

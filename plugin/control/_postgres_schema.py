@@ -7,7 +7,7 @@ from plugin.errors import LedgerCorruptError, LedgerPathError
 
 from .headroom import REFUSAL_REASON, admits, grant
 from .ledger_admin import PRUNED_TABLES
-from .sql_schema import CALLS_SINCE, TABLES, Session, create_table
+from .sql_schema import CALLS_SINCE, REFUSAL_KEYS, TABLES, Session, create_table
 
 APPLICATION = "recallbound"
 
@@ -138,6 +138,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (RESERVE_WAVE.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1),),
     # version 9: ... or the end of its latest recorded attempt, on the callers' clock
     (RESERVE_WAVE.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1),),
+    # version 10: an attempt's refusal has a unique key (written twice, it is one row)
+    ("ALTER TABLE {s}.refusals ADD COLUMN IF NOT EXISTS refusal_key text",
+     REFUSAL_KEYS.replace("{q}", "{s}.")),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 """The schema version this code writes; older versions are migrated in place at open."""

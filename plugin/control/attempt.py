@@ -137,7 +137,7 @@ class Attempt(_AttemptBase):
         ended."""
         if not self._id or self._id == "entered" or self._abandoned or self._scope is None:
             return
-        if anyio.current_time() >= self._scope.deadline or self._permit._outlived():
+        if anyio.current_time() >= self._scope.deadline or self._permit.expired():
             outcome = AttemptOutcome.DEADLINE
         self._abandoned = True
         if outcome is AttemptOutcome.DEADLINE:
@@ -168,14 +168,14 @@ class Attempt(_AttemptBase):
         swallowed = scope.__exit__(exc_type, exc, tb)
         if self._abandoned:  # its caller ended it and recorded its trace
             return bool(swallowed)
-        late = anyio.current_time() >= scope.deadline or self._permit._outlived()
+        late = anyio.current_time() >= scope.deadline or self._permit.expired()
         if scope.cancelled_caught or (exc is None and (scope.cancel_called or late)):
             # A body that returns past the deadline blocked where no cancel scope reaches, or
-            # swallowed the deadline's cancellation: what it produced is late, so it leaves
-            # the way a cancelled one does. Like the cancel scope, this follows the monotonic
-            # deadline, the loop's and the permit's (a wall step ends the permit, not the
-            # attempt in flight). The permit's deadline was reached: it stays expired, so no
-            # later attempt gets a slot, nor a fresh cancel scope (the permit is not renewed).
+            # swallowed the deadline's cancellation, or ran while the wall clock stepped past
+            # the run's deadline (no cancel scope follows the wall clock): what it produced is
+            # late, so it leaves the way a cancelled one does. The permit's deadline was
+            # reached: it stays expired, so no later attempt gets a slot, nor a fresh cancel
+            # scope (the permit is not renewed).
             outcome = AttemptOutcome.DEADLINE
             self._permit._ended = True
         elif exc is None:

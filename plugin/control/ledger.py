@@ -42,11 +42,9 @@ class Validity(enum.Enum):
 def grant_validations(
     ids: Sequence[str], retained: Container[str], used: int, limit: int
 ) -> tuple[dict[str, Validity], int]:
-    """The re-check decision every ledger makes inside its transaction.
-
-    ``ids`` are distinct, in the caller's order; ``retained`` holds those the run retained;
-    ``used`` is the run's count so far. Returns each id's answer and the new count.
-    """
+    """The re-check decision every ledger makes inside its transaction: ``ids`` are distinct,
+    in the caller's order; ``retained`` holds those the run retained; ``used`` is the run's
+    count so far. Returns each id's answer and the new count."""
     answers: dict[str, Validity] = {}
     for evidence_id in ids:
         if evidence_id not in retained:
@@ -62,10 +60,8 @@ def grant_validations(
 def check_identity(
     run_id: str, bound: tuple[str, str], principal: str, scope: str
 ) -> tuple[str, str]:
-    """``bound`` (the run's principal and scope as the ledger holds them) if the caller's match.
-
-    Raises :class:`~plugin.errors.RunIdentityError` otherwise.
-    """
+    """``bound`` (the run's principal and scope as the ledger holds them) if the caller's
+    match; raises :class:`~plugin.errors.RunIdentityError` otherwise."""
     if bound != (principal, scope):
         raise RunIdentityError(
             f"run {run_id!r} is bound to another principal or scope than this call's"
@@ -257,6 +253,9 @@ class RefusalRecord:
     """The round kind (for a round) or attempt kind (for an attempt)."""
     reason: RefusalReason
     at_wall: float
+    key: str | None = None
+    """Unique to an attempt's refusal, so that writing it again (its commit unacknowledged) adds
+    nothing; None for a round's, recorded in the transaction that judged it."""
 
 
 class Ledger(Protocol):

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
+import uuid
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NoReturn
 
@@ -36,6 +37,7 @@ import attrs
 from plugin.errors import (
     InvalidArgumentError,
     InvalidArgumentTypeError,
+    LedgerClosedError,
     LedgerFullError,
     LedgerLockedError,
     LedgerUnavailableError,
@@ -93,12 +95,12 @@ class Permit(metaclass=NoPublicConstructor):
     It can never be extended, refilled or re-issued. Issued only by ``allowance.round``.
     """
 
-    run_id: str
-    round_index: int
-    kind: RoundKind
-    slots: int
-    first_slot: int
-    legacy: bool
+    run_id: str = attrs.field(on_setattr=attrs.setters.frozen)
+    round_index: int = attrs.field(on_setattr=attrs.setters.frozen)
+    kind: RoundKind = attrs.field(on_setattr=attrs.setters.frozen)
+    slots: int = attrs.field(on_setattr=attrs.setters.frozen)
+    first_slot: int = attrs.field(on_setattr=attrs.setters.frozen)
+    legacy: bool = attrs.field(on_setattr=attrs.setters.frozen)
     _clock: Clock = attrs.field(repr=False)
     _ledger: Ledger = attrs.field(repr=False)
     _deadline_wall: float = attrs.field(repr=False)
@@ -184,10 +186,6 @@ class Permit(metaclass=NoPublicConstructor):
             self._ended = True  # only ever set: no lock needed
         return self._ended
 
-    def _outlived(self) -> bool:
-        """Whether the monotonic (worker) deadline has passed: what the cancel scope follows."""
-        return self._monotonic() >= self._mono_deadline
-
     def close(self) -> None:
         """End the permit for every context that holds it. Idempotent; never un-closes."""
         self._closed = True
@@ -227,6 +225,7 @@ class Permit(metaclass=NoPublicConstructor):
                         kind=kind.value,
                         reason=reason,
                         at_wall=self._clock.wall(),
+                        key=uuid.uuid4().hex,
                     )
                 )
         if reason is not None:
@@ -387,9 +386,10 @@ class Permit(metaclass=NoPublicConstructor):
 
     async def _flush_late(self) -> None:
         """After the phase, write what a late attempt recorded; a failure that passes leaves
-        it owed (:meth:`flush`), the attempt's own work done."""
+        it owed (:meth:`flush`), the attempt's own work done; a ledger closed since (the host
+        shut down) cannot take them, and leaves the attempt's outcome, a refusal or its work."""
         if self._flushed:
-            with contextlib.suppress(*PASSING_FAILURES):
+            with contextlib.suppress(*PASSING_FAILURES, LedgerClosedError):
                 await self.flush()
 
     async def _finish_phase(self) -> None:

@@ -43,9 +43,11 @@ WHERE a.outcome = 'in_flight'
 round that took it over, leaves the final one as it is)."""
 
 _RECORD_REFUSAL = """
-INSERT INTO {q}refusals (run_id, round_index, what, kind, reason, at_wall)
-VALUES (:run_id, :round_index, :what, :kind, :reason, :at_wall)
+INSERT INTO {q}refusals (run_id, round_index, what, kind, reason, at_wall, refusal_key)
+VALUES (:run_id, :round_index, :what, :kind, :reason, :at_wall, :key)
+ON CONFLICT DO NOTHING
 """
+"""A refusal; written again (its first commit unacknowledged), it is there already."""
 
 _INSERT_CALL = """
 INSERT INTO {q}calls AS c (run_id, call_id, digest, status, slot, reason, evidence, more,
@@ -134,7 +136,8 @@ FROM {q}attempts WHERE run_id = :run_id ORDER BY legacy, round_index, slot, star
 """
 
 _REFUSALS = """
-SELECT round_index, what, kind, reason, at_wall FROM {q}refusals WHERE run_id = :run_id
+SELECT round_index, what, kind, reason, at_wall, refusal_key FROM {q}refusals
+WHERE run_id = :run_id
 ORDER BY id
 """
 
@@ -229,6 +232,7 @@ def refusal_row(record: RefusalRecord) -> dict[str, Any]:
     return storable_row({
         "run_id": record.run_id, "round_index": record.round_index, "what": record.what,
         "kind": record.kind, "reason": record.reason.value, "at_wall": record.at_wall,
+        "key": record.key,
     }, "refusal")
 
 
@@ -300,9 +304,9 @@ def refusals_of(run_id: str, rows: Sequence[Row], where: str) -> list[RefusalRec
         return [
             RefusalRecord(
                 run_id=run_id, round_index=round_index, what=what, kind=kind,
-                reason=RefusalReason(reason), at_wall=float(at),
+                reason=RefusalReason(reason), at_wall=float(at), key=key,
             )
-            for round_index, what, kind, reason, at in rows
+            for round_index, what, kind, reason, at, key in rows
         ]
 
 

@@ -134,7 +134,8 @@ TABLES = (
         since=1, indexes=(("attempts_by_run", "run_id, legacy"),)),
     Table("refusals", (
         "id {serial}", "run_id {text} NOT NULL", "round_index {int}", "what {text} NOT NULL",
-        "kind {text} NOT NULL", "reason {text} NOT NULL", "at_wall {real} NOT NULL"),
+        "kind {text} NOT NULL", "reason {text} NOT NULL", "at_wall {real} NOT NULL",
+        "refusal_key {text}"),
         since=1, indexes=(("refusals_by_run", "run_id"),)),
     Table("retained", (
         "run_id {text} NOT NULL", "evidence_id {text} NOT NULL",
@@ -154,8 +155,14 @@ TABLES = (
         "PRIMARY KEY (run_id, call_id, digest)"), since=CALLS_SINCE),
 )
 """Every table of a ledger, the same on every database (``since``: PostgreSQL's version). A
-run's ``pruned`` flag marks its
-``runs`` row as the tombstone a prune leaves (see :mod:`plugin.control.sql_admin`)."""
+run's ``pruned`` flag marks its ``runs`` row as the tombstone a prune leaves (see
+:mod:`plugin.control.sql_admin`); a refusal's key, added later, is unique
+(:data:`REFUSAL_KEYS`)."""
+
+REFUSAL_KEYS = (
+    "CREATE UNIQUE INDEX IF NOT EXISTS refusals_by_key ON {q}refusals (refusal_key)")
+"""The index that keeps an attempt's refusal written twice one row (keys of rounds' refusals
+are null; nulls never conflict)."""
 
 
 def create_table(table: Table, types: Mapping[str, str], *, prefix: str = "",

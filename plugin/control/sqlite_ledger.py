@@ -42,13 +42,21 @@ from .ledger import Reservation, WallTime
 from .policy import AllowancePolicy, RoundKind
 from .refusal import BudgetRefusal
 from .sql_ledger import SqlLedger
-from .sql_schema import TABLES, Dialect, ReserveRequest, Row, Session, create_table
+from .sql_schema import (
+    REFUSAL_KEYS,
+    TABLES,
+    Dialect,
+    ReserveRequest,
+    Row,
+    Session,
+    create_table,
+)
 
 T = TypeVar("T")
 
 APPLICATION_ID = 0x52424C44  # "RBLD"
-SCHEMA_VERSION = 6
-_MIGRATABLE = frozenset({1, 2, 3, 4, 5})
+SCHEMA_VERSION = 7
+_MIGRATABLE = frozenset({1, 2, 3, 4, 5, 6})
 """Older schema versions this ledger upgrades in place (their tables are a subset)."""
 
 _TYPES = {"text": "TEXT", "real": "REAL", "int": "INTEGER", "bool": "INTEGER",
@@ -237,6 +245,11 @@ class SqliteLedger(SqlLedger):
                 if "pruned" not in columns:
                     await conn.fetchall(
                         "ALTER TABLE runs ADD COLUMN pruned INTEGER NOT NULL DEFAULT false")
+                # Version 7: an attempt's refusal has a unique key (written twice, one row).
+                columns = {row[1] for row in await conn.fetchall("PRAGMA table_info(refusals)")}
+                if "refusal_key" not in columns:
+                    await conn.fetchall("ALTER TABLE refusals ADD COLUMN refusal_key TEXT")
+                await conn.fetchall(REFUSAL_KEYS.replace("{q}", ""))
                 await conn.fetchall(f"PRAGMA application_id = {APPLICATION_ID}")
                 await conn.fetchall(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
