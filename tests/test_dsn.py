@@ -228,6 +228,16 @@ def test_redact_hides_every_form(text: str, monkeypatch: pytest.MonkeyPatch) -> 
     assert "***" in shown
 
 
+@pytest.mark.parametrize(("text", "shown"), [
+    (f"user=postgres:{SECRET}@127.0.0.1 dbname=test", "user=postgres:***@127.0.0.1 dbname=test"),
+    (f"host=h user = 'app:{SECRET}@db' dbname=d", "host=h user = 'app:***@db' dbname=d"),
+    (f"host=h user=app:{SECRET}@x@y", "host=h user=app:***@y"),
+])
+def test_redact_hides_a_uri_pasted_whole_as_the_user_name(text: str, shown: str) -> None:
+    # libpq takes it all for a role name; what follows its first ':' is a password
+    assert redact(text) == shown
+
+
 def test_redact_hides_a_uri_password_holding_a_slash() -> None:
     shown = redact(f"postgresql://app:pa/ss-{SECRET}@db/fleet")
     assert SECRET not in shown and shown.startswith("postgresql://app:***")
@@ -245,7 +255,7 @@ def _cli(*argv: str) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
-@pytest.mark.parametrize("form", ["keyword", "uri", "pgpassword"])
+@pytest.mark.parametrize("form", ["keyword", "uri", "pgpassword", "pasted"])
 def test_config_show_never_prints_the_password(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, form: str
 ) -> None:
@@ -253,7 +263,8 @@ def test_config_show_never_prints_the_password(
     for name in [n for n in __import__("os").environ if n.startswith("RECALLBOUND_")]:
         monkeypatch.delenv(name)
     ledger = {"keyword": _keyword_dsn(), "uri": _uri_with_password(),
-              "pgpassword": _keyword_dsn(password=None)}[form]
+              "pgpassword": _keyword_dsn(password=None),
+              "pasted": f"user=app:{SECRET}@127.0.0.1 dbname=test"}[form]
     if form == "pgpassword":
         monkeypatch.setenv("PGPASSWORD", SECRET)
     monkeypatch.setenv("RECALLBOUND_LEDGER", ledger)

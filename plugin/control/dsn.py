@@ -43,6 +43,7 @@ from .dsn_text import (
     invisible,
     is_secret,
     names_keyword,
+    pasted_password,
     replace_literals,
     secret_inside,
     visible,
@@ -289,6 +290,8 @@ def _keyword_spans(dsn: str) -> list[tuple[int, int]] | None:
             index = min(index, end)
         if is_secret(keyword):
             spans.append((value, index))
+        elif (pasted := pasted_password(keyword, dsn[value:index])) is not None:
+            spans.append((value + pasted[0], value + pasted[1]))
     return spans
 
 
@@ -320,6 +323,14 @@ def _libpq_reading(dsn: str) -> dict[str, Any] | None:
         return None
 
 
+def _shown_value(keyword: str, value: str) -> str:
+    """A value libpq read, as shown: a password hidden whole, a pasted one in part."""
+    if is_secret(keyword):
+        return _HIDDEN
+    pasted = pasted_password(keyword, value)
+    return value if pasted is None else _hide(value, [pasted])
+
+
 def _checked(location: str, shown: str) -> str:
     """``shown``, if libpq reads it as ``location`` with every password ``***``; else libpq's
     own rendering of ``location`` with its passwords hidden (key=value form). Without
@@ -332,7 +343,7 @@ def _checked(location: str, shown: str) -> str:
     params = _libpq_reading(location)
     if params is None:
         return shown
-    hidden = {key: _HIDDEN if is_secret(key) else value for key, value in params.items()}
+    hidden = {key: _shown_value(key, value) for key, value in params.items()}
     if _libpq_reading(shown) == hidden:
         return shown
     return make_conninfo("", **hidden)

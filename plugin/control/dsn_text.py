@@ -72,6 +72,16 @@ def is_secret(keyword: str) -> bool:
     return keyword.strip(" \t\n\r\f\v").lower() in SECRET_KEYWORDS
 
 
+def pasted_password(keyword: str, value: str) -> tuple[int, int] | None:
+    """Where a ``user`` value holds a URI's ``name:password@host`` pasted whole (from just
+    after its first ``:`` to its last ``@``), or None: libpq takes it all for a role name, and
+    it is hidden as a password is."""
+    if keyword.strip(" \t\n\r\f\v").lower() != "user":
+        return None
+    colon, at = value.find(":"), value.rfind("@")
+    return (colon + 1, at) if 0 <= colon < at else None
+
+
 def secret_inside(params: Mapping[str, object]) -> bool:
     """Whether a parameter libpq read that is no secret holds a secret keyword and ``=``: a
     URI with no path whose query libpq read into its user name or host, as in
