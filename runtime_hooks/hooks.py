@@ -51,6 +51,7 @@ from plugin.control import (
     validate,
     validate_run_id,
 )
+from plugin.control.ledger import IdentityCache, check_identity
 from plugin.control.logs import log_event
 from plugin.errors import InvalidArgumentError, InvalidArgumentTypeError
 from plugin.memory.enforce import stop_unwrapped
@@ -145,6 +146,8 @@ class RecallHooks:
                                                                     repr=False)
     """The calls (run, call id, digest) these hooks are running now: the same call sent again
     meanwhile waits for their outcome instead of searching."""
+    _bound: IdentityCache = attrs.field(factory=IdentityCache, init=False, repr=False)
+    """The runs these hooks bound, with their (principal, scope)."""
 
     @property
     def legacy(self) -> bool:
@@ -165,6 +168,7 @@ class RecallHooks:
         """Bind the run to its checked principal and scope in the ledger (first use wins;
         another principal or scope raises :class:`~plugin.errors.RunIdentityError`)."""
         await self.allowance.ledger.bind_identity(run_id, principal=principal, scope=scope)
+        self._bound.put(run_id, (principal, scope))
 
     # -- preparation ------------------------------------------------------------------------
 
@@ -272,6 +276,9 @@ class RecallHooks:
                 continue
             seen.add(checked.call_id)
             valid.append((index, checked))
+        known = None if valid else self._bound.get(run_id)
+        if known is not None:  # junk calls naming a run these hooks bound: whose is it?
+            check_identity(run_id, known, principal, scope)
         if valid:  # an invalid call binds no identity and writes nothing
             await self._bind(run_id, scope, principal)
             digests = {index: arguments_digest(calls[index].arguments) for index, _ in valid}

@@ -138,6 +138,23 @@ async def test_every_hook_refuses_a_run_under_another_identity(
 
 
 @_OTHERS
+async def test_junk_calls_naming_a_run_of_another_identity_are_refused(
+    tmp_path: Path, principal: str, scope: str,
+) -> None:
+    """Calls that are all invalid bind nothing and write nothing; sent under another
+    principal or scope for a run these hooks bound, they still raise
+    :class:`RunIdentityError`: the run is someone else's, whatever the calls hold."""
+    async with _hooks(tmp_path / "ledger.sqlite3", Counting()) as hooks:
+        await hooks.prepare(WorkingState(current_request="cutover"), run_id="r", scope=S,
+                            principal=P)
+        junk = ToolCall(call_id="bad", arguments={"nope": 1})
+        with pytest.raises(RunIdentityError):
+            await hooks.dispatch([junk], run_id="r", scope=scope, principal=principal)
+        (answer,) = await hooks.dispatch([junk], run_id="r", scope=S, principal=P)
+        assert answer.status == "invalid"
+
+
+@_OTHERS
 async def test_a_replay_under_another_identity_is_refused(
     tmp_path: Path, principal: str, scope: str,
 ) -> None:

@@ -103,3 +103,38 @@ async def test_http_answers_every_invalid_id_and_runs_nothing(tmp_path: Path) ->
             async with _http_client(url, TOKEN) as client:  # and the server keeps serving
                 hit = await search(client, "invoice backfill dry-run", run_id="run-after")
                 assert hit["status"] == "ok"
+
+
+@pytest.mark.parametrize("admitted", [False, True])
+async def test_a_request_the_sdk_refuses_has_none_of_its_body_read(admitted: bool) -> None:
+    # A forged Host or Origin, or no token: the body goes to the SDK unread (which refuses the
+    # request before it reads it), so a client nobody admitted cannot make the server hold
+    # megabytes per connection by declaring a large body and sending it slowly.
+    from starlette.types import Message, Receive, Scope, Send
+
+    from runtime_hooks.mcp.http_ids import RequestIdCheck
+
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping"}).encode()
+    read: list[str] = []
+
+    async def receive() -> Message:
+        read.append("check" if not reached else "app")
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    reached = False
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        nonlocal reached
+        reached = True
+        await receive()
+
+    async def admit(request: object) -> bool:
+        return admitted
+
+    async def send(message: Message) -> None:
+        raise AssertionError("only the SDK answers here")
+
+    scope = {"type": "http", "method": "POST", "path": "/mcp", "headers": [],
+             "query_string": b""}
+    await RequestIdCheck(app, admit)(scope, receive, send)
+    assert reached and read == (["check"] if admitted else ["app"])  # replayed to the SDK

@@ -642,3 +642,21 @@ async def test_an_orphan_attempt_after_the_ledger_closed_is_refused_as_closed(
         async with permit.attempt():
             pass
     assert caught.value.refusal.reason is RefusalReason.CLOSED
+
+
+async def test_a_refusals_message_says_the_totals_it_carries(
+    ledger: MemoryLedger, clock: ManualClock
+) -> None:
+    # The ledger has not yet seen the attempts of a round still open in this process: the
+    # refusal counts them, and so must the words the model reads.
+    allowance = RecallAllowance(ledger, policy=AllowancePolicy(max_rounds=1), clock=clock)
+    async with allowance.round("r", RoundKind.DELIBERATE, slots=3) as permit:
+        for _ in range(3):
+            async with permit.attempt():
+                pass
+        with pytest.raises(RecallBudgetExceeded) as caught:
+            async with allowance.round("r", RoundKind.DELIBERATE, slots=1):
+                pass
+    refusal = caught.value.refusal
+    assert (refusal.reserved, refusal.executed) == (3, 3)
+    assert "(3 searches reserved, 3 executed)" in refusal.message

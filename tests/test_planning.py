@@ -129,6 +129,14 @@ def test_ninth_fact_entities_never_appear() -> None:
     assert compose_task_context(WorkingState("r", facts=facts)).fragments == ("r", "One")
 
 
+def test_a_name_given_in_every_fact_is_one_entity_reference() -> None:
+    # Real facts name one person again and again: each name counts once toward the eight,
+    # whatever its case or spacing, and a blank name not at all.
+    facts = [Fact(f"f{i}", ["Alice", f"Bob{i}", " alice ", ""]) for i in range(8)]
+    query = compose_task_context(WorkingState("r", facts=facts))
+    assert query.fragments == ("r", "Alice", *(f"Bob{i}" for i in range(7)))
+
+
 def test_many_entities_in_one_fact_are_capped() -> None:
     state = WorkingState("r", facts=[Fact("f", [f"N{i}" for i in range(1000)])])
     assert compose_task_context(state).fragments == ("r", *(f"N{i}" for i in range(8)))
@@ -497,13 +505,15 @@ async def test_failing_or_non_bool_admission_gives_baseline(
     assert record.exc_info is None and "hunter2" not in caplog.text  # its message is the host's
 
 
-async def test_admission_base_exceptions_propagate() -> None:
-    class Stop(BaseException):
-        pass
-
-    planner = QueryPlanner(QueryStrategy.TASK_CONTEXT, CountingAdmission(Stop()))
-    with pytest.raises(Stop):
-        await planner.plan(CONTINUATION)
+@pytest.mark.parametrize("error", [GeneratorExit, type("Stop", (BaseException,), {})])
+async def test_an_admission_raising_a_base_exception_is_a_failure(
+    error: type[BaseException],
+) -> None:
+    # Only a stop (KeyboardInterrupt, SystemExit: below) reaches the caller; anything else the
+    # admission raises, a leaked GeneratorExit included, is its own failure: the baseline.
+    planner = QueryPlanner(QueryStrategy.TASK_CONTEXT, CountingAdmission(error()))
+    query = await planner.plan(CONTINUATION)
+    assert query.baseline_reason is BaselineReason.ADMISSION_FAILED
 
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])

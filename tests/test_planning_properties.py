@@ -69,7 +69,10 @@ def _key(fragment: str) -> str:
 def _task_context_candidates(state: WorkingState) -> list[str]:
     """The documented candidates, in order, before stripping and filtering."""
     unfinished = [t.text for t in state.tasks[:8] if not t.done]
-    entities = [name for fact in state.facts[:8] for name in fact.entities]
+    entities: dict[str, str] = {}  # the first of each distinct, non-blank name
+    for name in (name for fact in state.facts[:8] for name in fact.entities):
+        if _key(name):
+            entities.setdefault(_key(name), name)
     return [
         state.current_request,
         state.next_action,
@@ -77,7 +80,7 @@ def _task_context_candidates(state: WorkingState) -> list[str]:
         *state.open_questions[:2],
         state.objective,
         *state.constraints[:2],
-        *entities[:8],
+        *list(entities.values())[:8],
     ]
 
 

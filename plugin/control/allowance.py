@@ -362,7 +362,8 @@ class RecallAllowance:
             # The ledger counts attempts whose round ended; this process's rounds still open
             # count theirs here.
             reserved, executed = tally.totals(reserved=result.reserved, executed=result.executed)
-            raise RecallBudgetExceeded(attrs.evolve(result, reserved=reserved, executed=executed))
+            raise RecallBudgetExceeded(BudgetRefusal(  # its message says these totals too
+                reason=result.reason, run_id=run_id, reserved=reserved, executed=executed))
         tally.saw(reserved=result.reserved, executed=result.executed)
         rounds_left = max(0, self.policy.max_rounds - result.round_index)
         self._learn(run_id, Room(

@@ -10,7 +10,7 @@ facts, the first two questions and constraints), so its cost does not grow with 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from itertools import chain, islice
 
 from plugin.errors import InvalidArgumentTypeError
@@ -83,6 +83,21 @@ class _Fragments:
     def extend(self, raws: Iterable[str], role: FragmentRole) -> None:
         for raw in raws:
             self.add(raw, role)
+
+
+def _distinct(names: Iterable[str]) -> Iterator[str]:
+    """Each entity name once (as fragments count as one), blank ones left out: a person named
+    in every fact is one entity reference."""
+    seen_raw: set[str] = set()
+    seen: set[str] = set()
+    for name in names:
+        if name in seen_raw:
+            continue  # a repeat read once
+        seen_raw.add(name)
+        key = _dedup_key(name)
+        if key and key not in seen:
+            seen.add(key)
+            yield name
 
 
 def _dedup_key(fragment: str) -> str:
@@ -169,10 +184,12 @@ def compose_task_context(
 
     Fragments, in order: the current request; the next action; the first two unfinished tasks
     among the first eight tasks; the first two open questions; the objective; the first two
-    constraints; the first eight entity names of the first eight facts (fact texts are never
-    used). Each group's candidates are chosen by position before filtering, so a candidate
-    that is blank, a duplicate or too large takes its place in the group and does not pull in a
-    later one (a ninth task or fact is never read).
+    constraints; the first eight distinct entity names of the first eight facts (a name given
+    again counts once, a blank one not at all; fact texts are never used). Each group's
+    candidates are chosen by position before filtering, so a task, question or constraint that
+    is blank, a duplicate or too large, or an entity name equal to an earlier fragment, takes
+    its place in the group and does not pull in a later one (a ninth task or fact is never
+    read).
 
     Each candidate is stripped of surrounding whitespace and otherwise kept unchanged (no
     Unicode normalisation); blank ones are skipped; one equal to an already kept fragment after
@@ -206,7 +223,7 @@ def compose_task_context(
     parts.add(state.objective, FragmentRole.OBJECTIVE)
     parts.extend(islice(state.constraints, MAX_CONSTRAINTS), FragmentRole.CONSTRAINT)
     entities = chain.from_iterable(fact.entities for fact in islice(state.facts, TASK_WINDOW))
-    parts.extend(islice(entities, MAX_ENTITIES), FragmentRole.ENTITY)
+    parts.extend(islice(_distinct(entities), MAX_ENTITIES), FragmentRole.ENTITY)
     return RecallQuery(
         fragments=tuple(parts.fragments),
         roles=tuple(parts.roles),

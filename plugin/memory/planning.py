@@ -152,8 +152,8 @@ class QueryPlanner:
             return BaselineReason.ADMISSION_TIMEOUT
         if outcome.error is not None:
             cancelled = isinstance(outcome.error, anyio.get_cancelled_exc_class())
-            if not (cancelled or isinstance(outcome.error, Exception)):
-                raise outcome.error  # a stop (KeyboardInterrupt, SystemExit) is no failure
+            if isinstance(outcome.error, (KeyboardInterrupt, SystemExit)):
+                raise outcome.error  # a stop is no failure (a GeneratorExit leaked is one)
             # Its message may hold anything (a host's secrets): only its type is logged.
             error = "a cancellation of its own" if cancelled else type(outcome.error).__name__
             log_event(_log, logging.WARNING, "planning.admission_failed", error=error)

@@ -6,12 +6,12 @@ a parser that drops an id it does not accept (``{"id": true, "method": ...}``) a
 rest for a notification: it answers ``202`` and runs the method. :class:`RequestIdCheck` sits
 in front of the SDK's application and answers such a body itself, as the stdio reader does
 (:func:`~runtime_hooks.mcp.request_id.invalid_request_id`): ``400`` with a JSON-RPC Invalid Request
-error whose id is null. It answers only a request the SDK would have read (Host and Origin
-allowed, a valid bearer token); any other request goes to the SDK unchanged, which refuses it
-as usual (``421``, ``403``, ``401``). A request whose ``params`` is null (the SDK reads it as
-absent and runs the method) is answered the same way, with an Invalid Params error under its
-own id. A body is read at most up to the transport's size cap
-before it is looked at; a larger one goes to the SDK, which refuses it.
+error whose id is null. It reads only the body of a request the SDK would read (Host and
+Origin allowed, a valid bearer token), checked before a byte of it is read; any other request
+goes to the SDK unchanged, which refuses it as usual (``421``, ``403``, ``401``). A request
+whose ``params`` is null (the SDK reads it as absent and runs the method) is answered the same
+way, with an Invalid Params error under its own id. A body is read at most up to the
+transport's size cap before it is looked at; a larger one goes to the SDK, which refuses it.
 """
 
 from __future__ import annotations
@@ -44,7 +44,10 @@ class RequestIdCheck:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" \
-                or scope["path"].rstrip("/") != self.path.rstrip("/"):
+                or scope["path"].rstrip("/") != self.path.rstrip("/") \
+                or not await self.admitted(Request(scope)):
+            # Checked before a byte of the body is read: a request the SDK refuses (Host,
+            # Origin, content type, token) holds no memory here, however large or slow.
             await self.app(scope, receive, send)
             return
         read: list[Message] = []
@@ -67,7 +70,7 @@ class RequestIdCheck:
             except (ValueError, RecursionError):
                 document = None  # the SDK answers it
             refusal = _refusal(document)
-            if refusal is not None and await self.admitted(Request(scope)):
+            if refusal is not None:
                 answer = Response(refusal, status_code=400, media_type="application/json")
                 await answer(scope, receive, send)
                 return
