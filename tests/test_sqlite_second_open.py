@@ -11,6 +11,8 @@ the exclusive lock: while this process holds the file open, it must be refused.
 
 from __future__ import annotations
 
+import gc
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -20,8 +22,14 @@ from typing import Any
 import pytest
 
 from plugin import SqliteLedger
+from plugin.control._sqlite import hold
+from plugin.errors import LedgerError, LedgerPathError
 from plugin.memory import MemoryStore
-from plugin.memory.store.errors import MemoryStoreCorruptError
+from plugin.memory.store.errors import (
+    MemoryStoreCorruptError,
+    MemoryStoreError,
+    MemoryStorePathError,
+)
 
 from ._loops import LOOPS
 
@@ -82,3 +90,92 @@ async def test_a_foreign_file_is_still_refused_after_a_store_was_closed(tmp_path
         async with MemoryStore(path):
             pass
     assert path.read_bytes() == b"not a database at all"
+
+
+@pytest.mark.parametrize("kind", sorted(OPENERS))
+async def test_a_file_held_open_keeps_its_locks_under_another_name(
+    tmp_path: Path, kind: str
+) -> None:
+    # The folder renamed while the file is open: the same file under a new name is still this
+    # process's, and its header is not read through a descriptor that would drop the locks.
+    (tmp_path / "d").mkdir()
+    first = tmp_path / "d" / "f.sqlite3"
+    opener = OPENERS[kind]
+    async with opener(first):
+        (tmp_path / "d").rename(tmp_path / "e")
+        async with opener(tmp_path / "e" / "f.sqlite3"):
+            pass
+        assert _another_process_switches_the_journal(tmp_path / "e" / "f.sqlite3").startswith(
+            "refused")
+
+
+@pytest.mark.parametrize("kind", sorted(OPENERS))
+async def test_a_foreign_file_put_over_a_held_path_is_refused_and_left_alone(
+    tmp_path: Path, kind: str
+) -> None:
+    path = tmp_path / "f.sqlite3"
+    opener = OPENERS[kind]
+    async with opener(path):
+        (tmp_path / "notes.txt").write_bytes(b"my notes")
+        (tmp_path / "notes.txt").replace(path)  # another file now has the name
+        with pytest.raises((LedgerError, MemoryStoreError), match="not a SQLite database"):
+            async with opener(path):
+                pass
+        assert path.read_bytes() == b"my notes"
+
+
+@pytest.mark.parametrize("kind", sorted(OPENERS))
+async def test_a_file_with_two_names_is_refused(tmp_path: Path, kind: str) -> None:
+    # SQLite names a file's log and locks after the name it was given: two processes using
+    # two names of one file would write over each other.
+    path = tmp_path / "f.sqlite3"
+    opener = OPENERS[kind]
+    async with opener(path):
+        pass
+    os.link(path, tmp_path / "g.sqlite3")
+    before = path.read_bytes()
+    for name in (path, tmp_path / "g.sqlite3"):
+        with pytest.raises((LedgerPathError, MemoryStorePathError), match="hard links"):
+            async with opener(name):
+                pass
+    assert path.read_bytes() == before
+
+
+async def test_a_connection_collected_unclosed_no_longer_holds_its_file(
+    tmp_path: Path, anyio_backend: object
+) -> None:
+    store = MemoryStore(tmp_path / "f.sqlite3")
+    await store.__aenter__()
+    assert hold._OPEN
+    if anyio_backend == "asyncio":  # aiosqlite's thread keeps it open, and so held
+        await store.__aexit__(None, None, None)
+    else:
+        del store
+        gc.collect()
+    assert not hold._OPEN and not hold._OPENING
+
+
+@pytest.mark.parametrize("kind", sorted(OPENERS))
+async def test_a_connection_used_after_fork_is_a_typed_error(tmp_path: Path, kind: str) -> None:
+    # A process that fork made inherits the connection but not its driver's thread (aiosqlite
+    # would wait for it forever), and SQLite forbids using it there: simulated by the process
+    # id the connection was opened in.
+    opened = OPENERS[kind](tmp_path / "f.sqlite3")
+    async with opened:
+        conn = opened._conn if kind == "ledger" else opened._db._conn
+        conn._pid = os.getpid() + 1
+        use = (opened.usage("r") if kind == "ledger"
+               else opened.remember("text", principal="p", scope="s"))
+        with pytest.raises((LedgerError, MemoryStoreError), match="made by fork"):
+            await use
+        conn._pid = os.getpid()
+
+
+def test_a_forked_child_holds_nothing() -> None:
+    held = hold.FileHold(__file__)
+    try:
+        hold._forget_in_child()
+        assert not hold._OPEN and not hold._OPENING
+    finally:
+        held.release()  # the count never goes below nothing
+    assert not hold._OPENING

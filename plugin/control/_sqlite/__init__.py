@@ -8,11 +8,9 @@ transactions are explicit (``BEGIN IMMEDIATE`` … ``COMMIT``).
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import os
 import sqlite3
-import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeAlias, TypeVar
@@ -20,6 +18,8 @@ from typing import Any, Protocol, TypeAlias, TypeVar
 import anyio
 import anyio.to_thread
 import sniffio
+
+from .hold import FileHold, read_header
 
 # Primary result codes (sqlite3 exposes them as names only from Python 3.11 on).
 _SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_CANTOPEN = 5, 6, 11, 13, 14
@@ -63,50 +63,19 @@ async def connect(path: str | Path, *, timeout: float) -> Connection:
     ``timeout`` is SQLite's busy timeout in seconds: how long a statement waits for another
     connection's lock before failing with ``database is locked``.
     """
-    release = _hold(str(path))
+    hold = None if path == ":memory:" or str(path).startswith("file:") else FileHold(str(path))
     try:
         if sniffio.current_async_library() == "asyncio":
             from ._asyncio import connect as connect_asyncio
 
-            return await connect_asyncio(path, timeout=timeout, release=release)
+            return await connect_asyncio(path, timeout=timeout, hold=hold)
         from ._threaded import connect as connect_threaded
 
-        return await connect_threaded(path, timeout=timeout, release=release)
+        return await connect_threaded(path, timeout=timeout, hold=hold)
     except BaseException:
-        release()
+        if hold is not None:
+            hold.release()
         raise
-
-
-_HELD: collections.Counter[str] = collections.Counter()
-"""This process's connections by database file (its real path), from the moment each begins
-to open until it is closed."""
-_HELD_LOCK = threading.Lock()
-
-
-def _held_key(path: str) -> str | None:
-    return None if path == ":memory:" or path.startswith("file:") else os.path.realpath(path)
-
-
-def _hold(path: str) -> Callable[[], None]:
-    """Count a connection of ``path`` as held (see :func:`not_a_database`); the function
-    returned releases it, once."""
-    key = _held_key(path)
-    if key is None:
-        return lambda: None
-    with _HELD_LOCK:
-        _HELD[key] += 1
-    released = False
-
-    def release() -> None:
-        nonlocal released
-        with _HELD_LOCK:
-            if not released:
-                released = True
-                _HELD[key] -= 1
-                if not _HELD[key]:
-                    del _HELD[key]
-
-    return release
 
 
 def _matches(
@@ -165,6 +134,14 @@ async def path_problem(path: str) -> str | None:
             return "is a folder, not a file"
         if not await (await candidate.absolute()).parent.is_dir():
             return "its folder does not exist"
+        with contextlib.suppress(FileNotFoundError):
+            links = (await candidate.stat()).st_nlink
+            if links > 1:
+                # SQLite names a file's log and lock files after the name it was given: two
+                # processes using two names of one file would each keep their own, and write
+                # over each other.
+                return (f"has {links} names (hard links): SQLite keeps a log per name, so "
+                        "they would damage it; keep one name")
         os.fsencode(path)  # a lone surrogate: SQLite could not be given the name
     except OSError as exc:  # a name too long
         return f"cannot be a file name: {exc.strerror}"
@@ -177,19 +154,7 @@ _HEADER = b"SQLite format 3\x00"
 
 
 def _foreign(path: str) -> bool:
-    # Closing any descriptor of a file drops every POSIX lock this process holds on it, those
-    # of its open SQLite connections too: another process could then checkpoint and remove the
-    # write-ahead log under them (SQLite's "How To Corrupt An SQLite Database File", 2.2). A
-    # file this process holds open is never read here (it was checked when first opened), and
-    # no connection of it begins to open while the header is read.
-    with _HELD_LOCK:
-        if _HELD[os.path.realpath(path)]:
-            return False
-        try:
-            with open(path, "rb") as file:
-                start = file.read(len(_HEADER))
-        except OSError:  # missing or unreadable: SQLite's own open says which
-            return False
+    start = read_header(path, len(_HEADER))
     return bool(start) and start != _HEADER
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import weakref
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
@@ -12,46 +14,70 @@ import anyio
 import anyio.to_thread
 
 from . import Params, Row
+from .hold import FileHold
 
 T = TypeVar("T")
+
+
+def forked(opened_by: int) -> sqlite3.InterfaceError:
+    """The error of a connection used in a process that ``fork`` made of the one that opened
+    it: its driver's thread is not there (aiosqlite would wait for it forever), and SQLite
+    forbids carrying a connection across ``fork``."""
+    return sqlite3.InterfaceError(
+        f"this connection was opened by process {opened_by}, not this one: a process made "
+        "by fork must open the database again")
 
 
 class AiosqliteConnection:
     """:class:`~plugin.control._sqlite.Connection` over an :class:`aiosqlite.Connection`."""
 
-    def __init__(self, conn: aiosqlite.Connection, release: Callable[[], None]) -> None:
+    def __init__(self, conn: aiosqlite.Connection, hold: FileHold | None) -> None:
         self._conn = conn
-        self._release = release
+        self._hold = hold
+        self._pid = os.getpid()
         self._closed = False
+        if hold is not None:
+            hold.opened()
+            # aiosqlite's thread keeps an unclosed connection alive: collected, it is closed
+            weakref.finalize(conn, hold.release)
+
+    def _here(self) -> aiosqlite.Connection:
+        if os.getpid() != self._pid:
+            raise forked(self._pid)
+        return self._conn
 
     async def fetchall(self, sql: str, params: Params = ()) -> list[Row]:
-        rows = await self._conn.execute_fetchall(sql, params)
+        rows = await self._here().execute_fetchall(sql, params)
         return [tuple(row) for row in rows]
 
     async def executemany(self, sql: str, rows: Iterable[Params]) -> None:
-        await self._conn.executemany(sql, rows)
+        await self._here().executemany(sql, rows)
 
     async def executescript(self, script: str) -> None:
-        await self._conn.executescript(script)
+        await self._here().executescript(script)
 
     async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         # aiosqlite runs every call on the connection's one thread; ``_execute`` is how its own
         # methods get there (stable since aiosqlite 0.17; tests exercise it on every run).
-        conn = self._conn
+        conn = self._here()
         result: T = await conn._execute(lambda: fn(conn._conn))  # type: ignore[no-untyped-call]
         return result
 
     async def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            try:
-                await self._conn.close()
-            finally:
-                self._release()  # closed, or never to be used again
+        if self._closed:
+            return
+        self._closed = True
+        if os.getpid() != self._pid:
+            return  # the parent's connection: its thread is not here, and the parent closes it
+        try:
+            await self._conn.close()
+        finally:
+            if self._hold is not None:
+                self._hold.release()  # closed, or never to be used again
 
 
 async def connect(
-    path: str | Path, *, timeout: float, release: Callable[[], None]
+    path: str | Path, *, timeout: float, hold: FileHold | None
 ) -> AiosqliteConnection:
     pending = aiosqlite.connect(path, timeout=timeout, isolation_level=None)
     try:
@@ -61,4 +87,4 @@ async def connect(
         # about to call back into the loop; wait for it so nothing outlives this call.
         await anyio.to_thread.run_sync(pending._thread.join)
         raise
-    return AiosqliteConnection(conn, release)
+    return AiosqliteConnection(conn, hold)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import weakref
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
@@ -11,6 +13,8 @@ import anyio
 import anyio.to_thread
 
 from . import Params, Row
+from ._asyncio import forked
+from .hold import FileHold
 
 T = TypeVar("T")
 
@@ -22,13 +26,19 @@ class ThreadedConnection:
     :class:`anyio.CapacityLimiter` of one lets only one of them touch it at a time.
     """
 
-    def __init__(self, conn: sqlite3.Connection, release: Callable[[], None]) -> None:
+    def __init__(self, conn: sqlite3.Connection, hold: FileHold | None) -> None:
         self._conn = conn
-        self._release = release
+        self._hold = hold
+        self._pid = os.getpid()
         self._limiter = anyio.CapacityLimiter(1)
         self._closed = False
+        if hold is not None:
+            hold.opened()
+            weakref.finalize(self, hold.release)  # collected, its connection is closed too
 
     async def _run(self, fn: Callable[[], T]) -> T:
+        if os.getpid() != self._pid:
+            raise forked(self._pid)
         return await anyio.to_thread.run_sync(fn, limiter=self._limiter)
 
     async def fetchall(self, sql: str, params: Params = ()) -> list[Row]:
@@ -49,20 +59,25 @@ class ThreadedConnection:
         return await self._run(lambda: fn(conn))
 
     async def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            try:
-                await self._run(self._conn.close)
-            finally:
-                self._release()  # closed, or never to be used again
+        if self._closed:
+            return
+        self._closed = True
+        if os.getpid() != self._pid:
+            return  # the parent's connection: SQLite forbids using it here, and the parent
+            # closes it
+        try:
+            await self._run(self._conn.close)
+        finally:
+            if self._hold is not None:
+                self._hold.release()  # closed, or never to be used again
 
 
 async def connect(
-    path: str | Path, *, timeout: float, release: Callable[[], None]
+    path: str | Path, *, timeout: float, hold: FileHold | None
 ) -> ThreadedConnection:
     def open_() -> sqlite3.Connection:
         return sqlite3.connect(
             path, timeout=timeout, isolation_level=None, check_same_thread=False
         )
 
-    return ThreadedConnection(await anyio.to_thread.run_sync(open_), release)
+    return ThreadedConnection(await anyio.to_thread.run_sync(open_), hold)

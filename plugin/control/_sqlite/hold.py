@@ -1,0 +1,99 @@
+"""This process's hold on its database files, so that reading a file's header never drops the
+locks of a connection that has the file open.
+
+Closing any descriptor of a file drops every POSIX lock the process holds on that file, the
+locks of its open SQLite connections included: another process could then switch the file's
+journal mode, or checkpoint and remove its write-ahead log under them, and the file is damaged
+or loses commits (SQLite's "How To Corrupt An SQLite Database File", section 2.2). A connection
+holds its file from before it opens (by the real path it names) and, once open, by the file
+itself (device and inode, whatever name reaches it), until it is closed or collected;
+:func:`read_header` reads no file this process holds.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+from typing import TypeVar
+
+K = TypeVar("K")
+
+_OPENING: collections.Counter[str] = collections.Counter()
+"""Real paths of this process's connections that are opening now (no file to name yet)."""
+_OPEN: collections.Counter[tuple[int, int]] = collections.Counter()
+"""(device, inode) of the files this process's connections have open."""
+_LOCK = threading.Lock()
+
+
+def _drop(counts: collections.Counter[K], key: K) -> None:
+    counts[key] -= 1
+    if counts[key] <= 0:
+        del counts[key]
+
+
+class FileHold:
+    """One connection's hold on its database file; :meth:`release` is idempotent."""
+
+    __slots__ = ("__weakref__", "_file", "_path", "_released")
+
+    def __init__(self, path: str) -> None:
+        self._path = os.path.realpath(path)
+        self._file: tuple[int, int] | None = None
+        self._released = False
+        with _LOCK:
+            _OPENING[self._path] += 1
+
+    def opened(self) -> None:
+        """The connection is open: hold the file it opened, by device and inode (a file it
+        cannot find stays held by its path)."""
+        with _LOCK:
+            if self._released or self._file is not None:
+                return
+            try:
+                info = os.stat(self._path)
+            except OSError:
+                return
+            self._file = (info.st_dev, info.st_ino)
+            _OPEN[self._file] += 1
+            _drop(_OPENING, self._path)
+
+    def release(self) -> None:
+        with _LOCK:
+            if self._released:
+                return
+            self._released = True
+            if self._file is None:
+                _drop(_OPENING, self._path)
+            else:
+                _drop(_OPEN, self._file)
+
+
+def _forget_in_child() -> None:
+    """A process that ``fork`` made holds nothing: POSIX locks are not inherited (and the
+    connections it inherits refuse to work), and a lock another thread held is not held here."""
+    global _LOCK
+    _LOCK = threading.Lock()
+    _OPENING.clear()
+    _OPEN.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
+def read_header(path: str, size: int) -> bytes | None:
+    """The first ``size`` bytes of the file at ``path``, or None when it cannot be read or this
+    process holds it (it was read when its first connection opened), so no descriptor of a
+    held file is ever closed here. No connection of this process begins to open meanwhile."""
+    with _LOCK:
+        try:
+            info = os.stat(path)
+        except OSError:  # missing or unreadable: SQLite's own open says which
+            return None
+        if (info.st_dev, info.st_ino) in _OPEN or os.path.realpath(path) in _OPENING:
+            return None
+        try:
+            with open(path, "rb") as file:
+                return file.read(size)
+        except OSError:
+            return None
