@@ -51,6 +51,14 @@ def allowance(ledger: MemoryLedger, clock: ManualClock) -> RecallAllowance:
     return RecallAllowance(ledger, clock=clock)
 
 
+async def _refusal_of_an_attempt(permit: Permit) -> RefusalReason:
+    """Why ``permit`` refuses one more attempt (it must)."""
+    with pytest.raises(RecallBudgetExceeded) as caught:
+        async with permit.attempt():
+            pass
+    return caught.value.refusal.reason
+
+
 async def test_parallel_attempts_in_a_task_group_take_distinct_slots(
     allowance: RecallAllowance, ledger: MemoryLedger
 ) -> None:
@@ -198,10 +206,7 @@ async def test_wall_clock_stepped_backwards_never_extends_the_permit(
         assert permit.seconds_left() == 6.0  # the monotonic bound holds
         clock.advance(6.0)
         assert permit.expired()
-        with pytest.raises(RecallBudgetExceeded) as info:
-            async with permit.attempt():
-                pass
-        assert info.value.refusal.reason is RefusalReason.DEADLINE
+        assert await _refusal_of_an_attempt(permit) is RefusalReason.DEADLINE
 
 
 async def test_wall_clock_stepped_forwards_ends_the_permit_early(
@@ -609,9 +614,7 @@ async def test_a_permits_grant_cannot_be_reassigned(
             setattr(permit, field, 50)
         async with permit.attempt() as slot:
             assert slot == 1
-        with pytest.raises(RecallBudgetExceeded):
-            async with permit.attempt():
-                pass
+        assert await _refusal_of_an_attempt(permit) is RefusalReason.SLOTS
     assert (await ledger.usage("r")).executed == 1
 
 
@@ -625,9 +628,7 @@ async def test_a_body_running_when_the_wall_clock_steps_past_the_deadline_leaves
                 clock.step_wall(60.0)
                 await anyio.sleep(0)
         assert caught.value.refusal.reason is RefusalReason.DEADLINE
-        with pytest.raises(RecallBudgetExceeded):
-            async with permit.attempt(AttemptKind.DELTA):
-                pass
+        assert await _refusal_of_an_attempt(permit) is RefusalReason.DEADLINE
     (trace,) = await ledger.attempts("r")
     assert trace.outcome is AttemptOutcome.DEADLINE
 
@@ -638,10 +639,7 @@ async def test_an_orphan_attempt_after_the_ledger_closed_is_refused_as_closed(
     async with allowance.round("r", RoundKind.AUTOMATIC) as permit:
         pass
     await ledger.__aexit__(None, None, None)  # the host shut down; a task kept the permit
-    with pytest.raises(RecallBudgetExceeded) as caught:
-        async with permit.attempt():
-            pass
-    assert caught.value.refusal.reason is RefusalReason.CLOSED
+    assert await _refusal_of_an_attempt(permit) is RefusalReason.CLOSED
 
 
 async def test_a_refusals_message_says_the_totals_it_carries(

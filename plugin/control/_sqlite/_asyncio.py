@@ -14,18 +14,9 @@ import anyio
 import anyio.to_thread
 
 from . import Params, Row
-from .hold import FileHold
+from .hold import FileHold, close_in_owner, forked
 
 T = TypeVar("T")
-
-
-def forked(opened_by: int) -> sqlite3.InterfaceError:
-    """The error of a connection used in a process that ``fork`` made of the one that opened
-    it: its driver's thread is not there (aiosqlite would wait for it forever), and SQLite
-    forbids carrying a connection across ``fork``."""
-    return sqlite3.InterfaceError(
-        f"this connection was opened by process {opened_by}, not this one: a process made "
-        "by fork must open the database again")
 
 
 class AiosqliteConnection:
@@ -64,16 +55,9 @@ class AiosqliteConnection:
         return result
 
     async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        if os.getpid() != self._pid:
-            return  # the parent's connection: its thread is not here, and the parent closes it
-        try:
-            await self._conn.close()
-        finally:
-            if self._hold is not None:
-                self._hold.release()  # closed, or never to be used again
+        if not self._closed:
+            self._closed = True
+            await close_in_owner(self._pid, self._hold, self._conn.close)
 
 
 async def connect(

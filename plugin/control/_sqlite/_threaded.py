@@ -13,8 +13,7 @@ import anyio
 import anyio.to_thread
 
 from . import Params, Row
-from ._asyncio import forked
-from .hold import FileHold
+from .hold import FileHold, close_in_owner, forked
 
 T = TypeVar("T")
 
@@ -59,17 +58,9 @@ class ThreadedConnection:
         return await self._run(lambda: fn(conn))
 
     async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        if os.getpid() != self._pid:
-            return  # the parent's connection: SQLite forbids using it here, and the parent
-            # closes it
-        try:
-            await self._run(self._conn.close)
-        finally:
-            if self._hold is not None:
-                self._hold.release()  # closed, or never to be used again
+        if not self._closed:
+            self._closed = True
+            await close_in_owner(self._pid, self._hold, lambda: self._run(self._conn.close))
 
 
 async def connect(

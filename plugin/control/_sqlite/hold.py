@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import collections
 import os
+import sqlite3
 import threading
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 K = TypeVar("K")
@@ -97,3 +99,27 @@ def read_header(path: str, size: int) -> bytes | None:
                 return file.read(size)
         except OSError:
             return None
+
+
+def forked(opened_by: int) -> sqlite3.InterfaceError:
+    """The error of a connection used in a process that ``fork`` made of the one that opened
+    it: its driver's thread is not there (aiosqlite would wait for it forever), and SQLite
+    forbids carrying a connection across ``fork``."""
+    return sqlite3.InterfaceError(
+        f"this connection was opened by process {opened_by}, not this one: a process made "
+        "by fork must open the database again")
+
+
+async def close_in_owner(
+    opened_by: int, hold: FileHold | None, close: Callable[[], Awaitable[object]]
+) -> None:
+    """Close a connection in the process that opened it, then release its hold (closed, or
+    never to be used again). In a process that ``fork`` made it is left alone: the parent's
+    connection, whose thread is not here, and which the parent closes."""
+    if os.getpid() != opened_by:
+        return
+    try:
+        await close()
+    finally:
+        if hold is not None:
+            hold.release()
