@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import re
+import sys
 
 import anyio
 import attrs
@@ -23,6 +24,9 @@ from plugin.memory.planning import (
 from plugin.memory.state import Fact, Task, WorkingState
 
 from ._loops import VIRTUAL_TIME_LOOPS
+
+if sys.version_info < (3, 11):
+    from exceptiongroup import BaseExceptionGroup
 
 pytestmark = pytest.mark.anyio
 
@@ -135,6 +139,14 @@ def test_a_name_given_in_every_fact_is_one_entity_reference() -> None:
     facts = [Fact(f"f{i}", ["Alice", f"Bob{i}", " alice ", ""]) for i in range(8)]
     query = compose_task_context(WorkingState("r", facts=facts))
     assert query.fragments == ("r", "Alice", *(f"Bob{i}" for i in range(7)))
+
+
+def test_only_the_first_64_entity_names_are_read() -> None:
+    # Two million repeats of one name cost no more than 64: the names past them are not read.
+    facts = [Fact("f", ["Ana"] * 2_000_000 + ["Bob"]), Fact("g", ["Cy"])]
+    assert compose_task_context(WorkingState("r", facts=facts)).fragments == ("r", "Ana")
+    facts = [Fact("f", ["Ana"] * 63 + ["Bob"])]
+    assert compose_task_context(WorkingState("r", facts=facts)).fragments == ("r", "Ana", "Bob")
 
 
 def test_many_entities_in_one_fact_are_capped() -> None:
@@ -514,6 +526,17 @@ async def test_an_admission_raising_a_base_exception_is_a_failure(
     planner = QueryPlanner(QueryStrategy.TASK_CONTEXT, CountingAdmission(error()))
     query = await planner.plan(CONTINUATION)
     assert query.baseline_reason is BaselineReason.ADMISSION_FAILED
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, SystemExit])
+async def test_a_stop_in_a_group_from_the_admission_reaches_the_caller(
+    stop: type[BaseException],
+) -> None:
+    # A stop raised in a task of the admission's own task group arrives wrapped in a group.
+    group = BaseExceptionGroup("admission's tasks", [ValueError("x"), stop()])
+    planner = QueryPlanner(QueryStrategy.TASK_CONTEXT, CountingAdmission(group))
+    with pytest.raises(BaseExceptionGroup):
+        await planner.plan(CONTINUATION)
 
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])

@@ -70,7 +70,8 @@ def _task_context_candidates(state: WorkingState) -> list[str]:
     """The documented candidates, in order, before stripping and filtering."""
     unfinished = [t.text for t in state.tasks[:8] if not t.done]
     entities: dict[str, str] = {}  # the first of each distinct, non-blank name
-    for name in (name for fact in state.facts[:8] for name in fact.entities):
+    names = [name for fact in state.facts[:8] for name in fact.entities][:64]
+    for name in names:
         if _key(name):
             entities.setdefault(_key(name), name)
     return [

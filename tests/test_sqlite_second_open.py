@@ -141,18 +141,28 @@ async def test_a_file_with_two_names_is_refused(tmp_path: Path, kind: str) -> No
     assert path.read_bytes() == before
 
 
-async def test_a_connection_collected_unclosed_no_longer_holds_its_file(
+async def test_a_connection_collected_unclosed_holds_its_file_while_it_is_open(
     tmp_path: Path, anyio_backend: object
 ) -> None:
-    store = MemoryStore(tmp_path / "f.sqlite3")
+    # Held exactly while this process has the file open: dropped without a close, the store is
+    # collected with its connection on trio; on asyncio aiosqlite's worker thread may keep the
+    # connection, and so its descriptors, open.
+    path = tmp_path / "f.sqlite3"
+
+    def open_here() -> bool:
+        return any(os.path.realpath(f"/proc/self/fd/{fd}") == os.path.realpath(path)
+                   for fd in os.listdir("/proc/self/fd"))
+
+    store = MemoryStore(path)
     await store.__aenter__()
-    assert hold._OPEN
-    if anyio_backend == "asyncio":  # aiosqlite's thread keeps it open, and so held
-        await store.__aexit__(None, None, None)
-    else:
-        del store
-        gc.collect()
-    assert not hold._OPEN and not hold._OPENING
+    info = os.stat(path)
+    file = (info.st_dev, info.st_ino)
+    assert file in hold._OPEN and open_here()
+    del store
+    gc.collect()
+    assert (file in hold._OPEN) == open_here()
+    if anyio_backend == "trio":
+        assert file not in hold._OPEN
 
 
 @pytest.mark.parametrize("kind", sorted(OPENERS))
@@ -179,3 +189,57 @@ def test_a_forked_child_holds_nothing() -> None:
     finally:
         held.release()  # the count never goes below nothing
     assert not hold._OPENING
+
+
+async def test_a_header_read_that_stalls_holds_up_no_other_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A read of one file's header (a hung network mount) must not hold up opening or closing
+    # another file, nor the event loop: no file is touched while the registry's lock is held.
+    import threading
+
+    reading, go_on = threading.Event(), threading.Event()
+
+    def stalling_open(path: str, mode: str) -> Any:
+        reading.set()
+        go_on.wait(30)
+        return open(path, mode)
+
+    (tmp_path / "stalled.sqlite3").write_bytes(b"")
+    monkeypatch.setattr(hold, "open", stalling_open, raising=False)
+    stalled = threading.Thread(target=hold.read_header,
+                               args=(str(tmp_path / "stalled.sqlite3"), 16))
+    stalled.start()
+    try:
+        assert reading.wait(30)
+        monkeypatch.undo()
+        async with SqliteLedger(tmp_path / "other.sqlite3"), MemoryStore(tmp_path / "m.sqlite3"):
+            pass
+    finally:
+        go_on.set()
+        stalled.join()
+    assert not hold._READING
+
+
+def test_a_hold_made_before_fork_releases_nothing_in_the_child(tmp_path: Path) -> None:
+    path = tmp_path / "f.sqlite3"
+    path.write_bytes(b"")
+    inherited = hold.FileHold(str(path))
+    inherited.opened()
+    child = hold.FileHold(str(path))  # the child's own connection of the same file
+    child.opened()
+    inherited._pid += 1  # as if made by the parent of this process
+    inherited.release()  # collected in the child: it must not release the child's own hold
+    assert hold.read_header(str(path), 16) is None  # still held: never opened and closed here
+    inherited._pid -= 1
+    for each in (inherited, child):
+        each.release()
+    assert hold.read_header(str(path), 16) == b""
+
+
+@pytest.mark.parametrize("kind", sorted(OPENERS))
+async def test_a_pipe_is_refused_before_anything_reads_it(tmp_path: Path, kind: str) -> None:
+    os.mkfifo(tmp_path / "pipe")
+    with pytest.raises((LedgerPathError, MemoryStorePathError), match="not a regular file"):
+        async with OPENERS[kind](tmp_path / "pipe"):
+            pass

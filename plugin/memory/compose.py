@@ -20,6 +20,7 @@ from .query import BaselineReason, FragmentRole, QueryStrategy, RecallQuery
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
+    "ENTITY_WINDOW",
     "MAX_CONSTRAINTS",
     "MAX_ENTITIES",
     "MAX_QUESTIONS",
@@ -37,6 +38,9 @@ MAX_TASKS = 2
 MAX_QUESTIONS = 2
 MAX_CONSTRAINTS = 2
 MAX_ENTITIES = 8
+ENTITY_WINDOW = TASK_WINDOW * MAX_ENTITIES
+"""Only the first 64 entity names of the first eight facts are read (a repeated name counts
+once among them)."""
 
 
 class _Fragments:
@@ -86,11 +90,11 @@ class _Fragments:
 
 
 def _distinct(names: Iterable[str]) -> Iterator[str]:
-    """Each entity name once (as fragments count as one), blank ones left out: a person named
-    in every fact is one entity reference."""
+    """Each entity name once (as fragments count as one), blank ones left out, among the first
+    :data:`ENTITY_WINDOW` names: a person named in every fact is one entity reference."""
     seen_raw: set[str] = set()
     seen: set[str] = set()
-    for name in names:
+    for name in islice(names, ENTITY_WINDOW):
         if name in seen_raw:
             continue  # a repeat read once
         seen_raw.add(name)
@@ -184,8 +188,9 @@ def compose_task_context(
 
     Fragments, in order: the current request; the next action; the first two unfinished tasks
     among the first eight tasks; the first two open questions; the objective; the first two
-    constraints; the first eight distinct entity names of the first eight facts (a name given
-    again counts once, a blank one not at all; fact texts are never used). Each group's
+    constraints; the first eight distinct entity names among the first 64 names of the first
+    eight facts (a name given again counts once, a blank one not at all; fact texts are never
+    used). Each group's
     candidates are chosen by position before filtering, so a task, question or constraint that
     is blank, a duplicate or too large, or an entity name equal to an earlier fragment, takes
     its place in the group and does not pull in a later one (a ninth task or fact is never

@@ -91,6 +91,14 @@ def _timeout(instance: object, attribute: attrs.Attribute[float], value: object)
                          f"{number_text(value)}")
 
 
+def _holds_a_stop(error: BaseException) -> bool:
+    """Whether ``error`` is a stop (KeyboardInterrupt, SystemExit), or a group holding one."""
+    if isinstance(error, (KeyboardInterrupt, SystemExit)):
+        return True
+    inner = getattr(error, "exceptions", None)  # an exception group's
+    return isinstance(inner, tuple) and any(_holds_a_stop(each) for each in inner)
+
+
 @attrs.frozen
 class QueryPlanner:
     """Forms the round's query with the configured strategy.
@@ -152,7 +160,7 @@ class QueryPlanner:
             return BaselineReason.ADMISSION_TIMEOUT
         if outcome.error is not None:
             cancelled = isinstance(outcome.error, anyio.get_cancelled_exc_class())
-            if isinstance(outcome.error, (KeyboardInterrupt, SystemExit)):
+            if _holds_a_stop(outcome.error):
                 raise outcome.error  # a stop is no failure (a GeneratorExit leaked is one)
             # Its message may hold anything (a host's secrets): only its type is logged.
             error = "a cancellation of its own" if cancelled else type(outcome.error).__name__

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import stat
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeAlias, TypeVar
@@ -63,7 +64,9 @@ async def connect(path: str | Path, *, timeout: float) -> Connection:
     ``timeout`` is SQLite's busy timeout in seconds: how long a statement waits for another
     connection's lock before failing with ``database is locked``.
     """
-    hold = None if path == ":memory:" or str(path).startswith("file:") else FileHold(str(path))
+    hold = None
+    if path != ":memory:" and not str(path).startswith("file:"):
+        hold = await anyio.to_thread.run_sync(FileHold, str(path))  # it may wait for a read
     try:
         if sniffio.current_async_library() == "asyncio":
             from ._asyncio import connect as connect_asyncio
@@ -135,13 +138,16 @@ async def path_problem(path: str) -> str | None:
         if not await (await candidate.absolute()).parent.is_dir():
             return "its folder does not exist"
         with contextlib.suppress(FileNotFoundError):
-            links = (await candidate.stat()).st_nlink
-            if links > 1:
+            info = await candidate.stat()
+            if not stat.S_ISREG(info.st_mode):
+                return "is not a regular file"  # a pipe or a device: its reads could wait forever
+            if info.st_nlink > 1:
                 # SQLite names a file's log and lock files after the name it was given: two
                 # processes using two names of one file would each keep their own, and write
                 # over each other.
-                return (f"has {links} names (hard links): SQLite keeps a log per name, so "
-                        "they would damage it; keep one name")
+                return (f"has {info.st_nlink} names (hard links): SQLite keeps a log per name, "
+                        "so they would damage it, and a hard-linked copy is no backup of a "
+                        "file that changes in place; keep one name (copy it instead)")
         os.fsencode(path)  # a lone surrogate: SQLite could not be given the name
     except OSError as exc:  # a name too long
         return f"cannot be a file name: {exc.strerror}"
