@@ -190,11 +190,10 @@ def compose_task_context(
     among the first eight tasks; the first two open questions; the objective; the first two
     constraints; the first eight distinct entity names among the first 64 names of the first
     eight facts (a name given again counts once, a blank one not at all; fact texts are never
-    used). Each group's
-    candidates are chosen by position before filtering, so a task, question or constraint that
-    is blank, a duplicate or too large, or an entity name equal to an earlier fragment, takes
-    its place in the group and does not pull in a later one (a ninth task or fact is never
-    read).
+    used). Each group's candidates are chosen by position before filtering, so a task,
+    question or constraint that is blank, a duplicate or too large, or an entity name equal to
+    an earlier fragment, takes its place in the group and does not pull in a later one (a
+    ninth task or fact is never read).
 
     Each candidate is stripped of surrounding whitespace and otherwise kept unchanged (no
     Unicode normalisation); blank ones are skipped; one equal to an already kept fragment after
