@@ -170,3 +170,59 @@ async def test_a_sync_invoke_of_nested_agents_shares_the_round_too(hooks: Recall
     assert await _kinds(hooks) == ["automatic", "deliberate"]
     assert researcher.requests[0].instructions == planner.requests[0].instructions
     assert [a["status"] for a in researcher.requests[1].answers().values()] == ["ok"]
+
+
+def _scheduling_agent(hooks: RecallHooks, follow_up: Any, later: list[Any], go: Any) -> Any:
+    """An agent whose tool schedules a follow-up run of ``follow_up`` for the same run in a
+    background task, which waits for ``go`` (it inherits the tool's run control)."""
+    import asyncio
+
+    @tool
+    async def schedule() -> str:
+        """Schedule a follow-up."""
+
+        async def run_later() -> None:
+            await go.wait()
+            await follow_up.ainvoke({"messages": [HumanMessage("What changed?")]},
+                                    context=CONTEXT)
+
+        later.append(asyncio.create_task(run_later()))
+        return "scheduled"
+
+    model = ScriptedChatModel(
+        (ScriptedCall(name="schedule", arguments={}, call_id="s1"),), "Done.")
+    return create_agent(model, tools=[schedule], middleware=[RecallMiddleware(hooks)],
+                        context_schema=RecallContext), model
+
+
+async def test_a_follow_up_that_starts_after_the_turn_ended_prepares_its_own_round(
+    hooks: RecallHooks,
+) -> None:
+    """The follow-up starts once the outer agent's invocation has ended: it is the next turn,
+    so it prepares again instead of sharing the ended turn's context."""
+    import asyncio
+
+    follow_model = ScriptedChatModel("Follow-up done.")
+    go, later = asyncio.Event(), []
+    agent, _ = _scheduling_agent(hooks, _worker(hooks, follow_model), later, go)
+    await agent.ainvoke({"messages": [HumanMessage(ASK)]}, context=CONTEXT)
+    go.set()
+    await later[0]
+    assert await _kinds(hooks) == ["automatic", "automatic"]
+
+
+async def test_a_follow_up_after_the_deadline_is_not_served_the_ended_turns_evidence(
+    hooks: RecallHooks, clock: ManualClock
+) -> None:
+    import asyncio
+
+    follow_model = ScriptedChatModel("Follow-up done.")
+    go, later = asyncio.Event(), []
+    agent, model = _scheduling_agent(hooks, _worker(hooks, follow_model), later, go)
+    await agent.ainvoke({"messages": [HumanMessage(ASK)]}, context=CONTEXT)
+    assert "Recalled memory" in model.requests[0].instructions
+    clock.advance(60.0)  # far past the run's original 10 s deadline
+    go.set()
+    await later[0]
+    (request,) = follow_model.requests
+    assert "Recalled memory" not in request.instructions

@@ -141,3 +141,55 @@ async def test_the_next_turn_after_a_delegation_prepares_again(hooks: RecallHook
     await agent.run("Continue", deps=ANA)
     await agent.run("Continue", deps=ANA)
     assert await _kinds(hooks, ANA.run_id) == ["automatic", "automatic"]
+
+
+
+def _scheduling(
+    capability: RecallCapability, outer: _Script, inner: _Script
+) -> tuple[Agent[RunIdentity, str], Any, list[Any]]:
+    """An agent whose tool schedules a follow-up run of another agent for the same host run
+    in a background task, which waits for ``go``."""
+    import asyncio
+
+    delegate = Agent(inner.model, deps_type=RunIdentity, capabilities=[capability])
+    agent = Agent(outer.model, deps_type=RunIdentity, capabilities=[capability])
+    go = asyncio.Event()
+    later: list[asyncio.Task[Any]] = []
+
+    @agent.tool
+    async def schedule(ctx: RunContext[RunIdentity]) -> str:
+        async def follow_up() -> None:
+            await go.wait()
+            await delegate.run("What changed in the cutover plan?", deps=ctx.deps)
+
+        later.append(asyncio.create_task(follow_up()))
+        return "scheduled"
+
+    return agent, go, later
+
+
+async def test_a_follow_up_that_starts_after_the_turn_ended_prepares_its_own_round(
+    hooks: RecallHooks,
+) -> None:
+    """The follow-up starts once the outer invocation has ended: it is the next turn, so it
+    prepares its own automatic round instead of sharing the ended turn's."""
+    inner, outer = _Script("follow-up done"), _Script([("schedule", {}, "s1")], "Done.")
+    agent, go, later = _scheduling(RecallCapability(hooks), outer, inner)
+    await agent.run("Continue", deps=ANA)
+    go.set()
+    await later[0]
+    assert await _kinds(hooks, ANA.run_id) == ["automatic", "automatic"]
+
+
+async def test_a_follow_up_after_the_deadline_is_not_served_the_ended_turns_evidence(
+    hooks: RecallHooks, clock: ManualClock
+) -> None:
+    inner, outer = _Script("follow-up done"), _Script([("schedule", {}, "s1")], "Done.")
+    agent, go, later = _scheduling(RecallCapability(hooks), outer, inner)
+    await agent.run("Continue", deps=ANA)
+    assert "ana's private note" in outer.instructions[0]
+    clock.advance(60.0)  # far past the run's original 10 s deadline
+    go.set()
+    await later[0]
+    assert len(inner.instructions) == 1
+    assert "ana's private note" not in inner.instructions[0]

@@ -290,7 +290,7 @@ class Invocation:
     """One invocation's automatic round: run once, before its first model request.
 
     Every later request of the invocation gets the same rendered text and takes no round.
-    Create one per invocation and drop it when the invocation ends. ``run`` pins the run's
+    Create one per invocation and :meth:`end` it when the invocation ends. ``run`` pins the run's
     :class:`RunRecall` for the invocation: a registry that forgets the run meanwhile (under
     pressure from other runs) cannot lose the results of a batch before its tools read them.
     ``enclosing`` is the invocation whose tool started this one, if any (see :meth:`turn`).
@@ -299,6 +299,7 @@ class Invocation:
     run: RunRecall | None = attrs.field(default=None, init=False)
     enclosing: Invocation | None = attrs.field(factory=enclosing_invocation.get, init=False)
     _done: bool = attrs.field(default=False, init=False)
+    _ended: bool = attrs.field(default=False, init=False)
     _text: str = attrs.field(default="", init=False)
     _lock: anyio.Lock = attrs.field(factory=anyio.Lock, init=False, repr=False)
 
@@ -315,12 +316,23 @@ class Invocation:
         """Whether the invocation's automatic round has run."""
         return self._done
 
+    def end(self) -> None:
+        """The invocation is over: no invocation started later shares its context."""
+        self._ended = True
+
+    @property
+    def ended(self) -> bool:
+        """Whether :meth:`end` was called."""
+        return self._ended
+
     def turn(self, run: RunRecall) -> Invocation:
         """The invocation whose automatic round the requests of ``run`` share: the enclosing
         one when this was started inside its tool for the same host run (one user turn, one
-        automatic round), else this one. Another run id, scope or principal never shares."""
+        automatic round) and it has not ended, else this one. Another run id, scope or
+        principal never shares, and neither does a run that outlives the tool's invocation
+        (a follow-up scheduled in a background task): it is the next turn."""
         outer = self.enclosing
-        if outer is None or outer.run is None:
+        if outer is None or outer.run is None or outer.ended:
             return self
         same = (outer.run.run_id, outer.run.scope, outer.run.principal)
         if same != (run.run_id, run.scope, run.principal):

@@ -234,11 +234,13 @@ class RecallCapability(AbstractCapability[Any]):
         # next run, a resume included). Kept under pydantic-ai's own id of the run: pydantic-ai
         # hands what wrap_run binds to the caller's task, so two runs driven there by hand
         # (two ``iter`` or ``run_stream`` blocks) each find their own.
-        token = self._invocations.set({**self._invocations.get(), ctx.run_id: _Invocation()})
+        invocation = _Invocation()
+        token = self._invocations.set({**self._invocations.get(), ctx.run_id: invocation})
         try:
             with self.hooks.bind_run():
                 return await handler()
         finally:
+            invocation.end()
             self._invocations.reset(token)
 
     def _invocation(self, ctx: RunContext[Any]) -> _Invocation | None:

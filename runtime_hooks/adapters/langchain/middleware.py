@@ -96,6 +96,8 @@ class RecallMiddleware(AgentMiddleware[RecallState, Any, Any]):
 
     def after_agent(self, state: RecallState, runtime: Runtime[Any]) -> dict[str, Any] | None:
         """:meth:`aafter_agent` for a sync ``agent.invoke``."""
+        if self.mode == "per_invocation":
+            self.recall.end_invocation(runtime.context)
         if state.get("recall_context") is None:
             return None
         return {"recall_context": None}
@@ -145,6 +147,8 @@ class RecallMiddleware(AgentMiddleware[RecallState, Any, Any]):
         self, state: RecallState, runtime: Runtime[Any]
     ) -> dict[str, Any] | None:
         """The invocation is over: its prepared context goes with it."""
+        if self.mode == "per_invocation":
+            self.recall.end_invocation(runtime.context)
         if state.get("recall_context") is None:
             return None
         return {"recall_context": None}

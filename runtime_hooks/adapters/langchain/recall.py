@@ -37,6 +37,7 @@ with missing_extra("langchain", "runtime_hooks.adapters.langchain"):
     from langchain.tools import ToolRuntime
     from langchain_core.messages import AnyMessage, ToolMessage
     from langchain_core.tools import BaseTool, StructuredTool
+    from langgraph.config import get_config
     from langgraph.runtime import get_runtime
 
 
@@ -165,6 +166,33 @@ class LangChainRecall:
             return ""
         return (await run.prepare(state)).render()
 
+    def end_invocation(self, context: object) -> None:
+        """The agent that ends here was the graph invocation's own (not one nested in it): its
+        automatic round is over, so a run that starts later with the same run control (a
+        follow-up a tool scheduled in a background task) is the next turn and prepares again.
+        Called by the middleware's ``after_agent``; a hand-built graph's invocation has no
+        such end, and is forgotten by count (:class:`Turns`)."""
+        try:
+            namespace = get_config().get("configurable", {}).get("checkpoint_ns", "")
+        except RuntimeError:  # not in a graph run
+            return
+        if "|" in str(namespace):  # nested in another graph's invocation
+            return
+        found = self._current(self._trusted(context).run_id)
+        if found is not None:
+            found.end()
+
+    def _current(self, run_id: str) -> Invocation | None:
+        """The live invocation of the current run control and ``run_id``, if any."""
+        try:
+            control = get_runtime().control
+        except (RuntimeError, AttributeError):  # not in a graph run
+            return None
+        found = self._invocations.entries.get((id(control), run_id))
+        if found is None or found[0] is not control or found[1].ended:
+            return None
+        return found[1]
+
     def _graph_invocation(self, run_id: str) -> Invocation | None:
         """The current graph invocation's automatic round; None outside a graph run."""
         try:
@@ -176,7 +204,7 @@ class LangChainRecall:
         key = (id(control), run_id)
         entries = self._invocations.entries
         found = entries.get(key)
-        if found is not None and found[0] is control:
+        if found is not None and found[0] is control and not found[1].ended:
             entries.move_to_end(key)
             return found[1]
         invocation = Invocation()
