@@ -257,6 +257,34 @@ async def test_a_lock_held_beyond_lock_timeout_fails_closed(schema: str) -> None
         assert not [b for b in _backends(schema) if b[1] == "idle in transaction"]
 
 
+async def test_a_caller_waits_for_a_pooled_connection_at_most_pool_timeout(schema: str) -> None:
+    """Every connection busy (waiting behind a held lock for up to ``lock_timeout``): the next
+    caller is refused once ``pool_timeout`` has passed, on either loop, never queued behind
+    the busy ones' whole lock waits."""
+    async with PostgresLedger(_pg.DSN, schema=schema, max_size=1, lock_timeout=5.0,
+                              pool_timeout=0.3, time_source="caller") as ledger:
+        _granted(await ledger.reserve("run", AUTO, 2, POLICY, 100.0))
+        outcomes: list[str] = []
+
+        async def reserve() -> None:
+            try:
+                await ledger.reserve("run", DELIB, 1, POLICY, 101.0)
+                outcomes.append("granted")
+            except LedgerError as exc:
+                outcomes.append(type(exc).__name__)
+
+        with _pg.connect() as holder:
+            holder.execute("SELECT pg_advisory_lock(%s::int4, hashtext('run'))",
+                           (ledger._space,))
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(reserve)  # takes the one connection and waits for the lock
+                await _until(lambda: any(w == "advisory" for _, _, w in _backends(schema)))
+                with pytest.raises(LedgerUnavailableError, match="pool_timeout"):
+                    await ledger.usage("other")
+                holder.execute("SELECT pg_advisory_unlock_all()")
+        assert outcomes == ["granted"]
+
+
 async def test_a_cancelled_reservation_leaves_no_transaction_open(schema: str) -> None:
     async with PostgresLedger(_pg.DSN, schema=schema, max_size=1,
                               time_source="caller") as ledger:
@@ -369,6 +397,45 @@ async def test_a_version_1_schema_is_migrated_in_place(schema: str) -> None:
     assert _sql(f'SELECT version FROM "{schema}".recallbound_meta') == [(SCHEMA_VERSION,)]
     async with PostgresLedger(_pg.DSN, schema=schema) as ledger:  # and reopening is a no-op
         assert (await ledger.usage("old")).rounds == 2
+
+
+async def test_a_version_6_schema_of_the_earlier_numbering_is_migrated(schema: str) -> None:
+    """Ledgers written before the versions were renumbered hold the call records, the
+    tombstones and ``reserve_lone`` as their version 6, and no ``run_opens`` table (today's
+    version 6): they are migrated like any other, and gain the table."""
+    async with PostgresLedger(_pg.DSN, schema=schema, time_source="caller") as ledger:
+        _granted(await ledger.reserve("old", DELIB, 1, POLICY, 100.0))
+    q = f'"{schema}"'
+    for statement in (f"DROP TABLE {q}.run_opens",
+                      f"UPDATE {q}.recallbound_meta SET version = 6"):
+        _sql(statement)
+    async with PostgresLedger(_pg.DSN, schema=schema, time_source="caller") as ledger:
+        second = _granted(await ledger.reserve("old", DELIB, 1, POLICY, 101.0))
+        assert second.round_index == 2
+        _granted(await ledger.reserve("new", AUTO, 2, POLICY, 101.0))
+        assert (await ledger.admin().check()).problems == ()
+    assert "run_opens" in _schema_tables(schema)
+    assert _sql(f"SELECT version FROM {q}.recallbound_meta") == [(SCHEMA_VERSION,)]
+
+
+async def test_a_migration_step_is_not_cut_by_the_statement_timeout(
+    schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step's time grows with the ledger (a column, a unique index): cut by the ledger's
+    statement_timeout it would never complete on a large ledger."""
+    async with PostgresLedger(_pg.DSN, schema=schema):
+        pass
+    _sql(f'UPDATE "{schema}".recallbound_meta SET version = {SCHEMA_VERSION - 1}')
+    from plugin.control import _postgres_schema
+
+    slow = (*MIGRATIONS[:-1], (*MIGRATIONS[-1], "SELECT pg_sleep(0.6)"))
+    monkeypatch.setattr(_postgres_schema, "MIGRATIONS", slow)
+    async with PostgresLedger(_pg.DSN, schema=schema, statement_timeout=0.2) as ledger:
+        _granted(await ledger.reserve("run", AUTO, 2, POLICY, 0.0))
+        shown = await ledger._transact(
+            lambda s: s.fetchall("SELECT current_setting('statement_timeout')", {}), "test")
+    assert shown == [("200ms",)]  # the ledger's own statements keep their bound
+    assert _sql(f'SELECT version FROM "{schema}".recallbound_meta') == [(SCHEMA_VERSION,)]
 
 
 async def test_a_foreign_schema_is_refused_and_left_untouched(schema: str) -> None:

@@ -260,8 +260,23 @@ class ThreadedDriver:
         await anyio.to_thread.run_sync(self._pool.close)
 
     @contextlib.asynccontextmanager
+    async def _admission(self) -> AsyncIterator[None]:
+        """A place among the pool's ``max_size`` callers, waited for at most the pool's
+        timeout (as a checkout is): past it, :class:`psycopg_pool.PoolTimeout`."""
+        timeout, admitted = self._pool.timeout, False
+        with anyio.move_on_after(timeout):
+            await self._admitted.acquire()
+            admitted = True
+        if not admitted:
+            raise psycopg_pool.PoolTimeout(f"no place in the pool after {timeout:.2f} sec")
+        try:
+            yield
+        finally:
+            self._admitted.release()
+
+    @contextlib.asynccontextmanager
     async def session(self) -> AsyncIterator[Session]:
-        async with self._admitted:
+        async with self._admission():
             # A worker thread is not abandoned on cancellation: the connection it checks out
             # always reaches the ``finally`` below and goes back to the pool.
             conn = await anyio.to_thread.run_sync(_checkout, self._pool, limiter=self._limiter)
@@ -288,7 +303,7 @@ class ThreadedDriver:
             finally:
                 pool.putconn(conn)
 
-        async with self._admitted:
+        async with self._admission():
             # One hop: a worker thread is never abandoned, so the connection always goes back.
             return await anyio.to_thread.run_sync(run, limiter=self._limiter)
 

@@ -110,6 +110,9 @@ statement before it, in the same round trip."""
 TYPES = {"text": "text", "real": "float8", "int": "bigint", "bool": "boolean",
           "serial": "bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY"}
 
+_RUN_OPENS = tuple(statement for table in TABLES if table.since == 6
+                   for statement in create_table(table, TYPES, prefix="{s}.", if_not_exists=True))
+
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # versions 1 to 3, the ledger's tables by the version that added them: 1 runs, rounds,
     # attempts, refusals; 2 retained evidence and its re-check bound; 3 each run bound to the
@@ -125,14 +128,16 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # version 5: each attempt counts the evidence dropped for naming another principal or scope
     ("ALTER TABLE {s}.attempts ADD COLUMN IF NOT EXISTS dropped bigint NOT NULL DEFAULT 0",),
     # version 6: the runs each (principal, scope) opened in the last hour (a cap on new runs)
-    tuple(statement for table in TABLES if table.since == 6
-          for statement in create_table(table, TYPES, prefix="{s}.")),
-    # version 7: each dispatched call's outcome, and tombstones (a pruned run keeps its row)
+    _RUN_OPENS,
+    # version 7: each dispatched call's outcome, and tombstones (a pruned run keeps its row).
+    # Ledgers of an earlier numbering hold these as their version 6, without the table of
+    # version 6: so the step takes what is there and adds the table of version 6 if missing.
     (
+        *_RUN_OPENS,
         *(statement for table in TABLES if table.since == CALLS_SINCE
-          for statement in create_table(table, TYPES, prefix="{s}.")),
+          for statement in create_table(table, TYPES, prefix="{s}.", if_not_exists=True)),
         "ALTER TABLE {s}.runs ADD COLUMN IF NOT EXISTS pruned boolean NOT NULL DEFAULT false",
-        RESERVE_LONE,
+        RESERVE_LONE.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1),
     ),
     # version 8: a round is judged never before the latest time its run was judged at
     (RESERVE_WAVE.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1),),
@@ -214,6 +219,11 @@ async def setup_schema(s: Session, schema: str, *, create: bool) -> None:
         await s.fetchall(
             f"INSERT INTO {q}.recallbound_meta (application, version) VALUES (%(a)s, 0)",
             {"a": APPLICATION})
+    if version < SCHEMA_VERSION:
+        # A step rewrites a table (a column, a unique index): its time grows with the ledger,
+        # so it is not cut by the ledger's statement_timeout (it would never complete on a
+        # large ledger, and each try would hold the table from the running fleet again).
+        await s.fetchall("SET LOCAL statement_timeout = 0", {})
     for step in MIGRATIONS[version:]:
         for statement in step:
             await s.fetchall(statement.format(s=q), {})
