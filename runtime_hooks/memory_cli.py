@@ -273,8 +273,8 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     where = "standard input" if lines and args.file == "-" else getattr(args, "file", "")
     path = _store_path(args, values)
     if args.memory_command in ("list", "forget"):  # what no memory could have: said, not echoed
-        validate.identifier(args.principal, field="--principal")
-        validate.identifier(args.scope, field="--scope")
+        for value, field in ((args.principal, "--principal"), (args.scope, "--scope")):
+            validate.bounded_text(value, field=field, max_bytes=validate.MAX_ID_BYTES)
         if args.memory_command == "forget":
             validate.identifier(args.id, field="the memory id")
     if args.memory_command in ("list", "forget", "embed"):  # never create a store

@@ -158,6 +158,9 @@ _BAD_LINES: list[tuple[str, bytes, str]] = [
         {"id": "m1", "text": "a", "principal": "u1", "scope": "proj"},
         {"id": "m1", "text": "b", "principal": "u2", "scope": "proj"}], must_not=[],
         relevant={"m1": 2}).encode(), "memories[1].id"),
+    ("memory id recall cannot render", _line(memories=[
+        {"id": "m]1", "text": "a", "principal": "u1", "scope": "proj"}], must_not=[],
+        relevant={"m]1": 2}, people=[]).encode(), "memories[0].id"),
     ("belief id reuses a memory id", _line(people=[
         {"name": "Alice", "beliefs": [{"id": "m1", "text": "x"}]}], relevant={"m1": 2})
      .encode(), "people[0].beliefs[0].id"),

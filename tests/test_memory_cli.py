@@ -405,7 +405,7 @@ def test_list_forget_and_embed_never_create_a_store(
 
 @pytest.mark.parametrize("argv", [
     ["list", "--principal", "p" * 130_000, "--scope", "proj"],
-    ["list", "--principal", "u1", "--scope", "a\nb"],
+    ["list", "--principal", "u1", "--scope", "a\x00b"],
     ["forget", *WHO, "x" * 100_000],
     ["forget", "--principal", " ", "--scope", "proj", "m-1"],
 ])
@@ -419,3 +419,19 @@ def test_a_principal_scope_or_id_no_memory_could_have_is_refused_in_one_short_li
     code, out, err = cli("memory", "--store", store, *argv)
     assert code == 2 and out == ""
     assert err.startswith("recallbound: ") and err.count("\n") == 1 and len(err) < 300
+
+
+def test_a_memory_added_under_any_principal_a_run_may_have_can_be_listed_and_forgotten(
+    tmp_path: Path,
+) -> None:
+    """``list`` and ``forget`` take every principal and scope ``add`` takes (a run's identity
+    may hold a newline or a tab), so no memory is written that the CLI cannot reach."""
+    store = str(tmp_path / "memory.db")
+    who = ["--principal", "team\nana", "--scope", "proj\tq3"]
+    assert cli("memory", "--store", store, "add", "Ana owns the review.", "--id", "m1",
+               *who)[:2] == (0, "m1\n")
+    status, out, err = cli("memory", "--store", store, "list", *who, "--json")
+    assert (status, err) == (0, "")
+    assert [m["id"] for m in json.loads(out)] == ["m1"]
+    assert cli("memory", "--store", store, "forget", "m1", *who) == (0, "forgot m1\n", "")
+    assert rows(Path(store)) == []

@@ -14,6 +14,8 @@ from plugin.control import validate
 from plugin.control.dsn_text import visible
 from plugin.errors import InvalidArgumentError, InvalidArgumentTypeError
 from plugin.memory.state import WorkingState
+from plugin.memory.store.errors import InvalidMemoryError
+from plugin.memory.store.values import check_memory_id
 
 from .scenario_values import (
     GRADES,
@@ -146,8 +148,13 @@ def _memory(data: object, field: str) -> ScenarioMemory:
         _text(cite, f"{field}.cites[{i}]", key=True)
         for i, cite in enumerate(_array(item.get("cites", []), f"{field}.cites"))
     )
+    memory_id = _text(item["id"], f"{field}.id", key=True)
+    try:  # an id recall would drop (it could not be rendered as itself) is never scored
+        check_memory_id(memory_id, "id")
+    except InvalidMemoryError as exc:
+        raise InvalidScenarioError(str(exc), field=f"{field}.id") from None
     return ScenarioMemory(
-        id=_text(item["id"], f"{field}.id", key=True),
+        id=memory_id,
         text=_text(item["text"], f"{field}.text"),
         principal=_text(item["principal"], f"{field}.principal", key=True),
         scope=_text(item["scope"], f"{field}.scope", key=True),

@@ -260,6 +260,10 @@ def _validate_memory_id(_instance: object, attribute: attrs.Attribute[Any], valu
         check_memory_id(value, attribute.name)
 
 
+def _validate_stored_id(_instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    check_memory_id(value, attribute.name)
+
+
 def _validate_memory_text(
     _instance: object, _attribute: attrs.Attribute[Any], value: object
 ) -> None:
@@ -313,15 +317,16 @@ def _cites(value: object) -> tuple[str, ...]:
 class MemoryRecord:
     """A memory to store: the input of :meth:`MemoryStore.add_memories`.
 
-    Lone surrogates in ``text`` are replaced by U+FFFD; ids, principal and scope must be
-    non-empty and encodable, else :class:`InvalidMemoryError`. ``created_at`` defaults to the
-    store's clock.
+    Lone surrogates in ``text`` are replaced by U+FFFD; the id must be one
+    :meth:`MemoryStore.remember` takes (:func:`check_memory_id`: recall drops an id it could
+    not render as itself), principal and scope the ones a run may have; else
+    :class:`InvalidMemoryError`. ``created_at`` defaults to the store's clock.
     """
 
-    id: str = attrs.field(validator=_validate_key)
+    id: str = attrs.field(validator=_validate_stored_id)
     text: str = attrs.field(converter=check_text)
-    principal: str = attrs.field(validator=_validate_key)
-    scope: str = attrs.field(validator=_validate_key)
+    principal: str = attrs.field(validator=_validate_owner)
+    scope: str = attrs.field(validator=_validate_owner)
     created_at: float | None = attrs.field(default=None, converter=check_time)
     cites: tuple[str, ...] = attrs.field(default=(), converter=_cites)
 
