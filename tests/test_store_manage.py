@@ -346,6 +346,32 @@ async def test_memories_pages_through_a_cell_newest_first_ties_by_the_later_writ
     assert [m.id async for m in store.memories(page=2**63 - 1, **ME)] == expected
 
 
+async def test_a_page_deep_in_a_cell_is_one_range_of_an_index_not_a_sort_of_the_cell(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    """Each page of ``memories`` reads from where the last ended: no page sorts the whole cell
+    (a cell of 200,000 memories took minutes to list), also in a file written before the
+    index existed, which gains it at open."""
+    from plugin.memory.store.lookups import NEXT_PAGE
+
+    path = tmp_path / "memory.db"
+    async with MemoryStore(path, embedding=HashingEmbedding(), clock=clock) as store:
+        await store.remember("kept", id="kept", **ME)
+    conn = sqlite3.connect(path)
+    conn.execute("DROP INDEX memories_listing")
+    conn.commit()
+    conn.close()
+    async with MemoryStore(path, embedding=HashingEmbedding(), clock=clock) as store:
+        assert [m.id async for m in store.memories(**ME)] == ["kept"]
+    conn = sqlite3.connect(path)
+    try:
+        plan = " ".join(str(row[-1]) for row in conn.execute(
+            f"EXPLAIN QUERY PLAN {NEXT_PAGE}", ("u1", "proj", 1.0, 1, 256)))
+    finally:
+        conn.close()
+    assert "memories_listing" in plan and "TEMP B-TREE" not in plan, plan
+
+
 async def test_a_memory_updated_while_listing_behind_a_stepped_back_clock_is_listed_once(
     store: MemoryStore, clock: ManualClock
 ) -> None:

@@ -19,6 +19,16 @@ from .values import Evidence, Person, check_limit, encodable, person_key, visibl
 __all__ = ["Lookups"]
 
 
+_PAGE = (f"SELECT {MEMORY_COLUMNS}, m.seq FROM memories AS m "
+         "WHERE m.principal = ? AND m.scope = ? {after}"
+         "ORDER BY m.created_at DESC, m.seq DESC LIMIT ?")
+FIRST_PAGE = _PAGE.format(after="")
+"""A cell's first page of memories, newest first (a tie: the later write first)."""
+NEXT_PAGE = _PAGE.format(after="AND (m.created_at, m.seq) < (?, ?) ")
+"""The page after a ``(created_at, seq)`` key: a range of the ``memories_listing`` index, so
+a page costs the same however deep into a large cell it starts."""
+
+
 @attrs.define(eq=False)
 class Lookups:
     """The store's non-search reads (see :class:`~plugin.memory.store.MemoryStore`)."""
@@ -63,17 +73,10 @@ class Lookups:
         next page's ``after`` (None for an empty page)."""
         if not visible(principal, scope):
             return [], None
-        where = ""
-        params: tuple[str | float | int, ...] = (principal, scope, limit)
-        if after is not None:
-            where = "AND (m.created_at < ? OR (m.created_at = ? AND m.seq < ?)) "
-            params = (principal, scope, after[0], after[0], after[1], limit)
-        rows = await self.db.fetch(
-            f"SELECT {MEMORY_COLUMNS}, m.seq FROM memories AS m "
-            f"WHERE m.principal = ? AND m.scope = ? {where}"
-            "ORDER BY m.created_at DESC, m.seq DESC LIMIT ?",
-            params,
-        )
+        if after is None:
+            rows = await self.db.fetch(FIRST_PAGE, (principal, scope, limit))
+        else:
+            rows = await self.db.fetch(NEXT_PAGE, (principal, scope, after[0], after[1], limit))
         last = (float(rows[-1][4]), int(rows[-1][6])) if rows else None
         return [memory_evidence(row, score=float(row[4]), arm="lookup") for row in rows], last
 

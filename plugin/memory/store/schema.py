@@ -156,6 +156,9 @@ CREATE TABLE IF NOT EXISTS memories (
     UNIQUE (principal, scope, id)
 );
 CREATE INDEX IF NOT EXISTS memories_recent ON memories (principal, scope, created_at DESC, id);
+-- Listing a cell page by page (a tie: the later write first): each page one range of it.
+CREATE INDEX IF NOT EXISTS memories_listing
+    ON memories (principal, scope, created_at DESC, seq DESC);
 -- Which cell holds an id: ``remember`` refuses an id another principal or scope holds.
 CREATE INDEX IF NOT EXISTS memories_id ON memories (id);
 {_INDEX_SQL}
