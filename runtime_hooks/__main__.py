@@ -62,7 +62,8 @@ def _parser() -> argparse.ArgumentParser:
                       help="keep the ledger and store here (default: a temporary folder)")
     demo.add_argument("--semantic", choices=[s.value for s in Semantic], default=None,
                       help="embedding for the semantic arm (default: auto, the best "
-                           "installed: wordllama, else minilm, else none)")
+                           "installed: minilm with wordllama's words, else wordllama, else "
+                           "minilm, else none)")
     evaluation.configure(commands.add_parser(
         "evaluate", help="evaluate query planning and ranking on a scenario file"))
     ledger_cli.add_commands(commands)

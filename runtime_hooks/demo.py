@@ -17,6 +17,7 @@ from pathlib import Path
 import attrs
 
 from plugin.control import Clock, Ledger, SystemClock
+from plugin.errors import RecallboundError
 from plugin.memory.embedding import EmbeddingAdapter
 from plugin.memory.planning import QueryStrategy
 from plugin.memory.state import Fact, Task, WorkingState
@@ -257,6 +258,11 @@ async def _usage(out: Callable[[str], None], hooks: RecallHooks, run_ids: list[s
              f"{trace.outcome.value:9} query {query}", 4)
 
 
+
+class DemoFolderError(RecallboundError, ValueError):
+    """The demo's ``--data-dir`` cannot hold its files (a file, a device, no permission)."""
+
+
 async def run_demo(
     out: Callable[[str], None] = print,
     *,
@@ -269,7 +275,11 @@ async def run_demo(
         semantic = best_installed()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(data_dir) if data_dir is not None else Path(tmp)
-        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise DemoFolderError(f"cannot keep the demo's files in {str(folder)!r}: "
+                                  f"{exc.strerror or exc}") from None
         config = RecallConfig(ledger_path=folder / "ledger.db",
                               store_path=folder / "memory.db", semantic=semantic)
         embedding = load_embedding(semantic)

@@ -16,6 +16,7 @@ import contextlib
 import json
 import math
 import re
+import time
 import unicodedata
 from collections.abc import Callable, Coroutine, Iterator
 from datetime import datetime, timezone
@@ -81,8 +82,9 @@ def parse_duration(text: str) -> float:
         raise argparse.ArgumentTypeError(
             f"invalid duration {text!r}: use a number and a unit, e.g. 30d, 12h, 90m, 45s, 2w")
     seconds = float(match.group(1)) * _UNITS[match.group(2)]
-    if not math.isfinite(seconds):
-        raise argparse.ArgumentTypeError(f"invalid duration {text!r}: too large")
+    if not math.isfinite(seconds) or seconds > time.time():
+        raise argparse.ArgumentTypeError(
+            f"invalid duration {text[:40]!r}: longer than the time since 1970")
     return seconds
 
 

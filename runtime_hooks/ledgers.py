@@ -19,6 +19,7 @@ import contextlib
 import importlib
 import os
 import sqlite3
+import stat
 import urllib.parse
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -116,9 +117,12 @@ def _refuse_non_ledger(location: str, path: str) -> None:
     if os.path.isdir(path):
         raise LedgerPathError(f"{path!r} is a directory, not a ledger file")
     try:
-        size = os.stat(path).st_size
+        status = os.stat(path)
     except OSError:
         raise LedgerPathError(f"no ledger file at {location!r}") from None
+    if not stat.S_ISREG(status.st_mode):  # a device or a pipe reads as endless or empty
+        raise LedgerPathError(f"{path!r} is not a regular file, not a ledger file")
+    size = status.st_size
     if size == 0 or _no_tables(path):
         what = "empty (0 bytes)" if size == 0 else "a SQLite database with no tables"
         raise LedgerCorruptError(f"{path!r} is {what}, not a recallbound ledger; no command "

@@ -67,9 +67,12 @@ class MemoryInputError(RecallboundError, ValueError):
 
 
 def default_store() -> Path:
-    """``$XDG_DATA_HOME/recallbound/memory.db``, or ``~/.local/share/recallbound/memory.db``."""
-    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(base) / "recallbound" / "memory.db"
+    """``$XDG_DATA_HOME/recallbound/memory.db``, or ``~/.local/share/recallbound/memory.db``
+    (:func:`~runtime_hooks.mcp.cli.data_folder`: the folder the MCP server keeps its store
+    in)."""
+    from .mcp.cli import data_folder
+
+    return data_folder(os.environ) / "memory.db"
 
 
 def add_commands(commands: Any) -> None:
@@ -124,7 +127,13 @@ def _store_path(args: argparse.Namespace, values: dict[str, Any]) -> Path:
                 f"store's file: give its path")
         return Path(text)
     path = default_store()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if args.memory_command in ("list", "forget", "embed"):  # never create a store or a folder
+        return path
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise MemoryInputError(f"cannot create the default store's folder "
+                               f"{str(path.parent)!r}: {exc.strerror or exc}") from None
     return path
 
 

@@ -138,3 +138,24 @@ def test_a_demo_rerun_with_another_semantic_arm_embeds_the_seeded_memories(
     assert "seeded by an earlier run" in second
     # The semantic arm the second run names finds the memories the first run stored.
     assert _outcomes(second) == expected
+
+
+def test_a_demo_folder_that_cannot_be_a_folder_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a folder")
+    done = _recallbound("demo", "--data-dir", str(tmp_path / "file"), cwd=tmp_path)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.startswith("recallbound: cannot keep the demo's files in ")
+    assert done.stderr.count("\n") == 1 and "Errno" not in done.stderr
+
+
+def test_the_demo_help_names_the_model_auto_picks_first() -> None:
+    import contextlib
+    import io
+
+    from runtime_hooks.__main__ import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["demo", "--help"], stdout=out) == 0
+    assert "installed: minilm with wordllama's words, else wordllama" in " ".join(
+        out.getvalue().split())

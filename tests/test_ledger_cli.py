@@ -204,7 +204,8 @@ def test_prune_keeps_a_run_whose_deadline_has_not_passed(ledger_file: Path) -> N
     assert "live" in cli("ledger", "--ledger", str(ledger_file), "runs")[1]
 
 
-@pytest.mark.parametrize("duration", ["30", "30x", "-1d", "d", "1e400d", "thirty days", ""])
+@pytest.mark.parametrize("duration", ["30", "30x", "-1d", "d", "1e400d", "thirty days", "",
+                                      "99999999999999999w", "60000y", "3000000000000s"])
 def test_prune_rejects_a_bad_duration(ledger_file: Path, duration: str,
                                       capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = cli("ledger", "--ledger", str(ledger_file), "prune", "--older-than", duration)
@@ -282,6 +283,17 @@ def test_a_folder(tmp_path: Path) -> None:
     code, _, err = cli("ledger", "--ledger", str(tmp_path), "runs")
     assert (code, err) == (1, f"recallbound: {str(tmp_path)!r} is a directory, not a ledger "
                               f"file\n")
+
+
+def test_a_device_or_a_pipe_is_not_a_ledger_file(tmp_path: Path) -> None:
+    import os
+
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    for where in ("/dev/zero", str(pipe)):
+        code, out, err = cli("ledger", "--ledger", where, "runs")
+        assert (code, out) == (1, "")
+        assert err == f"recallbound: {where!r} is not a regular file, not a ledger file\n"
 
 
 @pytest.mark.parametrize("argv", [["runs"], ["check"], ["prune", "--older-than", "1d",

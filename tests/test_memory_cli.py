@@ -214,6 +214,41 @@ def test_the_default_store_folder_is_created_on_first_use(
     ]
 
 
+def _no_configured_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # no recallbound.toml here
+    monkeypatch.delenv("RECALLBOUND_CONFIG", raising=False)
+    monkeypatch.delenv("RECALLBOUND_STORE", raising=False)
+
+
+def test_a_relative_xdg_data_home_is_ignored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The XDG specification: a relative path in ``XDG_DATA_HOME`` is invalid and ignored."""
+    _no_configured_store(tmp_path, monkeypatch)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_DATA_HOME", "data")
+    assert cli("memory", "add", "first memory", *WHO)[0] == 0
+    assert (tmp_path / "home" / ".local" / "share" / "recallbound" / "memory.db").is_file()
+    assert not (tmp_path / "data").exists()
+
+
+def test_reading_the_default_store_creates_no_folder_and_a_bad_home_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _no_configured_store(tmp_path, monkeypatch)
+    monkeypatch.delenv("XDG_DATA_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    code, out, err = cli("memory", "list", *WHO)
+    assert (code, out) == (2, "") and "no memory store at" in err
+    assert not (tmp_path / "home").exists()
+    (tmp_path / "file").write_text("not a folder")
+    monkeypatch.setenv("HOME", str(tmp_path / "file"))
+    code, out, err = cli("memory", "add", "first memory", *WHO)
+    assert (code, out) == (2, "")
+    assert err.startswith("recallbound: cannot create the default store's folder")
+    assert err.count("\n") == 1 and "Errno" not in err
+
+
 def test_the_configured_store_is_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = tmp_path / "configured.db"
     monkeypatch.chdir(tmp_path)

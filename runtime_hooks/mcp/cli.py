@@ -215,8 +215,12 @@ def _window_s(value: object, where: str) -> float:
 
 def _http(text: str) -> tuple[str, int]:
     host, _, port = text.rpartition(":")
-    if not host or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise ConfigError(f"--http must be HOST:PORT, got {text!r}")
+    if not host:
+        raise ConfigError("--http must be HOST:PORT: no host before the last ':'")
+    # The port alone is echoed: the whole value reads as a URI, whose text an error never shows.
+    if not (port.isascii() and port.isdigit() and len(port) <= 5 and int(port) < 65536):
+        raise ConfigError(f"--http must be HOST:PORT with a port from 0 to 65535, got port "
+                          f"{port[:16]!r}")
     return host.strip("[]"), int(port)
 
 
@@ -249,7 +253,9 @@ def data_folder(env: Mapping[str, str]) -> Path:
     """``$XDG_DATA_HOME/recallbound``, or ``~/.local/share/recallbound``: where a server that
     was given no ledger or store keeps them (the folder ``recallbound memory`` writes to)."""
     home = Path(env["HOME"]) if env.get("HOME") else Path.home()
-    base = env.get("XDG_DATA_HOME") or str(home / ".local" / "share")
+    base = env.get("XDG_DATA_HOME", "")
+    if not os.path.isabs(base):  # relative or unset: ignored, as the XDG specification says
+        base = str(home / ".local" / "share")
     return Path(base) / "recallbound"
 
 
