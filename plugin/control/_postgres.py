@@ -261,14 +261,11 @@ class ThreadedDriver:
 
     @contextlib.asynccontextmanager
     async def _admission(self) -> AsyncIterator[None]:
-        """A place among the pool's ``max_size`` callers, waited for at most the pool's
-        timeout (as a checkout is): past it, :class:`psycopg_pool.PoolTimeout`."""
-        timeout, admitted = self._pool.timeout, False
-        with anyio.move_on_after(timeout):
+        """A place among the pool's callers, awaited at most ``pool_timeout`` (a checkout's)."""
+        with anyio.move_on_after(self._pool.timeout) as waited:
             await self._admitted.acquire()
-            admitted = True
-        if not admitted:
-            raise psycopg_pool.PoolTimeout(f"no place in the pool after {timeout:.2f} sec")
+        if waited.cancelled_caught:
+            raise psycopg_pool.PoolTimeout(f"no place in the pool after {self._pool.timeout} s")
         try:
             yield
         finally:
