@@ -19,7 +19,7 @@ MODULES = (
     "bench_control", "bench_group_commit", "bench_planning", "bench_hooks", "bench_telemetry",
     "bench_store", "bench_round", "bench_stress", "bench_postgres", "bench_adapter_pydantic_ai",
     "bench_adapter_langchain", "bench_adapter_openai_agents", "bench_mcp", "bench_words",
-    "bench_minilm", "bench_embed_missing", "bench_containment",
+    "bench_minilm", "bench_embed_missing", "bench_containment", "bench_listing",
 )
 
 
