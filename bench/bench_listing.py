@@ -5,9 +5,9 @@ Run from the repository root::
     python -m bench.bench_listing                     # a cell of 20,000 memories
     python -m bench.bench_listing --sizes 20000,100000
 
-For each size N, a temporary store holds N memories in one cell (a third of them sharing a
-``created_at`` with another, as a batch written at one clock reading does) beside 1,000 in
-another cell, written with ``add_memories``. It times reading the whole cell 256 at a time
+For each size N, a temporary store holds N memories in one cell beside 1,000 in another,
+written with ``add_memories``: the newest 5,000 share one ``created_at`` (an import written at
+one clock reading), the others come three to a time. It times reading the whole cell 256 at a time
 through the store, and, as the baseline in the same run on the same file, the same pages read
 with the page condition written as an ``OR`` (``created_at < ? OR (created_at = ? AND seq <
 ?)``), which SQLite cannot read as one range of an index, so it sorts the rest of the cell for
@@ -25,9 +25,11 @@ from pathlib import Path
 import anyio
 
 from plugin.memory.store import MemoryRecord, MemoryStore
-from plugin.memory.store.lookups import FIRST_PAGE, NEXT_PAGE
+from plugin.memory.store.lookups import FIRST_PAGE, NEXT_PAGE, next_page
 
 PAGE = 256
+TIE = 5_000
+"""The newest memories share one time, as an import written at one clock reading does."""
 OLD_NEXT_PAGE = FIRST_PAGE.replace(
     "ORDER BY", "AND (m.created_at < ? OR (m.created_at = ? AND m.seq < ?)) ORDER BY")
 
@@ -37,7 +39,7 @@ async def build(path: Path, size: int) -> None:
         for start in range(0, size, 5_000):
             await store.add_memories(
                 MemoryRecord(id=f"m{i}", text=f"note {i} about item {i % 97}", principal="u1",
-                             scope="big", created_at=float(i // 3))
+                             scope="big", created_at=1e9 if i < TIE else float(i // 3))
                 for i in range(start, min(size, start + 5_000)))
         await store.add_memories(
             MemoryRecord(id=f"o{i}", text=f"other {i}", principal="u1", scope="small",
@@ -53,9 +55,9 @@ async def through_store(path: Path) -> tuple[float, int]:
         return time.perf_counter() - began, count
 
 
-def pages(path: Path, next_page: str, key: int) -> tuple[float, int]:
-    """The whole cell through ``next_page``, whose key is ``(created_at, seq)``, or
-    ``(created_at, created_at, seq)`` for the OR condition (``key`` 3)."""
+def pages(path: Path, query: str, key: int) -> tuple[float, int]:
+    """The whole cell through ``query``: the store's (``key`` 2) or the OR condition's
+    (``key`` 3, whose key is ``(created_at, created_at, seq)``)."""
     conn = sqlite3.connect(path)
     try:
         began = time.perf_counter()
@@ -63,8 +65,9 @@ def pages(path: Path, next_page: str, key: int) -> tuple[float, int]:
         count = len(rows)
         while len(rows) == PAGE:
             created_at, seq = rows[-1][4], rows[-1][6]
-            after = (created_at, seq) if key == 2 else (created_at, created_at, seq)
-            rows = conn.execute(next_page, ("u1", "big", *after, PAGE)).fetchall()
+            params = (next_page("u1", "big", (created_at, seq), PAGE) if key == 2
+                      else ("u1", "big", created_at, created_at, seq, PAGE))
+            rows = conn.execute(query, params).fetchall()
             count += len(rows)
         return time.perf_counter() - began, count
     finally:

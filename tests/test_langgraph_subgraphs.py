@@ -226,3 +226,48 @@ async def test_a_follow_up_after_the_deadline_is_not_served_the_ended_turns_evid
     await later[0]
     (request,) = follow_model.requests
     assert "Recalled memory" not in request.instructions
+
+
+async def test_a_hand_built_graph_started_in_the_turn_keeps_its_round_after_the_turn_ends(
+    hooks: RecallHooks,
+) -> None:
+    """A graph whose model node calls ``automatic_context`` at every request, started in a
+    background task by the agent's tool: its first request shares the turn; its next, after
+    the agent's invocation ended, is the same graph invocation and takes no round."""
+    import asyncio
+
+    recall = LangChainRecall(hooks)
+    seen: list[str] = []
+    first_done, outer_done = asyncio.Event(), asyncio.Event()
+
+    async def call_model(state: MessagesState, runtime: Runtime[RecallContext]) -> Any:
+        seen.append(await recall.automatic_context(state["messages"], runtime.context))
+        if len(seen) == 1:
+            first_done.set()
+            await outer_done.wait()
+        return {"messages": [AIMessage(f"step {len(seen)}")]}
+
+    graph = StateGraph(MessagesState, context_schema=RecallContext)
+    graph.add_node("model", call_model)
+    graph.add_conditional_edges("model", lambda _: "model" if len(seen) < 2 else END,
+                                ["model", END])
+    graph.add_edge(START, "model")
+    inner = graph.compile()
+    tasks: list[Any] = []
+
+    @tool
+    async def spawn() -> str:
+        """Start the helper graph."""
+        tasks.append(asyncio.create_task(
+            inner.ainvoke({"messages": [HumanMessage(ASK)]}, context=CONTEXT)))
+        await first_done.wait()
+        return "spawned"
+
+    model = ScriptedChatModel((ScriptedCall(name="spawn", arguments={}, call_id="s1"),), "Done.")
+    agent = create_agent(model, tools=[spawn], middleware=[RecallMiddleware(hooks)],
+                         context_schema=RecallContext)
+    await agent.ainvoke({"messages": [HumanMessage(ASK)]}, context=CONTEXT)
+    outer_done.set()
+    await tasks[0]
+    assert await _kinds(hooks) == ["automatic"]
+    assert seen[0] == seen[1] == model.requests[0].instructions

@@ -193,3 +193,73 @@ async def test_a_follow_up_after_the_deadline_is_not_served_the_ended_turns_evid
     await later[0]
     assert len(inner.instructions) == 1
     assert "ana's private note" not in inner.instructions[0]
+
+
+async def test_a_delegate_that_started_in_the_turn_keeps_its_round_after_the_turn_ends(
+    hooks: RecallHooks,
+) -> None:
+    """A delegate started in a background task whose first request comes while the turn runs
+    shares the turn; its later requests, after the outer run returned, are the same
+    invocation: no second automatic round, the same context."""
+    import asyncio
+
+    capability = RecallCapability(hooks)
+    inner = _Script([("wait_outer", {}, "w1")], "inner done")
+    outer = _Script([("spawn", {}, "s1")], "outer done")
+    delegate = Agent(inner.model, deps_type=RunIdentity, capabilities=[capability])
+    agent = Agent(outer.model, deps_type=RunIdentity, capabilities=[capability])
+    outer_done, first_request = asyncio.Event(), asyncio.Event()
+    tasks: list[asyncio.Task[Any]] = []
+
+    @delegate.tool
+    async def wait_outer(ctx: RunContext[RunIdentity]) -> str:
+        first_request.set()
+        await outer_done.wait()
+        return "ok"
+
+    @agent.tool
+    async def spawn(ctx: RunContext[RunIdentity]) -> str:
+        tasks.append(asyncio.create_task(delegate.run("help", deps=ctx.deps)))
+        await first_request.wait()  # the delegate's first request is in this turn
+        return "spawned"
+
+    await agent.run("Continue", deps=ANA)
+    outer_done.set()
+    await tasks[0]
+    assert await _kinds(hooks, ANA.run_id) == ["automatic"]
+    assert inner.instructions[0] == inner.instructions[1] == outer.instructions[0]
+
+
+async def test_a_run_an_ended_delegate_scheduled_shares_the_turn_still_running(
+    hooks: RecallHooks,
+) -> None:
+    """A's tool awaits delegate B; B's tool schedules C and B ends; C runs while A's tool still
+    runs: one user turn, one automatic round."""
+    import asyncio
+
+    capability = RecallCapability(hooks)
+    a, b, c = (_Script([("delegate", {}, "d1")], "A done"),
+               _Script([("schedule", {}, "s1")], "B done"), _Script("C done"))
+    first, second, third = (Agent(x.model, deps_type=RunIdentity, capabilities=[capability])
+                            for x in (a, b, c))
+    b_done, tasks = asyncio.Event(), []
+
+    @second.tool
+    async def schedule(ctx: RunContext[RunIdentity]) -> str:
+        async def later() -> None:
+            await b_done.wait()
+            await third.run("sub", deps=ctx.deps)
+
+        tasks.append(asyncio.create_task(later()))
+        return "scheduled"
+
+    @first.tool
+    async def delegate(ctx: RunContext[RunIdentity]) -> str:
+        out = await second.run("help", deps=ctx.deps, usage=ctx.usage)
+        b_done.set()
+        await tasks[0]  # C runs entirely inside A's turn
+        return out.output
+
+    await first.run("Continue", deps=ANA)
+    assert await _kinds(hooks, ANA.run_id) == ["automatic"]
+    assert c.instructions == [a.instructions[0]]

@@ -300,6 +300,7 @@ class Invocation:
     enclosing: Invocation | None = attrs.field(factory=enclosing_invocation.get, init=False)
     _done: bool = attrs.field(default=False, init=False)
     _ended: bool = attrs.field(default=False, init=False)
+    _turn: Invocation | None = attrs.field(default=None, init=False, repr=False)
     _text: str = attrs.field(default="", init=False)
     _lock: anyio.Lock = attrs.field(factory=anyio.Lock, init=False, repr=False)
 
@@ -326,16 +327,25 @@ class Invocation:
         return self._ended
 
     def turn(self, run: RunRecall) -> Invocation:
-        """The invocation whose automatic round the requests of ``run`` share: the enclosing
-        one when this was started inside its tool for the same host run (one user turn, one
-        automatic round) and it has not ended, else this one. Another run id, scope or
-        principal never shares, and neither does a run that outlives the tool's invocation
-        (a follow-up scheduled in a background task): it is the next turn."""
+        """The invocation whose automatic round the requests of ``run`` share, fixed at its
+        first request: the nearest enclosing invocation that has not ended, when this was
+        started inside its tool (or inside a tool of an invocation it started) for the same
+        host run (one user turn, one automatic round), else this one. Another run id, scope
+        or principal never shares, and neither does a run that starts after every enclosing
+        invocation ended (a follow-up a tool scheduled in a background task): it is the next
+        turn. A run that started within the turn keeps sharing it after the turn ends."""
+        if self._turn is None:
+            self._turn = self._shared(run)
+        return self._turn
+
+    def _shared(self, run: RunRecall) -> Invocation:
         outer = self.enclosing
-        if outer is None or outer.run is None or outer.ended:
+        while outer is not None and outer.ended:  # its own enclosing may still run
+            outer = outer.enclosing
+        if outer is None or outer.run is None:
             return self
-        same = (outer.run.run_id, outer.run.scope, outer.run.principal)
-        if same != (run.run_id, run.scope, run.principal):
+        if (outer.run.run_id, outer.run.scope, outer.run.principal) != (
+                run.run_id, run.scope, run.principal):
             return self
         return outer.turn(outer.run)
 

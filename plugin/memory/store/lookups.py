@@ -24,9 +24,22 @@ _PAGE = (f"SELECT {MEMORY_COLUMNS}, m.seq FROM memories AS m "
          "ORDER BY m.created_at DESC, m.seq DESC LIMIT ?")
 FIRST_PAGE = _PAGE.format(after="")
 """A cell's first page of memories, newest first (a tie: the later write first)."""
-NEXT_PAGE = _PAGE.format(after="AND (m.created_at, m.seq) < (?, ?) ")
-"""The page after a ``(created_at, seq)`` key: a range of the ``memories_listing`` index, so
-a page costs the same however deep into a large cell it starts."""
+NEXT_PAGE = (
+    "SELECT * FROM (" + _PAGE.format(after="AND m.created_at = ? AND m.seq < ? ") + ") "
+    "UNION ALL SELECT * FROM (" + _PAGE.format(after="AND m.created_at < ? ") + ") "
+    "ORDER BY 5 DESC, 7 DESC LIMIT ?"
+)
+"""The page after a ``(created_at, seq)`` key: the rest of that time's tie, then the earlier
+times, each one range of the ``memories_listing`` index, so a page costs the same however deep
+into a large cell (or into a batch written at one clock reading) it starts. Its parameters:
+:func:`next_page`."""
+
+
+def next_page(principal: str, scope: str, after: tuple[float, int],
+              limit: int) -> tuple[str | float | int, ...]:
+    """:data:`NEXT_PAGE`'s parameters."""
+    return (principal, scope, after[0], after[1], limit, principal, scope, after[0], limit,
+            limit)
 
 
 @attrs.define(eq=False)
@@ -76,7 +89,7 @@ class Lookups:
         if after is None:
             rows = await self.db.fetch(FIRST_PAGE, (principal, scope, limit))
         else:
-            rows = await self.db.fetch(NEXT_PAGE, (principal, scope, after[0], after[1], limit))
+            rows = await self.db.fetch(NEXT_PAGE, next_page(principal, scope, after, limit))
         last = (float(rows[-1][4]), int(rows[-1][6])) if rows else None
         return [memory_evidence(row, score=float(row[4]), arm="lookup") for row in rows], last
 

@@ -140,7 +140,7 @@ class RecallMiddleware(AgentMiddleware[RecallState, Any, Any]):
         gets the context that invocation prepared and takes no round."""
         if self.mode != "per_invocation":
             return None
-        block = await self.recall.automatic_context(state["messages"], runtime.context)
+        block = await self.recall.agent_context(state["messages"], runtime.context)
         return {"recall_context": block}
 
     async def aafter_agent(

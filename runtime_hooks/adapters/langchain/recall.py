@@ -148,8 +148,20 @@ class LangChainRecall:
         its own ``control=`` passes a fresh one per invocation, as LangGraph asks. Outside a
         graph run it is :meth:`prepare_now`.
         """
+        return await self._context(messages, context, agent=False)
+
+    async def agent_context(self, messages: Sequence[AnyMessage], context: object) -> str:
+        """:meth:`automatic_context` for a ``create_agent`` agent's ``before_agent``: called
+        once when the agent starts, so an agent that starts after the graph invocation it runs
+        in has ended (a follow-up a tool scheduled in a background task) is the next turn and
+        prepares again. A hand-built graph's model node calls :meth:`automatic_context` at
+        every request instead, so the invocation it started in stays its own to the end."""
+        return await self._context(messages, context, agent=True)
+
+    async def _context(self, messages: Sequence[AnyMessage], context: object, *,
+                       agent: bool) -> str:
         run = self.run(context)
-        invocation = self._graph_invocation(run.run_id)
+        invocation = self._graph_invocation(run.run_id, renew_ended=agent)
 
         async def prepare() -> str:
             return await self._render(run, messages)
@@ -193,8 +205,9 @@ class LangChainRecall:
             return None
         return found[1]
 
-    def _graph_invocation(self, run_id: str) -> Invocation | None:
-        """The current graph invocation's automatic round; None outside a graph run."""
+    def _graph_invocation(self, run_id: str, *, renew_ended: bool) -> Invocation | None:
+        """The current graph invocation's automatic round (a new one in place of an ended one
+        when ``renew_ended``); None outside a graph run."""
         try:
             control = get_runtime().control
         except (RuntimeError, AttributeError):  # not in a graph run
@@ -204,7 +217,7 @@ class LangChainRecall:
         key = (id(control), run_id)
         entries = self._invocations.entries
         found = entries.get(key)
-        if found is not None and found[0] is control and not found[1].ended:
+        if found is not None and found[0] is control and not (renew_ended and found[1].ended):
             entries.move_to_end(key)
             return found[1]
         invocation = Invocation()
