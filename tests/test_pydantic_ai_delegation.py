@@ -235,23 +235,11 @@ async def test_a_run_an_ended_delegate_scheduled_shares_the_turn_still_running(
 ) -> None:
     """A's tool awaits delegate B; B's tool schedules C and B ends; C runs while A's tool still
     runs: one user turn, one automatic round."""
-    import asyncio
-
     capability = RecallCapability(hooks)
     a, b, c = (_Script([("delegate", {}, "d1")], "A done"),
                _Script([("schedule", {}, "s1")], "B done"), _Script("C done"))
-    first, second, third = (Agent(x.model, deps_type=RunIdentity, capabilities=[capability])
-                            for x in (a, b, c))
-    b_done, tasks = asyncio.Event(), []
-
-    @second.tool
-    async def schedule(ctx: RunContext[RunIdentity]) -> str:
-        async def later() -> None:
-            await b_done.wait()
-            await third.run("sub", deps=ctx.deps)
-
-        tasks.append(asyncio.create_task(later()))
-        return "scheduled"
+    second, b_done, tasks = _scheduling(capability, b, c)
+    first = Agent(a.model, deps_type=RunIdentity, capabilities=[capability])
 
     @first.tool
     async def delegate(ctx: RunContext[RunIdentity]) -> str:
