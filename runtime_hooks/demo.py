@@ -258,7 +258,6 @@ async def _usage(out: Callable[[str], None], hooks: RecallHooks, run_ids: list[s
              f"{trace.outcome.value:9} query {query}", 4)
 
 
-
 class DemoFolderError(RecallboundError, ValueError):
     """The demo's ``--data-dir`` cannot hold its files (a file, a device, no permission)."""
 

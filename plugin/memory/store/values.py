@@ -182,10 +182,6 @@ def check_key(value: object, name: str) -> str:
     return value
 
 
-def _validate_key(_instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    check_key(value, attribute.name)
-
-
 def check_ids(value: object, name: str) -> tuple[str, ...]:
     """Validate an iterable of identifiers (a bare ``str`` is refused, not split)."""
     if isinstance(value, str) or not isinstance(value, Iterable):
@@ -256,11 +252,6 @@ def _validate_owner(_instance: object, attribute: attrs.Attribute[Any], value: o
 
 
 def _validate_memory_id(_instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if value is not None:
-        check_memory_id(value, attribute.name)
-
-
-def _validate_stored_id(_instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     check_memory_id(value, attribute.name)
 
 
@@ -283,7 +274,8 @@ class MemoryWrite:
     text: str = attrs.field(validator=_validate_memory_text)
     principal: str = attrs.field(validator=_validate_owner)
     scope: str = attrs.field(validator=_validate_owner)
-    id: str | None = attrs.field(default=None, validator=_validate_memory_id)
+    id: str | None = attrs.field(default=None,
+                                 validator=attrs.validators.optional(_validate_memory_id))
 
     @classmethod
     def from_dict(cls, data: object) -> MemoryWrite:
@@ -323,7 +315,7 @@ class MemoryRecord:
     :class:`InvalidMemoryError`. ``created_at`` defaults to the store's clock.
     """
 
-    id: str = attrs.field(validator=_validate_stored_id)
+    id: str = attrs.field(validator=_validate_memory_id)
     text: str = attrs.field(converter=check_text)
     principal: str = attrs.field(validator=_validate_owner)
     scope: str = attrs.field(validator=_validate_owner)

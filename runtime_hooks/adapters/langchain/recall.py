@@ -190,36 +190,34 @@ class LangChainRecall:
             return
         if "|" in str(namespace):  # nested in another graph's invocation
             return
-        found = self._current(self._trusted(context).run_id)
-        if found is not None:
-            found.end()
+        recorded = self._recorded(self._trusted(context).run_id)
+        if recorded is not None and recorded[1] is not None:
+            recorded[1].end()
 
-    def _current(self, run_id: str) -> Invocation | None:
-        """The live invocation of the current run control and ``run_id``, if any."""
-        try:
-            control = get_runtime().control
-        except (RuntimeError, AttributeError):  # not in a graph run
-            return None
-        found = self._invocations.entries.get((id(control), run_id))
-        if found is None or found[0] is not control or found[1].ended:
-            return None
-        return found[1]
-
-    def _graph_invocation(self, run_id: str, *, renew_ended: bool) -> Invocation | None:
-        """The current graph invocation's automatic round (a new one in place of an ended one
-        when ``renew_ended``); None outside a graph run."""
+    def _recorded(self, run_id: str) -> tuple[object, Invocation | None] | None:
+        """The current run control and the invocation recorded for it and ``run_id`` (None
+        if there is none); None outside a graph run."""
         try:
             control = get_runtime().control
         except (RuntimeError, AttributeError):  # not in a graph run
             return None
         if control is None:
             return None
+        found = self._invocations.entries.get((id(control), run_id))
+        return control, (found[1] if found is not None and found[0] is control else None)
+
+    def _graph_invocation(self, run_id: str, *, renew_ended: bool) -> Invocation | None:
+        """The current graph invocation's automatic round (a new one in place of an ended one
+        when ``renew_ended``); None outside a graph run."""
+        recorded = self._recorded(run_id)
+        if recorded is None:
+            return None
+        control, found = recorded
         key = (id(control), run_id)
         entries = self._invocations.entries
-        found = entries.get(key)
-        if found is not None and found[0] is control and not (renew_ended and found[1].ended):
+        if found is not None and not (renew_ended and found.ended):
             entries.move_to_end(key)
-            return found[1]
+            return found
         invocation = Invocation()
         # The entry holds the control itself, so its id cannot name another run meanwhile.
         entries[key] = (control, invocation)
