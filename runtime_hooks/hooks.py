@@ -297,7 +297,8 @@ class RecallHooks:
         process) with its recorded outcome; None for a call never dispatched (or invalid).
 
         Never searches and never reserves: what a tool that finds no stored result asks
-        before it concludes that its call was never dispatched.
+        before it concludes that its call was never dispatched. Legacy hooks read no record
+        (they write none): None for every call.
         """
         scope, principal = self._check(run_id, scope, principal)
         _check_calls(calls)

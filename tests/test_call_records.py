@@ -23,6 +23,9 @@ import pytest
 from plugin import (
     Evidence,
     ManualClock,
+    QueryPlanner,
+    QueryPreparation,
+    RecallAllowance,
     SimpleRetriever,
 )
 from plugin.control import RefusalReason, SqliteLedger
@@ -83,6 +86,28 @@ async def test_a_replay_in_another_process_answers_from_the_ledger(
         assert [e.id for e in replayed.evidence] == ["m0", "m1", "m2"]
         assert await _counts(hooks, "r") == before
         assert again.searches == 0 and again.reads == 3  # re-read, never searched
+
+
+async def test_legacy_hooks_read_no_record_an_enforced_worker_wrote(
+    opener: Callable[[], Any],
+) -> None:
+    # Legacy is no enforcement at all: exactly-once holds among enforced hooks (documented).
+    clock = ManualClock(wall=WALL, monotonic=1.0)
+    async with _hooks(opener, clock, Counting()) as hooks:
+        (ran,) = await hooks.dispatch([_call("c1")], run_id="r", scope=S, principal=P)
+        assert ran.status == "ok"
+    legacy = Counting()
+    async with opener() as ledger:
+        hooks = RecallHooks(allowance=RecallAllowance.legacy(ledger, clock=clock),
+                            preparer=QueryPreparation(QueryPlanner()),
+                            retriever=legacy.retriever)
+        assert await hooks.replay([_call("c1")], run_id="r", scope=S, principal=P) == [None]
+        (again,) = await hooks.dispatch([_call("c1")], run_id="r", scope=S, principal=P)
+        assert again.status == "ok" and legacy.searches == 1
+    async with _hooks(opener, clock, (enforced := Counting())) as hooks:
+        # The legacy search changed nothing the enforced workers recorded.
+        (replayed,) = await hooks.dispatch([_call("c1")], run_id="r", scope=S, principal=P)
+        assert replayed.slot == ran.slot and enforced.searches == 0
 
 
 @pytest.mark.parametrize("calls", ["abc", b"abc", None, 5, {"c1": "x"}, [None],

@@ -11,8 +11,9 @@ from pathlib import Path
 import attrs
 import pytest
 
-from plugin.control import AllowancePolicy
-from plugin.errors import ConfigError, RecallboundError
+from plugin.control import AllowancePolicy, SqliteLedger
+from plugin.errors import ConfigError, LedgerPathError, RecallboundError
+from plugin.memory.store import MemoryStore, MemoryStorePathError
 from runtime_hooks.__main__ import main
 from runtime_hooks.bootstrap import (
     RecallConfig,
@@ -164,6 +165,44 @@ def test_an_ephemeral_ledger_is_refused_unless_asked_for(folder: Path, location:
         == location
     assert RecallConfig(ledger_path=location, store_path="m.db",
                         allow_ephemeral_ledger=True).allow_ephemeral_ledger
+
+
+# SQLite reads these parameters of a ``file:`` URI: each one makes the file unsafe for a ledger
+# or a store that several processes share (another VFS locks differently or not at all; nolock
+# and immutable turn locking off; ro cannot write). Refused when named, with the reason.
+_UNSAFE_URIS = ["file:ledger.db?vfs=unix-none", "file:ledger.db?vfs=unix-dotfile",
+                "file:ledger.db?vfs=unix-excl", "file:ledger.db?nolock=1",
+                "file:ledger.db?cache=shared&nolock=yes", "file:ledger.db?immutable=1",
+                "file:ledger.db?mode=ro", "file:ledger.db?%76fs=unix-none",
+                "file:ledger.db?nolock=on#x"]
+
+
+@pytest.mark.parametrize("location", _UNSAFE_URIS)
+def test_a_file_uri_that_changes_locking_is_refused_with_its_reason(
+    folder: Path, location: str
+) -> None:
+    reason = r"(locks the file differently|turns SQLite's file locking off|read-only)"
+    with pytest.raises(ConfigError, match=r"^ledger from env \(RECALLBOUND_LEDGER\): .*" + reason):
+        load_config(env={"RECALLBOUND_LEDGER": location})
+    with pytest.raises(ConfigError, match=r"^store from env \(RECALLBOUND_STORE\): .*" + reason):
+        load_config(env={"RECALLBOUND_STORE": location})
+    with pytest.raises(ConfigError, match=r"RecallConfig.ledger_path .*" + reason):
+        RecallConfig(ledger_path=location, store_path="m.db")
+    with pytest.raises(LedgerPathError, match=reason):
+        SqliteLedger(location)
+    with pytest.raises(MemoryStorePathError, match=reason):
+        MemoryStore(location)
+    assert not (folder / "ledger.db").exists()
+
+
+@pytest.mark.parametrize("location", ["file:ledger.db?mode=rwc", "file:ledger.db?nolock=0",
+                                      "file:ledger.db?cache=shared", "file:ledger.db?VFS=x",
+                                      "file:ledger.db?immutable=off"])
+def test_a_file_uri_that_keeps_sqlites_locking_is_taken(folder: Path, location: str) -> None:
+    assert load_config(env={"RECALLBOUND_LEDGER": location}).values["ledger"].endswith(
+        location[location.index("?"):])
+    SqliteLedger(location)
+    MemoryStore(location)
 
 
 @pytest.mark.parametrize("value", ["true", 1, None])

@@ -159,6 +159,46 @@ def location_problem(text: str, *, file: bool) -> str | None:
     if file and any(unicodedata.category(char) == "Cc" or char in _STRAY for char in text):
         return ("holds a control or invisible character (a newline, a tab, a BOM, a "
                 "zero-width space): give the file's name without it")
+    return uri_problem(text) if file else None
+
+
+_TRUE = frozenset({"yes", "true", "on"})
+
+
+def _uri_true(value: str) -> bool:
+    """SQLite's reading of a boolean URI parameter (``sqlite3_uri_boolean``): yes, true or on
+    in any case, or a number (as C's atoi reads it) other than 0."""
+    if value.lower() in _TRUE:
+        return True
+    digits = value.lstrip()
+    sign = digits[:1] in ("+", "-")
+    number = ""
+    for char in digits[sign:]:
+        if not char.isascii() or not char.isdigit():
+            break
+        number += char
+    return bool(number) and int(number) != 0
+
+
+def uri_problem(text: str) -> str | None:
+    """Why a ``file:`` URI cannot hold a ledger or a store that several processes share, or
+    None: a parameter SQLite reads that changes how it locks the file (another VFS; ``nolock``
+    or ``immutable`` true, which turn locking off) or opens it read-only (``mode=ro``). An
+    in-memory database (``vfs=memdb``, ``mode=memory``) is :func:`is_ephemeral`'s to judge.
+    SQLite's parameter names are case-sensitive and percent-decoded, as here."""
+    if not text.startswith("file:"):  # SQLite reads only this spelling as a URI
+        return None
+    query = text[5:].partition("#")[0].partition("?")[2]
+    for pair in query.split("&"):
+        key, _, value = (urllib.parse.unquote(part) for part in pair.partition("="))
+        if key == "vfs" and value != "memdb":
+            return (f"names an SQLite VFS ({value!r}), which locks the file differently from "
+                    "the other processes or not at all: drop vfs= from the URI")
+        if key in ("nolock", "immutable") and _uri_true(value):
+            return (f"sets {key}, which turns SQLite's file locking off for a file other "
+                    f"processes write: drop {key}= from the URI")
+        if key == "mode" and value == "ro":
+            return "opens the file read-only (mode=ro), and it must be written: drop mode=ro"
     return None
 
 

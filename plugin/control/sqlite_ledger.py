@@ -38,6 +38,7 @@ from ._sqlite.reserve import reserve_one
 from ._sqlite.translate import Family
 from ._sqlite.translate import translate as translate_sqlite
 from .dsn import is_connection_string, redact
+from .dsn_text import uri_problem
 from .ledger import Reservation, WallTime
 from .policy import AllowancePolicy, RoundKind
 from .refusal import BudgetRefusal
@@ -138,6 +139,9 @@ class SqliteLedger(SqlLedger):
                 "SqliteLedger takes a file path, and this one is a connection string: open "
                 "it with open_ledger() or PostgresLedger (a file of such a name: give its "
                 "absolute path)")
+        problem = uri_problem(self._path)
+        if problem is not None:
+            raise LedgerPathError(f"ledger {redact(self._path)!r} {problem}")
         self._timeout = _busy_timeout(timeout)
         self._conn: _sqlite.Connection | None = None
         self._now: sqlite3.Connection | None = None

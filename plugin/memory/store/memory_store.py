@@ -16,6 +16,7 @@ import numpy.typing as npt
 from ...control import validate
 from ...control.clock import Clock, SystemClock, finite_clock
 from ...control.dsn import is_connection_string
+from ...control.dsn_text import uri_problem
 from ...errors import InvalidArgumentTypeError
 from ..embedding import EmbeddingAdapter, is_embedding_adapter
 from .database import Database
@@ -81,6 +82,9 @@ class MemoryStore:
             raise MemoryStorePathError(
                 "the memory store's location is a connection string; the store is a SQLite "
                 "file: give its path")
+        problem = uri_problem(location) if isinstance(location, str) else None
+        if problem is not None:
+            raise MemoryStorePathError(f"memory store {location!r} {problem}")
         self._db = Database(location, timeout)
         self._vectors = VectorCache(self._db, vector_cache_bytes)
         self._embedding = embedding
