@@ -57,6 +57,12 @@ library), and prints the same table as :mod:`bench.tune_ranking`:
   ``aspect-diversity``, each field's coverage by a note its sentence-vector cosine with the
   field over the best of the twenty, to the power 4 (``-p2``, ``-p8``: 2, 8), half coverage and
   half score (``-3``, ``-7``: 0.3, 0.7 coverage) (round seventeen).
+- ``objective-gate``, ``context-gate``: the fused ranking's first fifteen re-scored by how
+  close each one's sentence vector is to the objective's (``context-``: to the mean of the
+  objective's, the open questions', the constraints' and the entities'), so a note that echoes
+  the next action's words about another matter (a boiler engineer's home visit beside a
+  rescue's) falls: 0.8 of the fused score (over the best) plus 0.2 of the closeness, scaled to
+  [0, 1] over the fifteen (round nineteen).
 - ``beliefs-words-once``: the beliefs' placement (:func:`~plugin.memory.ranking.query_coverage`)
   counts a word several fragments hold once, in the heaviest of them, as the sparse arm does.
 
@@ -509,6 +515,42 @@ def _topic_coherence(share: float, *, nearest: int | None = None, top: int = 15
         yield
 
 
+_ANCHORS = {
+    "objective": frozenset({FragmentRole.OBJECTIVE}),
+    "context": frozenset({FragmentRole.OBJECTIVE, FragmentRole.QUESTION,
+                          FragmentRole.CONSTRAINT, FragmentRole.ENTITY}),
+}
+
+
+@contextlib.contextmanager
+def _anchor_gate(anchor: str, share: float = 0.2, top: int = 15) -> Iterator[None]:
+    shipped = pipeline.MemoryRetriever._rank
+    roles = _ANCHORS[anchor]
+
+    async def rank(self: Any, prepared: Any, principal: str, scope: str, caps: Any,
+                   arms: list[str], notes: list[str]) -> Any:
+        ranked = await shipped(self, prepared, principal, scope, caps, arms, notes)
+        query, fragments = prepared.query, prepared.semantic.fragment_vectors
+        picked = [vector for vector, role in zip(fragments, query.roles, strict=False)
+                  if role in roles]
+        if not {"sparse", "semantic"} <= set(arms) or len(ranked) < 3 or not picked \
+                or len(fragments) != len(query.fragments):
+            return ranked
+        centre = np.mean(np.stack(picked), axis=0)
+        head = ranked[:top]
+        close = self.store.embedding.embed([item.text for item in head]) @ (
+            centre / (np.linalg.norm(centre) or 1.0))
+        scores = np.array([item.score for item in head])
+        scores = scores / (scores.max() or 1.0)
+        spread = float(close.max() - close.min()) or 1.0
+        mixed = (1 - share) * scores + share * (close - close.min()) / spread
+        order = sorted(range(len(head)), key=lambda index: -mixed[index])
+        return [attrs.evolve(head[i], score=float(mixed[i])) for i in order] + ranked[top:]
+
+    with mock.patch.object(pipeline.MemoryRetriever, "_rank", rank):
+        yield
+
+
 VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "default": contextlib.nullcontext,
     "fragment-cosines": _fragment_cosines,
@@ -533,6 +575,8 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "word-precision-1": lambda: _word_precision(1.0),
     "topic-coherence": lambda: _topic_coherence(0.4),
     "topic-neighbours": lambda: _topic_coherence(0.2, nearest=3),
+    "objective-gate": lambda: _anchor_gate("objective"),
+    "context-gate": lambda: _anchor_gate("context"),
 }
 
 
