@@ -27,6 +27,7 @@ from agents import (
     ToolGuardrailFunctionOutput,
     ToolInputGuardrail,
     ToolInputGuardrailData,
+    function_tool,
 )
 from agents.items import ModelResponse
 from agents.run_config import CallModelData, ModelInputData
@@ -444,6 +445,48 @@ async def test_an_unbound_run_fails_with_a_typed_error(hooks: RecallHooks, piece
     error = caught.value if piece != "tool" else caught.value.__cause__
     assert isinstance(error, RunNotBoundError)
     assert await usage(hooks) == (0, 0, 0, 0)
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+async def test_a_bare_follow_up_after_the_turn_ended_is_refused_not_served_its_context(
+    hooks: RecallHooks, streamed: bool
+) -> None:
+    # A tool schedules a follow-up in a background task, which inherits the turn's bound
+    # context and starts after the turn returned: it must never see the ended turn's prepared
+    # context nor run inside its round. A bare Runner.run cannot be told from the turn's own
+    # runs, so it is refused as unbound; started with recall.run it is the next turn.
+    from agents import Runner
+
+    recall = agents_recall(hooks)
+    go, scheduled = asyncio.Event(), []
+    follower = ScriptedModel([[assistant_message("Followed up.")]])
+
+    async def follow_up(bare: bool) -> Any:
+        await go.wait()
+        the_agent = agent(follower, recall)
+        if bare:
+            return await Runner.run(the_agent, "Follow up on the cutover", hooks=recall.run_hooks(),
+                                    run_config=recall.run_config(config()))
+        return await recall.run(the_agent, "Follow up on the cutover", run_id=RUN, scope=SCOPE,
+                                principal=PRINCIPAL, run_config=config())
+
+    @function_tool
+    async def schedule() -> str:
+        """Schedule the follow-ups."""
+        scheduled.extend(asyncio.get_running_loop().create_task(follow_up(bare))
+                         for bare in (True, False))
+        return "scheduled"
+
+    model = ScriptedModel([[function_call("schedule", {}, call_id="s1")],
+                           [assistant_message("Done.")]])
+    await run(recall, model, streamed=streamed, the_agent=agent(model, recall, schedule))
+    assert (await usage(hooks))[0] == 1
+    go.set()
+    bare, bound = await asyncio.gather(*scheduled, return_exceptions=True)
+    assert isinstance(bare, RunNotBoundError) and "ended" in str(bare)
+    assert not isinstance(bound, BaseException)
+    assert len(follower.calls) == 1  # the bound follow-up's request alone
+    assert (await usage(hooks))[0] == 2  # the next turn's own round
 
 
 async def test_host_hooks_and_filter_still_run(hooks: RecallHooks) -> None:
