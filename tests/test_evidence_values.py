@@ -75,6 +75,18 @@ def test_a_wrong_type_is_a_type_error_naming_the_field(fields: dict[str, Any],
         Evidence(id="m1", text="x", **fields)
 
 
+@pytest.mark.parametrize("field", ["score", "created_at"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf"), np.float32("nan"),
+                                   np.float64("-inf")])
+def test_a_number_that_is_not_finite_is_a_value_error_naming_the_field(
+    field: str, value: Any
+) -> None:
+    # A cosine against a zero vector is NaN: refused where the backend builds the item (as a
+    # number no float holds is), never a search whose good items are all lost later.
+    with pytest.raises(ValueError, match=f"Evidence.{field} must be finite"):
+        Evidence(id="m1", text="x", **{field: value})
+
+
 async def test_a_search_returning_backend_values_is_evidence(
     tmp_path: Path, clock: ManualClock
 ) -> None:

@@ -100,6 +100,8 @@ def _evidence_owner(_instance: object, attribute: attrs.Attribute[Any], value: o
 
 def _evidence_number(_instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if type(value) is float:
+        if not math.isfinite(value):  # a cosine against a zero vector, say: no rank, no time
+            raise ValueError(f"Evidence.{attribute.name} must be finite, got {value!r}")
         return
     if isinstance(value, bool) or not isinstance(value, (numbers.Real, Decimal)):
         raise TypeError(
@@ -135,7 +137,7 @@ class Evidence:
     (``numpy.float32``, ``Decimal`` included) is kept as a ``float``, any string (``numpy.str_``,
     a str enum; ``kind`` too) as the exact ``str`` of its characters, any iterable of ids (a
     list) as a tuple. A value of another type raises ``TypeError`` naming the field, a number
-    no float holds (``10**400``) or an unknown kind ``ValueError``.
+    no float holds (``10**400``), a NaN or an infinity, or an unknown kind ``ValueError``.
     """
 
     id: str = attrs.field(converter=_plain, validator=_evidence_str)
