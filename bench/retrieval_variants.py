@@ -63,6 +63,9 @@ library), and prints the same table as :mod:`bench.tune_ranking`:
   the next action's words about another matter (a boiler engineer's home visit beside a
   rescue's) falls: 0.8 of the fused score (over the best) plus 0.2 of the closeness, scaled to
   [0, 1] over the fifteen (round nineteen).
+- ``task-echo``: a pending task whose content words are at least half those of the next
+  action (by Jaccard) weighs nothing, and the role's weight is shared by the tasks left, so the
+  next action's words are not counted twice in the combined vector (round nineteen).
 - ``beliefs-words-once``: the beliefs' placement (:func:`~plugin.memory.ranking.query_coverage`)
   counts a word several fragments hold once, in the heaviest of them, as the sparse arm does.
 
@@ -551,6 +554,34 @@ def _anchor_gate(anchor: str, share: float = 0.2, top: int = 15) -> Iterator[Non
         yield
 
 
+@contextlib.contextmanager
+def _task_echo(threshold: float = 0.5) -> Iterator[None]:
+    def weights(query: Any, policy: RankingPolicy, *, request_share: float = 1.0) -> Any:
+        roles = list(query.roles)
+        if FragmentRole.NEXT_ACTION not in roles:
+            return ranking.fragment_weights(query, policy, request_share=request_share)
+        step = set(ranking.search_terms(query.fragments[roles.index(FragmentRole.NEXT_ACTION)]))
+        echoed = set()
+        for index, (role, text) in enumerate(zip(roles, query.fragments, strict=True)):
+            terms = set(ranking.search_terms(text))
+            if role is FragmentRole.TASK and terms \
+                    and len(terms & step) / len(terms | step) >= threshold:
+                echoed.add(index)
+        share = max(0.0, min(1.0, request_share))
+        others = 1.0 - share * (1.0 - policy.context)
+        counts: dict[Any, int] = {}
+        for index, role in enumerate(roles):
+            if index not in echoed:
+                counts[role] = counts.get(role, 0) + 1
+        return tuple(
+            0.0 if index in echoed else policy.role_weight(role) / math.sqrt(counts[role])
+            * (share if role is FragmentRole.REQUEST else others)
+            for index, role in enumerate(roles))
+
+    with mock.patch.object(pipeline, "fragment_weights", weights):
+        yield
+
+
 VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "default": contextlib.nullcontext,
     "fragment-cosines": _fragment_cosines,
@@ -577,6 +608,7 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "topic-neighbours": lambda: _topic_coherence(0.2, nearest=3),
     "objective-gate": lambda: _anchor_gate("objective"),
     "context-gate": lambda: _anchor_gate("context"),
+    "task-echo": _task_echo,
 }
 
 
