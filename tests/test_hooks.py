@@ -279,9 +279,14 @@ async def test_invalid_calls_get_no_slot(hooks: RecallHooks, arguments: Any) -> 
     assert await _usage(hooks, "r") == (1, 1, 1, 0)
 
 
-async def test_valid_call_may_name_its_own_scope(hooks: RecallHooks) -> None:
+@pytest.mark.parametrize("arguments", ['{"query": "cutover", "scope": "atlas"}',
+                                       # strict tool calling sends null for a left-out option
+                                       '{"query": "cutover", "scope": null}'])
+async def test_valid_call_may_name_its_own_scope_or_none(
+    hooks: RecallHooks, arguments: str
+) -> None:
     (result,) = await hooks.dispatch(
-        [ToolCall(call_id="a", arguments='{"query": "cutover", "scope": "atlas"}')],
+        [ToolCall(call_id="a", arguments=arguments)],
         run_id="r", scope=SCOPE, principal=PRINCIPAL,
     )
     assert result.status == "ok" and result.slot == 1
