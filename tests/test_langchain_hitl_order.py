@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from langchain.agents.middleware import HumanInTheLoopMiddleware
+from langchain.agents.middleware import AgentMiddleware, HumanInTheLoopMiddleware
 from langchain_core.messages import HumanMessage, ToolMessage
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
@@ -20,7 +20,7 @@ from langgraph.types import Command
 from plugin.memory.pipeline import MemoryRetriever
 from runtime_hooks import RecallHooks
 from runtime_hooks.adapters import SEARCH_TOOL
-from runtime_hooks.adapters.langchain import RecallMiddleware
+from runtime_hooks.adapters.langchain import RecallContext, RecallMiddleware
 
 from . import test_adapter_langchain as adapter
 from .test_adapter_langchain import CONTEXT, _agent, _usage, fake_model, search_calls
@@ -113,4 +113,50 @@ async def test_listed_after_the_review_recall_searches_before_anyone_reviews(
         assert len(answers) == 2 and "rejected" in str(answers[1].content)
     else:
         assert len(answers) == 1
+    assert await _usage(hooks) == (1, 1, 1)
+
+
+class _Crowd(AgentMiddleware[Any, Any, Any]):
+    """Listed before the recall middleware, its ``after_model`` runs after recall's and before
+    the tools: as many other runs as the registry keeps come through meanwhile (a busy
+    server), so the run that dispatched the edited call is forgotten before its tool reads."""
+
+    def __init__(self, recall: RecallMiddleware) -> None:
+        super().__init__()
+        self.recall = recall
+
+    def after_model(self, state: Any, runtime: Any) -> None:
+        for n in range(self.recall.recall.max_runs):
+            self.recall.recall.run(RecallContext(run_id=f"other-{n}", scope="s", principal="p"))
+
+    async def aafter_model(self, state: Any, runtime: Any) -> None:
+        self.after_model(state, runtime)
+
+
+@pytest.mark.parametrize("sync", [False, True])
+async def test_an_edited_call_whose_run_was_forgotten_is_answered_from_the_ledger(
+    hooks: RecallHooks, searched: list[str], sync: bool
+) -> None:
+    # The edited call's answer comes through the tool node: if the registry forgot the run in
+    # between, the tool must answer from the ledger's record, never "not dispatched".
+    import functools
+
+    import anyio
+
+    model = fake_model(*search_calls((ASKED,)))
+    recall = RecallMiddleware(hooks, automatic=False)
+    review = HumanInTheLoopMiddleware(interrupt_on={SEARCH_TOOL.name: True})
+    agent = _agent(model, _Crowd(recall), recall, review, checkpointer=InMemorySaver())
+    config: Any = {"configurable": {"thread_id": "review"}}
+    await agent.ainvoke({"messages": [HumanMessage("Continue")]}, config, context=CONTEXT)
+    resume = Command(resume={"decisions": [DECISIONS["edit"]]})
+    if sync:
+        done = await anyio.to_thread.run_sync(functools.partial(
+            agent.invoke, resume, config, context=CONTEXT))
+    else:
+        done = await agent.ainvoke(resume, config, context=CONTEXT)
+    (answer,) = [m for m in done["messages"] if isinstance(m, ToolMessage)]
+    assert searched == [EDITED]
+    assert '"status": "ok"' in str(answer.content), answer.content
+    assert "not dispatched" not in str(answer.content)
     assert await _usage(hooks) == (1, 1, 1)

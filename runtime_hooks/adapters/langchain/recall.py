@@ -8,6 +8,8 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import anyio.from_thread
+import anyio.lowlevel
 import attrs
 
 from runtime_hooks._extras import missing_extra
@@ -24,6 +26,7 @@ from .identity import (
     context_of,
 )
 from .kept import dispatch_kept
+from .loop import current_token, on_event_loop_thread
 from .messages import (
     StateOf,
     batch_answers,
@@ -111,6 +114,9 @@ class LangChainRecall:
     """The latest graph invocations' automatic rounds, by run control; shared with every
     other instance over the same hooks (see :class:`Turns`)."""
     tool: BaseTool = attrs.field(init=False, repr=False)
+    token: anyio.lowlevel.EventLoopToken | None = attrs.field(factory=current_token, init=False,
+                                                              repr=False)
+    """The loop it was built in, where a sync invoke's tool reads the ledger."""
 
     def __attrs_post_init__(self) -> None:
         if self._identify is not None:
@@ -240,11 +246,10 @@ class LangChainRecall:
             return []
         return batch_answers(await dispatch_kept(self.run(context), calls), edits or {})
 
-    def stored(
-        self, runtime: ToolRuntime[Any, Any], arguments: dict[str, Any] | None = None
-    ) -> ToolMessage:
-        """The tool's answer: the result its batch stored for this id and these arguments
-        (never a search of its own)."""
+    def _stored(self, runtime: ToolRuntime[Any, Any], arguments: dict[str, Any]
+                ) -> tuple[RunRecall, ToolResult | None]:
+        """The run, and the result its batch stored for this call (None if this process
+        keeps none)."""
         call_id = runtime.tool_call_id or ""
         trusted = self._trusted(runtime.context)
         batch = node_run.get()
@@ -252,9 +257,33 @@ class LangChainRecall:
                 trusted.run_id, trusted.scope, trusted.principal):
             batch = None
         run = batch.run if batch is not None else self.run(runtime.context)
-        result = run.result(call_id, arguments or {})
+        result = run.result(call_id, arguments)
         if result is None and batch is not None:
-            result = batch.answers.get(call_key(call_id, arguments or {}))
+            result = batch.answers.get(call_key(call_id, arguments))
+        return run, result
+
+    async def stored(
+        self, runtime: ToolRuntime[Any, Any], arguments: dict[str, Any] | None = None
+    ) -> ToolMessage:
+        """The tool's answer: the result its batch stored for this id and these arguments, or
+        the outcome the ledger recorded for the call (a registry that forgot the run between
+        the batch and the tool, a restart) re-read as any replay is; never a search of its
+        own."""
+        call_id, arguments = runtime.tool_call_id or "", arguments or {}
+        run, result = self._stored(runtime, arguments)
+        if result is None:
+            result = await run.recorded(call_id, arguments)
+        return tool_message(result if result is not None else not_dispatched(call_id))
+
+    def stored_sync(
+        self, runtime: ToolRuntime[Any, Any], arguments: dict[str, Any] | None = None
+    ) -> ToolMessage:
+        """:meth:`stored` for a sync invoke's tool, in a worker thread of the hooks' loop (the
+        ledger is read on that loop)."""
+        call_id, arguments = runtime.tool_call_id or "", arguments or {}
+        run, result = self._stored(runtime, arguments)
+        if result is None and self.token is not None and not on_event_loop_thread():
+            result = anyio.from_thread.run(run.recorded, call_id, arguments, token=self.token)
         return tool_message(result if result is not None else not_dispatched(call_id))
 
     def _search_tool(self) -> BaseTool:
@@ -263,10 +292,10 @@ class LangChainRecall:
         # The arguments are not validated here: the hooks validate them when the batch is
         # dispatched, and an invalid call gets its typed answer there.
         def search(*, runtime: ToolRuntime[Any, Any], **arguments: Any) -> ToolMessage:
-            return self.stored(runtime, arguments)
+            return self.stored_sync(runtime, arguments)
 
         async def asearch(*, runtime: ToolRuntime[Any, Any], **arguments: Any) -> ToolMessage:
-            return self.stored(runtime, arguments)
+            return await self.stored(runtime, arguments)
 
         return StructuredTool(
             name=SEARCH_TOOL.name, description=SEARCH_TOOL.description,
