@@ -6,6 +6,7 @@ The ledger here is the in-memory double (no worker threads), so trio's autojump 
 from __future__ import annotations
 
 import contextvars
+from typing import Any
 
 import anyio
 import pytest
@@ -217,6 +218,28 @@ async def test_wall_clock_stepped_forwards_ends_the_permit_early(
         assert permit.seconds_left() == 2.5
         clock.step_wall(3.0)
         assert permit.expired()
+
+
+async def test_a_wall_step_back_while_the_first_round_waits_never_outlives_its_deadline(
+    allowance: RecallAllowance, clock: ManualClock, ledger: MemoryLedger,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The first reservation waits (another process holds the write lock) while the wall
+    # clock is stepped back: the run's durable deadline is judged from the stepped-back time,
+    # and the permit must end there, whatever it read before the wait.
+    reserve = MemoryLedger.reserve
+
+    async def waited(self: MemoryLedger, *args: Any, **kwargs: Any) -> Any:
+        clock.step_wall(-100.0)
+        return await reserve(self, *args, **kwargs)
+
+    monkeypatch.setattr(MemoryLedger, "reserve", waited)
+    async with allowance.round("r", RoundKind.DELIBERATE, slots=2) as permit:
+        assert permit.seconds_left() == 10.0
+        clock.step_wall(100.0)  # corrected: 90 s past the stored deadline
+        assert permit.expired() and permit.seconds_left() == 0.0
+        assert await _refusal_of_an_attempt(permit) is RefusalReason.DEADLINE
+    assert (await ledger.usage("r")).executed == 0
 
 
 @pytest.mark.parametrize("seen_by", ["expired", "seconds_left", "attempt"])

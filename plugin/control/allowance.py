@@ -376,10 +376,13 @@ class RecallAllowance:
         # What was left when the round was judged, never more than the run's own deadline_s.
         left = max(0.0, min(result.deadline_wall - result.reserved_wall,
                             result.deadline_wall - result.opened_wall))
+        # Never past the stored deadline either: a wall stepped back during the wait for the
+        # reservation set that deadline from the stepped-back time.
+        expires_wall = min(wall_before + left, result.deadline_wall)
         return self._hand_over(Permit._create(
             run_id=run_id, round_index=result.round_index, kind=kind, slots=result.slots,
             first_slot=result.first_slot, legacy=False, clock=clock, ledger=self.ledger,
-            deadline_wall=result.deadline_wall, expires_wall=wall_before + left,
+            deadline_wall=result.deadline_wall, expires_wall=expires_wall,
             issued_mono=mono_before, left_at_issue=left,
             source_reads_limit=self.policy.source_read_fallbacks,
             reserved_total=result.reserved, executed_before=result.executed,
