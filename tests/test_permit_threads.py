@@ -244,3 +244,34 @@ async def test_worker_thread_attempt_outliving_its_phase_writes_its_final_trace(
     assert trace.outcome is AttemptOutcome.OK
     assert late == [RefusalReason.CLOSED]
     assert [r.reason for r in await ledger.refusals("r")] == [RefusalReason.CLOSED]
+
+
+@pytest.mark.parametrize("other", ["asyncio", "trio"])
+async def test_an_attempt_on_another_event_loop_that_outlives_its_phase_is_owed(
+    ledger: SqliteLedger, clock: ManualClock, other: str
+) -> None:
+    # The permit handed to an event loop of its own in another thread (either library): the
+    # ledger belongs to the allowance's loop, so what the late attempt recorded is owed to the
+    # allowance, never written from the other loop, and the attempt's body ends as it ended.
+    allowance = RecallAllowance(ledger, clock=clock)
+    started, release = threading.Event(), threading.Event()
+    ended: list[object] = []
+
+    def elsewhere(permit: object) -> None:
+        async def body() -> None:
+            async with permit.attempt():  # type: ignore[attr-defined]
+                started.set()
+                await anyio.to_thread.run_sync(release.wait)
+            ended.append("returned")
+
+        anyio.run(body, backend=other)
+
+    async with anyio.create_task_group() as outer:
+        async with allowance.round("r", RoundKind.AUTOMATIC) as permit:
+            outer.start_soon(anyio.to_thread.run_sync, elsewhere, permit)
+            await anyio.to_thread.run_sync(started.wait)
+        release.set()
+    assert ended == ["returned"]
+    await allowance.flush()
+    (trace,) = await ledger.attempts("r")
+    assert trace.outcome is AttemptOutcome.OK

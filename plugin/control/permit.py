@@ -53,7 +53,7 @@ from .constructor import NoPublicConstructor
 from .ledger import AttemptTrace, CallRecord, RefusalRecord
 from .policy import AttemptKind, RoundKind
 from .refusal import BudgetRefusal, RecallBudgetExceeded, RefusalReason
-from .shield import finish
+from .shield import finish, loop_token
 from .tally import RunTally
 
 if TYPE_CHECKING:
@@ -128,6 +128,7 @@ class Permit(metaclass=NoPublicConstructor):
     _mono_deadline: float = attrs.field(init=False, repr=False)
     _ended: bool = attrs.field(default=False, init=False, repr=False)
     """Whether the permit was seen expired (by either clock): it never un-expires."""
+    _loop: object = attrs.field(factory=loop_token, init=False, repr=False)  # the ledger's
 
     def __attrs_post_init__(self) -> None:
         # Bound once: taking a slot reads both clocks, and it is the hot path.
@@ -170,9 +171,7 @@ class Permit(metaclass=NoPublicConstructor):
         """Seconds until the permit expires; never negative (``inf`` for a legacy permit)."""
         if self._ended:
             return 0.0
-        by_wall = self._expires_wall - self._wall()
-        by_worker = self._mono_deadline - self._monotonic()
-        left = min(by_wall, by_worker)
+        left = min(self._expires_wall - self._wall(), self._mono_deadline - self._monotonic())
         if left <= 0:
             self._ended = True
         return max(0.0, left)
@@ -367,28 +366,30 @@ class Permit(metaclass=NoPublicConstructor):
             self._refusals[:0] = refusals
             self._calls[:0] = calls
             self._retain_limit.extend(limits)
-        if owed and self._owner is not None and (traces or refusals or calls):
-            self._owner(self)
+        if owed and (traces or refusals or calls):
+            self._owe()
 
     def _flush_from_thread(self) -> None:
-        """After the phase, write what a worker thread recorded, if it can reach the loop.
-
-        Only an anyio worker thread (``to_thread.run_sync``) can; from any other thread the
-        record stays buffered (an attempt keeps its ``in_flight`` trace).
-        """
+        """After the phase, write what a worker thread recorded, if it can reach the loop: an
+        anyio worker thread (``to_thread.run_sync``) can; from any other thread it is owed."""
         if not self._flushed:
             return  # the phase will write it
         try:
             anyio.from_thread.run(self._flush_late)
-        except RuntimeError:  # not an anyio worker thread, or no loop: owed to the allowance
-            if self._owner is not None:
-                self._owner(self)  # its next round, or its flush(), writes it
+        except RuntimeError:  # not an anyio worker thread, or no loop
+            self._owe()
+
+    def _owe(self) -> None:  # its next round, or its flush(), writes what is buffered
+        if self._owner is not None:
+            self._owner(self)
 
     async def _flush_late(self) -> None:
-        """After the phase, write what a late attempt recorded; a failure that passes leaves
-        it owed (:meth:`flush`), the attempt's own work done; a ledger closed since (the host
-        shut down) cannot take them, and leaves the attempt's outcome, a refusal or its work."""
-        if self._flushed:
+        """After the phase, write what a late attempt recorded (owed instead on another event
+        loop than the permit's); a failure that passes leaves it owed (:meth:`flush`); a ledger
+        closed since (the host shut down) leaves the attempt's outcome, a refusal or its work."""
+        if self._flushed and loop_token() != self._loop:
+            self._owe()
+        elif self._flushed:
             with contextlib.suppress(*PASSING_FAILURES, LedgerClosedError):
                 await self.flush()
 

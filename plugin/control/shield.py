@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import anyio
+import anyio.lowlevel
 import sniffio
 
 T = TypeVar("T")
@@ -49,3 +50,11 @@ async def finish(work: Callable[[], Awaitable[T]]) -> T:
         error = None if task.cancelled() else task.exception()
         raise cancelled from error
     return task.result()
+
+
+def loop_token() -> object:
+    """The running event loop's token (None outside one): which loop a ledger is used on."""
+    try:
+        return anyio.lowlevel.current_token()
+    except RuntimeError:
+        return None
