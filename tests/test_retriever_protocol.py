@@ -242,6 +242,52 @@ async def test_a_handle_kept_past_its_attempt_refuses(clock: ManualClock) -> Non
     assert await _usage(hooks) == (1, 1, 1, 0)  # the leaked calls took nothing
 
 
+async def test_a_nested_read_entered_as_its_search_returns_is_closed_not_run(
+    clock: ManualClock,
+) -> None:
+    # A retriever that starts its nested read in a task and returns without awaiting it: the
+    # read was entered while the attempt ran, and waits for the round's calls to have their
+    # slots; by then its attempt has ended, so it is refused (closed): no slot, no read.
+    read: list[object] = []
+    beliefs_read: list[int] = []
+    settled = anyio.Event()
+
+    async with anyio.create_task_group() as outer:
+
+        class Hasty(DictRetriever):
+            async def search(self, prepared: PreparedRecall, handle: AttemptHandle, *,
+                             caps: ContextCaps, nested_beliefs: bool) -> Found:
+                if "priya" not in prepared.query.text.casefold():
+                    await settled.wait()  # the sibling keeps the round open meanwhile
+                    return Found(evidence=())
+                entered = anyio.Event()
+
+                def people() -> Any:
+                    entered.set()  # read while nested() runs, before it waits
+                    yield "Priya"
+
+                async def reader() -> None:
+                    outcome = await handle.nested(people())
+                    read.append(outcome.refusal.reason if outcome.refusal else outcome.slot)
+                    settled.set()
+
+                outer.start_soon(reader)
+                await entered.wait()
+                return Found(evidence=(), people=("Priya",))
+
+            async def read_beliefs(self, people: Sequence[str], handle: AttemptHandle, *,
+                                   principal: str, scope: str,
+                                   caps: ContextCaps) -> tuple[Evidence, ...]:
+                beliefs_read.append(handle.slot)
+                return ()
+
+        hooks = _hooks(Hasty(MEMORIES, BELIEFS), clock)
+        await hooks.dispatch(_calls("what does Priya think", "deploy window"), run_id="r",
+                             scope=S, principal=P)
+    assert read == [RefusalReason.CLOSED] and beliefs_read == []
+    assert (await _usage(hooks))[2] == 2  # the two searches alone
+
+
 async def test_a_hostile_retriever_cannot_reach_the_permit(clock: ManualClock) -> None:
     seen: list[object] = []
 

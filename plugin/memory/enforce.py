@@ -50,6 +50,7 @@ from plugin.control import (
     AttemptKind,
     Permit,
     RecallBudgetExceeded,
+    RefusalReason,
     validate,
 )
 from plugin.control.logs import log_event
@@ -236,12 +237,15 @@ async def search_attempt(
     belief_slot: list[int] = []
     inner: list[Attempt] = []  # the nested reads' attempts: they end with the search's
     nested_cut: list[Bounded] = []  # what the allowance cut short inside a nested read
+    over: list[bool] = []  # set when the search returned
     dropped = 0
 
     async def nested(people: Sequence[str]) -> NestedRead:
         nonlocal dropped
         if nested_after is not None:
             await nested_after.wait()
+        if over:  # the search returned meanwhile: its handle is used after its attempt ended
+            return NestedRead(refusal=permit.refusal(RefusalReason.CLOSED))
         try:
             slot, beliefs, foreign, cut = await beliefs_read(
                 permit, retriever, people, kind=AttemptKind.NESTED, principal=principal,
@@ -269,6 +273,7 @@ async def search_attempt(
                 found = _found(await contained(lambda: retriever.search(
                     prepared, handle, caps=caps, nested_beliefs=nested_beliefs)), caps)
             finally:
+                over.append(True)
                 searched()
                 bounded = handle._end()
             unread = unexamined(found.evidence, caps)
