@@ -489,6 +489,18 @@ def _word_precision(power: float = 0.5) -> Iterator[None]:
         yield
 
 
+def _mixed_head(ranked: list[Any], top: int, signal: Any, share: float) -> list[Any]:
+    """The first ``top`` of ``ranked`` re-scored: ``1 - share`` of each one's score over the
+    best, plus ``share`` of ``signal`` scaled to [0, 1] over them; the rest as they were."""
+    head = ranked[:top]
+    scores = np.array([item.score for item in head])
+    scores = scores / (scores.max() or 1.0)
+    spread = float(signal.max() - signal.min()) or 1.0
+    mixed = (1 - share) * scores + share * (signal - signal.min()) / spread
+    order = sorted(range(len(head)), key=lambda index: -mixed[index])
+    return [attrs.evolve(head[i], score=float(mixed[i])) for i in order] + ranked[top:]
+
+
 @contextlib.contextmanager
 def _topic_coherence(share: float, *, nearest: int | None = None, top: int = 15
                      ) -> Iterator[None]:
@@ -509,10 +521,7 @@ def _topic_coherence(share: float, *, nearest: int | None = None, top: int = 15
             coherence = (close * scores).sum(axis=1) / np.maximum(scores.sum() - scores, 1e-9)
         else:
             coherence = np.sort(close, axis=1)[:, -nearest:].mean(axis=1)
-        spread = float(coherence.max() - coherence.min()) or 1.0
-        mixed = (1 - share) * scores + share * (coherence - coherence.min()) / spread
-        order = sorted(range(len(head)), key=lambda index: -mixed[index])
-        return [attrs.evolve(head[i], score=float(mixed[i])) for i in order] + ranked[top:]
+        return _mixed_head(ranked, top, coherence, share)
 
     with mock.patch.object(pipeline.MemoryRetriever, "_rank", rank):
         yield
@@ -540,15 +549,9 @@ def _anchor_gate(anchor: str, share: float = 0.2, top: int = 15) -> Iterator[Non
                 or len(fragments) != len(query.fragments):
             return ranked
         centre = np.mean(np.stack(picked), axis=0)
-        head = ranked[:top]
-        close = self.store.embedding.embed([item.text for item in head]) @ (
+        close = self.store.embedding.embed([item.text for item in ranked[:top]]) @ (
             centre / (np.linalg.norm(centre) or 1.0))
-        scores = np.array([item.score for item in head])
-        scores = scores / (scores.max() or 1.0)
-        spread = float(close.max() - close.min()) or 1.0
-        mixed = (1 - share) * scores + share * (close - close.min()) / spread
-        order = sorted(range(len(head)), key=lambda index: -mixed[index])
-        return [attrs.evolve(head[i], score=float(mixed[i])) for i in order] + ranked[top:]
+        return _mixed_head(ranked, top, close, share)
 
     with mock.patch.object(pipeline.MemoryRetriever, "_rank", rank):
         yield
