@@ -174,7 +174,10 @@ _UNSAFE_URIS = ["file:ledger.db?vfs=unix-none", "file:ledger.db?vfs=unix-dotfile
                 "file:ledger.db?vfs=unix-excl", "file:ledger.db?nolock=1",
                 "file:ledger.db?cache=shared&nolock=yes", "file:ledger.db?immutable=1",
                 "file:ledger.db?mode=ro", "file:ledger.db?%76fs=unix-none",
-                "file:ledger.db?nolock=on#x"]
+                "file:ledger.db?nolock=on#x",
+                # SQLite cuts a decoded NUL off a name or a value: still these parameters
+                "file:ledger.db?vfs%00=unix-none", "file:ledger.db?nolock%00x=1",
+                "file:ledger.db?mode=ro%00", "file:ledger.db?immutable=0001"]
 
 
 @pytest.mark.parametrize("location", _UNSAFE_URIS)
@@ -197,7 +200,9 @@ def test_a_file_uri_that_changes_locking_is_refused_with_its_reason(
 
 @pytest.mark.parametrize("location", ["file:ledger.db?mode=rwc", "file:ledger.db?nolock=0",
                                       "file:ledger.db?cache=shared", "file:ledger.db?VFS=x",
-                                      "file:ledger.db?immutable=off"])
+                                      "file:ledger.db?immutable=off", "file:ledger.db?vfs=unix",
+                                      # SQLite keeps a number's low byte: 256 is false
+                                      "file:ledger.db?nolock=256", "file:ledger.db?nolock=+1"])
 def test_a_file_uri_that_keeps_sqlites_locking_is_taken(folder: Path, location: str) -> None:
     assert load_config(env={"RECALLBOUND_LEDGER": location}).values["ledger"].endswith(
         location[location.index("?"):])

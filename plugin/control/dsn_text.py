@@ -6,6 +6,7 @@ anywhere (so it is meant as a connection string), whether a URI's userinfo holds
 from __future__ import annotations
 
 import ast
+import itertools
 import os
 import re
 import unicodedata
@@ -163,35 +164,37 @@ def location_problem(text: str, *, file: bool) -> str | None:
 
 
 _TRUE = frozenset({"yes", "true", "on"})
+_DIGITS = frozenset("0123456789")
+_DEFAULT_VFS = frozenset({"unix", "win32", "memdb"})
+"""VFS names that lock as a plain path does (each platform's default), or keep the database in
+memory (:func:`is_ephemeral` judges that)."""
 
 
 def _uri_true(value: str) -> bool:
-    """SQLite's reading of a boolean URI parameter (``sqlite3_uri_boolean``): yes, true or on
-    in any case, or a number (as C's atoi reads it) other than 0."""
-    if value.lower() in _TRUE:
-        return True
-    digits = value.lstrip()
-    sign = digits[:1] in ("+", "-")
-    number = ""
-    for char in digits[sign:]:
-        if not char.isascii() or not char.isdigit():
-            break
-        number += char
-    return bool(number) and int(number) != 0
+    """SQLite's reading of a boolean URI parameter (``sqlite3_uri_boolean``): a value that
+    starts with a digit is the number its leading digits make, kept to its low byte (so 256 is
+    false, as is a number past a 32-bit int); otherwise yes, true or on in any case."""
+    if value[:1] in _DIGITS:
+        number = int("".join(itertools.takewhile(_DIGITS.__contains__, value)))
+        return number <= 2**31 - 1 and number % 256 != 0
+    return value.lower() in _TRUE
 
 
 def uri_problem(text: str) -> str | None:
     """Why a ``file:`` URI cannot hold a ledger or a store that several processes share, or
-    None: a parameter SQLite reads that changes how it locks the file (another VFS; ``nolock``
-    or ``immutable`` true, which turn locking off) or opens it read-only (``mode=ro``). An
-    in-memory database (``vfs=memdb``, ``mode=memory``) is :func:`is_ephemeral`'s to judge.
-    SQLite's parameter names are case-sensitive and percent-decoded, as here."""
+    None: a parameter SQLite reads that changes how it locks the file (a VFS other than the
+    platform's default; ``nolock`` or ``immutable`` true, which turn locking off) or opens it
+    read-only (``mode=ro``). An in-memory database (``vfs=memdb``, ``mode=memory``) is
+    :func:`is_ephemeral`'s to judge. Read as SQLite reads them: names are case-sensitive,
+    names and values percent-decoded and cut at a decoded NUL; any occurrence of a repeated
+    name that would be unsafe is refused."""
     if not text.startswith("file:"):  # SQLite reads only this spelling as a URI
         return None
     query = text[5:].partition("#")[0].partition("?")[2]
     for pair in query.split("&"):
-        key, _, value = (urllib.parse.unquote(part) for part in pair.partition("="))
-        if key == "vfs" and value != "memdb":
+        key, _, value = (urllib.parse.unquote(part).partition("\x00")[0]
+                         for part in pair.partition("="))
+        if key == "vfs" and value not in _DEFAULT_VFS:
             return (f"names an SQLite VFS ({value!r}), which locks the file differently from "
                     "the other processes or not at all: drop vfs= from the URI")
         if key in ("nolock", "immutable") and _uri_true(value):
