@@ -349,8 +349,14 @@ class RecallAllowance:
         # Read before the reservation: the permit's monotonic deadline counts from here, so
         # no wall step at any later point (lock wait, commit, checkpoint) can lengthen it.
         wall_before, mono_before = clock.wall(), clock.monotonic()
+        judged: list[float] = []  # this clock's readings the ledger judged by (none: a server's)
+
+        def now() -> float:
+            judged.append(clock.wall())
+            return judged[-1]
+
         result = await self.ledger.reserve(
-            run_id, kind, requested, self.policy, clock.wall,
+            run_id, kind, requested, self.policy, now,
             floor=lambda: _ANCHORS.floor(clock, run_id),
         )
         # A caller cancelled while its reservation was committed (a shared batch, a lock
@@ -376,9 +382,11 @@ class RecallAllowance:
         # What was left when the round was judged, never more than the run's own deadline_s.
         left = max(0.0, min(result.deadline_wall - result.reserved_wall,
                             result.deadline_wall - result.opened_wall))
-        # Never past the stored deadline either: a wall stepped back during the wait for the
-        # reservation set that deadline from the stepped-back time.
-        expires_wall = min(wall_before + left, result.deadline_wall)
+        # Judged by this clock, never past the stored deadline either: a wall stepped back
+        # during the wait for the reservation set that deadline from the stepped-back time. (A
+        # server's clock is another frame: there the countdown from what was left decides.)
+        expires_wall = min(wall_before + left, result.deadline_wall) if judged \
+            else wall_before + left
         return self._hand_over(Permit._create(
             run_id=run_id, round_index=result.round_index, kind=kind, slots=result.slots,
             first_slot=result.first_slot, legacy=False, clock=clock, ledger=self.ledger,
