@@ -251,3 +251,51 @@ async def test_a_run_an_ended_delegate_scheduled_shares_the_turn_still_running(
     await first.run("Continue", deps=ANA)
     assert await _kinds(hooks, ANA.run_id) == ["automatic"]
     assert c.instructions == [a.instructions[0]]
+
+
+@pytest.mark.parametrize("runs", [("thread", "loop"), ("thread", "thread")])
+async def test_run_sync_in_a_worker_thread_beside_other_runs_recalls_on_the_hooks_loop(
+    hooks: RecallHooks, runs: tuple[str, str]
+) -> None:
+    # run_sync runs the agent on an event loop of its own; the ledger and the store belong to
+    # the loop the hooks were opened on (their locks, connections and pools). Built in that
+    # loop, the capability forwards its recall there, so runs on two loops at once both end.
+    import functools
+    import threading
+
+    import anyio
+
+    capability = RecallCapability(hooks)
+    results: dict[str, Any] = {}
+
+    def agent() -> Agent[RunIdentity, str]:
+        script = _Script([("search_memory", {"query": "invoice backfill"}, "c1"),
+                          ("search_memory", {"query": "cutover"}, "c2")], "Done.")
+        return Agent(script.model, deps_type=RunIdentity, capabilities=[capability])
+
+    def in_thread(run_id: str, done: threading.Event) -> None:
+        deps = RunIdentity(run_id=run_id, scope=ANA.scope, principal=ANA.principal)
+        results[run_id] = _returns(agent().run_sync("Continue", deps=deps).all_messages())
+        done.set()
+
+    async def on_loop(run_id: str) -> None:
+        deps = RunIdentity(run_id=run_id, scope=ANA.scope, principal=ANA.principal)
+        results[run_id] = _returns((await agent().run("Continue", deps=deps)).all_messages())
+
+    finished: list[threading.Event] = []
+    async with anyio.create_task_group() as group:
+        for index, where in enumerate(runs):
+            if where == "loop":
+                group.start_soon(on_loop, f"r{index}")
+            else:  # a daemon thread: a hang fails the test instead of holding the suite
+                done = threading.Event()
+                finished.append(done)
+                threading.Thread(target=in_thread, args=(f"r{index}", done),
+                                 daemon=True).start()
+        for done in finished:
+            assert await anyio.to_thread.run_sync(functools.partial(done.wait, 30.0))
+    for index in range(len(runs)):
+        assert {call: result["status"] for call, result in results[f"r{index}"].items()} \
+            == {"c1": "ok", "c2": "ok"}
+        usage = await hooks.allowance.ledger.usage(f"r{index}")
+        assert (usage.rounds, usage.executed) == (2, 3)
