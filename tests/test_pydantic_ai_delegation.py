@@ -260,7 +260,9 @@ async def test_run_sync_in_a_worker_thread_beside_other_runs_recalls_on_the_hook
     # run_sync runs the agent on an event loop of its own; the ledger and the store belong to
     # the loop the hooks were opened on (their locks, connections and pools). Built in that
     # loop, the capability forwards its recall there, so runs on two loops at once both end.
+    import asyncio
     import functools
+    import gc
     import threading
 
     import anyio
@@ -274,9 +276,16 @@ async def test_run_sync_in_a_worker_thread_beside_other_runs_recalls_on_the_hook
         return Agent(script.model, deps_type=RunIdentity, capabilities=[capability])
 
     def in_thread(run_id: str, done: threading.Event) -> None:
-        deps = RunIdentity(run_id=run_id, scope=ANA.scope, principal=ANA.principal)
-        results[run_id] = _returns(agent().run_sync("Continue", deps=deps).all_messages())
-        done.set()
+        loop = asyncio.new_event_loop()  # the loop run_sync takes, closed when it is done
+        asyncio.set_event_loop(loop)
+        try:
+            deps = RunIdentity(run_id=run_id, scope=ANA.scope, principal=ANA.principal)
+            results[run_id] = _returns(agent().run_sync("Continue", deps=deps).all_messages())
+        finally:
+            loop.run_until_complete(loop.shutdown_default_executor())
+            loop.close()
+            asyncio.set_event_loop(None)
+            done.set()
 
     async def on_loop(run_id: str) -> None:
         deps = RunIdentity(run_id=run_id, scope=ANA.scope, principal=ANA.principal)
@@ -299,3 +308,4 @@ async def test_run_sync_in_a_worker_thread_beside_other_runs_recalls_on_the_hook
             == {"c1": "ok", "c2": "ok"}
         usage = await hooks.allowance.ledger.usage(f"r{index}")
         assert (usage.rounds, usage.executed) == (2, 3)
+    gc.collect()  # a loop left open would warn here, not in a later test
