@@ -52,8 +52,9 @@ async def finish(work: Callable[[], Awaitable[T]]) -> T:
     return task.result()
 
 
-def loop_token() -> object:
-    """The running event loop's token (None outside one): which loop a ledger is used on."""
+def loop_token() -> anyio.lowlevel.EventLoopToken | None:
+    """The running event loop's token (None outside one): which loop a ledger, or the hooks
+    an adapter was built beside, are used on."""
     try:
         return anyio.lowlevel.current_token()
     except RuntimeError:

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 import anyio
 import anyio.from_thread
+import anyio.lowlevel
 import anyio.to_thread
 
 from plugin.control.shield import loop_token
@@ -26,7 +27,9 @@ with missing_extra("pydantic-ai", "runtime_hooks.adapters.pydantic_ai"):
 T = TypeVar("T")
 
 
-async def on_loop(loop: Any, call: Callable[[], Coroutine[Any, Any, T]]) -> T:
+async def on_loop(
+    loop: anyio.lowlevel.EventLoopToken | None, call: Callable[[], Coroutine[Any, Any, T]]
+) -> T:
     """``call()`` on the event loop ``loop`` (the hooks', where the capability was built) when
     the run is on another one (``run_sync`` makes a loop of its own): the ledger's and the
     store's locks, connections and pools belong to the loop they were opened on. The call runs

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+import anyio.lowlevel
 import attrs
 
 from plugin.control import BoundedRecallNotice, BudgetRefusal, RefusalReason
@@ -181,7 +182,7 @@ class RecallCapability(AbstractCapability[Any]):
     _invocations: contextvars.ContextVar[Mapping[str | None, _Invocation]] = field(
         init=False, repr=False
     )
-    _loop: object = field(init=False, repr=False)  # where it was built: recall runs there
+    _loop: anyio.lowlevel.EventLoopToken | None = field(init=False, repr=False)  # recall's
 
     def __post_init__(self) -> None:
         self._loop = loop_token()

@@ -29,14 +29,6 @@ def hooks_loop(token: anyio.lowlevel.EventLoopToken | None) -> anyio.lowlevel.Ev
     return token
 
 
-def current_token() -> anyio.lowlevel.EventLoopToken | None:
-    """The running loop's token, taken where a middleware or node is built; None outside one."""
-    try:
-        return anyio.lowlevel.current_token()
-    except RuntimeError:  # built outside any event loop: no sync path
-        return None
-
-
 def on_event_loop_thread() -> bool:
     """Whether this thread runs an event loop (a sync wait here would block it)."""
     try:

@@ -14,7 +14,7 @@ from .._options import deprecated_alias
 from ..batch import AutomaticMode, automatic_mode
 from .identity import Identify, context_of
 from .kept import dispatch_kept_sync
-from .loop import current_token, hooks_loop
+from .loop import hooks_loop
 from .messages import (
     StateOf,
     batch_answers,
@@ -84,7 +84,7 @@ class RecallMiddleware(AgentMiddleware[RecallState, Any, Any]):
         self.recall = LangChainRecall(hooks, identity=identity, working_state=working_state)
         self.automatic = automatic
         self.tools = [self.recall.tool]
-        self.token = current_token()
+        self.token = self.recall.token  # the loop it was built in (None outside one)
 
     def _on_loop(self, function: Callable[..., Coroutine[Any, Any, _R]], *args: Any) -> _R:
         """Run one async hook on the hooks' loop from the sync run's worker thread."""

@@ -12,6 +12,7 @@ import anyio.from_thread
 import anyio.lowlevel
 import attrs
 
+from plugin.control.shield import loop_token
 from runtime_hooks._extras import missing_extra
 from runtime_hooks.hooks import RecallHooks, ToolCall, ToolResult
 
@@ -26,7 +27,7 @@ from .identity import (
     context_of,
 )
 from .kept import dispatch_kept
-from .loop import current_token, on_event_loop_thread
+from .loop import on_event_loop_thread
 from .messages import (
     StateOf,
     batch_answers,
@@ -114,7 +115,7 @@ class LangChainRecall:
     """The latest graph invocations' automatic rounds, by run control; shared with every
     other instance over the same hooks (see :class:`Turns`)."""
     tool: BaseTool = attrs.field(init=False, repr=False)
-    token: anyio.lowlevel.EventLoopToken | None = attrs.field(factory=current_token, init=False,
+    token: anyio.lowlevel.EventLoopToken | None = attrs.field(factory=loop_token, init=False,
                                                               repr=False)
     """The loop it was built in, where a sync invoke's tool reads the ledger."""
 
