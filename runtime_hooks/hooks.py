@@ -40,6 +40,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import anyio
+import anyio.lowlevel
 import attrs
 
 from plugin.control import (
@@ -53,6 +54,7 @@ from plugin.control import (
 )
 from plugin.control.ledger import IdentityCache, check_identity
 from plugin.control.logs import log_event
+from plugin.control.shield import loop_token
 from plugin.errors import InvalidArgumentError, InvalidArgumentTypeError
 from plugin.memory.enforce import stop_unwrapped
 from plugin.memory.preparation import PreparationBound, RecallPreparer, WithheldReason
@@ -142,6 +144,13 @@ class RecallHooks:
                                               validator=_positive_seconds)
     """How long one hook call may spend preparing queries (planning, embedding, the People
     lookup) before the round; what is left unprepared runs without its semantic arm."""
+    loop: anyio.lowlevel.EventLoopToken | None = attrs.field(factory=loop_token, kw_only=True,
+                                                             repr=False)
+    """The event loop the hooks were built on (None when built outside one): the ledger's and
+    the store's locks, connections and pools belong to it. The adapters run a run's recall on
+    it when the framework runs the agent on another loop (``run_sync``, ``asyncio.run`` in a
+    request thread), so it must keep running while they do (a blocking portal, or async code
+    that awaits the other threads); the hooks' own methods run on the loop that awaits them."""
     _running: dict[tuple[str, str, str], anyio.Event] = attrs.field(factory=dict, init=False,
                                                                     repr=False)
     """The calls (run, call id, digest) these hooks are running now: the same call sent again

@@ -32,7 +32,8 @@ from plugin.control.ledger import PENDING
 from plugin.errors import LedgerError, MemoryStoreError
 from plugin.memory import MemoryStore
 from runtime_hooks import RecallHooks, ToolCall, ToolResult
-from runtime_hooks.adapters.batch import Invocation, RunRecalls
+from runtime_hooks.adapters.batch import RunRecalls
+from runtime_hooks.adapters.invocation import Invocation
 from runtime_hooks.mcp import Caller, RecallServer
 from runtime_hooks.mcp.identity import ledger_run_id
 from runtime_hooks.mcp.session import ToolRequest

@@ -15,10 +15,10 @@ allowance, the ledger, the hooks) stays on both loops.
 
 from runtime_hooks._extras import MissingExtraError as MissingExtraError
 
-from .batch import Invocation as Invocation
 from .batch import RunRecall as RunRecall
 from .batch import RunRecalls as RunRecalls
 from .batch import automatic_mode as automatic_mode
+from .invocation import Invocation as Invocation
 from .tool import SEARCH_TOOL as SEARCH_TOOL
 from .tool import SearchTool as SearchTool
 

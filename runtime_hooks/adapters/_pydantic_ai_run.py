@@ -4,7 +4,7 @@ deadline and its end strategy."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Coroutine, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -13,7 +13,6 @@ import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
 
-from plugin.control.shield import loop_token
 from runtime_hooks._extras import missing_extra
 from runtime_hooks.hooks import ToolCall
 
@@ -25,19 +24,6 @@ with missing_extra("pydantic-ai", "runtime_hooks.adapters.pydantic_ai"):
     from pydantic_ai.tools import DeferredToolResult, ToolApproved
 
 T = TypeVar("T")
-
-
-async def on_loop(
-    loop: anyio.lowlevel.EventLoopToken | None, call: Callable[[], Coroutine[Any, Any, T]]
-) -> T:
-    """``call()`` on the event loop ``loop`` (the hooks', where the capability was built) when
-    the run is on another one (``run_sync`` makes a loop of its own): the ledger's and the
-    store's locks, connections and pools belong to the loop they were opened on. The call runs
-    there from a worker thread while this loop waits; on the same loop, or with no loop known,
-    it is awaited here."""
-    if loop is None or loop_token() == loop:
-        return await call()
-    return await anyio.to_thread.run_sync(lambda: anyio.from_thread.run(call, token=loop))
 
 
 @contextmanager

@@ -12,26 +12,23 @@ A call's identity is its id AND its arguments: a stored result answers only the 
 same id and the same arguments (a genuine replay). A reused id with other arguments is a new
 call, which the allowance decides like any other; it never gets another call's evidence.
 
-The automatic round belongs to the *invocation* (one call into the framework for one user
-turn), not to each model request: :class:`Invocation` runs it once, before the first model
-request, and hands the same prepared context to every later request of that invocation. An
-invocation object lives only as long as its invocation, so prepared evidence is never carried
-into the next one.
+A run's recall runs on the hooks' event loop, whichever loop the framework runs the agent on
+(:mod:`runtime_hooks.adapters.hooks_loop`). The automatic round belongs to the invocation
+(:mod:`runtime_hooks.adapters.invocation`).
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import contextvars
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Literal, cast
 
 import anyio
 import attrs
 
 from plugin.control import BudgetRefusal, RefusalReason
-from plugin.control.ledger import CallRecord
+from plugin.control.ledger import CallRecord, Usage
 from plugin.errors import InvalidArgumentError, InvalidArgumentTypeError, RunIdentityError
 from plugin.memory.state import WorkingState
 from runtime_hooks.calls import canonical_arguments
@@ -43,6 +40,8 @@ from runtime_hooks.hooks import (
 )
 from runtime_hooks.replay import replay_call
 from runtime_hooks.results import IN_FLIGHT
+
+from .hooks_loop import on_hooks_loop
 
 _Status = Literal["ok", "refused", "invalid", "failed"]
 
@@ -90,7 +89,8 @@ class RunRecall:
     context), never from the model or from task text. ``bound`` says whether the ledger has
     accepted that identity for the run through this object (a round, a search or a replay
     answered); until then it is only what the host asked for. ``on_bound`` is told once, when
-    it becomes bound.
+    it becomes bound. Its coroutines run on the hooks' event loop, whichever loop awaits them
+    (:mod:`runtime_hooks.adapters.hooks_loop`).
     """
 
     hooks: RecallHooks
@@ -136,6 +136,7 @@ class RunRecall:
                 del self._busy[key]
             done.set()
 
+    @on_hooks_loop
     async def prepare(self, state: WorkingState) -> PreparedContext:
         """The automatic round, now (an adapter calls it through its :class:`Invocation`)."""
         context = await self.hooks.prepare(
@@ -144,6 +145,7 @@ class RunRecall:
         self._accepted()  # a round is only prepared for the identity the ledger bound
         return context
 
+    @on_hooks_loop
     async def dispatch_batch(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
         """One deliberate round for the calls of one model response that have no result yet.
 
@@ -175,6 +177,7 @@ class RunRecall:
                 answered = dict(zip(pending, results, strict=True))
         return [self._results.get(key) or answered[key] for key in keys]
 
+    @on_hooks_loop
     async def recorded(
         self, call_id: str, arguments: Mapping[str, object] | str
     ) -> ToolResult | None:
@@ -194,6 +197,11 @@ class RunRecall:
                 self._results[key] = result
                 self._latest[call_id] = result
             return self._results[key]
+
+    @on_hooks_loop
+    async def usage(self) -> Usage:
+        """The run's totals from the ledger."""
+        return await self.hooks.allowance.usage(self.run_id)
 
     def result(
         self, call_id: str, arguments: Mapping[str, object] | str | None = None
@@ -216,6 +224,7 @@ class RunRecall:
         return {"call_id": call.call_id, "arguments": call_key(call.call_id, call.arguments)[1],
                 **result.as_dict()}
 
+    @on_hooks_loop
     async def replay(self, records: Sequence[Mapping[str, object]]) -> None:
         """Store the results of a batch that ran before a restart, from the records
         (:meth:`record`) the host kept, without dispatching anything.
@@ -276,78 +285,6 @@ class RunRecall:
         result = await replay_call(self.hooks, ran, scope=self.scope, principal=self.principal)
         self._accepted()  # its evidence was re-checked for this identity
         return result
-
-
-enclosing_invocation: contextvars.ContextVar[Invocation | None] = contextvars.ContextVar(
-    "recallbound_enclosing_invocation", default=None
-)
-"""The invocation whose tool is running, set by an adapter around its tools: a run started
-inside that tool (agent delegation) for the same host run is part of the same user turn."""
-
-
-@attrs.define(eq=False)
-class Invocation:
-    """One invocation's automatic round: run once, before its first model request.
-
-    Every later request of the invocation gets the same rendered text and takes no round.
-    Create one per invocation and :meth:`end` it when the invocation ends. ``run`` pins the run's
-    :class:`RunRecall` for the invocation: a registry that forgets the run meanwhile (under
-    pressure from other runs) cannot lose the results of a batch before its tools read them.
-    ``enclosing`` is the invocation whose tool started this one, if any (see :meth:`turn`).
-    """
-
-    run: RunRecall | None = attrs.field(default=None, init=False)
-    enclosing: Invocation | None = attrs.field(factory=enclosing_invocation.get, init=False)
-    _done: bool = attrs.field(default=False, init=False)
-    _ended: bool = attrs.field(default=False, init=False)
-    _turn: Invocation | None = attrs.field(default=None, init=False, repr=False)
-    _text: str = attrs.field(default="", init=False)
-    _lock: anyio.Lock = attrs.field(factory=anyio.Lock, init=False, repr=False)
-
-    async def context(self, prepare: Callable[[], Awaitable[str]]) -> str:
-        """The invocation's rendered context: ``prepare()`` the first time, the same after."""
-        async with self._lock:
-            if not self._done:
-                self._text = await prepare()
-                self._done = True
-            return self._text
-
-    @property
-    def prepared(self) -> bool:
-        """Whether the invocation's automatic round has run."""
-        return self._done
-
-    def end(self) -> None:
-        """The invocation is over: no invocation started later shares its context."""
-        self._ended = True
-
-    @property
-    def ended(self) -> bool:
-        """Whether :meth:`end` was called."""
-        return self._ended
-
-    def turn(self, run: RunRecall) -> Invocation:
-        """The invocation whose automatic round the requests of ``run`` share, fixed at its
-        first request: the nearest enclosing invocation that has not ended, when this was
-        started inside its tool (or inside a tool of an invocation it started) for the same
-        host run (one user turn, one automatic round), else this one. Another run id, scope
-        or principal never shares, and neither does a run that starts after every enclosing
-        invocation ended (a follow-up a tool scheduled in a background task): it is the next
-        turn. A run that started within the turn keeps sharing it after the turn ends."""
-        if self._turn is None:
-            self._turn = self._shared(run)
-        return self._turn
-
-    def _shared(self, run: RunRecall) -> Invocation:
-        outer = self.enclosing
-        while outer is not None and outer.ended:  # its own enclosing may still run
-            outer = outer.enclosing
-        if outer is None or outer.run is None:
-            return self
-        if (outer.run.run_id, outer.run.scope, outer.run.principal) != (
-                run.run_id, run.scope, run.principal):
-            return self
-        return outer.turn(outer.run)
 
 
 @attrs.define(eq=False)

@@ -44,11 +44,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-import anyio.lowlevel
 import attrs
 
 from plugin.control import BoundedRecallNotice, BudgetRefusal, RefusalReason
-from plugin.control.shield import loop_token
 from plugin.errors import RunIdentityError, RunIdentityTypeError
 from plugin.memory.state import WorkingState
 from runtime_hooks._extras import missing_extra
@@ -58,19 +56,11 @@ from ._pydantic_ai_run import (
     arguments_of,
     framework_deadline_passed,
     may_skip_function_tools,
-    on_loop,
     search_calls,
     until_framework_deadline,
 )
-from .batch import (
-    AutomaticMode,
-    Invocation,
-    RunRecall,
-    RunRecalls,
-    automatic_mode,
-    call_key,
-    enclosing_invocation,
-)
+from .batch import AutomaticMode, RunRecall, RunRecalls, automatic_mode, call_key
+from .invocation import Invocation, enclosing_invocation
 from .tool import SEARCH_TOOL
 
 with missing_extra("pydantic-ai", "runtime_hooks.adapters.pydantic_ai"):
@@ -182,10 +172,8 @@ class RecallCapability(AbstractCapability[Any]):
     _invocations: contextvars.ContextVar[Mapping[str | None, _Invocation]] = field(
         init=False, repr=False
     )
-    _loop: anyio.lowlevel.EventLoopToken | None = field(init=False, repr=False)  # recall's
 
     def __post_init__(self) -> None:
-        self._loop = loop_token()
         self._mode = automatic_mode(self.automatic)
         self._runs = RunRecalls(self.hooks, RunIdentityError, self.max_runs)
         self._invocations = contextvars.ContextVar(
@@ -306,7 +294,7 @@ class RecallCapability(AbstractCapability[Any]):
         context: PreparedContext | None = None
         if not framework_deadline_passed(ctx):
             with until_framework_deadline(ctx):
-                context = await on_loop(self._loop, lambda: recall.prepare(state))
+                context = await recall.prepare(state)
         if context is not None:
             return context.render()
         refusal = await self._deadline_refusal(recall)  # the framework's deadline came first
@@ -377,7 +365,7 @@ class RecallCapability(AbstractCapability[Any]):
     ) -> list[ToolResult]:
         if not framework_deadline_passed(ctx):
             with until_framework_deadline(ctx):
-                return await on_loop(self._loop, lambda: recall.dispatch_batch(calls))
+                return await recall.dispatch_batch(calls)
         refusal = await self._deadline_refusal(recall)
         return [
             recall.result(call.call_id, call.arguments)
@@ -388,6 +376,6 @@ class RecallCapability(AbstractCapability[Any]):
 
     async def _deadline_refusal(self, recall: RunRecall) -> BudgetRefusal:
         """Recall bounded by the framework's deadline, with the run's totals from the ledger."""
-        usage = await on_loop(self._loop, lambda: self.hooks.allowance.usage(recall.run_id))
+        usage = await recall.usage()
         return BudgetRefusal(reason=RefusalReason.DEADLINE, run_id=recall.run_id,
                              reserved=usage.reserved, executed=usage.executed)

@@ -17,7 +17,8 @@ from runtime_hooks._extras import missing_extra
 from runtime_hooks.hooks import RecallHooks, ToolCall, ToolResult
 
 from .._options import deprecated_alias
-from ..batch import CallKey, Invocation, RunRecall, RunRecalls, call_key
+from ..batch import CallKey, RunRecall, RunRecalls, call_key
+from ..invocation import Invocation
 from ..tool import SEARCH_TOOL
 from .identity import (
     Identify,

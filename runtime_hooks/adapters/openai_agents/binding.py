@@ -15,7 +15,8 @@ from plugin.errors import RecallboundError, RunIdentityError
 from runtime_hooks._extras import missing_extra
 from runtime_hooks.hooks import RecallHooks
 
-from ..batch import Invocation, RunRecall, RunRecalls
+from ..batch import RunRecall, RunRecalls
+from ..invocation import Invocation
 
 with missing_extra("openai-agents", "runtime_hooks.adapters.openai_agents"):
     from agents import Agent, Runner, RunResult, RunResultStreaming

@@ -50,7 +50,7 @@ async def _stored(run: RunRecall, call_id: str, arguments: str) -> ToolResult:
             raise _ToolRunIdentityError(*exc.args) from exc
     if result is not None:
         return result
-    usage = await run.hooks.allowance.ledger.usage(run.run_id)
+    usage = await run.usage()
     refusal = BudgetRefusal(reason=RefusalReason.CLOSED, run_id=run.run_id,
                             reserved=usage.reserved, executed=usage.executed)
     return ToolResult(call_id=call_id, status="refused", content=refusal.message,
@@ -74,6 +74,12 @@ async def _invoke(context: ToolContext[Any], arguments: str) -> str:
     # The search ran in the batch (on_llm_end); the arguments were validated there.
     return _json(await _stored(bound_run("the search_memory tool"), context.tool_call_id,
                                arguments))
+
+
+def is_search_tool(tool: object) -> bool:
+    """Whether ``tool`` is a ``search_memory`` tool of this adapter (:func:`search_tool`, or a
+    copy of one the host put in a tool namespace)."""
+    return isinstance(tool, FunctionTool) and tool.on_invoke_tool is _invoke
 
 
 def search_tool() -> FunctionTool:
