@@ -699,3 +699,67 @@ async def test_a_run_forgotten_between_its_batch_and_its_tools_keeps_its_answers
     seen = outputs(model.calls[1])
     assert crowd and [v["status"] for v in seen.values()].count("ok") == 4
     assert await usage(hooks) == (1, 4, 4, 2)
+
+
+def crm_tool(ran: list[str]) -> list[Any]:
+    """The host's own ``search_memory``, in the tool namespace ``crm``."""
+    from agents import tool_namespace
+
+    async def invoke(context: Any, arguments: str) -> str:
+        ran.append(arguments)
+        return json.dumps({"crm": "3 tickets"})
+
+    tool = FunctionTool(name=SEARCH_TOOL.name, description="Search the CRM's notes.",
+                        params_json_schema=SEARCH_TOOL.json_schema(), on_invoke_tool=invoke,
+                        strict_json_schema=False)
+    return list(tool_namespace(name="crm", description="CRM tools", tools=[tool]))
+
+
+@pytest.mark.parametrize("offer", ["no tool", "disabled", "disabled later"])
+async def test_search_calls_to_an_agent_that_does_not_offer_the_tool_are_never_searched(
+    hooks: RecallHooks, offer: str
+) -> None:
+    # The SDK runs a call only on a tool the agent offers and has enabled; recall's batch
+    # must not reserve or search for one it will not run (a triage agent, a disabled tool).
+    recall = agents_recall(hooks, automatic=False)
+    calls = [function_call(SEARCH_TOOL.name, {"query": q}, call_id=c)
+             for q, c in (("invoice backfill", "c1"), ("cutover date", "c2"))]
+    asked: list[str] = []
+
+    async def later(context: Any, agent: Any) -> bool:
+        asked.append(agent.name)
+        return False
+
+    tools = {"no tool": [], "disabled": [dataclasses.replace(recall.tool, is_enabled=False)],
+             "disabled later": [dataclasses.replace(recall.tool, is_enabled=later)]}[offer]
+    model = ScriptedModel([calls, [assistant_message("Done.")]])
+    triage = Agent(name="triage", instructions=INSTRUCTIONS, model=model, tools=tools)
+    run_config = RunConfig(tracing_disabled=True, tool_not_found_behavior="return_error_to_model")
+    await recall.run(triage, "Continue", run_id=RUN, scope=SCOPE, principal=PRINCIPAL,
+                     run_config=run_config)
+    assert await usage(hooks) == (0, 0, 0, 0)
+    assert all("not found" in output for output in _raw_outputs(model.calls[1]).values())
+    assert set(asked) == ({"triage"} if offer == "disabled later" else set())
+
+
+def _raw_outputs(call: ModelCall) -> dict[str, str]:
+    return {item["call_id"]: str(item["output"]) for item in call.input
+            if isinstance(item, Mapping) and item.get("type") == "function_call_output"}
+
+
+async def test_a_call_to_the_hosts_own_namespaced_search_tool_is_not_recalls(
+    hooks: RecallHooks,
+) -> None:
+    from openai.types.responses import ResponseFunctionToolCall
+
+    recall = agents_recall(hooks, automatic=False)
+    ran: list[str] = []
+    theirs = ResponseFunctionToolCall(
+        type="function_call", id="fc_n0", call_id="n0", name=SEARCH_TOOL.name, namespace="crm",
+        arguments=json.dumps({"query": "acme renewal"}), status="completed")
+    ours = function_call(SEARCH_TOOL.name, {"query": "cutover date"}, call_id="c1")
+    model = ScriptedModel([[theirs, ours], [assistant_message("Done.")]])
+    await run(recall, model, the_agent=agent(model, recall, *crm_tool(ran)))
+    assert ran == [json.dumps({"query": "acme renewal"})]  # the host's tool ran for its call
+    assert await usage(hooks) == (1, 1, 1, 0)  # and recall searched its own call alone
+    assert outputs(model.calls[1])["c1"]["status"] == "ok"
