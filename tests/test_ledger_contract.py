@@ -1120,6 +1120,33 @@ async def test_a_version_6_ledger_file_gains_unique_refusal_keys(
         conn.close()
 
 
+async def test_a_version_7_tombstone_left_unspent_is_spent_so_a_slow_clock_cannot_reopen_it(
+    anyio_backend: object, tmp_path: Path
+) -> None:
+    # An older release marked a pruned run's row without spending its rounds and slots: with
+    # the times of its rounds pruned, a clock behind the run's deadline found room in it.
+    path = await _ledger_file_then(tmp_path)
+    async with SqliteLedger(path) as ledger:
+        _granted(await ledger.reserve("later", AUTO, 2, POLICY, WALL + 100))
+        report = await ledger.admin().prune(before_wall=WALL + 50, now_wall=WALL + 100,
+                                            dry_run=False)
+        assert report.run_ids == ("run",)
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE runs SET rounds = 1, reserved = 2 WHERE run_id = 'run'")
+    conn.execute("PRAGMA user_version = 7")
+    conn.commit()
+    conn.close()
+    async with SqliteLedger(path) as ledger:
+        behind = await ledger.reserve("run", AUTO, 2, POLICY, WALL + 1)
+        assert isinstance(behind, BudgetRefusal) and behind.reason is RefusalReason.ROUNDS
+        assert (await ledger.usage("run")).reserved == POLICY.max_searches
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("PRAGMA user_version").fetchone() == (SqliteLedger.schema_version,)
+    finally:
+        conn.close()
+
+
 _BINDER = """
 import sys, anyio
 from plugin.control import PostgresLedger, SqliteLedger

@@ -373,6 +373,25 @@ async def test_a_version_9_schema_gains_unique_refusal_keys(schema: str) -> None
     assert _sql(f"SELECT version FROM {q}.recallbound_meta") == [(SCHEMA_VERSION,)]
 
 
+async def test_a_version_10_tombstone_left_unspent_is_spent_so_a_slow_clock_cannot_reopen_it(
+    schema: str,
+) -> None:
+    async with PostgresLedger(_pg.DSN, schema=schema, time_source="caller") as ledger:
+        _granted(await ledger.reserve("old", AUTO, 2, POLICY, 100.0))
+        _granted(await ledger.reserve("later", AUTO, 2, POLICY, 200.0))
+        report = await ledger.admin().prune(before_wall=150.0, now_wall=200.0, dry_run=False)
+        assert report.run_ids == ("old",)
+    q = f'"{schema}"'
+    for statement in (f"UPDATE {q}.runs SET rounds = 1, reserved = 2 WHERE run_id = 'old'",
+                      f"UPDATE {q}.recallbound_meta SET version = 10"):
+        _sql(statement)  # an older release marked its tombstone without spending it
+    async with PostgresLedger(_pg.DSN, schema=schema, time_source="caller") as ledger:
+        behind = await ledger.reserve("old", AUTO, 2, POLICY, 101.0)
+        assert isinstance(behind, BudgetRefusal) and behind.reason is RefusalReason.ROUNDS
+        assert (await ledger.usage("old")).reserved == POLICY.max_searches
+    assert _sql(f"SELECT version FROM {q}.recallbound_meta") == [(SCHEMA_VERSION,)]
+
+
 async def test_a_version_1_schema_is_migrated_in_place(schema: str) -> None:
     with _pg.connect() as conn:
         conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))

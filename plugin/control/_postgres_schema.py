@@ -7,7 +7,14 @@ from plugin.errors import LedgerCorruptError, LedgerPathError
 
 from .headroom import REFUSAL_REASON, admits, grant
 from .ledger_admin import PRUNED_TABLES
-from .sql_schema import CALLS_SINCE, REFUSAL_KEYS, TABLES, Session, create_table
+from .sql_schema import (
+    CALLS_SINCE,
+    REFUSAL_KEYS,
+    SPEND_TOMBSTONES,
+    TABLES,
+    Session,
+    create_table,
+)
 
 APPLICATION = "recallbound"
 
@@ -146,6 +153,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # version 10: an attempt's refusal has a unique key (written twice, it is one row)
     ("ALTER TABLE {s}.refusals ADD COLUMN IF NOT EXISTS refusal_key text",
      REFUSAL_KEYS.replace("{q}", "{s}.")),
+    # version 11: the tombstones an older release left unspent are spent
+    (SPEND_TOMBSTONES.replace("{q}", "{s}."),),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 """The schema version this code writes; older versions are migrated in place at open."""

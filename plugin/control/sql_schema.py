@@ -114,6 +114,13 @@ class Table:
     """(name, column list) of its indexes."""
 
 
+SPEND_TOMBSTONES = (
+    "UPDATE {q}runs SET rounds = max_rounds, reserved = max_searches "
+    "WHERE pruned AND (rounds < max_rounds OR reserved < max_searches)")
+"""Spends the tombstones an older release wrote only marked ``pruned`` (a prune now spends its
+run's rounds and slots too), so a clock behind the run's deadline cannot reopen such a run."""
+
+
 TABLES = (
     Table("runs", (
         "run_id {text} PRIMARY KEY", "opened_wall {real} NOT NULL",

@@ -45,6 +45,7 @@ from .refusal import BudgetRefusal
 from .sql_ledger import SqlLedger
 from .sql_schema import (
     REFUSAL_KEYS,
+    SPEND_TOMBSTONES,
     TABLES,
     Dialect,
     ReserveRequest,
@@ -56,8 +57,8 @@ from .sql_schema import (
 T = TypeVar("T")
 
 APPLICATION_ID = 0x52424C44  # "RBLD"
-SCHEMA_VERSION = 7
-_MIGRATABLE = frozenset({1, 2, 3, 4, 5, 6})
+SCHEMA_VERSION = 8
+_MIGRATABLE = frozenset({1, 2, 3, 4, 5, 6, 7})
 """Older schema versions this ledger upgrades in place (their tables are a subset)."""
 
 _TYPES = {"text": "TEXT", "real": "REAL", "int": "INTEGER", "bool": "INTEGER",
@@ -254,6 +255,8 @@ class SqliteLedger(SqlLedger):
                 if "refusal_key" not in columns:
                     await conn.fetchall("ALTER TABLE refusals ADD COLUMN refusal_key TEXT")
                 await conn.fetchall(REFUSAL_KEYS.replace("{q}", ""))
+                # Version 8: the tombstones an older release left unspent are spent.
+                await conn.fetchall(SPEND_TOMBSTONES.replace("{q}", ""))
                 await conn.fetchall(f"PRAGMA application_id = {APPLICATION_ID}")
                 await conn.fetchall(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
