@@ -508,6 +508,47 @@ async def test_unembedded_counts_the_memories_the_model_has_no_vector_for(
         assert (await store.unembedded(), await store.unembedded(probe=1)) == (1, 1)
 
 
+def _writes_meanwhile(work: list[Any]) -> HashingEmbedding:
+    """An adapter during whose first ``embed`` another writer changes the store (``work``)."""
+
+    class WritesMeanwhile(HashingEmbedding):
+        def embed(self, texts: Any) -> Any:
+            while work:  # embed runs in a worker thread of the store's loop
+                anyio.from_thread.run(work.pop())
+            return super().embed(texts)
+
+    return WritesMeanwhile()
+
+
+@pytest.mark.parametrize("change", ["updated", "forgotten, its seq reused"])
+async def test_a_memory_changed_while_it_is_embedded_never_gets_the_old_texts_vector(
+    tmp_path: Path, change: str
+) -> None:
+    path, old = tmp_path / "m.db", "launch codes are kept in the blue vault"
+    async with MemoryStore(path) as plain:  # written without a model
+        await plain.remember("unrelated note about gardening", id="m1", **ME)
+        await plain.remember(old, id="m2", **ME)  # the newest row
+    work: list[Any] = []
+    adapter = _writes_meanwhile(work)
+
+    async def meanwhile() -> None:
+        if change == "updated":
+            await plain.remember("team lunch is on thursday", id="m2", **ME)
+        else:  # the newest row forgotten: a new one takes its seq
+            assert await plain.forget("m2", **ME)
+            await plain.remember("buy oat milk", id="m3", **ME)
+
+    work.append(meanwhile)
+    async with MemoryStore(path) as plain, MemoryStore(path, embedding=adapter) as store:
+        assert await store.embed_missing() == 1  # m1 alone: the other row changed meanwhile
+        assert await store.unembedded() == 1  # what changed is still to embed, and is found
+        query = adapter.embed([old])[0]
+        found = await store.semantic_candidates(query, limit=3, **ME)
+        assert all(e.score < 0.5 for e in found), found  # nothing answers the old text
+        assert await store.embed_missing() == 1
+        assert await store.unembedded() == 0
+
+
 @pytest.mark.parametrize("bad", [0, -1, True, 2.5, "8", 2**64])
 async def test_embedding_the_missing_takes_a_batch_of_at_least_one(
     tmp_path: Path, bad: object

@@ -4,7 +4,8 @@ becomes evidence.
 **One term index for every cell** (:mod:`.sparse_index`): cells are rows of
 ``memory_cells``, with their bm25 statistics maintained by the writes, never tables, so the
 schema is the same size at 100,000 cells as at one. A change log filled by triggers on
-``memories`` keeps that index exact, whoever writes a row.
+``memories`` keeps that index exact, whoever writes a row (but for a plain-SQL ``REPLACE``,
+which deletes the replaced row without its delete triggers).
 
 **Migration.** Opening a file of an older version runs :func:`upgrade` in one
 ``BEGIN IMMEDIATE`` transaction. Version 1 (one table-wide FTS5 index, no stemming) loses

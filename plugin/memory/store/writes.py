@@ -8,6 +8,7 @@ import json
 import sqlite3
 import uuid
 from collections.abc import Iterable
+from functools import partial
 
 import anyio.to_thread
 import attrs
@@ -31,6 +32,15 @@ from .values import (
 )
 
 __all__ = ["Writer"]
+
+
+def _still_held(rows: list[tuple[object, ...]], raw: sqlite3.Connection) -> int:
+    """Write each (seq, model, vector, seq, text) of ``rows`` where the memory ``seq`` still
+    holds ``text``; how many were written. Another writer may have replaced the text while it
+    was embedded, or forgotten the memory and given its seq to a new one."""
+    return raw.executemany(
+        "INSERT OR IGNORE INTO embeddings (memory_seq, model, vector) SELECT ?, ?, ? "
+        "WHERE EXISTS (SELECT 1 FROM memories WHERE seq = ? AND text = ?)", rows).rowcount
 
 
 async def _vectors(adapter: EmbeddingAdapter, texts: list[str]) -> list[bytes]:
@@ -264,19 +274,11 @@ class Writer:
                 return done
             after = rows[-1][0]
             blobs = await _vectors(adapter, [row[1] for row in rows])
-            await self.db.write(
-                [
-                    (
-                        "INSERT OR IGNORE INTO embeddings (memory_seq, model, vector) "
-                        "VALUES (?, ?, ?)",
-                        [
-                            (row[0], adapter.name, blob)
-                            for row, blob in zip(rows, blobs, strict=True)
-                        ],
-                    )
-                ]
-            )
-            done += len(rows)
+            # Written only where the row still holds the text that was embedded: another
+            # writer may have replaced it, or forgotten it and reused its seq, meanwhile.
+            done += await self.db.transact(partial(_still_held, [
+                (row[0], adapter.name, blob, row[0], row[1])
+                for row, blob in zip(rows, blobs, strict=True)]))
 
     async def add_person(self, name: str, *, principal: str, scope: str) -> None:
         await self.db.write([_person_statement(name, principal, scope)])
