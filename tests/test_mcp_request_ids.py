@@ -106,10 +106,12 @@ async def test_http_answers_every_invalid_id_and_runs_nothing(tmp_path: Path) ->
 
 
 @pytest.mark.parametrize("admitted", [False, True])
-async def test_a_request_the_sdk_refuses_has_none_of_its_body_read(admitted: bool) -> None:
-    # A forged Host or Origin, or no token: the body goes to the SDK unread (which refuses the
-    # request before it reads it), so a client nobody admitted cannot make the server hold
-    # megabytes per connection by declaring a large body and sending it slowly.
+async def test_a_request_without_a_token_goes_to_the_sdk_with_none_of_its_body_read(
+    admitted: bool,
+) -> None:
+    # No token: the body goes to the SDK unread (its bearer check refuses the request before
+    # it reads it), so a client nobody admitted cannot make the server hold megabytes per
+    # connection by declaring a large body and sending it slowly.
     from starlette.types import Message, Receive, Scope, Send
 
     from runtime_hooks.mcp.http_ids import RequestIdCheck
@@ -138,3 +140,59 @@ async def test_a_request_the_sdk_refuses_has_none_of_its_body_read(admitted: boo
              "query_string": b""}
     await RequestIdCheck(app, admit)(scope, receive, send)
     assert reached and read == (["check"] if admitted else ["app"])  # replayed to the SDK
+
+
+async def _first_line(url: str, headers: dict[str, str], prefix: bytes) -> bytes:
+    """The status line of a POST that declares a 3 MB body and sends only ``prefix`` of it."""
+    host_port = url.split("//", 1)[1].split("/", 1)[0]
+    head = "".join(f"{name}: {value}\r\n" for name, value in {
+        "Host": host_port, "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream", "Content-Length": "3000000",
+        **headers}.items())
+    host, port = host_port.rsplit(":", 1)
+    async with await anyio.connect_tcp(host, int(port)) as stream:
+        await stream.send(f"POST /mcp HTTP/1.1\r\n{head}\r\n".encode() + prefix)
+        with anyio.fail_after(10):  # answered without the rest of the body
+            return (await stream.receive()).split(b"\r\n", 1)[0]
+
+
+@pytest.mark.filterwarnings("ignore:Async generator .* was garbage collected:ResourceWarning")
+async def test_a_token_holder_with_a_foreign_host_origin_or_content_type_is_refused_unread(
+    tmp_path: Path,
+) -> None:
+    # The SDK reads a body (up to its cap) before its Host, Origin and content-type checks;
+    # the server answers those refusals itself, before a byte of the body is read.
+    await _seeded(tmp_path)
+    async with _http_server(tmp_path) as (url, _):
+        token = {"Authorization": f"Bearer {TOKEN}"}
+        port = url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)[1]
+        for headers, status in (({**token, "Host": f"evil.example:{port}"}, b"421"),
+                                ({**token, "Origin": "http://evil.example"}, b"403"),
+                                ({**token, "Content-Type": "text/plain"}, b"400"),
+                                ({"Host": f"evil.example:{port}"}, b"401")):
+            line = await _first_line(url, headers, b'{"jsonrpc"')
+            assert line.split(b" ")[1] == status, (headers, line)
+        assert _runs(tmp_path) == 0
+
+
+@pytest.mark.filterwarnings("ignore:Async generator .* was garbage collected:ResourceWarning")
+async def test_http_answers_nan_and_infinity_with_a_parse_error_and_runs_nothing(
+    tmp_path: Path,
+) -> None:
+    # NaN and Infinity are not JSON (stdio answers them with a Parse error); the SDK's parser
+    # takes them, so over HTTP the server answers them itself.
+    await _seeded(tmp_path)
+    async with _http_server(tmp_path) as (url, _):
+        headers = {"Accept": "application/json, text/event-stream",
+                   "Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}",
+                   "Mcp-Protocol-Version": "2026-07-28"}
+        with anyio.fail_after(60):
+            async with httpx2.AsyncClient() as raw:
+                for constant in ("NaN", "-Infinity", "Infinity"):
+                    body = ('{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":'
+                            '"search_memory","arguments":{"query":"invoice"},"_meta":{"x":'
+                            + constant + "}}}").encode()
+                    answer = await raw.post(url, content=body, headers=headers)
+                    assert answer.status_code == 400, constant
+                    assert answer.json()["error"]["code"] == -32700, constant
+        assert _runs(tmp_path) == 0
