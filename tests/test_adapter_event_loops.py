@@ -21,11 +21,17 @@ import pytest
 from agents import Agent
 from agents.testing import ScriptedModel, assistant_message, function_call
 
+from plugin import ManualClock
+from plugin.control.ledger import AttemptOutcome
 from runtime_hooks import RecallHooks
-from runtime_hooks.adapters import SEARCH_TOOL
+from runtime_hooks.adapters import SEARCH_TOOL, RunRecall
 from runtime_hooks.adapters.openai_agents import agents_recall
+from runtime_hooks.bootstrap import RecallConfig
 from runtime_hooks.demo import PRINCIPAL, SCOPE
+from runtime_hooks.hooks import ToolCall
 
+from ._calls_env import Counting
+from ._hooks_env import seeded_hooks
 from .test_adapter_openai_agents import config, hooks, offline, outputs
 
 pytestmark = [pytest.mark.anyio]
@@ -123,3 +129,98 @@ async def test_langchain_ainvoke_on_other_loops_beside_the_hooks_loop_all_end(
         usage = await hooks.allowance.ledger.usage(run_id)
         assert (usage.rounds, usage.executed) == (2, 3)
     assert len(models) == len(where)
+
+
+class _Stuck(Counting):
+    """A retriever whose search waits until it is cancelled (``started``, ``cancelled``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started, self.cancelled = threading.Event(), threading.Event()
+
+    async def search(self, request: Any) -> list[Any]:
+        self.searches += 1
+        self.started.set()
+        try:
+            await anyio.sleep_forever()
+        finally:
+            self.cancelled.set()
+        raise AssertionError("unreachable")
+
+
+@pytest.mark.parametrize("how", ["anyio scope on asyncio", "task.cancel()", "anyio scope on trio"])
+async def test_a_caller_on_another_loop_cancelled_mid_search_cancels_it_on_the_hooks_loop(
+    hooks: RecallHooks, how: str
+) -> None:
+    # Cancelled on its own loop, a recall stops there; forwarded to the hooks' loop, the
+    # caller's cancellation must reach it too, and the caller must not wait for it to end.
+    import attrs
+
+    stuck = _Stuck()
+    run = RunRecall(attrs.evolve(hooks, retriever=stuck.retriever), "r-cancel", SCOPE,
+                    PRINCIPAL)
+    call = ToolCall(call_id="c1", arguments={"query": "invoice backfill"})
+
+    async def cancelled_by_scope() -> None:
+        async with anyio.create_task_group() as group:
+            group.start_soon(run.dispatch_batch, [call])
+            await anyio.to_thread.run_sync(stuck.started.wait)
+            group.cancel_scope.cancel()
+
+    async def cancelled_natively() -> None:
+        task = asyncio.ensure_future(run.dispatch_batch([call]))
+        await asyncio.get_running_loop().run_in_executor(None, stuck.started.wait)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    def in_thread(done: threading.Event) -> None:
+        try:
+            if how == "anyio scope on trio":
+                anyio.run(cancelled_by_scope, backend="trio")
+            else:
+                asyncio.run(cancelled_by_scope() if how == "anyio scope on asyncio"
+                            else cancelled_natively())
+        finally:
+            done.set()
+
+    done = threading.Event()
+    threading.Thread(target=in_thread, args=(done,), daemon=True).start()
+    assert await anyio.to_thread.run_sync(functools.partial(done.wait, 30.0))
+    assert await anyio.to_thread.run_sync(functools.partial(stuck.cancelled.wait, 30.0))
+    assert stuck.searches == 1
+    with anyio.fail_after(30):  # its trace is written as the attempt ends
+        while not (traces := [a.outcome for a in await hooks.allowance.ledger.attempts(
+                "r-cancel") if a.outcome is not AttemptOutcome.IN_FLIGHT]):
+            await anyio.sleep(0.01)
+    assert traces == [AttemptOutcome.CANCELLED]  # by its caller, not by the deadline later
+    gc.collect()
+
+
+def test_hooks_whose_loop_is_idle_recall_where_they_are_awaited(tmp_path: Any) -> None:
+    # Hooks opened with loop.run_until_complete (a session fixture, say) have a loop that runs
+    # only between such calls: a run on another loop meanwhile recalls where it is awaited.
+    import contextlib
+
+    config = RecallConfig(ledger_path=tmp_path / "ledger.db", store_path=tmp_path / "memory.db")
+    loop = asyncio.new_event_loop()
+    stack = contextlib.AsyncExitStack()
+    try:
+        hooks = loop.run_until_complete(stack.enter_async_context(
+            seeded_hooks(config, ManualClock(wall=1_700_000_000.0, monotonic=10.0))))
+        run = RunRecall(hooks, "r-idle", SCOPE, PRINCIPAL)
+        call = ToolCall(call_id="c1", arguments={"query": "invoice backfill"})
+
+        def in_thread(done: threading.Event, results: list[Any]) -> None:
+            try:
+                results.extend(asyncio.run(run.dispatch_batch([call])))
+            finally:
+                done.set()
+
+        done, results = threading.Event(), []
+        threading.Thread(target=in_thread, args=(done, results), daemon=True).start()
+        assert done.wait(30.0)
+        assert [result.status for result in results] == ["ok"]
+    finally:
+        loop.run_until_complete(stack.aclose())
+        loop.close()

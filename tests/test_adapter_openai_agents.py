@@ -763,3 +763,53 @@ async def test_a_call_to_the_hosts_own_namespaced_search_tool_is_not_recalls(
     assert ran == [json.dumps({"query": "acme renewal"})]  # the host's tool ran for its call
     assert await usage(hooks) == (1, 1, 1, 0)  # and recall searched its own call alone
     assert outputs(model.calls[1])["c1"]["status"] == "ok"
+
+
+@pytest.mark.parametrize("namespace", ["search_memory", None])
+async def test_a_deferred_loading_search_tool_is_searched_as_the_sdk_resolves_its_calls(
+    hooks: RecallHooks, namespace: str | None
+) -> None:
+    # A tool loaded through tool search is called with the synthetic namespace equal to its
+    # name, which the SDK resolves to it and runs; a bare call finds no tool.
+    from agents import ToolSearchTool
+    from openai.types.responses import ResponseFunctionToolCall
+
+    recall = agents_recall(hooks, automatic=False)
+    call = ResponseFunctionToolCall(
+        type="function_call", id="fc_c1", call_id="c1", name=SEARCH_TOOL.name,
+        arguments=json.dumps({"query": "invoice backfill"}), status="completed",
+        **({"namespace": namespace} if namespace else {}))
+    model = ScriptedModel([[call], [assistant_message("Done.")]])
+    deferred = dataclasses.replace(recall.tool, defer_loading=True)
+    the_agent = Agent(name="assistant", instructions=INSTRUCTIONS, model=model,
+                      tools=[deferred, ToolSearchTool()])
+    await recall.run(the_agent, "Continue", run_id=RUN, scope=SCOPE, principal=PRINCIPAL,
+                     run_config=RunConfig(tracing_disabled=True,
+                                          tool_not_found_behavior="return_error_to_model"))
+    if namespace:
+        assert outputs(model.calls[1])["c1"]["status"] == "ok"
+        assert await usage(hooks) == (1, 1, 1, 0)
+    else:
+        assert "not found" in _raw_outputs(model.calls[1])["c1"]
+        assert await usage(hooks) == (0, 0, 0, 0)
+
+
+async def test_a_tool_enabled_only_after_the_request_started_is_not_searched(
+    hooks: RecallHooks,
+) -> None:
+    # The SDK asks is_enabled before the request; the answer it acted on is the one that
+    # counts, not a later one (after the request, run state has moved on).
+    recall = agents_recall(hooks, automatic=False)
+
+    def after_the_first_request(context: RunContextWrapper[Any], agent: Any) -> bool:
+        return context.usage.requests >= 1
+
+    model = ScriptedModel([[function_call(SEARCH_TOOL.name, {"query": "invoice"},
+                                          call_id="c1")], [assistant_message("Done.")]])
+    late = dataclasses.replace(recall.tool, is_enabled=after_the_first_request)
+    the_agent = Agent(name="assistant", instructions=INSTRUCTIONS, model=model, tools=[late])
+    await recall.run(the_agent, "Continue", run_id=RUN, scope=SCOPE, principal=PRINCIPAL,
+                     run_config=RunConfig(tracing_disabled=True,
+                                          tool_not_found_behavior="return_error_to_model"))
+    assert "not found" in _raw_outputs(model.calls[1])["c1"]
+    assert await usage(hooks) == (0, 0, 0, 0)
