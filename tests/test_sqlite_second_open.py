@@ -141,6 +141,9 @@ async def test_a_file_with_two_names_is_refused(tmp_path: Path, kind: str) -> No
     assert path.read_bytes() == before
 
 
+# Python 3.13+ warns of a sqlite3 connection collected unclosed, the leak this test makes on
+# purpose (a recorded warning would hold the connection, its source, and so its file, open)
+@pytest.mark.filterwarnings("ignore:unclosed database:ResourceWarning")
 async def test_a_connection_collected_unclosed_holds_its_file_while_it_is_open(
     tmp_path: Path, anyio_backend: object
 ) -> None:
