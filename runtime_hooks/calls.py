@@ -41,9 +41,7 @@ an int too long to print); the hooks reject such a call."""
 
 
 def canonical_arguments(arguments: Mapping[str, object] | str | None) -> str:
-    """The arguments as one comparable text: JSON objects compare by content, not spelling,
-    and an argument sent as ``null`` is one left out (a model in a strict tool-calling mode
-    sends ``null`` for an optional argument it leaves out, and the hooks read it so).
+    """The arguments as one comparable text: JSON objects compare by content, not spelling.
 
     Never raises: arguments JSON cannot hold compare by their ``repr``, or as
     :data:`UNREADABLE_ARGUMENTS` when even that fails (the hooks reject such a call).
@@ -56,8 +54,6 @@ def canonical_arguments(arguments: Mapping[str, object] | str | None) -> str:
             value = json.loads(arguments)
         except (ValueError, RecursionError):
             return arguments  # not JSON: the raw text is the identity (the hooks reject it)
-    if isinstance(value, Mapping):
-        value = {key: item for key, item in value.items() if item is not None}
     try:
         return json.dumps(_plain(value), sort_keys=True, ensure_ascii=False,
                           separators=(",", ":"))

@@ -432,22 +432,6 @@ async def test_a_stale_estimate_never_searches_past_the_allowance(
         assert await _counts(this, "r") == (2, 4, 4)
 
 
-async def test_a_replay_that_sends_an_optional_argument_as_null_is_not_searched_again(
-    opener: Callable[[], Any],
-) -> None:
-    # A client that serialises the model's call again may fill the optional scope with null:
-    # the hooks read that as no scope, so it is the same call, never a second search.
-    clock = ManualClock(wall=WALL, monotonic=1.0)
-    retriever = Counting()
-    async with _hooks(opener, clock, retriever) as hooks:
-        (ran,) = await hooks.dispatch([_call("c1")], run_id="r", scope=S, principal=P)
-        (again,) = await hooks.dispatch(
-            [ToolCall(call_id="c1", arguments='{"query": "cutover", "scope": null}')],
-            run_id="r", scope=S, principal=P)
-    assert (ran.status, again.status, again.slot) == ("ok", "ok", ran.slot)
-    assert retriever.searches == 1
-
-
 def test_canonical_arguments_read_nested_mappings_and_tuples_as_json_does() -> None:
     from runtime_hooks.calls import canonical_arguments
 
