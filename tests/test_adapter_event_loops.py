@@ -148,7 +148,8 @@ class _Stuck(Counting):
         raise AssertionError("unreachable")
 
 
-@pytest.mark.parametrize("how", ["anyio scope on asyncio", "task.cancel()", "anyio scope on trio"])
+@pytest.mark.parametrize("how", ["anyio scope on asyncio", "task.cancel()", "anyio scope on trio",
+                                 "anyio scope on asyncio in debug mode", "task.cancel() twice"])
 async def test_a_caller_on_another_loop_cancelled_mid_search_cancels_it_on_the_hooks_loop(
     hooks: RecallHooks, how: str
 ) -> None:
@@ -171,6 +172,9 @@ async def test_a_caller_on_another_loop_cancelled_mid_search_cancels_it_on_the_h
         task = asyncio.ensure_future(run.dispatch_batch([call]))
         await asyncio.get_running_loop().run_in_executor(None, stuck.started.wait)
         task.cancel()
+        if how == "task.cancel() twice":
+            await asyncio.sleep(0)
+            task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
 
@@ -179,8 +183,8 @@ async def test_a_caller_on_another_loop_cancelled_mid_search_cancels_it_on_the_h
             if how == "anyio scope on trio":
                 anyio.run(cancelled_by_scope, backend="trio")
             else:
-                asyncio.run(cancelled_by_scope() if how == "anyio scope on asyncio"
-                            else cancelled_natively())
+                asyncio.run(cancelled_natively() if how.startswith("task.cancel()")
+                            else cancelled_by_scope(), debug="debug" in how)
         finally:
             done.set()
 
@@ -224,3 +228,36 @@ def test_hooks_whose_loop_is_idle_recall_where_they_are_awaited(tmp_path: Any) -
     finally:
         loop.run_until_complete(stack.aclose())
         loop.close()
+
+
+async def test_a_recall_sent_to_the_hooks_loop_takes_no_worker_thread_of_either_loop(
+    hooks: RecallHooks,
+) -> None:
+    # Worker threads are a loop's shared, bounded resource (40 by default); a caller that
+    # holds them all must still recall, and so must the hooks' loop whose threads callers
+    # started from it hold.
+    run = RunRecall(hooks, "r-threads", SCOPE, PRINCIPAL)
+    call = ToolCall(call_id="c1", arguments={"query": "invoice backfill"})
+    release = threading.Event()
+
+    async def with_every_thread_taken() -> list[str]:
+        anyio.to_thread.current_default_thread_limiter().total_tokens = 1
+        async with anyio.create_task_group() as group:
+            group.start_soon(anyio.to_thread.run_sync, release.wait)  # holds the one thread
+            await anyio.sleep(0)
+            with anyio.fail_after(30):
+                results = await run.dispatch_batch([call])
+            release.set()
+        return [result.status for result in results]
+
+    def in_thread(done: threading.Event, statuses: list[str]) -> None:
+        try:
+            statuses.extend(asyncio.run(with_every_thread_taken()))
+        finally:
+            release.set()
+            done.set()
+
+    done, statuses = threading.Event(), []
+    threading.Thread(target=in_thread, args=(done, statuses), daemon=True).start()
+    assert await anyio.to_thread.run_sync(functools.partial(done.wait, 60.0))
+    assert statuses == ["ok"]

@@ -813,3 +813,19 @@ async def test_a_tool_enabled_only_after_the_request_started_is_not_searched(
                                           tool_not_found_behavior="return_error_to_model"))
     assert "not found" in _raw_outputs(model.calls[1])["c1"]
     assert await usage(hooks) == (0, 0, 0, 0)
+
+
+async def test_run_hooks_shared_by_many_runs_keep_a_bounded_record_of_their_requests(
+    hooks: RecallHooks,
+) -> None:
+    # One RecallRunHooks object may serve every run (hooks=recall.run_hooks() built once);
+    # a request whose response never comes (a model error) must not be remembered for ever.
+    from runtime_hooks.adapters.openai_agents.deliberate import _OFFERED_KEPT
+
+    recall = agents_recall(hooks, automatic=False)
+    shared = recall.run_hooks()
+    the_agent = agent(ScriptedModel([]), recall)
+    contexts = [RunContextWrapper(context=None) for _ in range(_OFFERED_KEPT + 50)]
+    for context in contexts:  # each run's context stays alive: its id is its own
+        await shared.on_llm_start(context, the_agent, None, [])
+    assert len(shared._offered) == _OFFERED_KEPT

@@ -81,6 +81,10 @@ async def offered(context: RunContextWrapper[Any], agent: Agent[Any]) -> frozens
     return frozenset(found)
 
 
+_OFFERED_KEPT = 1024
+"""Requests whose offered tools one run-hooks object remembers (shared by concurrent runs)."""
+
+
 @attrs.define(eq=False)
 class RecallRunHooks(RunHooks[Any]):
     """Run hooks whose ``on_llm_end`` dispatches a response's search calls as one batch (the
@@ -115,6 +119,8 @@ class RecallRunHooks(RunHooks[Any]):
     ) -> None:
         # Asked as the request starts, as the SDK asked it for the tools it sent.
         self._offered[id(context), id(agent)] = await offered(context, agent)
+        while len(self._offered) > _OFFERED_KEPT:  # requests whose response never came
+            del self._offered[next(iter(self._offered))]
         if self.inner is not None:
             await self.inner.on_llm_start(context, agent, system_prompt, input_items)
 
