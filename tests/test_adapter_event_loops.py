@@ -261,3 +261,33 @@ async def test_a_recall_sent_to_the_hooks_loop_takes_no_worker_thread_of_either_
     threading.Thread(target=in_thread, args=(done, statuses), daemon=True).start()
     assert await anyio.to_thread.run_sync(functools.partial(done.wait, 60.0))
     assert statuses == ["ok"]
+
+
+async def test_recall_computes_in_threads_of_its_own_when_callers_hold_the_loops_threads(
+    tmp_path: Any,
+) -> None:
+    # A host that runs each agent from anyio.to_thread.run_sync holds one of the loop's
+    # default worker threads per run; with all of them held, recall's vector math must still
+    # get a thread, or the preparation bound withholds the semantic arm of every turn.
+    from plugin import QueryStrategy, WorkingState
+    from runtime_hooks.settings import Semantic
+
+    config = RecallConfig(ledger_path=tmp_path / "ledger.db", store_path=tmp_path / "memory.db",
+                          semantic=Semantic.HASHING, query_planning=QueryStrategy.TASK_CONTEXT)
+    release = threading.Event()
+    async with seeded_hooks(config, ManualClock(wall=1_700_000_000.0, monotonic=10.0)) as hooks:
+        anyio.to_thread.current_default_thread_limiter().total_tokens = 1
+        try:
+            async with anyio.create_task_group() as group:
+                group.start_soon(anyio.to_thread.run_sync, release.wait)  # the loop's one thread
+                await anyio.sleep(0)
+                with anyio.fail_after(30):
+                    context = await hooks.prepare(
+                        WorkingState("Continue", next_action="invoice backfill dry-run"),
+                        run_id="r-threads", scope=SCOPE, principal=PRINCIPAL)
+                release.set()
+        finally:
+            release.set()
+            anyio.to_thread.current_default_thread_limiter().total_tokens = 40
+    assert context.evidence
+    assert not [note for note in context.notes if "withheld" in note], context.notes

@@ -29,6 +29,7 @@ import sniffio
 
 from .simple import SearchRequest, SimpleRetriever
 from .store import Evidence
+from .threads import memory_threads
 
 if TYPE_CHECKING:
     from langgraph.store.base import BaseStore, Item
@@ -98,7 +99,7 @@ def langgraph_store_retriever(
             # Off asyncio, its synchronous search in a worker thread, left at the deadline.
             found = await anyio.to_thread.run_sync(
                 partial(store.search, namespace, query=request.text, limit=request.limit),
-                abandon_on_cancel=True,
+                abandon_on_cancel=True, limiter=memory_threads(),
             )
         else:
             found = await store.asearch(namespace, query=request.text, limit=request.limit)

@@ -30,6 +30,7 @@ from plugin.memory.planning import (
     compose_search_call,
 )
 from plugin.memory.state import WorkingState
+from plugin.memory.threads import memory_threads
 
 _log = logging.getLogger("recallbound.memory")
 
@@ -242,7 +243,8 @@ class QueryPreparation:
         # Abandoned, not awaited, when the hooks' preparation bound cancels it: a hung model
         # cannot hold the turn (the thread finishes on its own; its answer is dropped).
         tokens, vectors, reason = await anyio.to_thread.run_sync(
-            _embed, adapter, query.text, fragments, abandon_on_cancel=True
+            _embed, adapter, query.text, fragments, abandon_on_cancel=True,
+            limiter=memory_threads(),
         )
         return SemanticPreparation(
             fingerprint=query.fingerprint,

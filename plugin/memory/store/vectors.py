@@ -29,6 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ...control._sqlite import Row
+from ..threads import memory_threads
 from .database import Database
 from .schema import MEMORY_COLUMNS, memory_evidence
 from .values import Evidence
@@ -272,7 +273,8 @@ class VectorCache:
         )
         if len(rows) * dimensions < _OFF_LOOP_FLOATS:
             return _decode(rows, dimensions)
-        return await anyio.to_thread.run_sync(_decode, rows, dimensions)
+        return await anyio.to_thread.run_sync(_decode, rows, dimensions,
+                                             limiter=memory_threads())
 
     def _keep(self, key: _Key, matrix: Matrix) -> None:
         if key in self._matrices:  # two searches of one cell built it at once: keep the last
@@ -335,11 +337,12 @@ class VectorCache:
                 mix = mixed(matrix.scores(query), word_index.scores(asked, vectors), asked.share)
                 return matrix.best(mix, limit)
 
-            best = await anyio.to_thread.run_sync(scored)
+            best = await anyio.to_thread.run_sync(scored, limiter=memory_threads())
         elif matrix.count * dimensions < _OFF_LOOP_FLOATS:
             best = matrix.top(query, limit)
         else:  # safe off the loop: appends only ever write past this matrix's rows
-            best = await anyio.to_thread.run_sync(matrix.top, query, limit)
+            best = await anyio.to_thread.run_sync(matrix.top, query, limit,
+                                                  limiter=memory_threads())
         if not best:
             return []
         wanted = [int(matrix.seqs[i]) for i, _ in best]
@@ -383,9 +386,11 @@ class VectorCache:
         ordered = [texts.get(seq, "") for seq in seqs]
         # In a worker thread: it embeds the words of the cell that were never seen.
         if base is None:
-            index = await anyio.to_thread.run_sync(WordIndex.build, ordered, vectors)
+            index = await anyio.to_thread.run_sync(WordIndex.build, ordered, vectors,
+                                                   limiter=memory_threads())
         else:
-            index = await anyio.to_thread.run_sync(base.extended, ordered, vectors)
+            index = await anyio.to_thread.run_sync(base.extended, ordered, vectors,
+                                                   limiter=memory_threads())
         kept = self._matrices.get(key)
         if kept is not None and kept[0] is matrix:  # a matrix too big to keep keeps no index
             self._keep_words(key, matrix, index)

@@ -17,6 +17,7 @@ import numpy as np
 from ...control.clock import Clock
 from ...errors import MemoryStoreError
 from ..embedding import EmbeddingAdapter
+from ..threads import memory_threads
 from .database import Database, Statement
 from .errors import InvalidMemoryError, MemoryIdTakenError, MemoryOwnershipError
 from .sparse_index import index_logged
@@ -46,7 +47,8 @@ def _still_held(rows: list[tuple[object, ...]], raw: sqlite3.Connection) -> int:
 async def _vectors(adapter: EmbeddingAdapter, texts: list[str]) -> list[bytes]:
     """Little-endian float32 blobs of ``texts``' vectors, computed in a worker thread."""
     try:
-        vectors = await anyio.to_thread.run_sync(adapter.embed, texts)
+        vectors = await anyio.to_thread.run_sync(adapter.embed, texts,
+                                                limiter=memory_threads())
         array = np.asarray(vectors, dtype=np.float32)
         expected = (len(texts), adapter.dimensions)
     except Exception as exc:  # the adapter raised, or gave what is not an array of numbers
