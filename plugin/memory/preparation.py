@@ -244,7 +244,7 @@ class QueryPreparation:
         # cannot hold the turn (the thread finishes on its own; its answer is dropped).
         tokens, vectors, reason = await anyio.to_thread.run_sync(
             _embed, adapter, query.text, fragments, abandon_on_cancel=True,
-            limiter=memory_threads(),
+            limiter=memory_threads(adapter),
         )
         return SemanticPreparation(
             fingerprint=query.fingerprint,

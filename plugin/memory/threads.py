@@ -13,17 +13,27 @@ import anyio
 import anyio.lowlevel
 
 MEMORY_THREADS = 8
-"""Worker threads one event loop lends the store and the semantic arm at once."""
+"""Worker threads one event loop lends the store and the semantic arm at once (and, apart,
+each embedding adapter whose calls may be abandoned)."""
 
-_LIMITER: anyio.lowlevel.RunVar[anyio.CapacityLimiter] = anyio.lowlevel.RunVar(
+_LIMITERS: anyio.lowlevel.RunVar[dict[int, anyio.CapacityLimiter]] = anyio.lowlevel.RunVar(
     "recallbound_memory_threads")
 
 
-def memory_threads() -> anyio.CapacityLimiter:
-    """The running event loop's limiter for the store's and the semantic arm's threads."""
+def memory_threads(owner: object | None = None) -> anyio.CapacityLimiter:
+    """The running event loop's limiter for the store's and the semantic arm's threads.
+
+    A call that may be abandoned while its thread runs on (a query's embedding, left at the
+    preparation bound) names its adapter as ``owner`` and waits for a limiter of that adapter
+    alone: a thread keeps its place until it returns (on trio), so a hung model holds only
+    its own adapter's threads, never the store's or another model's."""
     try:
-        return _LIMITER.get()
+        limiters = _LIMITERS.get()
     except LookupError:
-        limiter = anyio.CapacityLimiter(MEMORY_THREADS)
-        _LIMITER.set(limiter)
-        return limiter
+        limiters = {}
+        _LIMITERS.set(limiters)
+    key = 0 if owner is None else id(owner)
+    limiter = limiters.get(key)
+    if limiter is None:
+        limiter = limiters[key] = anyio.CapacityLimiter(MEMORY_THREADS)
+    return limiter

@@ -120,6 +120,11 @@ class _Forwarded(Generic[T]):
         raise self._outcome
 
 
+_STOPPED_CHECK_S = 1.0
+"""How often a caller waiting on the hooks' loop checks that it still runs: an asyncio loop
+that stops or closes with the call queued never runs it, and never says so."""
+
+
 def _takes_calls(loop: anyio.lowlevel.EventLoopToken) -> bool:
     """Whether ``loop`` runs a call sent to it now (an asyncio loop must be running)."""
     native = loop.native_token
@@ -143,7 +148,13 @@ async def on_loop(
     if not _soon(loop, forwarded.start):  # it ended since
         return await call()
     try:
-        await done.wait()
+        while not done.is_set():
+            with anyio.move_on_after(_STOPPED_CHECK_S):
+                await done.wait()
+            if not done.is_set() and not _takes_calls(loop):  # it stopped under the call
+                _soon(loop, forwarded.cancel)
+                raise HooksLoopStoppedError(
+                    "the hooks' event loop stopped before a recall sent to it ended")
     except anyio.get_cancelled_exc_class():
         _soon(loop, forwarded.cancel)
         raise
