@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -38,11 +38,23 @@ async def test_a_hung_models_abandoned_threads_hold_only_that_models_limiter() -
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
-async def test_a_hooks_loop_that_stops_with_a_call_queued_ends_it_with_a_typed_error() -> None:
+async def test_a_hooks_loop_that_stops_with_a_call_queued_ends_it_with_a_typed_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # An asyncio loop that stops (and closes) with the call's start still queued never runs
     # it and never says so: the caller must not wait for ever.
+    from runtime_hooks.adapters import hooks_loop
+
     token: dict[str, anyio.lowlevel.EventLoopToken] = {}
-    queued = threading.Event()
+    stopping, sent = threading.Event(), threading.Event()
+    send = hooks_loop._soon
+
+    def sent_then_told(loop: anyio.lowlevel.EventLoopToken, callback: Any) -> bool:
+        queued = send(loop, callback)
+        sent.set()
+        return queued
+
+    monkeypatch.setattr(hooks_loop, "_soon", sent_then_told)
 
     def hooks_thread() -> None:
         loop = asyncio.new_event_loop()
@@ -53,9 +65,9 @@ async def test_a_hooks_loop_that_stops_with_a_call_queued_ends_it_with_a_typed_e
         loop.run_until_complete(take_token())
 
         def stop_with_a_call_queued() -> None:
-            loop.stop()
-            queued.set()
-            time.sleep(0.3)  # the caller's call is queued behind this callback
+            loop.stop()  # this is the loop's last step: what is queued now never runs
+            stopping.set()
+            sent.wait(30)
 
         loop.call_soon(stop_with_a_call_queued)
         loop.run_forever()
@@ -65,6 +77,39 @@ async def test_a_hooks_loop_that_stops_with_a_call_queued_ends_it_with_a_typed_e
         return 42
 
     threading.Thread(target=hooks_thread, daemon=True).start()
-    await anyio.to_thread.run_sync(queued.wait)
+    await anyio.to_thread.run_sync(stopping.wait)
     with anyio.fail_after(30), pytest.raises(HooksLoopStoppedError):
         await on_loop(token["loop"], call)
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_a_hung_langgraph_store_holds_only_its_own_threads() -> None:
+    # Off asyncio the LangGraph store's synchronous search runs in a thread left at the
+    # round's deadline; hung, those threads must not take the store's vector math with them.
+    from langgraph.store.memory import InMemoryStore
+
+    from plugin.memory.langgraph_store import langgraph_store_retriever
+    from plugin.memory.simple import SearchRequest
+
+    release, entered = threading.Event(), threading.Semaphore(0)
+
+    class Hung(InMemoryStore):
+        def search(self, *args: Any, **kwargs: Any) -> Any:
+            entered.release()
+            release.wait()
+            return []
+
+    store = Hung(index={"dims": 4, "embed": lambda texts: [[0.0] * 4 for _ in texts]})
+    retriever = langgraph_store_retriever(store)
+    request = SearchRequest(text="x", embedding=None, principal="p", scope="s", limit=5,
+                            query=None, seconds_left=lambda: 1.0)
+    try:
+        for _ in range(MEMORY_THREADS):
+            async with anyio.create_task_group() as group:
+                group.start_soon(retriever.search_fn, request)
+                await anyio.to_thread.run_sync(entered.acquire)  # its thread is searching
+                group.cancel_scope.cancel()  # the round's deadline leaves it
+        with anyio.fail_after(30):
+            assert await anyio.to_thread.run_sync(lambda: 1, limiter=memory_threads()) == 1
+    finally:
+        release.set()

@@ -99,7 +99,7 @@ def langgraph_store_retriever(
             # Off asyncio, its synchronous search in a worker thread, left at the deadline.
             found = await anyio.to_thread.run_sync(
                 partial(store.search, namespace, query=request.text, limit=request.limit),
-                abandon_on_cancel=True, limiter=memory_threads(),
+                abandon_on_cancel=True, limiter=memory_threads(store),
             )
         else:
             found = await store.asearch(namespace, query=request.text, limit=request.limit)

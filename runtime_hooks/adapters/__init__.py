@@ -18,12 +18,14 @@ from runtime_hooks._extras import MissingExtraError as MissingExtraError
 from .batch import RunRecall as RunRecall
 from .batch import RunRecalls as RunRecalls
 from .batch import automatic_mode as automatic_mode
+from .hooks_loop import HooksLoopStoppedError as HooksLoopStoppedError
 from .invocation import Invocation as Invocation
 from .tool import SEARCH_TOOL as SEARCH_TOOL
 from .tool import SearchTool as SearchTool
 
 __all__ = [
     "SEARCH_TOOL",
+    "HooksLoopStoppedError",
     "Invocation",
     "MissingExtraError",
     "RunRecall",
