@@ -6,12 +6,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
-import anyio.from_thread
-import anyio.lowlevel
-import anyio.to_thread
 
 from runtime_hooks._extras import missing_extra
 from runtime_hooks.hooks import ToolCall
@@ -22,8 +19,6 @@ with missing_extra("pydantic-ai", "runtime_hooks.adapters.pydantic_ai"):
     from pydantic_ai import RunContext
     from pydantic_ai.messages import ModelResponse, ToolCallPart
     from pydantic_ai.tools import DeferredToolResult, ToolApproved
-
-T = TypeVar("T")
 
 
 @contextmanager
